@@ -1,0 +1,26 @@
+//! Sentence embeddings in Burn.
+//!
+//! A BERT-family encoder, its tokenizer, mean pooling over the attention mask
+//! and L2 normalisation, loaded from a sentence-transformers folder in Hugging
+//! Face layout and matching sentence-transformers' vectors.
+//!
+//! ```text
+//! texts ─► TextTokenizer (truncate to max_seq_length, pad to batch longest)
+//!       ─► Bert (Burn: flex CPU backend by default, CUDA with `cuda`)
+//!       ─► Embeddings { dim, values } + ModelRevision (sha256 of the weights)
+//! ```
+//!
+//! Guarantees: a text's vector does not depend on the batch it is encoded in
+//! beyond floating-point rounding; every error names the file or tensor at
+//! fault.
+
+mod bert;
+mod encoder;
+pub mod model_folder;
+pub mod tokenize;
+mod weights;
+
+pub use bert::{BackendError, Bert};
+pub use encoder::{Embeddings, EncodeError, SentenceEncoder, default_device};
+pub use model_folder::{BertConfig, LoadError, ModelFolder, ModelRevision};
+pub use tokenize::{TextTokenizer, TokenBatch, TokenizeError};

@@ -1,0 +1,398 @@
+//! A sentence-transformers model folder in Hugging Face layout: which files
+//! must be there, what their configuration says, and the model revision.
+//!
+//! ```text
+//! DIR/config.json                  BERT hyper-parameters (model_type "bert")
+//! DIR/model.safetensors            weights (checked tensor by tensor on load)
+//! DIR/tokenizer.json               Hugging Face tokenizer
+//! DIR/sentence_bert_config.json    max_seq_length
+//! DIR/1_Pooling/config.json        pooling mode (mean pooling is required)
+//! ```
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// Why a model folder could not be loaded. Every variant names the file or
+/// tensor at fault so an operator can fix the folder.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// A file the folder must contain is absent or unreadable.
+    #[error("cannot read model file {path}: {source}")]
+    Io {
+        /// The file that could not be read.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
+    /// A JSON configuration file is malformed or lacks a required field.
+    #[error("malformed model file {path}: {reason}")]
+    Malformed {
+        /// The malformed file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The folder holds a model this encoder does not implement.
+    #[error("unsupported model in {path}: {reason}")]
+    Unsupported {
+        /// The configuration file that says so.
+        path: PathBuf,
+        /// Which setting is unsupported.
+        reason: String,
+    },
+    /// The weights file is not a valid safetensors archive.
+    #[error("malformed weights file {path}: {reason}")]
+    Weights {
+        /// The weights file.
+        path: PathBuf,
+        /// The decoder's complaint.
+        reason: String,
+    },
+    /// A tensor the model needs is not in the weights file.
+    #[error("tensor {name} is missing from {path}")]
+    MissingTensor {
+        /// The weights file.
+        path: PathBuf,
+        /// The expected tensor name.
+        name: String,
+    },
+    /// The weights file holds a tensor that this architecture has no place for.
+    #[error("unexpected tensor {name} in {path}: not part of a BERT encoder")]
+    UnexpectedTensor {
+        /// The weights file.
+        path: PathBuf,
+        /// The unexpected tensor name.
+        name: String,
+    },
+    /// A tensor has a shape that disagrees with config.json.
+    #[error("tensor {name} in {path} has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        /// The weights file.
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// The shape config.json implies.
+        expected: Vec<usize>,
+        /// The shape in the file.
+        found: Vec<usize>,
+    },
+    /// A tensor is stored in an element type the loader does not read.
+    #[error("tensor {name} in {path} has dtype {dtype}; expected F32, F16 or BF16")]
+    TensorDtype {
+        /// The weights file.
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// The dtype found.
+        dtype: String,
+    },
+    /// tokenizer.json could not be parsed or configured.
+    #[error("cannot use tokenizer {path}: {reason}")]
+    Tokenizer {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// The tokenizer library's complaint.
+        reason: String,
+    },
+}
+
+/// The activation function of the feed-forward blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// Exact GELU (`erf` form), Hugging Face's `gelu`.
+    Gelu,
+    /// Tanh-approximated GELU (`gelu_new`, `gelu_pytorch_tanh`).
+    GeluTanh,
+    /// ReLU.
+    Relu,
+}
+
+/// BERT hyper-parameters read from `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BertConfig {
+    /// Number of token ids.
+    pub vocab_size: usize,
+    /// Width of every hidden state (the embedding dimension).
+    pub hidden_size: usize,
+    /// Number of encoder layers.
+    pub num_hidden_layers: usize,
+    /// Number of attention heads per layer.
+    pub num_attention_heads: usize,
+    /// Width of the feed-forward block.
+    pub intermediate_size: usize,
+    /// Number of learned positions.
+    pub max_position_embeddings: usize,
+    /// Number of token types (segments).
+    pub type_vocab_size: usize,
+    /// Layer-norm epsilon (1e-12 in BERT).
+    pub layer_norm_eps: f64,
+    /// Feed-forward activation.
+    pub activation: Activation,
+}
+
+#[derive(Deserialize)]
+struct RawBertConfig {
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    max_position_embeddings: usize,
+    #[serde(default = "default_type_vocab")]
+    type_vocab_size: usize,
+    #[serde(default = "default_eps")]
+    layer_norm_eps: f64,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+    position_embedding_type: Option<String>,
+}
+
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+fn default_act() -> String {
+    "gelu".to_owned()
+}
+
+#[derive(Deserialize)]
+struct RawPooling {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_max_tokens: bool,
+    #[serde(default)]
+    pooling_mode_mean_sqrt_len_tokens: bool,
+    #[serde(default)]
+    pooling_mode_weightedmean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_lasttoken: bool,
+}
+
+#[derive(Deserialize)]
+struct RawSentenceBert {
+    max_seq_length: usize,
+}
+
+/// A stable identity of a model's weights: the SHA-256 of `model.safetensors`.
+///
+/// Every embedding result carries it, so a job can refuse vectors that came
+/// from different weights.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ModelRevision(String);
+
+impl ModelRevision {
+    /// Wraps a revision string as produced by [`ModelRevision::as_str`].
+    pub fn new(revision: impl Into<String>) -> Self {
+        Self(revision.into())
+    }
+
+    /// The revision of weights held in memory.
+    pub fn of_bytes(bytes: &[u8]) -> Self {
+        Self::from_digest(&Sha256::digest(bytes))
+    }
+
+    fn from_digest(digest: &[u8]) -> Self {
+        let mut hex = String::with_capacity(7 + 2 * digest.len());
+        hex.push_str("sha256:");
+        for byte in digest {
+            hex.push_str(&format!("{byte:02x}"));
+        }
+        Self(hex)
+    }
+
+    /// The revision as `sha256:<64 hex digits>`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The first 12 hex digits, for logs and default job ids.
+    pub fn short(&self) -> &str {
+        let hex = self.0.strip_prefix("sha256:").unwrap_or(&self.0);
+        &hex[..hex.len().min(12)]
+    }
+}
+
+impl fmt::Display for ModelRevision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A validated model folder: configuration parsed, files present, revision
+/// computed. Loading the weights is [`crate::SentenceEncoder::load`]'s job.
+#[derive(Debug, Clone)]
+pub struct ModelFolder {
+    root: PathBuf,
+    /// BERT hyper-parameters.
+    pub config: BertConfig,
+    /// Longest token sequence the model reads; longer texts are truncated.
+    pub max_seq_length: usize,
+}
+
+impl ModelFolder {
+    /// Reads and validates the configuration files of `root` and checks that
+    /// the weights and tokenizer files exist.
+    pub fn open(root: impl AsRef<Path>) -> Result<Self, LoadError> {
+        let root = root.as_ref().to_path_buf();
+        let config = read_bert_config(&root.join("config.json"))?;
+        read_pooling(&root.join("1_Pooling").join("config.json"))?;
+        let sbert_path = root.join("sentence_bert_config.json");
+        let sbert: RawSentenceBert = read_json(&sbert_path)?;
+        if sbert.max_seq_length == 0 {
+            return Err(LoadError::Malformed {
+                path: sbert_path,
+                reason: "max_seq_length is 0".into(),
+            });
+        }
+        let max_seq_length = sbert.max_seq_length.min(config.max_position_embeddings);
+        for file in ["tokenizer.json", "model.safetensors"] {
+            let path = root.join(file);
+            std::fs::metadata(&path).map_err(|source| LoadError::Io { path, source })?;
+        }
+        Ok(Self {
+            root,
+            config,
+            max_seq_length,
+        })
+    }
+
+    /// Hashes `model.safetensors` (about 0.3 s for MiniLM's 90 MB) without
+    /// loading the model: what a driver that hosts no model compares its
+    /// workers' revisions against.
+    pub fn revision(&self) -> Result<ModelRevision, LoadError> {
+        let path = self.weights_path();
+        let io = |source| LoadError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut file = std::fs::File::open(&path).map_err(io)?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        Ok(ModelRevision::from_digest(&hasher.finalize()))
+    }
+
+    /// The folder itself.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Path of `model.safetensors`.
+    pub fn weights_path(&self) -> PathBuf {
+        self.root.join("model.safetensors")
+    }
+
+    /// Path of `tokenizer.json`.
+    pub fn tokenizer_path(&self) -> PathBuf {
+        self.root.join("tokenizer.json")
+    }
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, LoadError> {
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| LoadError::Malformed {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+fn read_bert_config(path: &Path) -> Result<BertConfig, LoadError> {
+    let raw: RawBertConfig = read_json(path)?;
+    let unsupported = |reason: String| LoadError::Unsupported {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match raw.model_type.as_deref() {
+        Some("bert") => {}
+        Some(other) => {
+            return Err(unsupported(format!(
+                "model_type is {other:?}; this encoder implements \"bert\""
+            )));
+        }
+        None => return Err(unsupported("model_type is missing".into())),
+    }
+    if let Some(kind) = raw.position_embedding_type.as_deref()
+        && kind != "absolute"
+    {
+        return Err(unsupported(format!(
+            "position_embedding_type {kind:?}; only \"absolute\" is implemented"
+        )));
+    }
+    let activation = match raw.hidden_act.as_str() {
+        "gelu" => Activation::Gelu,
+        "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
+        "relu" => Activation::Relu,
+        other => return Err(unsupported(format!("hidden_act {other:?}"))),
+    };
+    let sizes = [
+        ("vocab_size", raw.vocab_size),
+        ("hidden_size", raw.hidden_size),
+        ("num_hidden_layers", raw.num_hidden_layers),
+        ("num_attention_heads", raw.num_attention_heads),
+        ("intermediate_size", raw.intermediate_size),
+        ("max_position_embeddings", raw.max_position_embeddings),
+        ("type_vocab_size", raw.type_vocab_size),
+    ];
+    if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+        return Err(LoadError::Malformed {
+            path: path.to_path_buf(),
+            reason: format!("{name} is 0"),
+        });
+    }
+    if raw.hidden_size % raw.num_attention_heads != 0 {
+        return Err(LoadError::Malformed {
+            path: path.to_path_buf(),
+            reason: format!(
+                "hidden_size {} is not a multiple of num_attention_heads {}",
+                raw.hidden_size, raw.num_attention_heads
+            ),
+        });
+    }
+    Ok(BertConfig {
+        vocab_size: raw.vocab_size,
+        hidden_size: raw.hidden_size,
+        num_hidden_layers: raw.num_hidden_layers,
+        num_attention_heads: raw.num_attention_heads,
+        intermediate_size: raw.intermediate_size,
+        max_position_embeddings: raw.max_position_embeddings,
+        type_vocab_size: raw.type_vocab_size,
+        layer_norm_eps: raw.layer_norm_eps,
+        activation,
+    })
+}
+
+fn read_pooling(path: &Path) -> Result<(), LoadError> {
+    let raw: RawPooling = read_json(path)?;
+    let others = raw.pooling_mode_cls_token
+        || raw.pooling_mode_max_tokens
+        || raw.pooling_mode_mean_sqrt_len_tokens
+        || raw.pooling_mode_weightedmean_tokens
+        || raw.pooling_mode_lasttoken;
+    if !raw.pooling_mode_mean_tokens || others {
+        return Err(LoadError::Unsupported {
+            path: path.to_path_buf(),
+            reason: "only mean pooling (pooling_mode_mean_tokens alone) is implemented".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! Tokenization as sentence-transformers does it: the folder's
+//! `tokenizer.json`, truncation to `max_seq_length`, and padding per batch to
+//! the longest sequence in that batch.
+
+use std::path::Path;
+
+use tokenizers::{
+    PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection,
+    TruncationParams, TruncationStrategy,
+};
+
+use crate::model_folder::LoadError;
+
+/// Why a batch of texts could not be tokenized.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenizeError {
+    /// The tokenizer library refused the input.
+    #[error("tokenizer failed: {0}")]
+    Tokenizer(String),
+}
+
+/// A padded batch of token ids, row-major `[batch, seq_len]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBatch {
+    /// Number of texts.
+    pub batch: usize,
+    /// Length of the longest text in tokens; every row is padded to it.
+    pub seq_len: usize,
+    /// Token ids, `batch * seq_len`.
+    pub ids: Vec<i64>,
+    /// Token type ids, `batch * seq_len`.
+    pub type_ids: Vec<i64>,
+    /// 1 for a real token, 0 for padding, `batch * seq_len`.
+    pub mask: Vec<i64>,
+}
+
+impl TokenBatch {
+    /// The ids of row `i` without its padding.
+    pub fn row_ids(&self, i: usize) -> Vec<i64> {
+        let start = i * self.seq_len;
+        let row = &self.ids[start..start + self.seq_len];
+        let mask = &self.mask[start..start + self.seq_len];
+        row.iter()
+            .zip(mask)
+            .filter(|&(_, m)| *m == 1)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Number of real (unpadded) tokens in the whole batch.
+    pub fn real_tokens(&self) -> usize {
+        self.mask.iter().filter(|m| **m == 1).count()
+    }
+}
+
+/// A configured Hugging Face tokenizer.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer").finish_non_exhaustive()
+    }
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json` and overrides whatever padding and truncation it
+    /// bakes in: truncation to `max_len` tokens, padding to the longest
+    /// sequence of each batch.
+    pub fn load(path: &Path, max_len: usize) -> Result<Self, LoadError> {
+        let err = |reason: String| LoadError::Tokenizer {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut inner = Tokenizer::from_file(path).map_err(|e| err(e.to_string()))?;
+        let (pad_id, pad_token) = match inner.get_padding() {
+            Some(p) => (p.pad_id, p.pad_token.clone()),
+            None => {
+                let token = "[PAD]".to_owned();
+                let id = inner.token_to_id(&token).unwrap_or(0);
+                (id, token)
+            }
+        };
+        inner
+            .with_truncation(Some(TruncationParams {
+                direction: TruncationDirection::Right,
+                max_length: max_len,
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+            }))
+            .map_err(|e| err(e.to_string()))?;
+        inner.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::BatchLongest,
+            direction: PaddingDirection::Right,
+            pad_to_multiple_of: None,
+            pad_id,
+            pad_type_id: 0,
+            pad_token,
+        }));
+        Ok(Self { inner })
+    }
+
+    /// Tokenizes a batch, adding the special tokens (`[CLS]`, `[SEP]`).
+    pub fn tokenize(&self, texts: &[&str]) -> Result<TokenBatch, TokenizeError> {
+        let encodings = self
+            .inner
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        let batch = encodings.len();
+        let seq_len = encodings.first().map_or(0, |e| e.len());
+        let mut ids = Vec::with_capacity(batch * seq_len);
+        let mut type_ids = Vec::with_capacity(batch * seq_len);
+        let mut mask = Vec::with_capacity(batch * seq_len);
+        for enc in &encodings {
+            debug_assert_eq!(enc.len(), seq_len, "batch-longest padding");
+            ids.extend(enc.get_ids().iter().map(|&v| i64::from(v)));
+            type_ids.extend(enc.get_type_ids().iter().map(|&v| i64::from(v)));
+            mask.extend(enc.get_attention_mask().iter().map(|&v| i64::from(v)));
+        }
+        Ok(TokenBatch {
+            batch,
+            seq_len,
+            ids,
+            type_ids,
+            mask,
+        })
+    }
+
+    /// Number of tokens `text` becomes (special tokens included, truncated).
+    /// Used to sort texts by length before batching.
+    pub fn token_count(&self, text: &str) -> Result<usize, TokenizeError> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        Ok(enc.len())
+    }
+}

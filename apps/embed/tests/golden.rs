@@ -1,0 +1,181 @@
+//! Correctness against sentence-transformers: token ids and embeddings of the
+//! reference sentences in `shared/data/minilm-golden-dev.json`, alone and in
+//! padded batches.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use flotilla_embed::{SentenceEncoder, default_device};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Golden {
+    suggested_tolerance: Tolerance,
+    sentences: Vec<Sentence>,
+}
+
+#[derive(Deserialize)]
+struct Tolerance {
+    max_abs_diff: f32,
+    min_cosine: f32,
+}
+
+#[derive(Deserialize)]
+struct Sentence {
+    text: String,
+    token_ids: Vec<i64>,
+    embedding: Vec<f32>,
+    truncated: bool,
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("FLOTILLA_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("models/all-MiniLM-L6-v2"))
+}
+
+fn golden() -> Golden {
+    let path = workspace_root().join("../shared/data/minilm-golden-dev.json");
+    let bytes = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("reference data {} unreadable: {e}", path.display()));
+    serde_json::from_slice(&bytes).expect("golden file parses")
+}
+
+fn encoder() -> &'static SentenceEncoder {
+    static ENCODER: OnceLock<SentenceEncoder> = OnceLock::new();
+    ENCODER.get_or_init(|| {
+        let dir = model_dir();
+        SentenceEncoder::load(&dir, &default_device()).unwrap_or_else(|e| {
+            panic!(
+                "model not loadable from {} ({e}); run scripts/fetch-model first",
+                dir.display()
+            )
+        })
+    })
+}
+
+fn compare(label: &str, got: &[f32], want: &[f32], tol: &Tolerance) {
+    assert_eq!(got.len(), want.len(), "{label}: dimension");
+    let max_abs = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let dot: f32 = got.iter().zip(want).map(|(a, b)| a * b).sum();
+    let na: f32 = got.iter().map(|a| a * a).sum::<f32>().sqrt();
+    let nb: f32 = want.iter().map(|b| b * b).sum::<f32>().sqrt();
+    let cosine = dot / (na * nb);
+    assert!(
+        max_abs <= tol.max_abs_diff && cosine >= tol.min_cosine,
+        "{label}: max abs diff {max_abs:e}, cosine {cosine}"
+    );
+}
+
+#[test]
+fn token_ids_match_reference() {
+    let g = golden();
+    let enc = encoder();
+    assert!(
+        g.sentences.iter().any(|s| s.truncated),
+        "data has a truncated text"
+    );
+    for s in &g.sentences {
+        let batch = enc.tokenize(&[s.text.as_str()]).unwrap();
+        assert_eq!(batch.row_ids(0), s.token_ids, "ids of {:?}", s.text);
+    }
+}
+
+#[test]
+fn each_sentence_alone_matches_reference() {
+    let g = golden();
+    let enc = encoder();
+    for s in &g.sentences {
+        let out = enc.encode(&[s.text.as_str()]).unwrap();
+        compare(
+            &format!("{:?} alone", s.text),
+            out.row(0),
+            &s.embedding,
+            &g.suggested_tolerance,
+        );
+    }
+}
+
+#[test]
+fn padded_mixed_batch_matches_reference() {
+    let g = golden();
+    let enc = encoder();
+    // Every sentence in one batch padded to the longest, in two orders.
+    let mut order: Vec<usize> = (0..g.sentences.len()).collect();
+    for round in 0..2 {
+        let texts: Vec<&str> = order
+            .iter()
+            .map(|&i| g.sentences[i].text.as_str())
+            .collect();
+        let out = enc.encode(&texts).unwrap();
+        assert_eq!(out.rows(), texts.len());
+        for (row, &i) in order.iter().enumerate() {
+            let s = &g.sentences[i];
+            compare(
+                &format!("{:?} in batch (round {round})", s.text),
+                out.row(row),
+                &s.embedding,
+                &g.suggested_tolerance,
+            );
+        }
+        order.reverse();
+    }
+}
+
+#[test]
+fn vectors_are_unit_length() {
+    let enc = encoder();
+    let texts = [
+        "",
+        "ok",
+        "東京は日本の首都です",
+        "emoji 🚀🔥 and accents déjà vu",
+    ];
+    let out = enc.encode(&texts).unwrap();
+    assert_eq!(out.dim, 384);
+    for i in 0..texts.len() {
+        let norm: f32 = out.row(i).iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{:?} has norm {norm}", texts[i]);
+    }
+}
+
+#[test]
+fn padding_does_not_change_non_ascii_vectors() {
+    let enc = encoder();
+    let texts = [
+        "東京は日本の首都です",
+        "emoji 🚀🔥 and accents déjà vu",
+        "Ångström",
+    ];
+    let long = "word ".repeat(400);
+    let mut batch: Vec<&str> = texts.to_vec();
+    batch.push(&long);
+    let together = enc.encode(&batch).unwrap();
+    for (i, t) in texts.iter().enumerate() {
+        let alone = enc.encode(&[t]).unwrap();
+        let diff = alone
+            .row(0)
+            .iter()
+            .zip(together.row(i))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(diff < 1e-5, "{t:?}: padded differs by {diff}");
+    }
+}
+
+#[test]
+fn revision_is_sha256_of_weights() {
+    let enc = encoder();
+    assert_eq!(
+        enc.revision().as_str(),
+        "sha256:53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+    );
+}
