@@ -248,3 +248,225 @@ impl Bert {
             .map_err(|e| BackendError(e.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model_folder::Activation;
+    use safetensors::tensor::{Dtype, TensorView};
+
+    fn tiny_config() -> BertConfig {
+        BertConfig {
+            vocab_size: 11,
+            hidden_size: 8,
+            num_hidden_layers: 2,
+            num_attention_heads: 2,
+            intermediate_size: 12,
+            max_position_embeddings: 16,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+            activation: Activation::Gelu,
+        }
+    }
+
+    /// Every tensor of a BERT checkpoint for `c`, PyTorch layout, with
+    /// deterministic pseudo-random values.
+    fn checkpoint(c: &BertConfig) -> Vec<(String, Vec<usize>)> {
+        let (h, f) = (c.hidden_size, c.intermediate_size);
+        let mut t = vec![
+            (
+                "embeddings.word_embeddings.weight".to_owned(),
+                vec![c.vocab_size, h],
+            ),
+            (
+                "embeddings.position_embeddings.weight".to_owned(),
+                vec![c.max_position_embeddings, h],
+            ),
+            (
+                "embeddings.token_type_embeddings.weight".to_owned(),
+                vec![c.type_vocab_size, h],
+            ),
+            ("embeddings.LayerNorm.weight".to_owned(), vec![h]),
+            ("embeddings.LayerNorm.bias".to_owned(), vec![h]),
+            (
+                "embeddings.position_ids".to_owned(),
+                vec![1, c.max_position_embeddings],
+            ),
+            ("pooler.dense.weight".to_owned(), vec![h, h]),
+            ("pooler.dense.bias".to_owned(), vec![h]),
+        ];
+        for i in 0..c.num_hidden_layers {
+            let p = format!("encoder.layer.{i}");
+            for part in ["query", "key", "value"] {
+                t.push((format!("{p}.attention.self.{part}.weight"), vec![h, h]));
+                t.push((format!("{p}.attention.self.{part}.bias"), vec![h]));
+            }
+            t.push((format!("{p}.attention.output.dense.weight"), vec![h, h]));
+            t.push((format!("{p}.attention.output.dense.bias"), vec![h]));
+            t.push((format!("{p}.attention.output.LayerNorm.weight"), vec![h]));
+            t.push((format!("{p}.attention.output.LayerNorm.bias"), vec![h]));
+            t.push((format!("{p}.intermediate.dense.weight"), vec![f, h]));
+            t.push((format!("{p}.intermediate.dense.bias"), vec![f]));
+            t.push((format!("{p}.output.dense.weight"), vec![h, f]));
+            t.push((format!("{p}.output.dense.bias"), vec![h]));
+            t.push((format!("{p}.output.LayerNorm.weight"), vec![h]));
+            t.push((format!("{p}.output.LayerNorm.bias"), vec![h]));
+        }
+        t
+    }
+
+    fn serialize(tensors: &[(String, Vec<usize>)]) -> Vec<u8> {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+            .iter()
+            .map(|(name, shape)| {
+                let n: usize = shape.iter().product();
+                let mut data = Vec::with_capacity(n * 4);
+                for _ in 0..n {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let v = ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4;
+                    data.extend_from_slice(&v.to_le_bytes());
+                }
+                (name.clone(), shape.clone(), data)
+            })
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = bytes
+            .iter()
+            .map(|(n, s, d)| {
+                (
+                    n.clone(),
+                    TensorView::new(Dtype::F32, s.clone(), d).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    fn load(tensors: &[(String, Vec<usize>)]) -> Result<Bert, LoadError> {
+        let bytes = serialize(tensors);
+        Bert::from_safetensors(
+            &tiny_config(),
+            Path::new("model.safetensors"),
+            &bytes,
+            &Device::flex(),
+        )
+    }
+
+    fn batch(rows: &[&[i64]]) -> TokenBatch {
+        let seq_len = rows.iter().map(|r| r.len()).max().unwrap();
+        let mut t = TokenBatch {
+            batch: rows.len(),
+            seq_len,
+            ids: vec![],
+            type_ids: vec![0; rows.len() * seq_len],
+            mask: vec![],
+        };
+        for r in rows {
+            t.ids.extend(
+                r.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0, seq_len - r.len())),
+            );
+            t.mask.extend(
+                std::iter::repeat_n(1, r.len()).chain(std::iter::repeat_n(0, seq_len - r.len())),
+            );
+        }
+        t
+    }
+
+    #[test]
+    fn tiny_checkpoint_loads_and_padding_does_not_change_vectors() {
+        let model = load(&checkpoint(&tiny_config())).unwrap();
+        let short: &[i64] = &[1, 5, 2];
+        let long: &[i64] = &[1, 3, 4, 7, 9, 10, 6, 2];
+        let alone = model.embed(&batch(&[short])).unwrap();
+        let padded = model.embed(&batch(&[long, short])).unwrap();
+        assert_eq!(padded.len(), 16);
+        let diff = alone
+            .iter()
+            .zip(&padded[8..])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(diff < 1e-6, "padding changed the vector by {diff}");
+        let norm: f32 = alone.iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn bert_prefix_and_gamma_beta_names_load() {
+        let renamed: Vec<_> = checkpoint(&tiny_config())
+            .into_iter()
+            .map(|(n, s)| {
+                let n = n
+                    .replace("LayerNorm.weight", "LayerNorm.gamma")
+                    .replace("LayerNorm.bias", "LayerNorm.beta");
+                (format!("bert.{n}"), s)
+            })
+            .collect();
+        load(&renamed).unwrap();
+    }
+
+    #[test]
+    fn missing_tensor_is_named() {
+        let mut t = checkpoint(&tiny_config());
+        t.retain(|(n, _)| n != "encoder.layer.1.output.dense.bias");
+        match load(&t) {
+            Err(LoadError::MissingTensor { name, .. }) => {
+                assert_eq!(name, "encoder.layer.1.output.dense.bias")
+            }
+            other => panic!("expected a missing tensor, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn wrong_shape_is_named_with_both_shapes() {
+        let mut t = checkpoint(&tiny_config());
+        for (n, s) in &mut t {
+            if n == "encoder.layer.0.intermediate.dense.weight" {
+                *s = vec![8, 12];
+            }
+        }
+        match load(&t) {
+            Err(LoadError::TensorShape {
+                name,
+                expected,
+                found,
+                ..
+            }) => {
+                assert_eq!(name, "encoder.layer.0.intermediate.dense.weight");
+                assert_eq!((expected, found), (vec![12, 8], vec![8, 12]));
+            }
+            other => panic!("expected a shape error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unexpected_tensor_is_named() {
+        let mut t = checkpoint(&tiny_config());
+        t.push((
+            "encoder.layer.0.attention.self.rotary.weight".to_owned(),
+            vec![2],
+        ));
+        match load(&t) {
+            Err(LoadError::UnexpectedTensor { name, .. }) => {
+                assert_eq!(name, "encoder.layer.0.attention.self.rotary.weight")
+            }
+            other => panic!("expected an unexpected-tensor error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn garbage_weights_file_is_a_weights_error() {
+        let err = Bert::from_safetensors(
+            &tiny_config(),
+            Path::new("model.safetensors"),
+            &[0xff; 64],
+            &Device::flex(),
+        )
+        .unwrap_err();
+        assert!(matches!(err, LoadError::Weights { .. }), "{err}");
+        assert!(err.to_string().contains("model.safetensors"));
+    }
+}

@@ -359,7 +359,7 @@ fn read_bert_config(path: &Path) -> Result<BertConfig, LoadError> {
             reason: format!("{name} is 0"),
         });
     }
-    if raw.hidden_size % raw.num_attention_heads != 0 {
+    if !raw.hidden_size.is_multiple_of(raw.num_attention_heads) {
         return Err(LoadError::Malformed {
             path: path.to_path_buf(),
             reason: format!(
@@ -395,4 +395,119 @@ fn read_pooling(path: &Path) -> Result<(), LoadError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = r#"{"model_type":"bert","vocab_size":11,"hidden_size":8,
+        "num_hidden_layers":1,"num_attention_heads":2,"intermediate_size":12,
+        "max_position_embeddings":16,"type_vocab_size":2,"layer_norm_eps":1e-12,
+        "hidden_act":"gelu"}"#;
+
+    struct Folder(PathBuf);
+
+    impl Folder {
+        fn new(tag: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("flotilla-model-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
+            let f = Self(dir);
+            f.write("config.json", CONFIG);
+            f.write(
+                "1_Pooling/config.json",
+                r#"{"pooling_mode_mean_tokens":true}"#,
+            );
+            f.write("sentence_bert_config.json", r#"{"max_seq_length":256}"#);
+            f.write("tokenizer.json", "{}");
+            f.write("model.safetensors", "weights");
+            f
+        }
+        fn write(&self, name: &str, body: &str) {
+            std::fs::write(self.0.join(name), body).unwrap();
+        }
+    }
+
+    impl Drop for Folder {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn valid_folder_opens_and_caps_length_at_positions() {
+        let f = Folder::new("ok");
+        let m = ModelFolder::open(&f.0).unwrap();
+        assert_eq!(m.config.hidden_size, 8);
+        assert_eq!(m.max_seq_length, 16, "capped by max_position_embeddings");
+        assert_eq!(m.revision().unwrap(), ModelRevision::of_bytes(b"weights"));
+    }
+
+    #[test]
+    fn missing_file_is_named() {
+        for file in [
+            "config.json",
+            "1_Pooling/config.json",
+            "sentence_bert_config.json",
+            "tokenizer.json",
+            "model.safetensors",
+        ] {
+            let f = Folder::new("missing");
+            std::fs::remove_file(f.0.join(file)).unwrap();
+            let err = ModelFolder::open(&f.0).unwrap_err();
+            assert!(
+                matches!(err, LoadError::Io { ref path, .. } if path.ends_with(file)),
+                "{file}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_architecture_is_refused() {
+        let f = Folder::new("roberta");
+        f.write("config.json", &CONFIG.replace("\"bert\"", "\"roberta\""));
+        let err = ModelFolder::open(&f.0).unwrap_err();
+        assert!(matches!(err, LoadError::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains("roberta") && err.to_string().contains("config.json"));
+    }
+
+    #[test]
+    fn non_mean_pooling_is_refused() {
+        let f = Folder::new("cls");
+        f.write(
+            "1_Pooling/config.json",
+            r#"{"pooling_mode_cls_token":true}"#,
+        );
+        let err = ModelFolder::open(&f.0).unwrap_err();
+        assert!(
+            matches!(err, LoadError::Unsupported { ref path, .. } if path.ends_with("1_Pooling/config.json")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn malformed_json_is_named() {
+        let f = Folder::new("malformed");
+        f.write("sentence_bert_config.json", "{not json");
+        let err = ModelFolder::open(&f.0).unwrap_err();
+        assert!(
+            matches!(err, LoadError::Malformed { ref path, .. } if path.ends_with("sentence_bert_config.json")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn heads_must_divide_hidden_size() {
+        let f = Folder::new("heads");
+        f.write(
+            "config.json",
+            &CONFIG.replace("\"num_attention_heads\":2", "\"num_attention_heads\":3"),
+        );
+        assert!(matches!(
+            ModelFolder::open(&f.0),
+            Err(LoadError::Malformed { .. })
+        ));
+    }
 }

@@ -141,9 +141,9 @@ fn vectors_are_unit_length() {
     ];
     let out = enc.encode(&texts).unwrap();
     assert_eq!(out.dim, 384);
-    for i in 0..texts.len() {
+    for (i, text) in texts.iter().enumerate() {
         let norm: f32 = out.row(i).iter().map(|v| v * v).sum::<f32>().sqrt();
-        assert!((norm - 1.0).abs() < 1e-5, "{:?} has norm {norm}", texts[i]);
+        assert!((norm - 1.0).abs() < 1e-5, "{text:?} has norm {norm}");
     }
 }
 

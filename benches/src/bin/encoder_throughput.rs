@@ -1,0 +1,218 @@
+//! Sentence-encoder throughput on a JSONL corpus: texts/s and texts per
+//! CPU-second for several batch sizes and threading layouts, with model load
+//! time and peak RSS.
+//!
+//! ```text
+//! cargo run --release -p flotilla-benches --bin encoder_throughput -- \
+//!     --corpus ../shared/data/corpus-4k.jsonl --texts 1024
+//! ```
+//!
+//! Layouts: `pool=N` runs one encoder whose Burn kernels use a rayon pool of N
+//! threads; `workers=N` runs N encoders on N threads, each single-threaded
+//! (what N one-core model actors do). `sorted` batches texts sorted by token
+//! length (less padding), `corpus` batches them in file order.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use flotilla_benches::{peak_rss_bytes, process_cpu, reset_peak_rss, rss_bytes};
+use flotilla_embed::{SentenceEncoder, default_device};
+
+#[derive(Parser)]
+struct Args {
+    /// Model folder.
+    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
+    model: PathBuf,
+    /// JSONL corpus with a `text` field per line.
+    #[arg(long, default_value = "../shared/data/corpus-4k.jsonl")]
+    corpus: PathBuf,
+    /// How many texts of the corpus to embed per configuration.
+    #[arg(long, default_value_t = 1024)]
+    texts: usize,
+    /// Configurations to run, `LAYOUT:BATCH:ORDER` with LAYOUT `pool=N` or
+    /// `workers=N` and ORDER `sorted` or `corpus`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "pool=2:32:corpus,pool=2:32:sorted,pool=2:128:sorted,pool=1:32:sorted,workers=2:32:sorted,workers=2:128:sorted"
+    )]
+    configs: Vec<String>,
+}
+
+#[derive(Clone, Copy)]
+enum Layout {
+    Pool(usize),
+    Workers(usize),
+}
+
+struct Config {
+    label: String,
+    layout: Layout,
+    batch: usize,
+    sorted: bool,
+}
+
+fn parse_config(s: &str) -> anyhow::Result<Config> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let [layout, batch, order] = parts[..] else {
+        anyhow::bail!("config {s:?} is not LAYOUT:BATCH:ORDER");
+    };
+    let layout = match layout.split_once('=') {
+        Some(("pool", n)) => Layout::Pool(n.parse()?),
+        Some(("workers", n)) => Layout::Workers(n.parse()?),
+        _ => anyhow::bail!("layout {layout:?} is not pool=N or workers=N"),
+    };
+    let sorted = match order {
+        "sorted" => true,
+        "corpus" => false,
+        _ => anyhow::bail!("order {order:?} is not sorted or corpus"),
+    };
+    Ok(Config {
+        label: s.to_owned(),
+        layout,
+        batch: batch.parse()?,
+        sorted,
+    })
+}
+
+fn read_texts(path: &PathBuf, limit: usize) -> anyhow::Result<Vec<String>> {
+    let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut texts = Vec::new();
+    for line in std::io::BufReader::new(file).lines().take(limit) {
+        let v: serde_json::Value = serde_json::from_str(&line?)?;
+        let text = v["text"].as_str().context("line without a text field")?;
+        texts.push(text.to_owned());
+    }
+    Ok(texts)
+}
+
+/// Batches of indices into `texts`, sorted by token length when asked.
+fn batches(
+    encoder: &SentenceEncoder,
+    texts: &[String],
+    batch: usize,
+    sorted: bool,
+) -> anyhow::Result<Vec<Vec<usize>>> {
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    if sorted {
+        let lens: Vec<usize> = texts
+            .iter()
+            .map(|t| encoder.tokenizer().token_count(t))
+            .collect::<Result<_, _>>()?;
+        order.sort_by_key(|&i| lens[i]);
+    }
+    Ok(order.chunks(batch).map(<[usize]>::to_vec).collect())
+}
+
+fn run_batches(
+    encoder: &SentenceEncoder,
+    texts: &[String],
+    batches: &[Vec<usize>],
+) -> anyhow::Result<(usize, usize)> {
+    let (mut real, mut padded) = (0, 0);
+    for b in batches {
+        let refs: Vec<&str> = b.iter().map(|&i| texts[i].as_str()).collect();
+        let tokens = encoder.tokenize(&refs)?;
+        real += tokens.real_tokens();
+        padded += tokens.batch * tokens.seq_len;
+        let out = encoder.encode_tokens(&tokens)?;
+        anyhow::ensure!(out.rows() == refs.len(), "row count");
+    }
+    Ok((real, padded))
+}
+
+fn pool(threads: usize) -> anyhow::Result<rayon::ThreadPool> {
+    Ok(rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let configs: Vec<Config> = args
+        .configs
+        .iter()
+        .map(|c| parse_config(c))
+        .collect::<Result<_, _>>()?;
+    let texts = Arc::new(read_texts(&args.corpus, args.texts)?);
+    let device = default_device();
+
+    let rss_before = rss_bytes();
+    let encoder = Arc::new(SentenceEncoder::load(&args.model, &device)?);
+    let rss_loaded = rss_bytes();
+    println!(
+        "model {} ({}), loaded in {:.2} s, +{:.0} MiB RSS; {} texts, device {:?}",
+        args.model.display(),
+        encoder.revision().short(),
+        encoder.load_time().as_secs_f64(),
+        (rss_loaded.saturating_sub(rss_before)) as f64 / (1 << 20) as f64,
+        texts.len(),
+        device,
+    );
+    // Warm-up: one small batch so lazy initialisation is not timed.
+    encoder.encode(&["warm up"])?;
+
+    println!(
+        "{:<26} {:>9} {:>12} {:>10} {:>8} {:>13}",
+        "config", "texts/s", "texts/CPU-s", "pad ratio", "wall s", "peak RSS MiB"
+    );
+    for cfg in &configs {
+        let plan = batches(&encoder, &texts, cfg.batch, cfg.sorted)?;
+        reset_peak_rss();
+        let cpu0 = process_cpu();
+        let t0 = Instant::now();
+        let (real, padded) = match cfg.layout {
+            Layout::Pool(n) => pool(n)?.install(|| run_batches(&encoder, &texts, &plan))?,
+            Layout::Workers(n) => {
+                // Each worker owns its model, as a resident model actor does.
+                let mut handles = Vec::new();
+                for w in 0..n {
+                    let share: Vec<Vec<usize>> = plan.iter().skip(w).step_by(n).cloned().collect();
+                    let texts = Arc::clone(&texts);
+                    let model = args.model.clone();
+                    let device = device.clone();
+                    let own = if w == 0 {
+                        Some(Arc::clone(&encoder))
+                    } else {
+                        None
+                    };
+                    handles.push(std::thread::spawn(
+                        move || -> anyhow::Result<(usize, usize)> {
+                            let enc = match own {
+                                Some(e) => e,
+                                None => Arc::new(SentenceEncoder::load(&model, &device)?),
+                            };
+                            pool(1)?.install(|| run_batches(&enc, &texts, &share))
+                        },
+                    ));
+                }
+                let mut sum = (0, 0);
+                for h in handles {
+                    let (r, p) = h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??;
+                    sum.0 += r;
+                    sum.1 += p;
+                }
+                sum
+            }
+        };
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = (process_cpu() - cpu0).as_secs_f64();
+        println!(
+            "{:<26} {:>9.1} {:>12.1} {:>10.2} {:>8.1}",
+            cfg.label,
+            texts.len() as f64 / wall,
+            texts.len() as f64 / cpu,
+            padded as f64 / real as f64,
+            wall
+        );
+    }
+    println!(
+        "peak RSS {:.0} MiB",
+        peak_rss_bytes() as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
