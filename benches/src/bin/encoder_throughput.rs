@@ -11,6 +11,10 @@
 //! threads; `workers=N` runs N encoders on N threads, each single-threaded
 //! (what N one-core model actors do). `sorted` batches texts sorted by token
 //! length (less padding), `corpus` batches them in file order.
+//!
+//! With `--st-python PYTHON` (an interpreter with sentence-transformers), the
+//! same texts are first embedded by sentence-transformers in the same run;
+//! "vs best" is texts per CPU-second over its best configuration.
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -41,6 +45,61 @@ struct Args {
         default_value = "pool=2:32:corpus,pool=2:32:sorted,pool=2:128:sorted,pool=1:32:sorted,workers=2:32:sorted,workers=2:128:sorted"
     )]
     configs: Vec<String>,
+    /// Python interpreter with sentence-transformers installed: when given,
+    /// the same texts are embedded by sentence-transformers first, as the
+    /// same-run baseline (`THREADS:BATCH` configurations below).
+    #[arg(long)]
+    st_python: Option<PathBuf>,
+    /// sentence-transformers configurations, `THREADS:BATCH`.
+    #[arg(long, value_delimiter = ',', default_value = "2:32,2:128,1:64")]
+    st_configs: Vec<String>,
+}
+
+/// Runs the sentence-transformers baseline and returns its best texts per
+/// CPU-second, printing its table.
+fn run_baseline(python: &PathBuf, args: &Args) -> anyhow::Result<f64> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/st_throughput.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(&args.model)
+        .arg(&args.corpus)
+        .arg(args.texts.to_string())
+        .args(&args.st_configs)
+        .stderr(std::process::Stdio::null())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "baseline failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mut best = 0.0f64;
+    println!("baseline: sentence-transformers (PyTorch) on the same texts");
+    println!(
+        "{:<26} {:>9} {:>12} {:>13}",
+        "config", "texts/s", "texts/CPU-s", "peak RSS MiB"
+    );
+    for line in String::from_utf8(out.stdout)?.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if v["config"] == "load" {
+            println!(
+                "loaded in {:.2} s, {:.0} MiB RSS",
+                v["load_s"].as_f64().unwrap_or(0.0),
+                v["rss_mib"].as_f64().unwrap_or(0.0)
+            );
+            continue;
+        }
+        let per_cpu = v["texts_per_cpu_s"].as_f64().unwrap_or(0.0);
+        best = best.max(per_cpu);
+        println!(
+            "{:<26} {:>9.1} {:>12.1} {:>13.0}",
+            v["config"].as_str().unwrap_or("?"),
+            v["texts_per_s"].as_f64().unwrap_or(0.0),
+            per_cpu,
+            v["peak_rss_mib"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!();
+    Ok(best)
 }
 
 #[derive(Clone, Copy)]
@@ -139,6 +198,10 @@ fn main() -> anyhow::Result<()> {
         .map(|c| parse_config(c))
         .collect::<Result<_, _>>()?;
     let texts = Arc::new(read_texts(&args.corpus, args.texts)?);
+    let baseline = match &args.st_python {
+        Some(python) => Some(run_baseline(python, &args)?),
+        None => None,
+    };
     let device = default_device();
 
     let rss_before = rss_bytes();
@@ -157,9 +220,23 @@ fn main() -> anyhow::Result<()> {
     encoder.encode(&["warm up"])?;
 
     println!(
-        "{:<26} {:>9} {:>12} {:>10} {:>8} {:>13}",
-        "config", "texts/s", "texts/CPU-s", "pad ratio", "wall s", "peak RSS MiB"
+        "{:<26} {:>9} {:>12} {:>10} {:>8} {:>13} {:>9}",
+        "config", "texts/s", "texts/CPU-s", "pad ratio", "wall s", "peak RSS MiB", "vs best"
     );
+    // Every worker owns a model, as a resident model actor does; load them
+    // all before timing anything.
+    let most_workers = configs
+        .iter()
+        .filter_map(|c| match c.layout {
+            Layout::Workers(n) => Some(n),
+            Layout::Pool(_) => None,
+        })
+        .max()
+        .unwrap_or(1);
+    let mut models = vec![Arc::clone(&encoder)];
+    for _ in 1..most_workers {
+        models.push(Arc::new(SentenceEncoder::load(&args.model, &device)?));
+    }
     for cfg in &configs {
         let plan = batches(&encoder, &texts, cfg.batch, cfg.sorted)?;
         reset_peak_rss();
@@ -168,24 +245,13 @@ fn main() -> anyhow::Result<()> {
         let (real, padded) = match cfg.layout {
             Layout::Pool(n) => pool(n)?.install(|| run_batches(&encoder, &texts, &plan))?,
             Layout::Workers(n) => {
-                // Each worker owns its model, as a resident model actor does.
                 let mut handles = Vec::new();
-                for w in 0..n {
+                for (w, enc) in models.iter().take(n).enumerate() {
                     let share: Vec<Vec<usize>> = plan.iter().skip(w).step_by(n).cloned().collect();
                     let texts = Arc::clone(&texts);
-                    let model = args.model.clone();
-                    let device = device.clone();
-                    let own = if w == 0 {
-                        Some(Arc::clone(&encoder))
-                    } else {
-                        None
-                    };
+                    let enc = Arc::clone(enc);
                     handles.push(std::thread::spawn(
                         move || -> anyhow::Result<(usize, usize)> {
-                            let enc = match own {
-                                Some(e) => e,
-                                None => Arc::new(SentenceEncoder::load(&model, &device)?),
-                            };
                             pool(1)?.install(|| run_batches(&enc, &texts, &share))
                         },
                     ));
@@ -201,17 +267,22 @@ fn main() -> anyhow::Result<()> {
         };
         let wall = t0.elapsed().as_secs_f64();
         let cpu = (process_cpu() - cpu0).as_secs_f64();
+        let per_cpu = texts.len() as f64 / cpu;
+        let ratio = baseline.map_or("-".to_owned(), |b| format!("{:.2}x", per_cpu / b));
         println!(
-            "{:<26} {:>9.1} {:>12.1} {:>10.2} {:>8.1}",
+            "{:<26} {:>9.1} {:>12.1} {:>10.2} {:>8.1} {:>13.0} {:>9}",
             cfg.label,
             texts.len() as f64 / wall,
-            texts.len() as f64 / cpu,
+            per_cpu,
             padded as f64 / real as f64,
-            wall
+            wall,
+            peak_rss_bytes() as f64 / (1 << 20) as f64,
+            ratio,
         );
     }
     println!(
-        "peak RSS {:.0} MiB",
+        "process peak RSS (models loaded: {}) {:.0} MiB",
+        models.len(),
         peak_rss_bytes() as f64 / (1 << 20) as f64
     );
     Ok(())

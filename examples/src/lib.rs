@@ -1,0 +1,92 @@
+//! Helpers shared by the examples: a throw-away cluster CA and worker
+//! processes started from the example's own executable.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+/// A temporary folder with a cluster CA and certificates for `names`.
+pub fn scratch_certs(tag: &str, names: &[&str]) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("flotilla-example-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    flotilla_transport::certs::init_ca(&dir, tag)?;
+    for name in names {
+        flotilla_transport::certs::issue(&dir, name, &dir)?;
+    }
+    Ok(dir)
+}
+
+/// A free UDP port on loopback.
+pub fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// A worker process running this same executable with `--worker NAME`.
+pub struct Worker(Child);
+
+impl Worker {
+    /// Starts `current_exe --worker NAME --head HEAD --certs DIR`.
+    pub fn start(name: &str, head: SocketAddr, certs: &Path) -> anyhow::Result<Self> {
+        let child = Command::new(std::env::current_exe()?)
+            .args(["--worker", name, "--head", &head.to_string()])
+            .args(["--certs", &certs.to_string_lossy()])
+            .spawn()?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Worker-mode arguments: `--worker NAME --head ADDR --certs DIR`.
+pub fn worker_args() -> Option<(String, SocketAddr, PathBuf)> {
+    let args: Vec<String> = std::env::args().collect();
+    let get = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    Some((
+        get("--worker")?,
+        get("--head")?.parse().ok()?,
+        get("--certs")?.into(),
+    ))
+}
+
+/// In worker mode (`--worker NAME --head ADDR --certs DIR`), joins the head
+/// with the kinds `register` adds and serves until killed, then returns
+/// `Ok(true)`; otherwise returns `Ok(false)` at once.
+pub async fn serve_if_worker(
+    register: impl FnOnce(flotilla::NodeBuilder) -> flotilla::NodeBuilder,
+) -> anyhow::Result<bool> {
+    let Some((name, head, certs)) = worker_args() else {
+        return Ok(false);
+    };
+    let config = flotilla::NodeConfig::new(&name, free_addr()?, certs).join(head);
+    let node = register(flotilla::Node::builder(config)).start().await?;
+    tokio::signal::ctrl_c().await?;
+    node.shutdown().await;
+    Ok(true)
+}
+
+/// Logs to stderr at `warn` (`error` in worker processes, whose peers
+/// vanish when the example ends) unless `FLOTILLA_LOG` says otherwise.
+pub fn init_logs() {
+    let default = if worker_args().is_some() {
+        "error"
+    } else {
+        "warn"
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+                .unwrap_or_else(|_| default.into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}

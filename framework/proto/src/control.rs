@@ -1,0 +1,67 @@
+//! Requests on a control stream (after a [`crate::hello::Hello`] with
+//! purpose `Control`): a member joining the head and then heartbeating on
+//! the same stream, or a tool asking for the cluster's status.
+//!
+//! ```text
+//! member ── Join ─────────► head        tool ── Status ──► head
+//!        ◄─ Members ───────                  ◄─ Members ──
+//!        ── Heartbeat ────►  (every heartbeat interval)
+//!        ◄─ Members ───────  (when the table changed)
+//!        ── Leave ────────►  (clean stop)
+//! ```
+
+// rkyv's derive emits undocumented public helper items for enums with
+// struct variants; every type written here is documented by hand.
+#![allow(missing_docs)]
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::hello::Refusal;
+use crate::membership::{JoinRequest, MemberView};
+
+/// A request on a control stream.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ControlRequest {
+    /// Become a member; the head answers with the member table.
+    Join(JoinRequest),
+    /// Still alive; `version` is the table version the member last saw.
+    Heartbeat {
+        /// The member's name.
+        name: String,
+        /// Its incarnation.
+        incarnation: u64,
+        /// Actors running on it.
+        actors: u32,
+        /// The table version it holds.
+        version: u64,
+    },
+    /// Stopping cleanly.
+    Leave {
+        /// The member's name.
+        name: String,
+        /// Its incarnation.
+        incarnation: u64,
+    },
+    /// The member table, for tools.
+    Status,
+}
+
+/// An answer on a control stream.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum ControlReply {
+    /// The current member table and its version.
+    Members {
+        /// Table version.
+        version: u64,
+        /// Name of the node answering (the head).
+        head: String,
+        /// Every member.
+        members: Vec<MemberView>,
+    },
+    /// Heartbeat recorded; the member's table is current.
+    Ack,
+    /// The request was refused.
+    Refused(Refusal),
+    /// The member is no longer up for this incarnation and must rejoin.
+    Rejoin,
+}

@@ -1,0 +1,22 @@
+//! Flotilla's protocol and policy logic, free of I/O.
+//!
+//! Every machine here is a plain value: events go in with the current time
+//! passed by the caller, decisions come out. No sockets, no clocks, no tokio,
+//! quinn or ractor in the dependency tree, so each piece is tested
+//! exhaustively without a network.
+//!
+//! ```text
+//! control     join, heartbeats and status requests to the head
+//! frame       length prefixes checked against a limit before any allocation
+//! wire        rkyv archives, validated (bytecheck) before they are read
+//! hello       the first frame of every connection: who speaks, and why
+//! membership  the member table, incarnations and the failure detector
+//! resources   what a node offers: CPUs, memory, GPUs, labels
+//! ```
+
+pub mod control;
+pub mod frame;
+pub mod hello;
+pub mod membership;
+pub mod resources;
+pub mod wire;

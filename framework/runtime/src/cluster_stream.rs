@@ -1,0 +1,71 @@
+//! A QUIC stream handed to ractor_cluster as its external transport, and
+//! the guard that binds ractor's self-asserted node name to the peer's
+//! certificate.
+
+use ractor_cluster::node::NodeServerSessionInformation;
+use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeEventSubscription};
+use tokio::sync::watch;
+
+/// The name ractor_cluster gives a node: `NAME@NAME` (the hostname part is
+/// the node name too, so names are unique per node).
+pub(crate) fn ractor_name(node: &str) -> String {
+    format!("{node}@{node}")
+}
+
+/// One bidirectional QUIC stream of a peer connection.
+pub(crate) struct QuicClusterStream {
+    pub(crate) send: quinn::SendStream,
+    pub(crate) recv: quinn::RecvStream,
+    /// The peer's certificate name.
+    pub(crate) peer: String,
+}
+
+impl ClusterBidiStream for QuicClusterStream {
+    fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
+        (Box::new(self.recv), Box::new(self.send))
+    }
+
+    /// The ractor name the peer's certificate entitles it to; the guard
+    /// compares it with the name the peer claims.
+    fn peer_label(&self) -> Option<String> {
+        Some(ractor_name(&self.peer))
+    }
+}
+
+/// Kills any ractor session whose claimed node name differs from the name
+/// its certificate proves, and publishes the set of ready peers.
+pub(crate) struct SessionGuard {
+    pub(crate) ready: watch::Sender<std::collections::BTreeSet<String>>,
+}
+
+impl NodeEventSubscription for SessionGuard {
+    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        if let Some(name) = ses.peer_name.as_ref().map(|n| n.name.clone()) {
+            self.ready.send_modify(|set| {
+                set.remove(&name);
+            });
+        }
+    }
+
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        let claimed = ses.peer_name.as_ref().map(|n| n.name.as_str());
+        if claimed != Some(ses.peer_addr.as_str()) {
+            tracing::warn!(
+                claimed = claimed.unwrap_or(""),
+                certificate = %ses.peer_addr,
+                "NODE-AUTH-002: ractor session claims a name its certificate does not carry; closed"
+            );
+            ses.actor.kill();
+        }
+    }
+
+    fn node_session_ready(&self, ses: NodeServerSessionInformation) {
+        if let Some(name) = ses.peer_name.as_ref().map(|n| n.name.clone()) {
+            self.ready.send_modify(|set| {
+                set.insert(name);
+            });
+        }
+    }
+}

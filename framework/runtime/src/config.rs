@@ -1,0 +1,101 @@
+//! A node's configuration.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flotilla_proto::membership::DetectorConfig;
+use flotilla_proto::resources::Resources;
+
+/// Everything a node needs to start. Build one in code, or let the `node`
+/// binary read it from flags and a TOML file.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Node name; must equal the name in its certificate.
+    pub name: String,
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// Address other members dial; defaults to `listen`.
+    pub advertise: Option<SocketAddr>,
+    /// The head to join; `None` makes this node the head.
+    pub head: Option<SocketAddr>,
+    /// Folder with `ca.crt`, `NAME.crt` and `NAME.key`.
+    pub certs: PathBuf,
+    /// Shared secret of ractor_cluster's session handshake (defence in
+    /// depth behind mutual TLS).
+    pub cookie: String,
+    /// Heartbeat interval and down threshold.
+    pub detector: DetectorConfig,
+    /// Resources offered to work; `None` detects them (a head offers none).
+    pub resources: Option<Resources>,
+    /// Custom labels added to the resources.
+    pub labels: BTreeMap<String, String>,
+    /// Largest cluster frame accepted from a peer, in bytes.
+    pub max_frame_bytes: u64,
+    /// How long joining may take before the node gives up.
+    pub join_timeout: Duration,
+}
+
+impl NodeConfig {
+    /// A configuration with defaults for everything but name, address and
+    /// certificates.
+    pub fn new(name: impl Into<String>, listen: SocketAddr, certs: impl Into<PathBuf>) -> Self {
+        Self {
+            name: name.into(),
+            listen,
+            advertise: None,
+            head: None,
+            certs: certs.into(),
+            cookie: "flotilla".to_owned(),
+            detector: DetectorConfig::default(),
+            resources: None,
+            labels: BTreeMap::new(),
+            max_frame_bytes: 64 << 20,
+            join_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Joins the cluster whose head listens at `head`.
+    pub fn join(mut self, head: SocketAddr) -> Self {
+        self.head = Some(head);
+        self
+    }
+
+    /// Whether this node is the head.
+    pub fn is_head(&self) -> bool {
+        self.head.is_none()
+    }
+}
+
+/// Resources of this machine: logical CPUs, total memory and NVIDIA GPUs
+/// (counted with `nvidia-smi -L` when present, else 0).
+pub fn detect_resources() -> Resources {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024);
+    let gpus = std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or(0, |o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with("GPU "))
+                .count() as u32
+        });
+    Resources {
+        cpus,
+        memory_bytes,
+        gpus,
+        labels: BTreeMap::new(),
+    }
+}

@@ -1,0 +1,154 @@
+//! Connections between members: one QUIC connection per pair of nodes,
+//! every stream on it introduced by a hello; cluster streams handed to
+//! ractor_cluster.
+//!
+//! Dial rule: of two members, the one with the smaller name opens the
+//! cluster stream, so each pair has exactly one ractor session. Every node
+//! re-evaluates the rule whenever the member table changes and once per
+//! heartbeat interval, so a lost session is re-established.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use flotilla_proto::hello::{Hello, PROTOCOL_VERSION, Purpose};
+use flotilla_proto::membership::MemberState;
+use flotilla_transport::handshake;
+use flotilla_transport::{ConnectError, PeerConnection};
+use tokio::sync::Mutex;
+
+use crate::cluster_stream::QuicClusterStream;
+use crate::node::Shared;
+use crate::table::Table;
+
+/// Live connections by peer name.
+#[derive(Default)]
+pub(crate) struct Pool {
+    connections: Mutex<HashMap<String, quinn::Connection>>,
+}
+
+impl Pool {
+    /// Records a connection (dialled or accepted) as the one to `peer`.
+    pub(crate) async fn insert(&self, peer: &str, connection: quinn::Connection) {
+        self.connections
+            .lock()
+            .await
+            .insert(peer.to_owned(), connection);
+    }
+
+    /// The live connection to `peer`, dialling `addr` if there is none.
+    pub(crate) async fn connect(
+        &self,
+        shared: &Arc<Shared>,
+        peer: Option<&str>,
+        addr: SocketAddr,
+    ) -> Result<PeerConnection, ConnectError> {
+        if let Some(name) = peer {
+            let map = self.connections.lock().await;
+            if let Some(c) = map.get(name)
+                && c.close_reason().is_none()
+            {
+                return Ok(PeerConnection {
+                    connection: c.clone(),
+                    peer: name.to_owned(),
+                });
+            }
+        }
+        let pc = shared.endpoint.connect(addr, peer).await?;
+        self.insert(&pc.peer, pc.connection.clone()).await;
+        crate::node::serve_connection(Arc::clone(shared), pc.clone());
+        Ok(pc)
+    }
+}
+
+/// Opens a cluster stream to `name` at `addr` and hands it to ractor_cluster.
+async fn open_session(
+    shared: Arc<Shared>,
+    name: String,
+    addr: SocketAddr,
+) -> Result<quinn::Connection, String> {
+    let pc = shared
+        .pool
+        .connect(&shared, Some(&name), addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        purpose: Purpose::Cluster,
+        node: shared.name.clone(),
+        incarnation: shared.incarnation(),
+    };
+    let (send, recv, _, _) = handshake::dial(&pc.connection, &hello)
+        .await
+        .map_err(|e| e.to_string())?;
+    let stream = QuicClusterStream {
+        send,
+        recv,
+        peer: pc.peer.clone(),
+    };
+    ractor_cluster::client_connect_external(&shared.node_server, Box::new(stream))
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(pc.connection)
+}
+
+/// Keeps a ractor session to every member up that this node must dial.
+pub(crate) async fn run(shared: Arc<Shared>) {
+    let mut view = shared.view.subscribe();
+    let mut shutdown = shared.shutdown.subscribe();
+    // peer -> (incarnation, connection carrying our cluster stream)
+    let mut sessions: HashMap<String, (u64, quinn::Connection)> = HashMap::new();
+    let (done_tx, mut done_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(String, u64, Result<quinn::Connection, String>)>();
+    let mut pending: HashMap<String, u64> = HashMap::new();
+    let mut tick = tokio::time::interval(shared.detector.heartbeat_interval);
+    loop {
+        let table: Table = view.borrow_and_update().clone();
+        for m in table.up() {
+            if m.name == shared.name || shared.name.as_str() > m.name.as_str() {
+                continue;
+            }
+            let live = sessions
+                .get(&m.name)
+                .is_some_and(|(inc, c)| *inc == m.incarnation && c.close_reason().is_none());
+            if live || pending.get(&m.name) == Some(&m.incarnation) {
+                continue;
+            }
+            let Ok(addr) = m.addr.parse::<SocketAddr>() else {
+                tracing::warn!(peer = %m.name, addr = %m.addr, "member address is not a socket address");
+                continue;
+            };
+            pending.insert(m.name.clone(), m.incarnation);
+            let (shared2, name, inc, tx) = (
+                Arc::clone(&shared),
+                m.name.clone(),
+                m.incarnation,
+                done_tx.clone(),
+            );
+            tokio::spawn(async move {
+                let result = open_session(shared2, name.clone(), addr).await;
+                let _ = tx.send((name, inc, result));
+            });
+        }
+        sessions.retain(|name, (inc, _)| {
+            table
+                .get(name)
+                .is_some_and(|m| m.incarnation == *inc && m.state == MemberState::Up)
+        });
+        tokio::select! {
+            _ = view.changed() => {}
+            _ = tick.tick() => {}
+            Some((name, inc, result)) = done_rx.recv() => {
+                pending.remove(&name);
+                match result {
+                    Ok(conn) => {
+                        tracing::info!(peer = %name, "cluster session opened");
+                        sessions.insert(name, (inc, conn));
+                    }
+                    Err(e) => tracing::warn!(peer = %name, error = %e, "cannot open cluster session; will retry"),
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+    }
+}

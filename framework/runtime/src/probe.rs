@@ -1,0 +1,153 @@
+//! Probe actors every `node` registers: an echo for round-trip checks and a
+//! relay that calls another named actor, so a call between two remote
+//! actors can be exercised from anywhere in the cluster.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorClusterMessage;
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// Kind name of [`Echo`].
+pub const ECHO: &str = "flotilla.echo";
+/// Kind name of [`Relay`].
+pub const RELAY: &str = "flotilla.relay";
+
+/// An opaque payload.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Payload(pub Vec<u8>);
+
+/// A relayed call: ask the actor named `target` to echo `payload`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct RelayRequest {
+    /// Name of an [`Echo`] actor anywhere in the cluster.
+    pub target: String,
+    /// What it should echo.
+    pub payload: Vec<u8>,
+    /// Timeout of the inner call, in milliseconds.
+    pub timeout_ms: u64,
+}
+
+/// The relay's answer: the echoed bytes, or why the inner call failed.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum RelayReply {
+    /// The target echoed these bytes.
+    Echoed(Vec<u8>),
+    /// The target was not found or did not answer.
+    Failed(String),
+}
+
+/// Arguments of the probe actors (none).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NoArgs;
+
+crate::remote_type!(Payload, RelayRequest, RelayReply, NoArgs);
+
+/// Messages of [`Echo`].
+#[derive(RactorClusterMessage)]
+pub enum EchoMsg {
+    /// Fire and forget: counted, not answered.
+    Note(Payload),
+    /// Answer with the same payload.
+    #[rpc]
+    Echo(Payload, RpcReplyPort<Payload>),
+    /// How many notes arrived.
+    #[rpc]
+    Notes(RpcReplyPort<u64>),
+}
+
+/// Echoes payloads back.
+pub struct Echo;
+
+impl Actor for Echo {
+    type Msg = EchoMsg;
+    type State = u64;
+    type Arguments = NoArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<EchoMsg>,
+        _args: NoArgs,
+    ) -> Result<u64, ActorProcessingErr> {
+        Ok(0)
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<EchoMsg>,
+        msg: EchoMsg,
+        notes: &mut u64,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            EchoMsg::Note(_) => *notes += 1,
+            EchoMsg::Echo(p, reply) => {
+                let _ = reply.send(p);
+            }
+            EchoMsg::Notes(reply) => {
+                let _ = reply.send(*notes);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Messages of [`Relay`].
+#[derive(RactorClusterMessage)]
+pub enum RelayMsg {
+    /// Call the target echo and answer with its reply.
+    #[rpc]
+    Relay(RelayRequest, RpcReplyPort<RelayReply>),
+}
+
+/// Calls another named actor on behalf of its caller.
+pub struct Relay;
+
+impl Actor for Relay {
+    type Msg = RelayMsg;
+    type State = ();
+    type Arguments = NoArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<RelayMsg>,
+        _args: NoArgs,
+    ) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<RelayMsg>,
+        msg: RelayMsg,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        let RelayMsg::Relay(req, reply) = msg;
+        // Answer from a task so a slow target never blocks this mailbox.
+        tokio::spawn(async move {
+            let answer = match ractor::pg::get_members(&req.target).first() {
+                None => RelayReply::Failed(format!("no actor named {:?}", req.target)),
+                Some(cell) => {
+                    let target: ActorRef<EchoMsg> = cell.clone().into();
+                    match target
+                        .call(
+                            |port| EchoMsg::Echo(Payload(req.payload), port),
+                            Some(Duration::from_millis(req.timeout_ms)),
+                        )
+                        .await
+                    {
+                        Ok(ractor::rpc::CallResult::Success(p)) => RelayReply::Echoed(p.0),
+                        Ok(other) => RelayReply::Failed(format!("{other:?}")),
+                        Err(e) => RelayReply::Failed(e.to_string()),
+                    }
+                }
+            };
+            let _ = reply.send(answer);
+        });
+        Ok(())
+    }
+}
+
+/// Registers the probe kinds on a node builder.
+pub fn register(builder: crate::NodeBuilder) -> crate::NodeBuilder {
+    builder.register(ECHO, || Echo).register(RELAY, || Relay)
+}

@@ -1,0 +1,208 @@
+//! Remote spawn of registered actor kinds.
+//!
+//! Every node runs one spawner actor, reachable from the whole cluster in the
+//! process group `flotilla.spawner.NODE`. A spawn request names a kind the
+//! node registered, the actor's name and its arguments as an rkyv archive.
+//! The spawned actor is linked to the spawner (it never runs unsupervised)
+//! and joins the process group of its own name, which is how any node looks
+//! it up.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor_cluster::RactorClusterMessage;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::wire::{Decode, decode};
+
+/// Process group of the spawner of `node`.
+pub(crate) fn spawner_group(node: &str) -> String {
+    format!("flotilla.spawner.{node}")
+}
+
+/// A request to start an actor of a registered kind.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SpawnRequest {
+    /// The registered kind.
+    pub kind: String,
+    /// The actor's name, unique in the cluster.
+    pub name: String,
+    /// The actor's arguments, an rkyv archive of the kind's `Arguments`.
+    pub args: Vec<u8>,
+}
+
+/// The spawner's answer.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpawnReply {
+    /// Started; the actor is in the process group of its name.
+    #[error("spawned")]
+    Spawned,
+    /// The node has no kind of that name registered.
+    #[error(
+        "no actor kind {0:?} is registered on that node; register it with NodeBuilder::register"
+    )]
+    UnknownKind(String),
+    /// An actor of that name already runs on the node.
+    #[error("an actor named {0:?} already runs there")]
+    NameTaken(String),
+    /// The arguments are not a valid archive of the kind's arguments.
+    #[error("invalid arguments: {0}")]
+    BadArgs(String),
+    /// The actor failed in `pre_start`.
+    #[error("actor failed to start: {0}")]
+    Failed(String),
+}
+
+crate::remote_type!(SpawnRequest, SpawnReply);
+
+/// Messages of the spawner actor.
+#[derive(RactorClusterMessage)]
+pub enum SpawnerMsg {
+    /// Start an actor of a registered kind.
+    #[rpc]
+    Spawn(SpawnRequest, RpcReplyPort<SpawnReply>),
+}
+
+type SpawnFuture = Pin<Box<dyn Future<Output = Result<ActorCell, SpawnReply>> + Send>>;
+
+/// A registered actor kind: knows how to decode its arguments and start one.
+pub(crate) trait Kind: Send + Sync + 'static {
+    fn spawn(&self, name: String, args: &[u8], supervisor: ActorCell) -> SpawnFuture;
+}
+
+pub(crate) struct KindOf<A, F> {
+    pub(crate) factory: F,
+    pub(crate) _actor: PhantomData<fn() -> A>,
+}
+
+impl<A, F> Kind for KindOf<A, F>
+where
+    A: Actor,
+    A::Arguments: Decode,
+    F: Fn() -> A + Send + Sync + 'static,
+{
+    fn spawn(&self, name: String, args: &[u8], supervisor: ActorCell) -> SpawnFuture {
+        let args = match decode::<A::Arguments>(args) {
+            Ok(a) => a,
+            Err(e) => return Box::pin(async move { Err(SpawnReply::BadArgs(e.to_string())) }),
+        };
+        let actor = (self.factory)();
+        Box::pin(async move {
+            if ractor::registry::where_is(name.clone()).is_some() {
+                return Err(SpawnReply::NameTaken(name));
+            }
+            let (actor, _) = Actor::spawn_linked(Some(name.clone()), actor, args, supervisor)
+                .await
+                .map_err(|e| SpawnReply::Failed(e.to_string()))?;
+            ractor::pg::join(name, vec![actor.get_cell()]);
+            Ok(actor.get_cell())
+        })
+    }
+}
+
+/// Registered kinds by name.
+pub(crate) type Kinds = Arc<HashMap<String, Arc<dyn Kind>>>;
+
+/// The spawner actor.
+pub(crate) struct Spawner;
+
+pub(crate) struct SpawnerArgs {
+    pub(crate) node: String,
+    pub(crate) kinds: Kinds,
+    pub(crate) live: Arc<AtomicU32>,
+}
+
+pub(crate) struct SpawnerState {
+    kinds: Kinds,
+    live: Arc<AtomicU32>,
+    children: HashMap<ractor::ActorId, String>,
+}
+
+impl SpawnerState {
+    fn publish(&self) {
+        self.live
+            .store(self.children.len() as u32, Ordering::Relaxed);
+    }
+}
+
+impl Actor for Spawner {
+    type Msg = SpawnerMsg;
+    type State = SpawnerState;
+    type Arguments = SpawnerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SpawnerMsg>,
+        args: SpawnerArgs,
+    ) -> Result<SpawnerState, ActorProcessingErr> {
+        ractor::pg::join(spawner_group(&args.node), vec![myself.get_cell()]);
+        Ok(SpawnerState {
+            kinds: args.kinds,
+            live: args.live,
+            children: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SpawnerMsg>,
+        msg: SpawnerMsg,
+        state: &mut SpawnerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SpawnerMsg::Spawn(req, reply) => {
+                let result = match state.kinds.get(&req.kind) {
+                    None => Err(SpawnReply::UnknownKind(req.kind.clone())),
+                    Some(kind) => {
+                        kind.spawn(req.name.clone(), &req.args, myself.get_cell())
+                            .await
+                    }
+                };
+                let answer = match result {
+                    Ok(cell) => {
+                        tracing::info!(kind = %req.kind, name = %req.name, "actor spawned");
+                        state.children.insert(cell.get_id(), req.name);
+                        state.publish();
+                        SpawnReply::Spawned
+                    }
+                    Err(e) => {
+                        tracing::warn!(kind = %req.kind, name = %req.name, error = %e, "spawn refused");
+                        e
+                    }
+                };
+                let _ = reply.send(answer);
+            }
+        }
+        Ok(())
+    }
+
+    /// Children that stop or fail are forgotten; the spawner itself keeps
+    /// running (restart policies belong to supervisors).
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<SpawnerMsg>,
+        event: SupervisionEvent,
+        state: &mut SpawnerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                if let Some(name) = state.children.remove(&cell.get_id()) {
+                    tracing::info!(%name, reason = reason.as_deref().unwrap_or(""), "actor stopped");
+                }
+            }
+            SupervisionEvent::ActorFailed(cell, error) => {
+                if let Some(name) = state.children.remove(&cell.get_id()) {
+                    tracing::warn!(%name, %error, "actor failed");
+                }
+            }
+            _ => {}
+        }
+        state.publish();
+        Ok(())
+    }
+}

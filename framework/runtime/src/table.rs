@@ -1,0 +1,98 @@
+//! The member table as a node knows it, and its JSON form for `node status`.
+
+use flotilla_proto::membership::{MemberState, MemberView};
+use serde::Serialize;
+
+/// The member table as last known by a node: authoritative on the head,
+/// pushed by the head to every member.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Table {
+    /// Version of the head's table.
+    pub version: u64,
+    /// Name of the head.
+    pub head: String,
+    /// Every member, sorted by name.
+    pub members: Vec<MemberView>,
+}
+
+impl Table {
+    /// Members currently up.
+    pub fn up(&self) -> impl Iterator<Item = &MemberView> {
+        self.members.iter().filter(|m| m.state == MemberState::Up)
+    }
+
+    /// One member by name.
+    pub fn get(&self, name: &str) -> Option<&MemberView> {
+        self.members.iter().find(|m| m.name == name)
+    }
+
+    /// The status document printed by `node status --json`.
+    pub fn to_json(&self) -> String {
+        #[derive(Serialize)]
+        struct Resources<'a> {
+            cpus: u32,
+            memory_bytes: u64,
+            gpus: u32,
+            labels: &'a std::collections::BTreeMap<String, String>,
+        }
+        #[derive(Serialize)]
+        struct Node<'a> {
+            name: &'a str,
+            addr: &'a str,
+            state: &'static str,
+            incarnation: u64,
+            resources: Resources<'a>,
+            actors: u32,
+        }
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            head: &'a str,
+            version: u64,
+            nodes: Vec<Node<'a>>,
+        }
+        let doc = Doc {
+            head: &self.head,
+            version: self.version,
+            nodes: self
+                .members
+                .iter()
+                .map(|m| Node {
+                    name: &m.name,
+                    addr: &m.addr,
+                    state: m.state.as_str(),
+                    incarnation: m.incarnation,
+                    resources: Resources {
+                        cpus: m.resources.cpus,
+                        memory_bytes: m.resources.memory_bytes,
+                        gpus: m.resources.gpus,
+                        labels: &m.resources.labels,
+                    },
+                    actors: m.actors,
+                })
+                .collect(),
+        };
+        serde_json::to_string(&doc).expect("status document serializes")
+    }
+
+    /// A human-readable table for `node status`.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "{:<16} {:<22} {:<5} {:>5} {:>9} {:>4} {:>6}  {}\n",
+            "NAME", "ADDR", "STATE", "CPUS", "MEM GiB", "GPUS", "ACTORS", "INCARNATION"
+        );
+        for m in &self.members {
+            out.push_str(&format!(
+                "{:<16} {:<22} {:<5} {:>5} {:>9.1} {:>4} {:>6}  {}\n",
+                m.name,
+                m.addr,
+                m.state.as_str(),
+                m.resources.cpus,
+                m.resources.memory_bytes as f64 / (1u64 << 30) as f64,
+                m.resources.gpus,
+                m.actors,
+                m.incarnation
+            ));
+        }
+        out
+    }
+}

@@ -1,0 +1,140 @@
+//! Framed streams and the hello exchange that opens every stream.
+//!
+//! Frames are `flotilla_proto::frame`'s: a 4-byte length checked against a
+//! limit before anything is allocated, then an rkyv archive validated before
+//! it is read. A peer that violates either gets a typed error and its
+//! connection is closed by the caller.
+
+use flotilla_proto::frame::{self, FrameError, PREFIX_LEN};
+use flotilla_proto::hello::{Hello, HelloReply, Refusal, check_hello};
+use flotilla_proto::wire::{self, Decode, Encode, WireError};
+use quinn::{RecvStream, SendStream};
+
+/// Why a framed exchange failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// The peer sent a frame over the limit or cut one short.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The peer sent an archive that fails validation.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The peer refused our hello.
+    #[error("refused by peer: {0}")]
+    Refused(Refusal),
+    /// We refused the peer's hello.
+    #[error("refused peer: {0}")]
+    RefusedPeer(Refusal),
+    /// The connection or stream failed.
+    #[error("stream failed: {0}")]
+    Io(String),
+}
+
+impl StreamError {
+    /// QUIC application error code to close the connection with.
+    pub fn close_code(&self) -> u32 {
+        match self {
+            Self::Frame(_) => 0x10,
+            Self::Wire(_) => 0x11,
+            Self::Refused(_) | Self::RefusedPeer(_) => 0x12,
+            Self::Io(_) => 0x13,
+        }
+    }
+}
+
+fn io(e: impl std::fmt::Display) -> StreamError {
+    StreamError::Io(e.to_string())
+}
+
+/// Writes one framed archive.
+pub async fn send_msg<T: Encode>(
+    send: &mut SendStream,
+    msg: &T,
+    max: u32,
+) -> Result<(), StreamError> {
+    let bytes = frame::encode(&wire::encode(msg), max)?;
+    send.write_all(&bytes).await.map_err(io)
+}
+
+/// Reads one frame's payload, checking its length before allocating.
+/// `Ok(None)` on a clean end of stream between frames.
+pub async fn recv_frame(recv: &mut RecvStream, max: u32) -> Result<Option<Vec<u8>>, StreamError> {
+    let mut prefix = [0u8; PREFIX_LEN];
+    let mut got = 0;
+    while got < PREFIX_LEN {
+        match recv.read(&mut prefix[got..]).await.map_err(io)? {
+            Some(n) => got += n,
+            None if got == 0 => return Ok(None),
+            None => {
+                return Err(FrameError::Truncated {
+                    got,
+                    want: PREFIX_LEN,
+                }
+                .into());
+            }
+        }
+    }
+    let len = frame::payload_len(prefix, max)?;
+    let mut payload = vec![0u8; len];
+    recv.read_exact(&mut payload).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(got) => {
+            StreamError::Frame(FrameError::Truncated { got, want: len })
+        }
+        quinn::ReadExactError::ReadError(e) => io(e),
+    })?;
+    Ok(Some(payload))
+}
+
+/// Reads and validates one framed archive; end of stream is an error.
+pub async fn recv_msg<T: Decode>(recv: &mut RecvStream, max: u32) -> Result<T, StreamError> {
+    let payload = recv_frame(recv, max).await?.ok_or(FrameError::Truncated {
+        got: 0,
+        want: PREFIX_LEN,
+    })?;
+    Ok(wire::decode::<T>(&payload)?)
+}
+
+/// Dialer side: opens a stream on `connection`, sends `hello` and waits for
+/// the acceptor's answer. Returns the stream and the acceptor's name and
+/// incarnation.
+pub async fn dial(
+    connection: &quinn::Connection,
+    hello: &Hello,
+) -> Result<(SendStream, RecvStream, String, u64), StreamError> {
+    let (mut send, mut recv) = connection.open_bi().await.map_err(io)?;
+    send_msg(&mut send, hello, frame::DEFAULT_MAX_FRAME).await?;
+    match recv_msg::<HelloReply>(&mut recv, frame::DEFAULT_MAX_FRAME).await? {
+        HelloReply::Accepted { node, incarnation } => Ok((send, recv, node, incarnation)),
+        HelloReply::Refused(r) => Err(StreamError::Refused(r)),
+    }
+}
+
+/// Acceptor side: takes the next stream the peer opens, reads its hello and
+/// checks it against `peer_cert_name`. On refusal the reason is sent back
+/// before the error is returned.
+pub async fn accept(
+    connection: &quinn::Connection,
+    peer_cert_name: &str,
+    own_name: &str,
+    own_incarnation: u64,
+) -> Result<(SendStream, RecvStream, Hello), StreamError> {
+    let (mut send, mut recv) = connection.accept_bi().await.map_err(io)?;
+    let hello = recv_msg::<Hello>(&mut recv, frame::DEFAULT_MAX_FRAME).await?;
+    if let Err(refusal) = check_hello(&hello, peer_cert_name) {
+        let _ = send_msg(
+            &mut send,
+            &HelloReply::Refused(refusal),
+            frame::DEFAULT_MAX_FRAME,
+        )
+        .await;
+        let _ = send.finish();
+        return Err(StreamError::RefusedPeer(refusal));
+    }
+    let reply = HelloReply::Accepted {
+        node: own_name.to_owned(),
+        incarnation: own_incarnation,
+    };
+    send_msg(&mut send, &reply, frame::DEFAULT_MAX_FRAME).await?;
+    Ok((send, recv, hello))
+}

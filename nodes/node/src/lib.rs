@@ -1,0 +1,294 @@
+//! The `node` command: typed configuration from flags and a TOML file
+//! (flags win), turned into a [`flotilla::NodeConfig`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use flotilla::NodeConfig;
+use serde::Deserialize;
+
+/// Command line of `node`.
+#[derive(Debug, Parser)]
+#[command(name = "node", version, about = "A Flotilla cluster node")]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `node` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the cluster CA or issue node certificates.
+    Certs {
+        /// Which certificate operation.
+        #[command(subcommand)]
+        op: CertsOp,
+    },
+    /// Run the head: the control plane that keeps the member table.
+    Head(NodeArgs),
+    /// Run a worker that joins a head.
+    Join(NodeArgs),
+    /// Print the member table as a node sees it.
+    Status(StatusArgs),
+}
+
+/// Certificate operations.
+#[derive(Debug, Subcommand)]
+pub enum CertsOp {
+    /// Create a cluster CA (ca.crt, ca.key) and an `admin` certificate.
+    Init {
+        /// Folder to write into.
+        #[arg(long)]
+        out: PathBuf,
+        /// Common name of the CA.
+        #[arg(long, default_value = "flotilla-cluster")]
+        cluster: String,
+    },
+    /// Issue a certificate for a node name, signed by the CA.
+    Issue {
+        /// Folder holding ca.crt and ca.key.
+        #[arg(long)]
+        ca: PathBuf,
+        /// Node name (the certificate's DNS name).
+        #[arg(long)]
+        name: String,
+        /// Folder to write NAME.crt and NAME.key into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Flags of `node head` and `node join`; each may also come from `--config`.
+#[derive(Debug, Args, Default)]
+pub struct NodeArgs {
+    /// TOML file with any of the settings below; flags win.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Node name; must equal the name in its certificate.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// UDP address to listen on.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Address other members dial (default: the listen address).
+    #[arg(long)]
+    pub advertise: Option<SocketAddr>,
+    /// Address of the head (join only).
+    #[arg(long)]
+    pub head: Option<SocketAddr>,
+    /// Folder with ca.crt, NAME.crt and NAME.key.
+    #[arg(long)]
+    pub certs: Option<PathBuf>,
+    /// Cluster cookie (ractor_cluster's shared secret).
+    #[arg(long)]
+    pub cookie: Option<String>,
+    /// Heartbeat interval in milliseconds (default 1000).
+    #[arg(long)]
+    pub heartbeat_ms: Option<u64>,
+    /// Silence in milliseconds after which a member is down (default 5000).
+    #[arg(long)]
+    pub down_after_ms: Option<u64>,
+    /// Custom resource label, `KEY=VALUE`; repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+}
+
+/// Flags of `node status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Address of the head (or of any member, for its view).
+    #[arg(long)]
+    pub head: SocketAddr,
+    /// Folder with ca.crt and the identity's certificate.
+    #[arg(long)]
+    pub certs: PathBuf,
+    /// Identity to use (default: admin).
+    #[arg(long, default_value = "admin")]
+    pub name: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("label {s:?} is not KEY=VALUE"))
+}
+
+/// The TOML form of [`NodeArgs`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    name: Option<String>,
+    listen: Option<SocketAddr>,
+    advertise: Option<SocketAddr>,
+    head: Option<SocketAddr>,
+    certs: Option<PathBuf>,
+    cookie: Option<String>,
+    heartbeat_ms: Option<u64>,
+    down_after_ms: Option<u64>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+/// A configuration problem: the node does not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("NODE-CONFIG-001: cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for a node.
+    #[error("NODE-CONFIG-002: {path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A required setting is missing from both flags and file.
+    #[error("NODE-CONFIG-003: --{0} is required (as a flag or in --config)")]
+    Missing(&'static str),
+    /// A setting is out of range.
+    #[error("NODE-CONFIG-004: {0}")]
+    Invalid(String),
+}
+
+/// Reads and parses a node TOML file.
+pub fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Merges flags over the file and checks the result. `join` says whether
+/// this is `node join` (a head address is required) or `node head`.
+pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeConfig, ConfigError> {
+    let file = match &args.config {
+        Some(path) => read_file_config(path)?,
+        None => FileConfig::default(),
+    };
+    let name = args
+        .name
+        .or(file.name)
+        .ok_or(ConfigError::Missing("name"))?;
+    let listen = args
+        .listen
+        .or(file.listen)
+        .ok_or(ConfigError::Missing("listen"))?;
+    let certs = args
+        .certs
+        .or(file.certs)
+        .ok_or(ConfigError::Missing("certs"))?;
+    let head = args.head.or(file.head);
+    let mut config = NodeConfig::new(name, listen, certs);
+    match (join, head) {
+        (true, None) => return Err(ConfigError::Missing("head")),
+        (true, Some(h)) => config.head = Some(h),
+        (false, Some(_)) => {
+            return Err(ConfigError::Invalid(
+                "a head does not join another head; use `node join --head`".into(),
+            ));
+        }
+        (false, None) => {}
+    }
+    config.advertise = args.advertise.or(file.advertise);
+    if let Some(cookie) = args.cookie.or(file.cookie) {
+        config.cookie = cookie;
+    }
+    if let Some(ms) = args.heartbeat_ms.or(file.heartbeat_ms) {
+        config.detector.heartbeat_interval = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.down_after_ms.or(file.down_after_ms) {
+        config.detector.down_after = Duration::from_millis(ms);
+    }
+    if config.detector.heartbeat_interval.is_zero()
+        || config.detector.down_after <= config.detector.heartbeat_interval
+    {
+        return Err(ConfigError::Invalid(
+            "down_after_ms must exceed heartbeat_ms, and both must be positive".into(),
+        ));
+    }
+    config.labels = file.labels;
+    config.labels.extend(args.labels);
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> NodeArgs {
+        NodeArgs {
+            name: Some("n1".into()),
+            listen: Some("127.0.0.1:7421".parse().unwrap()),
+            certs: Some("certs".into()),
+            head: Some("127.0.0.1:7420".parse().unwrap()),
+            ..NodeArgs::default()
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let path = std::env::temp_dir().join(format!("flotilla-node-{}.toml", std::process::id()));
+        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\n[labels]\nzone = \"a\"\n").unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        a.labels = vec![("rack".into(), "2".into())];
+        let c = node_config(a, true).unwrap();
+        assert_eq!(c.name, "n1");
+        assert_eq!(c.detector.heartbeat_interval, Duration::from_millis(200));
+        assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(c.labels.get("rack").map(String::as_str), Some("2"));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn missing_required_setting_is_named() {
+        let mut a = args();
+        a.certs = None;
+        assert!(matches!(
+            node_config(a, true),
+            Err(ConfigError::Missing("certs"))
+        ));
+        let mut a = args();
+        a.head = None;
+        assert!(matches!(
+            node_config(a, true),
+            Err(ConfigError::Missing("head"))
+        ));
+    }
+
+    #[test]
+    fn unknown_file_key_is_an_error() {
+        let path =
+            std::env::temp_dir().join(format!("flotilla-node-bad-{}.toml", std::process::id()));
+        std::fs::write(&path, "nmae = \"typo\"\n").unwrap();
+        let err = read_file_config(&path).unwrap_err();
+        assert!(err.to_string().contains("nmae"), "{err}");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn detector_timing_must_be_consistent() {
+        let mut a = args();
+        a.heartbeat_ms = Some(1000);
+        a.down_after_ms = Some(500);
+        assert!(matches!(node_config(a, true), Err(ConfigError::Invalid(_))));
+    }
+}

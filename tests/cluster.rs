@@ -1,0 +1,439 @@
+//! Multi-process cluster tests: real `node` processes on 127.0.0.1.
+//!
+//! Each test names the clause of docs/runtime-semantics.md it checks.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const NODE: &str = env!("CARGO_BIN_EXE_node");
+
+/// A scratch folder with a cluster CA and certificates.
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("flotilla-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = Self { dir };
+        s.node(&["certs", "init", "--out", s.certs().to_str().unwrap()]);
+        s
+    }
+
+    fn certs(&self) -> PathBuf {
+        self.dir.join("certs")
+    }
+
+    fn issue(&self, name: &str) {
+        let certs = self.certs();
+        let c = certs.to_str().unwrap();
+        self.node(&["certs", "issue", "--ca", c, "--name", name, "--out", c]);
+    }
+
+    fn node(&self, args: &[&str]) -> String {
+        let out = Command::new(NODE).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "node {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Starts `node head` or `node join`; logs go to DIR/NAME.log.
+    fn spawn(
+        &self,
+        role: &str,
+        name: &str,
+        listen: SocketAddr,
+        head: Option<SocketAddr>,
+        certs: &Path,
+    ) -> Proc {
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let mut cmd = Command::new(NODE);
+        cmd.arg(role)
+            .args(["--name", name, "--listen", &listen.to_string()])
+            .args(["--certs", certs.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(h) = head {
+            cmd.args(["--head", &h.to_string()]);
+        }
+        Proc {
+            child: cmd.spawn().unwrap(),
+            name: name.to_owned(),
+            addr: listen,
+        }
+    }
+
+    fn status(&self, addr: SocketAddr) -> Option<Value> {
+        let out = Command::new(NODE)
+            .args([
+                "status",
+                "--json",
+                "--head",
+                &addr.to_string(),
+                "--certs",
+                self.certs().to_str().unwrap(),
+            ])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+struct Proc {
+    child: Child,
+    name: String,
+    addr: SocketAddr,
+}
+
+impl Proc {
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap()
+}
+
+/// Polls `cond` until it yields a value or `budget` passes; returns the
+/// value and how long it took.
+fn eventually<T>(budget: Duration, mut cond: impl FnMut() -> Option<T>) -> (T, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = cond() {
+            return (v, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < budget,
+            "condition not met within {budget:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn state_of(status: &Value, name: &str) -> Option<String> {
+    status["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["name"] == name)
+        .map(|n| n["state"].as_str().unwrap_or("").to_owned())
+}
+
+fn all_up(status: &Value, names: &[&str]) -> bool {
+    names
+        .iter()
+        .all(|n| state_of(status, n).as_deref() == Some("up"))
+}
+
+/// Head and workers, all up.
+fn cluster(s: &Scratch, workers: &[&str]) -> (Proc, Vec<Proc>) {
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let mut procs = Vec::new();
+    for w in workers {
+        s.issue(w);
+        procs.push(s.spawn("join", w, free_addr(), Some(head.addr), &s.certs()));
+    }
+    let mut names = vec!["head"];
+    names.extend_from_slice(workers);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &names))
+    });
+    (head, procs)
+}
+
+/// Clause "membership: joining": every member learns the full table.
+#[test]
+fn head_and_two_workers_all_see_three_up_members() {
+    let s = Scratch::new("three");
+    let (head, workers) = cluster(&s, &["w1", "w2"]);
+    for p in std::iter::once(&head).chain(&workers) {
+        let (st, _) = eventually(Duration::from_secs(10), || {
+            s.status(p.addr)
+                .filter(|st| all_up(st, &["head", "w1", "w2"]))
+        });
+        assert_eq!(
+            st["nodes"].as_array().unwrap().len(),
+            3,
+            "view of {}",
+            p.name
+        );
+    }
+    let st = s.status(head.addr).unwrap();
+    let w1 = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "w1")
+        .unwrap();
+    assert!(w1["resources"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(w1["incarnation"].as_u64().unwrap() > 0);
+    let h = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "head")
+        .unwrap();
+    assert_eq!(
+        h["resources"]["cpus"], 0,
+        "the head offers no work resources by default"
+    );
+}
+
+/// Clause "membership: failure detection": a silent member is down within
+/// down_after plus one heartbeat, on the head and on other members.
+#[test]
+fn killed_worker_is_marked_down_within_six_seconds() {
+    let s = Scratch::new("kill9");
+    let (head, mut workers) = cluster(&s, &["w1", "w2"]);
+    let w2 = workers.pop().unwrap();
+    let w1 = workers.pop().unwrap();
+    eventually(Duration::from_secs(10), || {
+        s.status(w2.addr)
+            .filter(|st| all_up(st, &["head", "w1", "w2"]))
+    });
+    w1.signal("-KILL");
+    let killed = Instant::now();
+    eventually(Duration::from_secs(8), || {
+        s.status(head.addr)
+            .filter(|st| state_of(st, "w1").as_deref() == Some("down"))
+    });
+    eventually(Duration::from_secs(8), || {
+        s.status(w2.addr)
+            .filter(|st| state_of(st, "w1").as_deref() == Some("down"))
+    });
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "w1 marked down after {took:?}"
+    );
+    assert_eq!(
+        state_of(&s.status(head.addr).unwrap(), "w2").as_deref(),
+        Some("up")
+    );
+}
+
+/// Clause "membership: clean stop": SIGTERM makes a member `left`.
+#[test]
+fn sigterm_makes_a_worker_left_not_down() {
+    let s = Scratch::new("term");
+    let (head, mut workers) = cluster(&s, &["w1"]);
+    let mut w1 = workers.pop().unwrap();
+    w1.signal("-TERM");
+    let (_, took) = eventually(Duration::from_secs(5), || {
+        s.status(head.addr)
+            .filter(|st| state_of(st, "w1").as_deref() == Some("left"))
+    });
+    assert!(took < Duration::from_secs(4), "left after {took:?}");
+    let status = w1.child.wait().unwrap();
+    assert!(status.success(), "clean stop exits 0, got {status:?}");
+    // Still left, never down, after the detector's threshold.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        state_of(&s.status(head.addr).unwrap(), "w1").as_deref(),
+        Some("left")
+    );
+}
+
+/// Clause "security: identity": a certificate from another CA gets no
+/// session, and the node exits non-zero saying why.
+#[test]
+fn node_with_certificate_from_another_ca_is_refused() {
+    let s = Scratch::new("otherca");
+    let (head, _workers) = cluster(&s, &[]);
+    // A second CA issues "rogue"; its folder trusts the real cluster CA.
+    let other = s.dir.join("other");
+    let o = other.to_str().unwrap();
+    s.node(&["certs", "init", "--out", o]);
+    s.node(&["certs", "issue", "--ca", o, "--name", "rogue", "--out", o]);
+    std::fs::copy(s.certs().join("ca.crt"), other.join("ca.crt")).unwrap();
+    let mut rogue = s.spawn("join", "rogue", free_addr(), Some(head.addr), &other);
+    let status = rogue.child.wait().unwrap();
+    assert!(!status.success());
+    assert!(
+        s.log("rogue").contains("NODE-JOIN-001"),
+        "log: {}",
+        s.log("rogue")
+    );
+    let st = s.status(head.addr).unwrap();
+    assert_eq!(state_of(&st, "rogue"), None);
+}
+
+/// Clause "security: identity": a node claiming a name other than its
+/// certificate's is refused.
+#[test]
+fn node_with_certificate_for_another_name_is_refused() {
+    let s = Scratch::new("othername");
+    let (head, _workers) = cluster(&s, &[]);
+    s.issue("w1");
+    // Present w1's certificate under the name w3.
+    let certs = s.certs();
+    std::fs::copy(certs.join("w1.crt"), certs.join("w3.crt")).unwrap();
+    std::fs::copy(certs.join("w1.key"), certs.join("w3.key")).unwrap();
+    let mut w3 = s.spawn("join", "w3", free_addr(), Some(head.addr), &certs);
+    let status = w3.child.wait().unwrap();
+    assert!(!status.success());
+    assert!(
+        s.log("w3").contains("NODE-AUTH-002"),
+        "log: {}",
+        s.log("w3")
+    );
+    assert_eq!(state_of(&s.status(head.addr).unwrap(), "w3"), None);
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Clause "delivery: remote call": a typed call between actors on two
+/// workers, spawned by name from a third node, completes.
+#[test]
+fn remote_call_between_actors_on_two_workers() {
+    use flotilla::probe::{
+        ECHO, EchoMsg, NoArgs, Payload, RELAY, RelayMsg, RelayReply, RelayRequest,
+    };
+    use flotilla::ractor::{ActorRef, call_t};
+
+    let s = Scratch::new("call");
+    let (head, _workers) = cluster(&s, &["w1", "w2"]);
+    s.issue("t1");
+    runtime().block_on(async {
+        let config = flotilla::NodeConfig::new("t1", free_addr(), s.certs()).join(head.addr);
+        let node = flotilla::probe::register(flotilla::Node::builder(config))
+            .start()
+            .await
+            .unwrap();
+        let budget = Duration::from_secs(15);
+        let echo: ActorRef<EchoMsg> = node
+            .spawn_on("w2", ECHO, "echo-w2", &NoArgs, budget)
+            .await
+            .unwrap();
+        let relay: ActorRef<RelayMsg> = node
+            .spawn_on("w1", RELAY, "relay-w1", &NoArgs, budget)
+            .await
+            .unwrap();
+
+        let reply = call_t!(echo, EchoMsg::Echo, 2_000, Payload(b"ping".to_vec())).unwrap();
+        assert_eq!(reply, Payload(b"ping".to_vec()));
+        echo.cast(EchoMsg::Note(Payload(vec![1]))).unwrap();
+        assert_eq!(
+            call_t!(echo, EchoMsg::Notes, 2_000).unwrap(),
+            1,
+            "cast then call arrive in order"
+        );
+
+        // w1's relay calls w2's echo: a call between two remote actors.
+        let start = Instant::now();
+        loop {
+            let req = RelayRequest {
+                target: "echo-w2".into(),
+                payload: b"hop".to_vec(),
+                timeout_ms: 2_000,
+            };
+            match call_t!(relay, RelayMsg::Relay, 5_000, req).unwrap() {
+                RelayReply::Echoed(bytes) => {
+                    assert_eq!(bytes, b"hop");
+                    break;
+                }
+                RelayReply::Failed(why) => {
+                    assert!(start.elapsed() < budget, "relay kept failing: {why}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        assert!(node.lookup::<EchoMsg>("echo-w2").is_some());
+        node.shutdown().await;
+    });
+    // The actor counts reach the head with the next heartbeats.
+    eventually(Duration::from_secs(5), || {
+        s.status(head.addr).filter(|st| {
+            st["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["name"] == "w2" && n["actors"] == 1)
+        })
+    });
+}
+
+/// Clause "wire: malformed input": garbage, an oversized length prefix, a
+/// truncated frame or an invalid archive closes that connection; the node
+/// keeps serving everyone else.
+#[test]
+fn malformed_frames_close_only_the_offending_connection() {
+    let s = Scratch::new("garbage");
+    let (head, _workers) = cluster(&s, &["w1"]);
+    s.issue("prober");
+    let mut invalid_archive = 16u32.to_be_bytes().to_vec();
+    invalid_archive.extend([0xff; 16]);
+    let mut truncated = 100u32.to_be_bytes().to_vec();
+    truncated.extend([0u8; 10]);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("oversized length prefix", u32::MAX.to_be_bytes().to_vec()),
+        ("invalid archive", invalid_archive),
+        ("truncated frame", truncated),
+    ];
+    runtime().block_on(async {
+        let id = flotilla_transport::Identity::load(&s.certs(), "prober").unwrap();
+        let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
+            .unwrap();
+        for (what, bytes) in cases {
+            let pc = ep.connect(head.addr, None).await.unwrap();
+            let (mut send, _recv) = pc.connection.open_bi().await.unwrap();
+            send.write_all(&bytes).await.unwrap();
+            send.finish().unwrap();
+            let closed = tokio::time::timeout(Duration::from_secs(5), pc.connection.closed())
+                .await
+                .unwrap_or_else(|_| panic!("{what}: connection left open"));
+            assert!(
+                matches!(closed, quinn::ConnectionError::ApplicationClosed(_)),
+                "{what}: closed with {closed:?}"
+            );
+        }
+    });
+    let st = s.status(head.addr).expect("head still answers");
+    assert!(all_up(&st, &["head", "w1"]));
+}
