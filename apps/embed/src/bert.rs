@@ -61,6 +61,9 @@ pub struct Bert {
     token_type: Tensor<2>,
     emb_norm: Norm,
     layers: Vec<Layer>,
+    /// Whether GELU runs on the host (CPU backends) rather than as a
+    /// backend kernel.
+    host_gelu: bool,
 }
 
 impl std::fmt::Debug for Bert {
@@ -149,6 +152,7 @@ impl Bert {
             token_type,
             emb_norm,
             layers,
+            host_gelu: *device == Device::flex(),
         })
     }
 
@@ -171,12 +175,22 @@ impl Bert {
         )
     }
 
-    fn activate(&self, x: Tensor<3>) -> Tensor<3> {
-        match self.config.activation {
+    fn activate(&self, x: Tensor<3>) -> Result<Tensor<3>, BackendError> {
+        Ok(match self.config.activation {
+            // On the CPU, a vectorised exact-form GELU beats the backend's
+            // scalar erf; other devices keep their own kernel.
+            Activation::Gelu if self.host_gelu => {
+                let dims = x.dims();
+                let mut values = x
+                    .try_into_vec_as::<f32>()
+                    .map_err(|e| BackendError(e.to_string()))?;
+                crate::fast_gelu::gelu_in_place(&mut values);
+                Tensor::from_data(TensorData::new(values, dims), &self.device)
+            }
             Activation::Gelu => gelu(x),
             Activation::GeluTanh => gelu_approximate(x),
             Activation::Relu => relu(x),
-        }
+        })
     }
 
     /// Runs the encoder on a padded batch and returns the L2-normalised mean
@@ -229,7 +243,7 @@ impl Bert {
             x = self.norm(layer.attn_out.forward(ctx) + x, &layer.attn_norm);
             let ffn = layer
                 .ffn_out
-                .forward(self.activate(layer.ffn_in.forward(x.clone())));
+                .forward(self.activate(layer.ffn_in.forward(x.clone()))?);
             x = self.norm(ffn + x, &layer.ffn_norm);
         }
 

@@ -45,8 +45,17 @@ impl Embeddings {
 
 /// The device the encoder runs on when the caller does not choose: the first
 /// CUDA device when the `cuda` feature is built and a GPU is present,
-/// otherwise the CPU (`flex`) backend.
+/// otherwise the CPU (`flex`) backend. Built with the `blas` feature,
+/// `FLOTILLA_DEVICE=ndarray` selects Burn's ndarray backend with OpenBLAS.
 pub fn default_device() -> Device {
+    #[cfg(feature = "blas")]
+    {
+        if std::env::var("FLOTILLA_DEVICE").as_deref() == Ok("ndarray") {
+            // Deprecated in Burn, kept only to measure against flex.
+            #[allow(deprecated)]
+            return Device::ndarray();
+        }
+    }
     #[cfg(feature = "cuda")]
     {
         if let Some(device) = Device::enumerate(burn::tensor::DeviceType::Cuda)

@@ -16,6 +16,7 @@
 
 mod bert;
 mod encoder;
+mod fast_gelu;
 pub mod model_folder;
 pub mod tokenize;
 mod weights;

@@ -26,6 +26,12 @@ use clap::Parser;
 use flotilla_benches::{peak_rss_bytes, process_cpu, reset_peak_rss, rss_bytes};
 use flotilla_embed::{SentenceEncoder, default_device};
 
+/// The allocator the `node` binary uses too: glibc's returns large blocks to
+/// the kernel after every op, and the page faults to get them back cost
+/// several percent of the encoder's CPU time.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 struct Args {
     /// Model folder.
@@ -42,7 +48,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "pool=2:32:corpus,pool=2:32:sorted,pool=2:128:sorted,pool=1:32:sorted,workers=2:32:sorted,workers=2:128:sorted"
+        default_value = "pool=2:32:corpus,pool=2:32:sorted,pool=2:128:sorted,pool=1:16:sorted,pool=1:32:sorted,workers=2:16:sorted,workers=2:32:sorted,workers=2:128:sorted"
     )]
     configs: Vec<String>,
     /// Python interpreter with sentence-transformers installed: when given,

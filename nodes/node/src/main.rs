@@ -9,6 +9,12 @@ use clap::Parser;
 use flotilla::Node;
 use flotilla_node::{CertsOp, Cli, Command, node_config};
 
+/// mimalloc keeps freed blocks for reuse; glibc's malloc hands large blocks
+/// back to the kernel and pays page faults to get them again, which costs
+/// the model actors several percent of their CPU time.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -1,0 +1,511 @@
+//! Remote messaging over Flotilla's QUIC transport against two same-run
+//! baselines: ractor_cluster over its own plain TCP, and a raw quinn stream
+//! (the ceiling).
+//!
+//! ```text
+//! cargo run --release -p flotilla-benches --bin transport
+//! ```
+//!
+//! Each transport runs in a fresh sender process with a receiver process on
+//! loopback (ractor's registry is process-global, so transports never share
+//! a process). Measured: cast throughput for 8 B, 64 KiB and 4 MiB payloads
+//! (all casts sent, then a call that returns once the receiver counted them
+//! all), call round trip p50/p99 for 8 B, the sender's peak RSS while
+//! casting 256 MiB, and an 8 B call issued right behind those 256 MiB.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, call_t};
+use flotilla::ractor_cluster::{NodeServer, NodeServerMessage, RactorClusterMessage};
+use flotilla::rkyv::{Archive, Deserialize, Serialize};
+use flotilla::{Node, NodeConfig};
+use flotilla_benches::{peak_rss_bytes, percentile, reset_peak_rss};
+use serde::{Deserialize as De, Serialize as Ser};
+
+/// Bytes carried by a cast or call.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone)]
+#[rkyv(crate = flotilla::rkyv)]
+struct Blob(Vec<u8>);
+
+/// Sink arguments (none).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy)]
+#[rkyv(crate = flotilla::rkyv)]
+struct NoArgs;
+
+flotilla::remote_type!(Blob, NoArgs);
+
+#[derive(RactorClusterMessage)]
+enum SinkMsg {
+    Put(Blob),
+    #[rpc]
+    Count(RpcReplyPort<u64>),
+    #[rpc]
+    Echo(Blob, RpcReplyPort<Blob>),
+}
+
+/// Counts what it receives; answers calls.
+struct Sink;
+
+impl Actor for Sink {
+    type Msg = SinkMsg;
+    type State = u64;
+    type Arguments = NoArgs;
+
+    async fn pre_start(&self, _: ActorRef<SinkMsg>, _: NoArgs) -> Result<u64, ActorProcessingErr> {
+        Ok(0)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<SinkMsg>,
+        msg: SinkMsg,
+        count: &mut u64,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SinkMsg::Put(_) => *count += 1,
+            SinkMsg::Count(r) => {
+                let _ = r.send(*count);
+            }
+            SinkMsg::Echo(b, r) => {
+                let _ = r.send(b);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One transport's results.
+#[derive(Debug, Default, Ser, De)]
+struct Results {
+    tiny_per_s: f64,
+    kib64_per_s: f64,
+    mib4_per_s: f64,
+    rtt_p50_us: f64,
+    rtt_p99_us: f64,
+    rss_256mib_mib: f64,
+    behind_bulk_ms: f64,
+}
+
+const TINY: usize = 100_000;
+const KIB64: usize = 2_048;
+const MIB4: usize = 64;
+const CALLS: usize = 2_000;
+
+/// Casts `n` payloads of `size` bytes, then waits until the sink counted
+/// them; returns messages per second.
+async fn cast_rate(
+    sink: &ActorRef<SinkMsg>,
+    size: usize,
+    n: usize,
+    already: &mut u64,
+) -> anyhow::Result<f64> {
+    let payload = vec![7u8; size];
+    let t = Instant::now();
+    for _ in 0..n {
+        sink.cast(SinkMsg::Put(Blob(payload.clone())))?;
+    }
+    *already += n as u64;
+    loop {
+        let got = call_t!(sink, SinkMsg::Count, 120_000)?;
+        if got >= *already {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+async fn rtt(sink: &ActorRef<SinkMsg>) -> anyhow::Result<(f64, f64)> {
+    let mut samples = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        call_t!(sink, SinkMsg::Echo, 5_000, Blob(vec![1; 8]))?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok((
+        percentile(&mut samples, 0.5),
+        percentile(&mut samples, 0.99),
+    ))
+}
+
+/// Runs every actor measurement against `sink`.
+async fn measure_actor(sink: ActorRef<SinkMsg>) -> anyhow::Result<Results> {
+    let mut done = 0;
+    let mut r = Results::default();
+    // Warm up the session.
+    cast_rate(&sink, 8, 1_000, &mut done).await?;
+    r.tiny_per_s = cast_rate(&sink, 8, TINY, &mut done).await?;
+    r.kib64_per_s = cast_rate(&sink, 64 << 10, KIB64, &mut done).await?;
+    (r.rtt_p50_us, r.rtt_p99_us) = rtt(&sink).await?;
+    reset_peak_rss();
+    r.mib4_per_s = cast_rate(&sink, 4 << 20, MIB4, &mut done).await?;
+    r.rss_256mib_mib = peak_rss_bytes() as f64 / (1 << 20) as f64;
+    // An 8-byte call right behind 256 MiB of casts.
+    let payload = vec![7u8; 4 << 20];
+    for _ in 0..MIB4 {
+        sink.cast(SinkMsg::Put(Blob(payload.clone())))?;
+    }
+    done += MIB4 as u64;
+    let t = Instant::now();
+    call_t!(sink, SinkMsg::Echo, 120_000, Blob(vec![1; 8]))?;
+    r.behind_bulk_ms = t.elapsed().as_secs_f64() * 1e3;
+    cast_rate(&sink, 8, 1, &mut done).await?;
+    Ok(r)
+}
+
+fn exe() -> anyhow::Result<PathBuf> {
+    Ok(std::env::current_exe()?)
+}
+
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn free_tcp_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+struct Receiver(Child);
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn receiver(args: &[&str]) -> anyhow::Result<Receiver> {
+    Ok(Receiver(
+        Command::new(exe()?)
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()?,
+    ))
+}
+
+async fn sender_quic(certs: &Path) -> anyhow::Result<Results> {
+    let node = Node::builder(NodeConfig::new("sender", free_addr()?, certs))
+        .start()
+        .await?;
+    let head = node.addr().to_string();
+    let _rx = receiver(&[
+        "--role",
+        "quic-receiver",
+        "--head",
+        &head,
+        "--certs",
+        &certs.to_string_lossy(),
+    ])?;
+    node.wait_members(Duration::from_secs(30), |t| t.up().count() == 2)
+        .await
+        .context("receiver did not join")?;
+    let sink: ActorRef<SinkMsg> = node
+        .spawn_on("receiver", "sink", "sink", &NoArgs, Duration::from_secs(10))
+        .await?;
+    let r = measure_actor(sink).await?;
+    node.shutdown().await;
+    Ok(r)
+}
+
+async fn receiver_quic(head: SocketAddr, certs: PathBuf) -> anyhow::Result<()> {
+    let config = NodeConfig::new("receiver", free_addr()?, certs).join(head);
+    let _node = Node::builder(config)
+        .register("sink", || Sink)
+        .start()
+        .await?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+async fn tcp_node(name: &str, port: u16) -> anyhow::Result<ActorRef<NodeServerMessage>> {
+    let server = NodeServer::new(port, "bench".into(), name.into(), name.into(), None, None)
+        .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
+        .with_max_inbound_frame_size(64 << 20);
+    Ok(Actor::spawn(None, server, ()).await?.0)
+}
+
+async fn sender_tcp() -> anyhow::Result<Results> {
+    let port = free_tcp_port()?;
+    let _rx = receiver(&["--role", "tcp-receiver", "--port", &port.to_string()])?;
+    let node = tcp_node("sender", 0).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if flotilla::ractor_cluster::client_connect(&node, ("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "receiver never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sink = loop {
+        if let Some(cell) = flotilla::ractor::pg::get_members(&"sink".to_owned())
+            .into_iter()
+            .next()
+        {
+            break ActorRef::<SinkMsg>::from(cell);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "sink never appeared");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    measure_actor(sink).await
+}
+
+async fn receiver_tcp(port: u16) -> anyhow::Result<()> {
+    let _node = tcp_node("receiver", port).await?;
+    let (sink, _) = Actor::spawn(Some("sink".into()), Sink, NoArgs).await?;
+    flotilla::ractor::pg::join("sink".into(), vec![sink.get_cell()]);
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// Raw quinn: the same workloads as length-prefixed frames on one stream.
+async fn sender_raw(certs: &Path) -> anyhow::Result<Results> {
+    use flotilla_transport::{Endpoint, Identity, Tuning};
+    let addr = free_addr()?;
+    let _rx = receiver(&[
+        "--role",
+        "raw-receiver",
+        "--listen",
+        &addr.to_string(),
+        "--certs",
+        &certs.to_string_lossy(),
+    ])?;
+    let ep = Endpoint::client(Identity::load(certs, "sender")?, &Tuning::default())?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pc = loop {
+        match ep.connect(addr, Some("receiver")).await {
+            Ok(pc) => break pc,
+            Err(e) => anyhow::ensure!(Instant::now() < deadline, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (mut send, mut recv) = pc.connection.open_bi().await?;
+    let mut r = Results::default();
+    // Frames: u32 length, payload. A zero-length frame asks for the count
+    // of frames received so far (u64 reply); the receiver echoes 8-byte
+    // frames tagged 0xEE.
+    async fn count(
+        send: &mut quinn::SendStream,
+        recv: &mut quinn::RecvStream,
+    ) -> anyhow::Result<u64> {
+        send.write_all(&0u32.to_be_bytes()).await?;
+        let mut b = [0u8; 8];
+        recv.read_exact(&mut b).await?;
+        Ok(u64::from_be_bytes(b))
+    }
+    async fn frames(
+        send: &mut quinn::SendStream,
+        recv: &mut quinn::RecvStream,
+        size: usize,
+        n: usize,
+    ) -> anyhow::Result<f64> {
+        let mut frame = (size as u32).to_be_bytes().to_vec();
+        frame.extend(vec![7u8; size]);
+        let before = count(send, recv).await?;
+        let t = Instant::now();
+        for _ in 0..n {
+            send.write_all(&frame).await?;
+        }
+        while count(send, recv).await? < before + n as u64 {}
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+    frames(&mut send, &mut recv, 8, 1_000).await?;
+    r.tiny_per_s = frames(&mut send, &mut recv, 8, TINY).await?;
+    r.kib64_per_s = frames(&mut send, &mut recv, 64 << 10, KIB64).await?;
+    let mut samples = Vec::with_capacity(CALLS);
+    let mut ping = 8u32.to_be_bytes().to_vec();
+    ping.extend([0xEE; 8]);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        send.write_all(&ping).await?;
+        let mut b = [0u8; 8];
+        recv.read_exact(&mut b).await?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    r.rtt_p50_us = percentile(&mut samples, 0.5);
+    r.rtt_p99_us = percentile(&mut samples, 0.99);
+    reset_peak_rss();
+    r.mib4_per_s = frames(&mut send, &mut recv, 4 << 20, MIB4).await?;
+    r.rss_256mib_mib = peak_rss_bytes() as f64 / (1 << 20) as f64;
+    pc.connection.close(0u32.into(), b"done");
+    Ok(r)
+}
+
+async fn receiver_raw(listen: SocketAddr, certs: PathBuf) -> anyhow::Result<()> {
+    use flotilla_transport::{Endpoint, Identity, Tuning};
+    let ep = Endpoint::bind(
+        listen,
+        Identity::load(&certs, "receiver")?,
+        &Tuning::default(),
+    )?;
+    let pc = ep.accept().await.context("no connection")?;
+    let (mut send, mut recv) = pc.connection.accept_bi().await?;
+    let mut received = 0u64;
+    let mut buf = vec![0u8; 4 << 20];
+    loop {
+        let mut len = [0u8; 4];
+        if recv.read_exact(&mut len).await.is_err() {
+            return Ok(());
+        }
+        let len = u32::from_be_bytes(len) as usize;
+        if len == 0 {
+            send.write_all(&received.to_be_bytes()).await?;
+            continue;
+        }
+        recv.read_exact(&mut buf[..len]).await?;
+        if len == 8 && buf[0] == 0xEE {
+            send.write_all(&buf[..8]).await?;
+        } else {
+            received += 1;
+        }
+    }
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+fn run_sender(mode: &str, certs: &Path) -> anyhow::Result<Results> {
+    let out = Command::new(exe()?)
+        .args([
+            "--role",
+            &format!("{mode}-sender"),
+            "--certs",
+            &certs.to_string_lossy(),
+        ])
+        .stderr(Stdio::inherit())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "{mode} sender failed");
+    let text = String::from_utf8(out.stdout)?;
+    Ok(serde_json::from_str(
+        text.lines().last().context("no result")?,
+    )?)
+}
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    if let Some(role) = arg("--role") {
+        let certs: PathBuf = arg("--certs").unwrap_or_default().into();
+        return rt.block_on(async {
+            let result = match role.as_str() {
+                "quic-sender" => sender_quic(&certs).await?,
+                "tcp-sender" => sender_tcp().await?,
+                "raw-sender" => sender_raw(&certs).await?,
+                "quic-receiver" => {
+                    return receiver_quic(arg("--head").context("--head")?.parse()?, certs).await;
+                }
+                "tcp-receiver" => {
+                    return receiver_tcp(arg("--port").context("--port")?.parse()?).await;
+                }
+                "raw-receiver" => {
+                    return receiver_raw(arg("--listen").context("--listen")?.parse()?, certs)
+                        .await;
+                }
+                other => anyhow::bail!("unknown role {other}"),
+            };
+            println!("{}", serde_json::to_string(&result)?);
+            Ok(())
+        });
+    }
+
+    let certs =
+        std::env::temp_dir().join(format!("flotilla-bench-transport-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&certs);
+    flotilla_transport::certs::init_ca(&certs, "bench")?;
+    for n in ["sender", "receiver"] {
+        flotilla_transport::certs::issue(&certs, n, &certs)?;
+    }
+    let quic = run_sender("quic", &certs)?;
+    let tcp = run_sender("tcp", &certs)?;
+    let raw = run_sender("raw", &certs)?;
+    let _ = std::fs::remove_dir_all(&certs);
+
+    println!(
+        "{:<34} {:>14} {:>16} {:>14} {:>12}",
+        "measure", "flotilla QUIC", "ractor over TCP", "raw quinn", "QUIC / TCP"
+    );
+    let row = |name: &str, q: f64, t: f64, r: f64, unit: &str| {
+        println!(
+            "{:<34} {:>14.1} {:>16.1} {:>14.1} {:>11.2}x   {unit}",
+            name,
+            q,
+            t,
+            r,
+            q / t
+        );
+    };
+    row(
+        "cast 8 B",
+        quic.tiny_per_s,
+        tcp.tiny_per_s,
+        raw.tiny_per_s,
+        "msgs/s",
+    );
+    row(
+        "cast 64 KiB",
+        quic.kib64_per_s,
+        tcp.kib64_per_s,
+        raw.kib64_per_s,
+        "msgs/s",
+    );
+    row(
+        "cast 4 MiB",
+        quic.mib4_per_s,
+        tcp.mib4_per_s,
+        raw.mib4_per_s,
+        "msgs/s",
+    );
+    row(
+        "cast 4 MiB throughput",
+        quic.mib4_per_s * 4.0,
+        tcp.mib4_per_s * 4.0,
+        raw.mib4_per_s * 4.0,
+        "MiB/s",
+    );
+    row(
+        "call 8 B p50",
+        quic.rtt_p50_us,
+        tcp.rtt_p50_us,
+        raw.rtt_p50_us,
+        "µs",
+    );
+    row(
+        "call 8 B p99",
+        quic.rtt_p99_us,
+        tcp.rtt_p99_us,
+        raw.rtt_p99_us,
+        "µs",
+    );
+    row(
+        "sender peak RSS, 256 MiB cast",
+        quic.rss_256mib_mib,
+        tcp.rss_256mib_mib,
+        raw.rss_256mib_mib,
+        "MiB",
+    );
+    row(
+        "8 B call behind 256 MiB",
+        quic.behind_bulk_ms,
+        tcp.behind_bulk_ms,
+        f64::NAN,
+        "ms",
+    );
+    println!(
+        "call p50 vs raw quinn round trip: {:.2}x (target ≤ 2x); behind-bulk call vs idle: {:.0}x",
+        quic.rtt_p50_us / raw.rtt_p50_us,
+        quic.behind_bulk_ms * 1e3 / quic.rtt_p50_us
+    );
+    Ok(())
+}
