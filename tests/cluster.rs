@@ -437,3 +437,56 @@ fn malformed_frames_close_only_the_offending_connection() {
     let st = s.status(head.addr).expect("head still answers");
     assert!(all_up(&st, &["head", "w1"]));
 }
+
+/// Clause "membership: joining": a node whose head does not answer exits
+/// non-zero, saying why, within its join timeout.
+#[test]
+fn join_with_unreachable_head_fails_with_a_message() {
+    let s = Scratch::new("unreachable");
+    s.issue("w1");
+    let nobody = free_addr();
+    let start = Instant::now();
+    let out = Command::new(NODE)
+        .args(["join", "--name", "w1", "--listen", &free_addr().to_string()])
+        .args(["--head", &nobody.to_string(), "--join-timeout-ms", "1500"])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "exit code for a failed join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("NODE-JOIN-001") && stderr.contains(&nobody.to_string()),
+        "{stderr}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+}
+
+/// Clause "security: identity": a bad configuration is refused at start-up
+/// with a stable code and exit code 2.
+#[test]
+fn missing_certificates_fail_at_start_with_exit_code_2() {
+    let s = Scratch::new("nocerts");
+    let out = Command::new(NODE)
+        .args([
+            "head",
+            "--name",
+            "head",
+            "--listen",
+            &free_addr().to_string(),
+        ])
+        .args(["--certs", s.dir.join("absent").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NODE-CERT-001"));
+    let out = Command::new(NODE)
+        .args(["join", "--name", "w1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NODE-CONFIG-003"));
+}

@@ -11,7 +11,10 @@
 //! a process). Measured: cast throughput for 8 B, 64 KiB and 4 MiB payloads
 //! (all casts sent, then a call that returns once the receiver counted them
 //! all), call round trip p50/p99 for 8 B, the sender's peak RSS while
-//! casting 256 MiB, and an 8 B call issued right behind those 256 MiB.
+//! casting 256 MiB, and an 8 B call issued while another task casts 256 MiB.
+//! Flotilla's casts go through `flotilla::outbound::cast`, which waits while
+//! the remote-send backlog is over its limit; ractor over TCP has no such
+//! bound and uses its plain cast.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -86,6 +89,7 @@ struct Results {
     mib4_per_s: f64,
     rtt_p50_us: f64,
     rtt_p99_us: f64,
+    rss_before_mib: f64,
     rss_256mib_mib: f64,
     behind_bulk_ms: f64,
 }
@@ -95,6 +99,18 @@ const KIB64: usize = 2_048;
 const MIB4: usize = 64;
 const CALLS: usize = 2_000;
 
+/// Casts one message: through Flotilla's bounded cast when `bounded` (it
+/// waits while the remote-send backlog is over its limit), else ractor's
+/// plain cast (never waits).
+async fn send(sink: &ActorRef<SinkMsg>, msg: SinkMsg, bounded: bool) -> anyhow::Result<()> {
+    if bounded {
+        flotilla::outbound::cast(sink, msg).await?;
+    } else {
+        sink.cast(msg)?;
+    }
+    Ok(())
+}
+
 /// Casts `n` payloads of `size` bytes, then waits until the sink counted
 /// them; returns messages per second.
 async fn cast_rate(
@@ -102,11 +118,12 @@ async fn cast_rate(
     size: usize,
     n: usize,
     already: &mut u64,
+    bounded: bool,
 ) -> anyhow::Result<f64> {
     let payload = vec![7u8; size];
     let t = Instant::now();
     for _ in 0..n {
-        sink.cast(SinkMsg::Put(Blob(payload.clone())))?;
+        send(sink, SinkMsg::Put(Blob(payload.clone())), bounded).await?;
     }
     *already += n as u64;
     loop {
@@ -133,27 +150,38 @@ async fn rtt(sink: &ActorRef<SinkMsg>) -> anyhow::Result<(f64, f64)> {
 }
 
 /// Runs every actor measurement against `sink`.
-async fn measure_actor(sink: ActorRef<SinkMsg>) -> anyhow::Result<Results> {
+async fn measure_actor(sink: ActorRef<SinkMsg>, bounded: bool) -> anyhow::Result<Results> {
     let mut done = 0;
     let mut r = Results::default();
-    // Warm up the session.
-    cast_rate(&sink, 8, 1_000, &mut done).await?;
-    r.tiny_per_s = cast_rate(&sink, 8, TINY, &mut done).await?;
-    r.kib64_per_s = cast_rate(&sink, 64 << 10, KIB64, &mut done).await?;
-    (r.rtt_p50_us, r.rtt_p99_us) = rtt(&sink).await?;
+    // Warm up the session, then measure the 256 MiB cast first, from the
+    // sender's resting RSS.
+    cast_rate(&sink, 8, 1_000, &mut done, bounded).await?;
+    r.rss_before_mib = flotilla_benches::rss_bytes() as f64 / (1 << 20) as f64;
     reset_peak_rss();
-    r.mib4_per_s = cast_rate(&sink, 4 << 20, MIB4, &mut done).await?;
+    r.mib4_per_s = cast_rate(&sink, 4 << 20, MIB4, &mut done, bounded).await?;
     r.rss_256mib_mib = peak_rss_bytes() as f64 / (1 << 20) as f64;
-    // An 8-byte call right behind 256 MiB of casts.
-    let payload = vec![7u8; 4 << 20];
-    for _ in 0..MIB4 {
-        sink.cast(SinkMsg::Put(Blob(payload.clone())))?;
-    }
-    done += MIB4 as u64;
+    // An 8-byte call right behind 256 MiB of casts, issued from another
+    // task while the casts are still being sent.
+    let bulk = {
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            let payload = vec![7u8; 4 << 20];
+            for _ in 0..MIB4 {
+                send(&sink, SinkMsg::Put(Blob(payload.clone())), bounded).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let t = Instant::now();
     call_t!(sink, SinkMsg::Echo, 120_000, Blob(vec![1; 8]))?;
     r.behind_bulk_ms = t.elapsed().as_secs_f64() * 1e3;
-    cast_rate(&sink, 8, 1, &mut done).await?;
+    bulk.await??;
+    done += MIB4 as u64;
+    cast_rate(&sink, 8, 1, &mut done, bounded).await?;
+    r.tiny_per_s = cast_rate(&sink, 8, TINY, &mut done, bounded).await?;
+    r.kib64_per_s = cast_rate(&sink, 64 << 10, KIB64, &mut done, bounded).await?;
+    (r.rtt_p50_us, r.rtt_p99_us) = rtt(&sink).await?;
     Ok(r)
 }
 
@@ -208,7 +236,7 @@ async fn sender_quic(certs: &Path) -> anyhow::Result<Results> {
     let sink: ActorRef<SinkMsg> = node
         .spawn_on("receiver", "sink", "sink", &NoArgs, Duration::from_secs(10))
         .await?;
-    let r = measure_actor(sink).await?;
+    let r = measure_actor(sink, true).await?;
     node.shutdown().await;
     Ok(r)
 }
@@ -255,7 +283,7 @@ async fn sender_tcp() -> anyhow::Result<Results> {
         anyhow::ensure!(Instant::now() < deadline, "sink never appeared");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    measure_actor(sink).await
+    measure_actor(sink, false).await
 }
 
 async fn receiver_tcp(port: u16) -> anyhow::Result<()> {
@@ -318,6 +346,10 @@ async fn sender_raw(certs: &Path) -> anyhow::Result<Results> {
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
     frames(&mut send, &mut recv, 8, 1_000).await?;
+    r.rss_before_mib = flotilla_benches::rss_bytes() as f64 / (1 << 20) as f64;
+    reset_peak_rss();
+    r.mib4_per_s = frames(&mut send, &mut recv, 4 << 20, MIB4).await?;
+    r.rss_256mib_mib = peak_rss_bytes() as f64 / (1 << 20) as f64;
     r.tiny_per_s = frames(&mut send, &mut recv, 8, TINY).await?;
     r.kib64_per_s = frames(&mut send, &mut recv, 64 << 10, KIB64).await?;
     let mut samples = Vec::with_capacity(CALLS);
@@ -332,9 +364,6 @@ async fn sender_raw(certs: &Path) -> anyhow::Result<Results> {
     }
     r.rtt_p50_us = percentile(&mut samples, 0.5);
     r.rtt_p99_us = percentile(&mut samples, 0.99);
-    reset_peak_rss();
-    r.mib4_per_s = frames(&mut send, &mut recv, 4 << 20, MIB4).await?;
-    r.rss_256mib_mib = peak_rss_bytes() as f64 / (1 << 20) as f64;
     pc.connection.close(0u32.into(), b"done");
     Ok(r)
 }
@@ -487,6 +516,13 @@ fn main() -> anyhow::Result<()> {
         tcp.rtt_p99_us,
         raw.rtt_p99_us,
         "µs",
+    );
+    row(
+        "sender RSS before the 256 MiB cast",
+        quic.rss_before_mib,
+        tcp.rss_before_mib,
+        raw.rss_before_mib,
+        "MiB",
     );
     row(
         "sender peak RSS, 256 MiB cast",

@@ -22,7 +22,10 @@ pub(crate) struct QuicClusterStream {
 
 impl ClusterBidiStream for QuicClusterStream {
     fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
-        (Box::new(self.recv), Box::new(self.send))
+        (
+            Box::new(self.recv),
+            Box::new(crate::outbound::CountingWrite { inner: self.send }),
+        )
     }
 
     /// The ractor name the peer's certificate entitles it to; the guard

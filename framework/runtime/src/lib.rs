@@ -26,6 +26,7 @@ pub mod config;
 pub mod control;
 mod mesh;
 pub mod node;
+pub mod outbound;
 pub mod probe;
 pub mod spawner;
 pub mod table;

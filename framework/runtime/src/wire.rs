@@ -32,7 +32,9 @@ macro_rules! remote_type {
     ($($t:ty),+ $(,)?) => {$(
         impl $crate::ractor::BytesConvertable for $t {
             fn into_bytes(self) -> ::std::vec::Vec<u8> {
-                $crate::wire::encode(&self)
+                let bytes = $crate::wire::encode(&self);
+                $crate::outbound::enqueued(bytes.len());
+                bytes
             }
             fn from_bytes(bytes: ::std::vec::Vec<u8>) -> Self {
                 match $crate::wire::decode::<$t>(&bytes) {

@@ -92,6 +92,9 @@ pub struct NodeArgs {
     /// Silence in milliseconds after which a member is down (default 5000).
     #[arg(long)]
     pub down_after_ms: Option<u64>,
+    /// How long `join` may wait for the head, in milliseconds (default 10000).
+    #[arg(long)]
+    pub join_timeout_ms: Option<u64>,
     /// Custom resource label, `KEY=VALUE`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
@@ -132,6 +135,7 @@ pub struct FileConfig {
     cookie: Option<String>,
     heartbeat_ms: Option<u64>,
     down_after_ms: Option<u64>,
+    join_timeout_ms: Option<u64>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
 }
@@ -216,6 +220,9 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeConfig, ConfigError
     }
     if let Some(ms) = args.down_after_ms.or(file.down_after_ms) {
         config.detector.down_after = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.join_timeout_ms.or(file.join_timeout_ms) {
+        config.join_timeout = Duration::from_millis(ms);
     }
     if config.detector.heartbeat_interval.is_zero()
         || config.detector.down_after <= config.detector.heartbeat_interval

@@ -1,7 +1,7 @@
 //! `node`: parse the command line, run, map errors to exit codes.
 //!
-//! Exit codes: 0 success, 2 usage or configuration error, 3 the node could
-//! not start or join, 4 a status query failed.
+//! Exit codes: 0 success, 2 usage or configuration error (certificates
+//! included), 3 the node could not start or join, 4 a status query failed.
 
 use std::process::ExitCode;
 
@@ -105,7 +105,14 @@ async fn serve(args: flotilla_node::NodeArgs, join: bool) -> ExitCode {
         Ok(n) => n,
         Err(e) => {
             eprintln!("{e}");
-            return ExitCode::from(3);
+            // Certificates are configuration; everything else is a failure
+            // to start or to join.
+            let code = if matches!(e, flotilla::StartError::Certs(_)) {
+                2
+            } else {
+                3
+            };
+            return ExitCode::from(code);
         }
     };
     wait_for_stop().await;
