@@ -179,3 +179,49 @@ fn revision_is_sha256_of_weights() {
         "sha256:53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
     );
 }
+
+#[derive(Deserialize)]
+struct Extra {
+    sentences: Vec<ExtraSentence>,
+}
+
+#[derive(Deserialize)]
+struct ExtraSentence {
+    text: String,
+    token_ids: Vec<i64>,
+    embedding: Vec<f32>,
+}
+
+/// CJK, emoji, other scripts, whitespace-only and a text far over
+/// max_seq_length, against sentence-transformers' output
+/// (tests/data/reference-extra.json, written by tests/make_reference.py).
+#[test]
+fn non_ascii_whitespace_and_long_texts_match_reference() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference-extra.json");
+    let extra: Extra = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let tol = golden().suggested_tolerance;
+    let enc = encoder();
+    let texts: Vec<&str> = extra.sentences.iter().map(|s| s.text.as_str()).collect();
+    let batched = enc.encode(&texts).unwrap();
+    for (i, s) in extra.sentences.iter().enumerate() {
+        assert_eq!(
+            enc.tokenize(&[s.text.as_str()]).unwrap().row_ids(0),
+            s.token_ids,
+            "ids of {:?}",
+            s.text
+        );
+        let alone = enc.encode(&[s.text.as_str()]).unwrap();
+        compare(
+            &format!("{:?} alone", s.text),
+            alone.row(0),
+            &s.embedding,
+            &tol,
+        );
+        compare(
+            &format!("{:?} in batch", s.text),
+            batched.row(i),
+            &s.embedding,
+            &tol,
+        );
+    }
+}
