@@ -27,8 +27,8 @@ use ractor::{ActorRef, Message, MessagingErr};
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
 
-/// Default backlog above which [`cast`] waits: 4 MiB.
-pub const DEFAULT_LIMIT: u64 = 4 << 20;
+/// Default backlog above which [`cast`] waits: 2 MiB.
+pub const DEFAULT_LIMIT: u64 = 2 << 20;
 
 static BACKLOG: AtomicU64 = AtomicU64::new(0);
 static DRAINED: Notify = Notify::const_new();

@@ -65,7 +65,7 @@ impl Default for Tuning {
             keep_alive: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(10),
             stream_window: 8 << 20,
-            send_window: 8 << 20,
+            send_window: 4 << 20,
         }
     }
 }
