@@ -12,6 +12,7 @@
 //! hello       the first frame of every connection: who speaks, and why
 //! membership  the member table, incarnations and the failure detector
 //! resources   what a node offers: CPUs, memory, GPUs, labels
+//! window      the batch pipeline's credit window: routing, deadlines, retries
 //! ```
 
 pub mod control;
@@ -19,4 +20,5 @@ pub mod frame;
 pub mod hello;
 pub mod membership;
 pub mod resources;
+pub mod window;
 pub mod wire;

@@ -1,0 +1,471 @@
+//! The credit window of a batch pipeline: at most `max_in_flight` batches
+//! out at once, each sent to the worker with the fewest batches in flight,
+//! with per-batch deadlines and classified retries.
+//!
+//! ```text
+//!            dispatch (least loaded worker)        complete ──► Done
+//!   new ──────────────────────────────► InFlight ─ rejected ──► Rejected (not retried)
+//!                      ▲                  │  worker lost / deadline passed
+//!                      └──── Retry ◄──────┘  (attempts < max_attempts, else GaveUp)
+//! ```
+//!
+//! The window does not own the batches: callers keep them by [`BatchId`]
+//! and feed results back. Results are accepted once per batch, from the
+//! worker the batch was last sent to; anything else is reported stale.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// A batch's stable identity within a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchId(pub u64);
+
+/// Window limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowConfig {
+    /// Most batches out at once.
+    pub max_in_flight: usize,
+    /// A batch not answered within this is sent elsewhere.
+    pub deadline: Duration,
+    /// Sends of one batch before the window gives up on it.
+    pub max_attempts: u32,
+}
+
+/// A send the caller must perform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dispatch<W> {
+    /// The batch to send.
+    pub batch: BatchId,
+    /// The worker to send it to.
+    pub worker: W,
+    /// 1 for the first send, 2 for the first retry, ...
+    pub attempt: u32,
+}
+
+/// What became of a reported result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted: the batch is done (or rejected) and its credit returned.
+    Accepted,
+    /// Not in flight to that worker (a late answer after a re-dispatch, or a
+    /// duplicate): ignore it.
+    Stale,
+}
+
+/// A batch the window stopped tracking without success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abandoned {
+    /// Its input was refused by a worker: record it as an error.
+    Rejected(BatchId),
+    /// It failed `max_attempts` times: the job cannot complete it.
+    GaveUp(BatchId),
+}
+
+#[derive(Debug, Clone)]
+struct Flight<W> {
+    worker: W,
+    attempt: u32,
+    deadline: Instant,
+}
+
+/// The credit window over workers identified by `W`.
+#[derive(Debug, Clone)]
+pub struct Window<W: Ord + Clone> {
+    config: WindowConfig,
+    load: BTreeMap<W, usize>,
+    flights: HashMap<BatchId, Flight<W>>,
+    /// Batches to send again, with the attempts already made.
+    retry: VecDeque<(BatchId, u32)>,
+    abandoned: Vec<Abandoned>,
+}
+
+impl<W: Ord + Clone> Window<W> {
+    /// An empty window with no workers.
+    pub fn new(config: WindowConfig) -> Self {
+        Self {
+            config,
+            load: BTreeMap::new(),
+            flights: HashMap::new(),
+            retry: VecDeque::new(),
+            abandoned: Vec::new(),
+        }
+    }
+
+    /// Adds a worker (no effect if present).
+    pub fn add_worker(&mut self, worker: W) {
+        self.load.entry(worker).or_insert(0);
+    }
+
+    /// Removes a worker; its batches in flight are queued for another one.
+    pub fn remove_worker(&mut self, worker: &W) {
+        if self.load.remove(worker).is_none() {
+            return;
+        }
+        let mut lost: Vec<(BatchId, u32)> = self
+            .flights
+            .iter()
+            .filter(|(_, f)| &f.worker == worker)
+            .map(|(b, f)| (*b, f.attempt))
+            .collect();
+        lost.sort();
+        for (batch, attempt) in lost {
+            self.flights.remove(&batch);
+            self.requeue(batch, attempt);
+        }
+    }
+
+    fn requeue(&mut self, batch: BatchId, attempts: u32) {
+        if attempts >= self.config.max_attempts {
+            self.abandoned.push(Abandoned::GaveUp(batch));
+        } else {
+            self.retry.push_back((batch, attempts));
+        }
+    }
+
+    /// The worker `batch` is in flight to, if any.
+    pub fn worker_of(&self, batch: BatchId) -> Option<&W> {
+        self.flights.get(&batch).map(|f| &f.worker)
+    }
+
+    /// Batches in flight to `worker`.
+    pub fn load_of(&self, worker: &W) -> Option<usize> {
+        self.load.get(worker).copied()
+    }
+
+    /// Batches in flight.
+    pub fn in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// Batches waiting to be sent again.
+    pub fn pending_retries(&self) -> usize {
+        self.retry.len()
+    }
+
+    /// Whether nothing is in flight or waiting for a retry.
+    pub fn is_idle(&self) -> bool {
+        self.flights.is_empty() && self.retry.is_empty()
+    }
+
+    /// The least-loaded worker if a credit is free.
+    fn pick(&self) -> Option<W> {
+        if self.flights.len() >= self.config.max_in_flight {
+            return None;
+        }
+        self.load
+            .iter()
+            .min_by_key(|(_, n)| **n)
+            .map(|(w, _)| w.clone())
+    }
+
+    fn send(&mut self, now: Instant, batch: BatchId, attempt: u32, worker: W) -> Dispatch<W> {
+        *self.load.get_mut(&worker).expect("picked from load") += 1;
+        self.flights.insert(
+            batch,
+            Flight {
+                worker: worker.clone(),
+                attempt,
+                deadline: now + self.config.deadline,
+            },
+        );
+        Dispatch {
+            batch,
+            worker,
+            attempt,
+        }
+    }
+
+    /// The next retry to send, if a credit and a worker are free. Retries
+    /// go before new batches.
+    pub fn poll_retry(&mut self, now: Instant) -> Option<Dispatch<W>> {
+        if self.retry.is_empty() {
+            return None;
+        }
+        let worker = self.pick()?;
+        let (batch, attempts) = self.retry.pop_front()?;
+        Some(self.send(now, batch, attempts + 1, worker))
+    }
+
+    /// Whether [`Window::dispatch_new`] would accept a new batch now.
+    pub fn has_credit(&self) -> bool {
+        self.retry.is_empty() && self.pick().is_some()
+    }
+
+    /// Sends a new batch if a credit and a worker are free and no retry
+    /// waits; returns the send to perform, or gives the id back.
+    pub fn dispatch_new(&mut self, now: Instant, batch: BatchId) -> Result<Dispatch<W>, BatchId> {
+        if !self.retry.is_empty() {
+            return Err(batch);
+        }
+        match self.pick() {
+            Some(worker) => Ok(self.send(now, batch, 1, worker)),
+            None => Err(batch),
+        }
+    }
+
+    fn land(&mut self, batch: BatchId, from: &W) -> Option<Flight<W>> {
+        match self.flights.get(&batch) {
+            Some(f) if &f.worker == from => {}
+            _ => return None,
+        }
+        let flight = self.flights.remove(&batch)?;
+        if let Some(n) = self.load.get_mut(&flight.worker) {
+            *n -= 1;
+        }
+        Some(flight)
+    }
+
+    /// A worker answered `batch` successfully.
+    pub fn complete(&mut self, batch: BatchId, from: &W) -> Outcome {
+        match self.land(batch, from) {
+            Some(_) => Outcome::Accepted,
+            None => Outcome::Stale,
+        }
+    }
+
+    /// A worker refused `batch` as bad input: it is abandoned, not retried.
+    pub fn reject(&mut self, batch: BatchId, from: &W) -> Outcome {
+        match self.land(batch, from) {
+            Some(_) => {
+                self.abandoned.push(Abandoned::Rejected(batch));
+                Outcome::Accepted
+            }
+            None => Outcome::Stale,
+        }
+    }
+
+    /// A send of `batch` failed (worker error, lost answer): send it again
+    /// elsewhere, within `max_attempts`.
+    pub fn fail(&mut self, batch: BatchId, from: &W) -> Outcome {
+        match self.land(batch, from) {
+            Some(f) => {
+                self.requeue(batch, f.attempt);
+                Outcome::Accepted
+            }
+            None => Outcome::Stale,
+        }
+    }
+
+    /// Moves every batch past its deadline to the retry queue (or gives up
+    /// on it); returns how many timed out.
+    pub fn poll_deadlines(&mut self, now: Instant) -> usize {
+        let mut late: Vec<(BatchId, W)> = self
+            .flights
+            .iter()
+            .filter(|(_, f)| f.deadline <= now)
+            .map(|(b, f)| (*b, f.worker.clone()))
+            .collect();
+        late.sort_by_key(|(b, _)| *b);
+        for (batch, worker) in &late {
+            self.fail(*batch, worker);
+        }
+        late.len()
+    }
+
+    /// The earliest deadline in flight.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.flights.values().map(|f| f.deadline).min()
+    }
+
+    /// Batches abandoned since the last call.
+    pub fn take_abandoned(&mut self) -> Vec<Abandoned> {
+        std::mem::take(&mut self.abandoned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> WindowConfig {
+        WindowConfig {
+            max_in_flight: 4,
+            deadline: Duration::from_secs(10),
+            max_attempts: 3,
+        }
+    }
+
+    #[test]
+    fn routes_to_the_least_loaded_worker_within_the_window() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.add_worker("b");
+        let sent: Vec<&str> = (0..4)
+            .map(|i| w.dispatch_new(t, BatchId(i)).unwrap().worker)
+            .collect();
+        assert_eq!(sent, ["a", "b", "a", "b"]);
+        assert_eq!(
+            w.dispatch_new(t, BatchId(4)),
+            Err(BatchId(4)),
+            "window full"
+        );
+        assert_eq!(w.complete(BatchId(1), &"b"), Outcome::Accepted);
+        assert_eq!(w.dispatch_new(t, BatchId(4)).unwrap().worker, "b");
+    }
+
+    #[test]
+    fn late_answer_after_redispatch_is_stale() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.dispatch_new(t, BatchId(0)).unwrap();
+        assert_eq!(w.poll_deadlines(t + Duration::from_secs(10)), 1);
+        w.add_worker("b");
+        w.remove_worker(&"a");
+        let again = w.poll_retry(t).unwrap();
+        assert_eq!((again.worker, again.attempt), ("b", 2));
+        assert_eq!(w.complete(BatchId(0), &"a"), Outcome::Stale);
+        assert_eq!(w.complete(BatchId(0), &"b"), Outcome::Accepted);
+        assert_eq!(w.complete(BatchId(0), &"b"), Outcome::Stale, "idempotent");
+    }
+
+    #[test]
+    fn rejected_input_is_not_retried_and_failures_give_up_after_max_attempts() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.dispatch_new(t, BatchId(0)).unwrap();
+        w.reject(BatchId(0), &"a");
+        assert_eq!(w.take_abandoned(), vec![Abandoned::Rejected(BatchId(0))]);
+        assert!(w.is_idle());
+        w.dispatch_new(t, BatchId(1)).unwrap();
+        for attempt in 1..=3 {
+            assert_eq!(
+                w.fail(BatchId(1), &"a"),
+                Outcome::Accepted,
+                "attempt {attempt}"
+            );
+            if attempt < 3 {
+                assert_eq!(w.poll_retry(t).unwrap().attempt, attempt + 1);
+            }
+        }
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(1))]);
+        assert!(w.is_idle());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        AddWorker(u8),
+        RemoveWorker(u8),
+        New,
+        Retry,
+        Complete(usize),
+        Reject(usize),
+        Fail(usize),
+        Stale(usize, u8),
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..3).prop_map(Op::AddWorker),
+            (0u8..3).prop_map(Op::RemoveWorker),
+            Just(Op::New),
+            Just(Op::New),
+            Just(Op::Retry),
+            any::<usize>().prop_map(Op::Complete),
+            any::<usize>().prop_map(Op::Reject),
+            any::<usize>().prop_map(Op::Fail),
+            (any::<usize>(), 0u8..3).prop_map(|(b, w)| Op::Stale(b, w)),
+            (0u64..15_000).prop_map(Op::Advance),
+        ]
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum State {
+        InFlight(u8, u32),
+        Retry,
+        Done,
+        Rejected,
+        GaveUp,
+    }
+
+    proptest! {
+        /// Against a model of every batch's state: the window never exceeds
+        /// its credits, always picks a least-loaded worker, accepts each
+        /// result once from the right worker, and accounts for every batch.
+        #[test]
+        fn window_matches_batch_state_model(ops in proptest::collection::vec(op(), 0..120)) {
+            let cfg = config();
+            let mut now = Instant::now();
+            let mut w: Window<u8> = Window::new(cfg);
+            let mut model: BTreeMap<u64, State> = BTreeMap::new();
+            let mut next = 0u64;
+            let in_flight_ids = |m: &BTreeMap<u64, State>| -> Vec<u64> {
+                m.iter().filter(|(_, s)| matches!(s, State::InFlight(..))).map(|(b, _)| *b).collect()
+            };
+            for op in ops {
+                match op {
+                    Op::AddWorker(x) => w.add_worker(x),
+                    Op::RemoveWorker(x) => w.remove_worker(&x),
+                    Op::New | Op::Retry => {
+                        let loads: Vec<usize> = (0..3).filter_map(|x| w.load_of(&x)).collect();
+                        let min = loads.iter().min().copied();
+                        let sent = if matches!(op, Op::New) {
+                            let r = w.dispatch_new(now, BatchId(next));
+                            if r.is_ok() { next += 1; }
+                            r.ok()
+                        } else {
+                            w.poll_retry(now)
+                        };
+                        if let Some(d) = sent {
+                            prop_assert_eq!(Some(w.load_of(&d.worker).unwrap() - 1), min, "least loaded");
+                            prop_assert!(d.attempt <= cfg.max_attempts);
+                            let prev = model.insert(d.batch.0, State::InFlight(d.worker, d.attempt));
+                            prop_assert!(prev.is_none() || prev == Some(State::Retry), "{:?} was {:?}", d, prev);
+                        }
+                    }
+                    Op::Complete(i) | Op::Reject(i) | Op::Fail(i) => {
+                        let ids = in_flight_ids(&model);
+                        if ids.is_empty() { continue; }
+                        let b = ids[i % ids.len()];
+                        let State::InFlight(worker, _) = model[&b] else { unreachable!() };
+                        let out = match op {
+                            Op::Complete(_) => { model.insert(b, State::Done); w.complete(BatchId(b), &worker) }
+                            Op::Reject(_) => { model.insert(b, State::Rejected); w.reject(BatchId(b), &worker) }
+                            _ => { model.insert(b, State::Retry); w.fail(BatchId(b), &worker) }
+                        };
+                        prop_assert_eq!(out, Outcome::Accepted);
+                    }
+                    Op::Stale(i, x) => {
+                        if next == 0 { continue; }
+                        let b = (i as u64) % next;
+                        let right = matches!(model.get(&b), Some(State::InFlight(wk, _)) if *wk == x);
+                        if !right {
+                            prop_assert_eq!(w.complete(BatchId(b), &x), Outcome::Stale);
+                        }
+                    }
+                    Op::Advance(ms) => {
+                        now += Duration::from_millis(ms);
+                        w.poll_deadlines(now);
+                    }
+                }
+                // Batches the window no longer holds in flight went to retry.
+                for b in in_flight_ids(&model) {
+                    let State::InFlight(worker, _) = model[&b] else { unreachable!() };
+                    if w.worker_of(BatchId(b)) != Some(&worker) {
+                        model.insert(b, State::Retry);
+                    }
+                }
+                for a in w.take_abandoned() {
+                    match a {
+                        Abandoned::Rejected(b) => prop_assert_eq!(model[&b.0], State::Rejected),
+                        Abandoned::GaveUp(b) => {
+                            prop_assert_eq!(model[&b.0], State::Retry);
+                            model.insert(b.0, State::GaveUp);
+                        }
+                    }
+                }
+                let flying = in_flight_ids(&model).len();
+                let retrying = model.values().filter(|s| **s == State::Retry).count();
+                prop_assert!(w.in_flight() <= cfg.max_in_flight);
+                prop_assert_eq!(w.in_flight(), flying);
+                prop_assert_eq!(w.pending_retries(), retrying);
+                prop_assert_eq!((0..3).filter_map(|x| w.load_of(&x)).sum::<usize>(), flying);
+                prop_assert_eq!(model.len() as u64, next);
+            }
+        }
+    }
+}
