@@ -11,7 +11,8 @@
 //! a process). Measured: cast throughput for 8 B, 64 KiB and 4 MiB payloads
 //! (all casts sent, then a call that returns once the receiver counted them
 //! all), call round trip p50/p99 for 8 B, the sender's peak RSS while
-//! casting 256 MiB, and an 8 B call issued while another task casts 256 MiB.
+//! casting 256 MiB, and an 8 B call to another actor on the same node issued
+//! while another task casts 256 MiB to the sink.
 //! Flotilla's casts go through `flotilla::outbound::cast`, which waits while
 //! the remote-send backlog is over its limit; ractor over TCP has no such
 //! bound and uses its plain cast.
@@ -150,7 +151,11 @@ async fn rtt(sink: &ActorRef<SinkMsg>) -> anyhow::Result<(f64, f64)> {
 }
 
 /// Runs every actor measurement against `sink`.
-async fn measure_actor(sink: ActorRef<SinkMsg>, bounded: bool) -> anyhow::Result<Results> {
+async fn measure_actor(
+    sink: ActorRef<SinkMsg>,
+    other: ActorRef<SinkMsg>,
+    bounded: bool,
+) -> anyhow::Result<Results> {
     let mut done = 0;
     let mut r = Results::default();
     // Warm up the session, then measure the 256 MiB cast first, from the
@@ -160,8 +165,8 @@ async fn measure_actor(sink: ActorRef<SinkMsg>, bounded: bool) -> anyhow::Result
     reset_peak_rss();
     r.mib4_per_s = cast_rate(&sink, 4 << 20, MIB4, &mut done, bounded).await?;
     r.rss_256mib_mib = peak_rss_bytes() as f64 / (1 << 20) as f64;
-    // An 8-byte call right behind 256 MiB of casts, issued from another
-    // task while the casts are still being sent.
+    // An 8-byte call to another actor on the same node, issued while
+    // another task casts 256 MiB to the sink.
     let bulk = {
         let sink = sink.clone();
         tokio::spawn(async move {
@@ -174,7 +179,7 @@ async fn measure_actor(sink: ActorRef<SinkMsg>, bounded: bool) -> anyhow::Result
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let t = Instant::now();
-    call_t!(sink, SinkMsg::Echo, 120_000, Blob(vec![1; 8]))?;
+    call_t!(other, SinkMsg::Echo, 120_000, Blob(vec![1; 8]))?;
     r.behind_bulk_ms = t.elapsed().as_secs_f64() * 1e3;
     bulk.await??;
     done += MIB4 as u64;
@@ -236,7 +241,16 @@ async fn sender_quic(certs: &Path) -> anyhow::Result<Results> {
     let sink: ActorRef<SinkMsg> = node
         .spawn_on("receiver", "sink", "sink", &NoArgs, Duration::from_secs(10))
         .await?;
-    let r = measure_actor(sink, true).await?;
+    let other: ActorRef<SinkMsg> = node
+        .spawn_on(
+            "receiver",
+            "sink",
+            "other",
+            &NoArgs,
+            Duration::from_secs(10),
+        )
+        .await?;
+    let r = measure_actor(sink, other, true).await?;
     node.shutdown().await;
     Ok(r)
 }
@@ -273,23 +287,28 @@ async fn sender_tcp() -> anyhow::Result<Results> {
         anyhow::ensure!(Instant::now() < deadline, "receiver never listened");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let sink = loop {
-        if let Some(cell) = flotilla::ractor::pg::get_members(&"sink".to_owned())
+    let find = |name: &str| {
+        flotilla::ractor::pg::get_members(&name.to_owned())
             .into_iter()
             .next()
-        {
-            break ActorRef::<SinkMsg>::from(cell);
+            .map(ActorRef::<SinkMsg>::from)
+    };
+    let (sink, other) = loop {
+        if let (Some(s), Some(o)) = (find("sink"), find("other")) {
+            break (s, o);
         }
-        anyhow::ensure!(Instant::now() < deadline, "sink never appeared");
+        anyhow::ensure!(Instant::now() < deadline, "sinks never appeared");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    measure_actor(sink, false).await
+    measure_actor(sink, other, false).await
 }
 
 async fn receiver_tcp(port: u16) -> anyhow::Result<()> {
     let _node = tcp_node("receiver", port).await?;
-    let (sink, _) = Actor::spawn(Some("sink".into()), Sink, NoArgs).await?;
-    flotilla::ractor::pg::join("sink".into(), vec![sink.get_cell()]);
+    for name in ["sink", "other"] {
+        let (actor, _) = Actor::spawn(Some(name.into()), Sink, NoArgs).await?;
+        flotilla::ractor::pg::join(name.into(), vec![actor.get_cell()]);
+    }
     std::future::pending::<()>().await;
     Ok(())
 }
@@ -532,7 +551,7 @@ fn main() -> anyhow::Result<()> {
         "MiB",
     );
     row(
-        "8 B call behind 256 MiB",
+        "8 B call during a 256 MiB cast",
         quic.behind_bulk_ms,
         tcp.behind_bulk_ms,
         f64::NAN,

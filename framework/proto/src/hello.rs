@@ -29,6 +29,9 @@ pub enum Purpose {
     Cluster,
     /// Requests from a tool or a node: status, join.
     Control,
+    /// Large messages for actors on the acceptor, one after another, each a
+    /// [`crate::bulk::BulkHeader`] frame followed by a payload frame.
+    Bulk,
 }
 
 /// The dialer's introduction.
@@ -102,7 +105,7 @@ pub fn check_hello(hello: &Hello, cert_name: &str) -> Result<(), Refusal> {
     if hello.node != cert_name {
         return Err(Refusal::IdentityMismatch);
     }
-    if hello.purpose == Purpose::Cluster && hello.node == ADMIN_NAME {
+    if hello.purpose != Purpose::Control && hello.node == ADMIN_NAME {
         return Err(Refusal::AdminCannotJoin);
     }
     Ok(())

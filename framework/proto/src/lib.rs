@@ -6,6 +6,7 @@
 //! exhaustively without a network.
 //!
 //! ```text
+//! bulk        large messages on their own stream
 //! control     join, heartbeats and status requests to the head
 //! frame       length prefixes checked against a limit before any allocation
 //! wire        rkyv archives, validated (bytecheck) before they are read
@@ -15,6 +16,7 @@
 //! window      the batch pipeline's credit window: routing, deadlines, retries
 //! ```
 
+pub mod bulk;
 pub mod control;
 pub mod frame;
 pub mod hello;

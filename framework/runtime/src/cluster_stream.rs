@@ -35,16 +35,35 @@ impl ClusterBidiStream for QuicClusterStream {
     }
 }
 
+/// Peer node names by ractor's local node id of their session.
+pub(crate) type SessionPeers =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u64, String>>>;
+
 /// Kills any ractor session whose claimed node name differs from the name
-/// its certificate proves, and publishes the set of ready peers.
+/// its certificate proves, publishes the set of ready peers, and records
+/// which node each session id belongs to.
 pub(crate) struct SessionGuard {
     pub(crate) ready: watch::Sender<std::collections::BTreeSet<String>>,
+    pub(crate) peers: SessionPeers,
+}
+
+/// `NAME` from ractor's `NAME@NAME`.
+fn node_of(ractor_name: &str) -> String {
+    ractor_name
+        .split('@')
+        .next()
+        .unwrap_or(ractor_name)
+        .to_owned()
 }
 
 impl NodeEventSubscription for SessionGuard {
     fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
 
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ses.node_id);
         if let Some(name) = ses.peer_name.as_ref().map(|n| n.name.clone()) {
             self.ready.send_modify(|set| {
                 set.remove(&name);
@@ -66,6 +85,10 @@ impl NodeEventSubscription for SessionGuard {
 
     fn node_session_ready(&self, ses: NodeServerSessionInformation) {
         if let Some(name) = ses.peer_name.as_ref().map(|n| n.name.clone()) {
+            self.peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(ses.node_id, node_of(&name));
             self.ready.send_modify(|set| {
                 set.insert(name);
             });

@@ -15,7 +15,7 @@ use ractor::{Actor, ActorRef, Message};
 use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
 use tokio::sync::watch;
 
-use crate::cluster_stream::{QuicClusterStream, SessionGuard, ractor_name};
+use crate::cluster_stream::{QuicClusterStream, SessionGuard, SessionPeers, ractor_name};
 use crate::config::{NodeConfig, detect_resources};
 use crate::mesh::Pool;
 use crate::spawner::{
@@ -88,6 +88,23 @@ pub(crate) struct Shared {
     live: Arc<AtomicU32>,
     /// The member table, on the head only.
     membership: Option<Mutex<Membership>>,
+    /// Peer node names by ractor session id.
+    session_peers: SessionPeers,
+    /// The bulk lane's send stream to each peer, opened on first use.
+    bulk: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<quinn::SendStream>>>>>,
+}
+
+/// The node of this process, for [`crate::outbound`]. ractor's registries
+/// are process-wide, so a process runs one node.
+static CURRENT: std::sync::RwLock<Option<std::sync::Weak<Shared>>> = std::sync::RwLock::new(None);
+
+/// The running node of this process, if any.
+pub(crate) fn current() -> Option<Arc<Shared>> {
+    CURRENT
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(std::sync::Weak::upgrade)
 }
 
 fn fresh_incarnation(previous: u64) -> u64 {
@@ -98,6 +115,81 @@ fn fresh_incarnation(previous: u64) -> u64 {
 }
 
 impl Shared {
+    /// The node name behind a ractor session id.
+    pub(crate) fn peer_of(&self, node_id: u64) -> Option<String> {
+        self.session_peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node_id)
+            .cloned()
+    }
+
+    /// Sends a serialized cast for actor `pid` on `peer` over the bulk lane:
+    /// its own QUIC stream, so it never holds up the ractor session. Waits
+    /// for QUIC flow control, which bounds what is buffered.
+    pub(crate) async fn send_bulk(
+        self: &Arc<Self>,
+        peer: &str,
+        pid: u64,
+        variant: String,
+        args: &[u8],
+    ) -> Result<(), String> {
+        use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
+        if args.len() > MAX_BULK_PAYLOAD as usize {
+            return Err(format!(
+                "message of {} bytes exceeds the bulk limit",
+                args.len()
+            ));
+        }
+        let lane = Arc::clone(
+            self.bulk
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(peer.to_owned())
+                .or_default(),
+        );
+        let mut stream = lane.lock().await;
+        if stream.is_none() {
+            let addr = self
+                .view
+                .borrow()
+                .get(peer)
+                .and_then(|m| m.addr.parse::<SocketAddr>().ok())
+                .ok_or_else(|| format!("{peer} is not a member"))?;
+            let pc = self
+                .pool
+                .connect(self, Some(peer), addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            let hello = flotilla_proto::hello::Hello {
+                version: flotilla_proto::hello::PROTOCOL_VERSION,
+                purpose: Purpose::Bulk,
+                node: self.name.clone(),
+                incarnation: self.incarnation(),
+            };
+            let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello)
+                .await
+                .map_err(|e| e.to_string())?;
+            *stream = Some(send);
+        }
+        let send = stream.as_mut().expect("opened above");
+        let header = BulkHeader { pid, variant };
+        let sent = async {
+            handshake::send_msg(send, &header, flotilla_proto::frame::DEFAULT_MAX_FRAME)
+                .await
+                .map_err(|e| e.to_string())?;
+            send.write_all(&(args.len() as u32).to_be_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            send.write_all(args).await.map_err(|e| e.to_string())
+        }
+        .await;
+        if sent.is_err() {
+            *stream = None;
+        }
+        sent
+    }
+
     pub(crate) fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::SeqCst)
     }
@@ -183,6 +275,19 @@ pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
                                     is_server: true,
                                 });
                     }
+                    Purpose::Bulk => {
+                        let (peer, conn) = (pc.peer.clone(), pc.connection.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = receive_bulk(recv).await {
+                                tracing::warn!(%peer, error = %e, "NODE-WIRE-003: closing connection after a malformed bulk frame");
+                                conn.close(
+                                    quinn::VarInt::from_u32(e.close_code()),
+                                    b"malformed bulk frame",
+                                );
+                            }
+                            drop(send);
+                        });
+                    }
                     Purpose::Control => {
                         let (shared, peer, conn) =
                             (Arc::clone(&shared), pc.peer.clone(), pc.connection.clone());
@@ -224,6 +329,44 @@ pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
             }
         }
     });
+}
+
+/// Delivers bulk-lane messages to their local actors until the stream ends.
+/// A message for an actor that is gone, or not remote-capable, is dropped.
+async fn receive_bulk(mut recv: quinn::RecvStream) -> Result<(), handshake::StreamError> {
+    use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
+    use flotilla_proto::frame::{DEFAULT_MAX_FRAME, FrameError, PREFIX_LEN};
+    loop {
+        let Some(header) = handshake::recv_frame(&mut recv, DEFAULT_MAX_FRAME).await? else {
+            return Ok(());
+        };
+        let header = flotilla_proto::wire::decode::<BulkHeader>(&header)?;
+        let args = handshake::recv_frame(&mut recv, MAX_BULK_PAYLOAD)
+            .await?
+            .ok_or(FrameError::Truncated {
+                got: 0,
+                want: PREFIX_LEN,
+            })?;
+        match ractor::registry::where_is_pid(ractor::ActorId::Local(header.pid)) {
+            Some(cell) if cell.supports_remoting() => {
+                let msg = ractor::message::SerializedMessage::Cast {
+                    variant: header.variant,
+                    args,
+                    metadata: None,
+                };
+                if cell.send_serialized(msg).is_err() {
+                    tracing::debug!(
+                        pid = header.pid,
+                        "bulk message for a stopping actor dropped"
+                    );
+                }
+            }
+            _ => tracing::debug!(
+                pid = header.pid,
+                "bulk message for an unknown actor dropped"
+            ),
+        }
+    }
 }
 
 /// Registers actor kinds, then starts a [`Node`].
@@ -283,10 +426,14 @@ impl NodeBuilder {
             .await
             .map_err(|e| StartError::Actors(e.to_string()))?;
         let (ready_tx, ready) = watch::channel(BTreeSet::new());
+        let session_peers = SessionPeers::default();
         node_server
             .cast(NodeServerMessage::SubscribeToEvents {
                 id: "flotilla.guard".into(),
-                subscription: Box::new(SessionGuard { ready: ready_tx }),
+                subscription: Box::new(SessionGuard {
+                    ready: ready_tx,
+                    peers: Arc::clone(&session_peers),
+                }),
             })
             .map_err(|e| StartError::Actors(e.to_string()))?;
 
@@ -327,8 +474,11 @@ impl NodeBuilder {
             ready,
             live: Arc::clone(&live),
             membership,
+            session_peers,
+            bulk: Mutex::new(HashMap::new()),
         });
         shared.with_membership(|_| ());
+        *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&shared));
 
         let (spawner, _) = Actor::spawn(
             Some(format!("flotilla.spawner.{}", config.name)),
@@ -581,6 +731,7 @@ impl Node {
     /// Leaves the cluster cleanly (members see this node as `left`), closes
     /// every connection and stops the actor system.
     pub async fn shutdown(self) {
+        CURRENT.write().unwrap_or_else(|p| p.into_inner()).take();
         let _ = self.shared.shutdown.send(true);
         // Give the member link a moment to deliver the leave and its ack.
         tokio::time::sleep(Duration::from_millis(200)).await;

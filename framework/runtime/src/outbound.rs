@@ -12,6 +12,7 @@
 //! cast ─► serialize (+bytes) ─► ractor session queue ─► QUIC stream (−bytes) ─► peer
 //!   ▲                                                                   │
 //!   └──────────── waits while backlog > limit ◄─────────────────────────┘
+//! large casts ─► bulk lane: a QUIC stream of their own per peer ──────────► peer
 //! ```
 //!
 //! The count is process-wide (all peers together): a slow peer holds back
@@ -23,7 +24,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
-use ractor::{ActorRef, Message, MessagingErr};
+use ractor::{ActorRef, Message};
 use tokio::io::AsyncWrite;
 use tokio::sync::Notify;
 
@@ -33,6 +34,12 @@ pub const DEFAULT_LIMIT: u64 = 2 << 20;
 static BACKLOG: AtomicU64 = AtomicU64::new(0);
 static DRAINED: Notify = Notify::const_new();
 static LIMIT: AtomicU64 = AtomicU64::new(DEFAULT_LIMIT);
+static BULK_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Payload bytes this process has sent on the bulk lane.
+pub fn bulk_bytes() -> u64 {
+    BULK_BYTES.load(Ordering::Relaxed)
+}
 
 /// Records `n` bytes serialized for a remote actor.
 #[doc(hidden)]
@@ -70,17 +77,61 @@ pub async fn ready() {
     }
 }
 
-/// Casts `msg` to `actor`, first waiting while the remote-send backlog is
-/// over the limit. For a local actor it casts at once.
+/// Serialized casts at least this large travel on the bulk lane.
+pub const BULK_THRESHOLD: usize = 256 << 10;
+
+/// Why [`cast`] could not send.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CastError {
+    /// The message type cannot be sent to a remote actor.
+    #[error("message cannot be serialized for a remote actor: {0}")]
+    Serialize(String),
+    /// The actor is gone, or the session or bulk lane to its node failed.
+    /// Nothing is retried: retry with an idempotent message if needed.
+    #[error("message not delivered: {0}")]
+    Send(String),
+}
+
+/// Casts `msg` to `actor` with backpressure, and sends large messages on
+/// their own stream.
 ///
-/// Delivery is that of ractor's `cast`: at most once, in order per sender
-/// and receiver while the session lives. Cancel safety: if cancelled while
-/// waiting, the message is dropped unsent.
-pub async fn cast<M: Message>(actor: &ActorRef<M>, msg: M) -> Result<(), MessagingErr<M>> {
-    if !actor.get_id().is_local() {
-        ready().await;
+/// - Local actor: a plain cast.
+/// - Remote actor, serialized message under [`BULK_THRESHOLD`]: waits while
+///   the session backlog is over the limit, then goes over the ractor
+///   session like any cast.
+/// - Larger: goes on the bulk lane to the actor's node, a QUIC stream of its
+///   own, so it never holds up small messages and calls on the session;
+///   waits for QUIC flow control, which bounds what is buffered.
+///
+/// Delivery: at most once. Order holds among small messages and among bulk
+/// messages from one sender to one node, not between the two lanes.
+/// Cancel safety: if cancelled, the message may or may not have been sent.
+pub async fn cast<M: Message>(actor: &ActorRef<M>, msg: M) -> Result<(), CastError> {
+    let ractor::ActorId::Remote { node_id, pid } = actor.get_id() else {
+        return actor.cast(msg).map_err(|e| CastError::Send(e.to_string()));
+    };
+    let serialized = msg
+        .serialize()
+        .map_err(|e| CastError::Serialize(format!("{e:?}")))?;
+    if let ractor::message::SerializedMessage::Cast { variant, args, .. } = &serialized
+        && args.len() >= BULK_THRESHOLD
+        && let Some(node) = crate::node::current()
+        && let Some(peer) = node.peer_of(node_id)
+    {
+        // Counted when serialized; it never enters the session stream.
+        written(args.len());
+        node.send_bulk(&peer, pid, variant.clone(), args)
+            .await
+            .map_err(CastError::Send)?;
+        BULK_BYTES.fetch_add(args.len() as u64, Ordering::Relaxed);
+        return Ok(());
     }
-    actor.cast(msg)
+    ready().await;
+    actor
+        .get_cell()
+        .send_serialized(serialized)
+        .map_err(|e| CastError::Send(e.to_string()))
 }
 
 /// The write half of a cluster stream, counting the bytes QUIC accepts.
