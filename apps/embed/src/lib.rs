@@ -14,6 +14,7 @@
 //! beyond floating-point rounding; every error names the file or tensor at
 //! fault.
 
+pub mod actor;
 mod bert;
 mod encoder;
 mod fast_gelu;

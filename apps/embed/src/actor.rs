@@ -1,0 +1,250 @@
+//! The embedding actor: a resident model that serves batches.
+//!
+//! The model is loaded once, in `pre_start`, on a thread of its own that
+//! also runs every forward pass, so inference never blocks the async
+//! runtime. Each batch is encoded in length-sorted micro-batches (less
+//! padding, better cache use) and answered in request order, with the batch
+//! id, the model revision and the dimension, so the caller can refuse a
+//! result from other weights.
+//!
+//! ```text
+//! caller ── Embed(EmbedRequest) ──► Embedder ──► model thread (rayon pool of `threads`)
+//!        ◄─ EmbedReply ───────────────┘◄────────── vectors
+//! ```
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use flotilla::ractor_cluster::RactorClusterMessage;
+use flotilla::rkyv::{Archive, Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::{EncodeError, SentenceEncoder, default_device};
+
+/// Kind name under which nodes register [`Embedder`].
+pub const KIND: &str = "flotilla.embedder";
+
+/// Texts to embed, identified by the caller's stable batch id.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct EmbedRequest {
+    /// Stable id of the batch within its job.
+    pub batch_id: u64,
+    /// The texts, in order.
+    pub texts: Vec<String>,
+}
+
+/// The answer to an [`EmbedRequest`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct EmbedReply {
+    /// The request's batch id.
+    pub batch_id: u64,
+    /// What happened.
+    pub outcome: EmbedOutcome,
+}
+
+/// Result of one batch.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub enum EmbedOutcome {
+    /// One normalised vector per text, row-major `texts.len() × dim`.
+    Embedded(Vectors),
+    /// The input cannot be embedded (the tokenizer refused it): do not retry.
+    BadInput(String),
+    /// The model failed (backend error): retry elsewhere.
+    Failed(String),
+}
+
+/// Vectors of one batch and the identity of the model that made them.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct Vectors {
+    /// The model revision (`sha256:…` of the weights).
+    pub revision: String,
+    /// Width of each vector.
+    pub dim: u32,
+    /// `rows × dim` values.
+    pub values: Vec<f32>,
+}
+
+/// What an embedder reports about its model.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct ModelInfo {
+    /// The model revision.
+    pub revision: String,
+    /// Width of the vectors.
+    pub dim: u32,
+    /// How long the model took to load, in milliseconds.
+    pub load_ms: u64,
+}
+
+/// Where to load the model from, and how to run it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct EmbedderArgs {
+    /// The model folder, as seen by the node running the actor.
+    pub model_dir: String,
+    /// Threads of the model's kernels (1: one core per actor).
+    pub threads: u32,
+    /// Texts per forward pass after sorting by length.
+    pub micro_batch: u32,
+}
+
+flotilla::remote_type!(EmbedRequest, EmbedReply, ModelInfo, EmbedderArgs);
+
+/// Messages of [`Embedder`].
+#[derive(RactorClusterMessage)]
+pub enum EmbedMsg {
+    /// Embed a batch.
+    #[rpc]
+    Embed(EmbedRequest, RpcReplyPort<EmbedReply>),
+    /// Describe the loaded model.
+    #[rpc]
+    Info(RpcReplyPort<ModelInfo>),
+}
+
+type Job = (EmbedRequest, oneshot::Sender<EmbedReply>);
+
+/// A resident embedding model.
+pub struct Embedder;
+
+/// The embedder's state: the queue to its model thread.
+pub struct EmbedderState {
+    jobs: mpsc::Sender<Job>,
+    info: ModelInfo,
+}
+
+/// Embeds `texts` in length-sorted micro-batches, answering in input order.
+fn embed_sorted(
+    encoder: &SentenceEncoder,
+    texts: &[String],
+    micro_batch: usize,
+) -> Result<Vec<f32>, EncodeError> {
+    let dim = encoder.dim();
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by_key(|&i| texts[i].len());
+    let mut values = vec![0.0f32; texts.len() * dim];
+    for chunk in order.chunks(micro_batch.max(1)) {
+        let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
+        let out = encoder.encode(&refs)?;
+        for (row, &i) in chunk.iter().enumerate() {
+            values[i * dim..(i + 1) * dim].copy_from_slice(out.row(row));
+        }
+    }
+    Ok(values)
+}
+
+fn model_thread(
+    encoder: SentenceEncoder,
+    pool: rayon::ThreadPool,
+    micro_batch: usize,
+    jobs: mpsc::Receiver<Job>,
+) {
+    let revision = encoder.revision().to_string();
+    let dim = encoder.dim() as u32;
+    while let Ok((req, reply)) = jobs.recv() {
+        let outcome = match pool.install(|| embed_sorted(&encoder, &req.texts, micro_batch)) {
+            Ok(values) => EmbedOutcome::Embedded(Vectors {
+                revision: revision.clone(),
+                dim,
+                values,
+            }),
+            Err(EncodeError::Tokenize(e)) => EmbedOutcome::BadInput(e.to_string()),
+            Err(e) => EmbedOutcome::Failed(e.to_string()),
+        };
+        let _ = reply.send(EmbedReply {
+            batch_id: req.batch_id,
+            outcome,
+        });
+    }
+}
+
+impl Actor for Embedder {
+    type Msg = EmbedMsg;
+    type State = EmbedderState;
+    type Arguments = EmbedderArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<EmbedMsg>,
+        args: EmbedderArgs,
+    ) -> Result<EmbedderState, ActorProcessingErr> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (loaded_tx, loaded) = oneshot::channel::<Result<ModelInfo, String>>();
+        let dir = PathBuf::from(&args.model_dir);
+        std::thread::Builder::new()
+            .name("flotilla-embedder".into())
+            .spawn(move || {
+                let pool = match rayon::ThreadPoolBuilder::new()
+                    .num_threads(args.threads.max(1) as usize)
+                    .build()
+                {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                match SentenceEncoder::load(&dir, &default_device()) {
+                    Ok(encoder) => {
+                        let info = ModelInfo {
+                            revision: encoder.revision().to_string(),
+                            dim: encoder.dim() as u32,
+                            load_ms: encoder.load_time().as_millis() as u64,
+                        };
+                        let _ = loaded_tx.send(Ok(info));
+                        model_thread(encoder, pool, args.micro_batch as usize, queue);
+                    }
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(e.to_string()));
+                    }
+                }
+            })?;
+        let info = loaded
+            .await
+            .map_err(|_| "model thread ended while loading")?
+            .map_err(|e| format!("cannot load the model: {e}"))?;
+        tracing::info!(revision = %info.revision, load_ms = info.load_ms, "embedding model loaded");
+        Ok(EmbedderState { jobs, info })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<EmbedMsg>,
+        msg: EmbedMsg,
+        state: &mut EmbedderState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            EmbedMsg::Embed(req, reply) => {
+                let batch_id = req.batch_id;
+                let (tx, rx) = oneshot::channel();
+                if state.jobs.send((req, tx)).is_err() {
+                    return Err("model thread is gone".into());
+                }
+                // One batch at a time per actor: the caller's window decides
+                // how many are queued here.
+                let answer = rx.await.unwrap_or(EmbedReply {
+                    batch_id,
+                    outcome: EmbedOutcome::Failed("model thread is gone".into()),
+                });
+                let _ = reply.send(answer);
+            }
+            EmbedMsg::Info(reply) => {
+                let _ = reply.send(state.info.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Registers [`Embedder`] under [`KIND`] on a node builder.
+pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
+    builder.register(KIND, || Embedder)
+}
+
+/// Default time a caller should allow for one batch.
+pub const BATCH_DEADLINE: Duration = Duration::from_secs(120);

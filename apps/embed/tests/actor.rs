@@ -1,0 +1,100 @@
+//! The embedding actor on the real model: batches come back in request
+//! order, matching the encoder, with the model's revision and dimension.
+
+use std::path::PathBuf;
+
+use flotilla::ractor::{Actor, call_t};
+use flotilla_embed::actor::{EmbedMsg, EmbedOutcome, EmbedRequest, Embedder, EmbedderArgs};
+use flotilla_embed::{SentenceEncoder, default_device};
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("FLOTILLA_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/all-MiniLM-L6-v2")
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedder_answers_in_request_order_with_its_revision() {
+    let args = EmbedderArgs {
+        model_dir: model_dir().to_string_lossy().into_owned(),
+        threads: 1,
+        micro_batch: 2,
+    };
+    let (embedder, handle) = Actor::spawn(None, Embedder, args)
+        .await
+        .expect("model loads");
+    let info = call_t!(embedder, EmbedMsg::Info, 5_000).unwrap();
+    assert_eq!(info.dim, 384);
+    assert!(info.revision.starts_with("sha256:53aa5117"));
+
+    // Lengths deliberately unsorted, so micro-batching reorders them.
+    let texts: Vec<String> = [
+        "a considerably longer sentence about distributed embedding jobs on many machines",
+        "short",
+        "",
+        "東京は日本の首都です",
+        "medium length text here",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let reply = call_t!(
+        embedder,
+        EmbedMsg::Embed,
+        60_000,
+        EmbedRequest {
+            batch_id: 42,
+            texts: texts.clone()
+        }
+    )
+    .unwrap();
+    assert_eq!(reply.batch_id, 42);
+    let EmbedOutcome::Embedded(v) = reply.outcome else {
+        panic!("not embedded: {:?}", reply.outcome);
+    };
+    assert_eq!(v.revision, info.revision);
+    assert_eq!(v.values.len(), texts.len() * 384);
+
+    let encoder = SentenceEncoder::load(model_dir(), &default_device()).unwrap();
+    for (i, t) in texts.iter().enumerate() {
+        let alone = encoder.encode(&[t.as_str()]).unwrap();
+        let got = &v.values[i * 384..(i + 1) * 384];
+        let diff = alone
+            .row(0)
+            .iter()
+            .zip(got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(diff < 1e-5, "{t:?} differs by {diff}");
+    }
+
+    let empty = call_t!(
+        embedder,
+        EmbedMsg::Embed,
+        5_000,
+        EmbedRequest {
+            batch_id: 7,
+            texts: vec![]
+        }
+    )
+    .unwrap();
+    assert!(matches!(empty.outcome, EmbedOutcome::Embedded(ref v) if v.values.is_empty()));
+
+    embedder.stop(None);
+    handle.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedder_with_a_missing_model_fails_to_start() {
+    let args = EmbedderArgs {
+        model_dir: "/nonexistent/model".into(),
+        threads: 1,
+        micro_batch: 16,
+    };
+    let Err(err) = Actor::spawn(None, Embedder, args).await else {
+        panic!("spawn succeeded without a model");
+    };
+    assert!(format!("{err:?}").contains("config.json"), "{err:?}");
+}
