@@ -18,6 +18,7 @@ pub mod actor;
 mod bert;
 mod encoder;
 mod fast_gelu;
+pub mod job;
 pub mod model_folder;
 pub mod tokenize;
 mod weights;

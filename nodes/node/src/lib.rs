@@ -34,6 +34,58 @@ pub enum Command {
     Join(NodeArgs),
     /// Print the member table as a node sees it.
     Status(StatusArgs),
+    /// Embed a JSONL corpus with resident model actors in this process.
+    Embed(EmbedArgs),
+}
+
+/// Flags of `node embed`.
+#[derive(Debug, Args)]
+pub struct EmbedArgs {
+    /// JSONL input, one object per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output folder (parts, manifest, errors file).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Model folder (Hugging Face layout).
+    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
+    pub model: PathBuf,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Batches in flight at most (default: 2 per actor).
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
+    /// Embedding actors, one model and one core each (default: the CPUs).
+    #[arg(long)]
+    pub actors_per_node: Option<usize>,
+    /// Job id (default: from the input's content, batch size and model).
+    #[arg(long)]
+    pub job_id: Option<String>,
+    /// Input field with the id.
+    #[arg(long, default_value = "id")]
+    pub id_column: String,
+    /// Input field with the text.
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+}
+
+impl EmbedArgs {
+    /// The job configuration.
+    pub fn job(self) -> flotilla_embed::job::JobConfig {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        flotilla_embed::job::JobConfig {
+            input: self.input,
+            output: self.output,
+            model: self.model,
+            id_field: self.id_column,
+            text_field: self.text_column,
+            batch_size: self.batch_size,
+            actors: self.actors_per_node.unwrap_or(cpus),
+            max_in_flight: self.max_in_flight,
+            job_id: self.job_id,
+        }
+    }
 }
 
 /// Certificate operations.

@@ -1,7 +1,8 @@
 //! `node`: parse the command line, run, map errors to exit codes.
 //!
-//! Exit codes: 0 success, 2 usage or configuration error (certificates
-//! included), 3 the node could not start or join, 4 a status query failed.
+//! Exit codes: 0 success, 1 the embed job failed, 2 usage or configuration
+//! error (certificates included), 3 the node could not start or join, 4 a
+//! status query failed.
 
 use std::process::ExitCode;
 
@@ -62,6 +63,16 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Embed(args) => match flotilla_embed::job::run_local(args.job()).await {
+            Ok(summary) => {
+                println!("{summary}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("embed job failed: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Head(args) => serve(args, false).await,
         Command::Join(args) => serve(args, true).await,
         Command::Status(args) => {
