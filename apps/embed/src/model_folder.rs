@@ -272,21 +272,8 @@ impl ModelFolder {
     /// workers' revisions against.
     pub fn revision(&self) -> Result<ModelRevision, LoadError> {
         let path = self.weights_path();
-        let io = |source| LoadError::Io {
-            path: path.clone(),
-            source,
-        };
-        let mut file = std::fs::File::open(&path).map_err(io)?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file.read(&mut buf).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        Ok(ModelRevision::from_digest(&hasher.finalize()))
+        let digest = sha256_file(&path).map_err(|source| LoadError::Io { path, source })?;
+        Ok(ModelRevision::from_digest(&digest))
     }
 
     /// The folder itself.
@@ -303,6 +290,21 @@ impl ModelFolder {
     pub fn tokenizer_path(&self) -> PathBuf {
         self.root.join("tokenizer.json")
     }
+}
+
+/// SHA-256 of a file, read in 1 MiB blocks.
+pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().into())
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, LoadError> {

@@ -14,13 +14,11 @@ pub mod sink;
 pub mod source;
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use flotilla::ractor::{Actor, ActorRef, call_t};
 use flotilla_proto::window::{Abandoned, BatchId, Window, WindowConfig};
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::actor::{EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest, Embedder, EmbedderArgs};
@@ -132,27 +130,12 @@ struct Batch {
     texts: Vec<String>,
 }
 
-fn input_digest(path: &PathBuf) -> Result<String, JobError> {
-    let err = |source| JobError::Input {
-        path: path.clone(),
+fn input_digest(path: &std::path::Path) -> Result<String, JobError> {
+    let digest = crate::model_folder::sha256_file(path).map_err(|source| JobError::Input {
+        path: path.to_path_buf(),
         source,
-    };
-    let mut file = std::fs::File::open(path).map_err(err)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(err)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    })?;
+    Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
 
 /// Runs the job in this process. Safe to run again on the same output:
