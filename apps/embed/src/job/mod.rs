@@ -73,6 +73,21 @@ pub struct Summary {
     pub batch_p50: Duration,
     /// 95th percentile batch latency.
     pub batch_p95: Duration,
+    /// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
+    pub peak_rss: u64,
+}
+
+/// Peak resident set size of this process (`VmHWM`), 0 where unknown.
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 impl std::fmt::Display for Summary {
@@ -80,7 +95,7 @@ impl std::fmt::Display for Summary {
         let rate = self.texts as f64 / self.elapsed.as_secs_f64().max(1e-9);
         write!(
             f,
-            "job {}: {} texts in {} batches ({} skipped as done), {} rows rejected, {} retries, {:.1} s, {:.1} texts/s, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s",
+            "job {}: {} texts in {} batches ({} skipped as done), {} rows rejected, {} retries, {:.1} s, {:.1} texts/s, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
             self.job_id,
             self.texts,
             self.batches,
@@ -91,7 +106,8 @@ impl std::fmt::Display for Summary {
             rate,
             self.batch_p50.as_secs_f64() * 1e3,
             self.batch_p95.as_secs_f64() * 1e3,
-            self.model_load.as_secs_f64()
+            self.model_load.as_secs_f64(),
+            self.peak_rss >> 20
         )
     }
 }
@@ -366,6 +382,7 @@ pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
     summary.batch_p50 = pick(0.5);
     summary.batch_p95 = pick(0.95);
     summary.elapsed = started.elapsed();
+    summary.peak_rss = peak_rss();
     if gave_up > 0 {
         return Err(JobError::Incomplete(gave_up));
     }
