@@ -76,7 +76,8 @@ fn corpus_is_embedded_exactly_once_and_a_rerun_does_nothing() {
     let corpus = root().join("../shared/data/corpus-4k.jsonl");
     let dir = scratch("corpus");
     let output = dir.join("out");
-    let (ok, stdout, stderr) = embed(&corpus, &output, &["--actors-per-node", "2"]);
+    let args = ["--actors-per-node", "2", "--format", "jsonl"];
+    let (ok, stdout, stderr) = embed(&corpus, &output, &args);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("4000 texts"), "{stdout}");
 
@@ -108,7 +109,7 @@ fn corpus_is_embedded_exactly_once_and_a_rerun_does_nothing() {
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().modified().unwrap())
         .collect();
-    let (ok, stdout, stderr) = embed(&corpus, &output, &["--actors-per-node", "2"]);
+    let (ok, stdout, stderr) = embed(&corpus, &output, &args);
     assert!(ok, "{stderr}");
     assert!(
         stdout.contains(" 0 texts in 0 batches (63 skipped as done)"),
@@ -135,7 +136,14 @@ fn bad_rows_go_to_the_errors_file_and_the_rest_is_embedded() {
     let (ok, stdout, stderr) = embed(
         &input,
         &output,
-        &["--actors-per-node", "1", "--batch-size", "2"],
+        &[
+            "--actors-per-node",
+            "1",
+            "--batch-size",
+            "2",
+            "--format",
+            "jsonl",
+        ],
     );
     assert!(ok, "{stderr}");
     assert!(stdout.contains("3 rows rejected"), "{stdout}");
@@ -158,8 +166,128 @@ fn bad_rows_go_to_the_errors_file_and_the_rest_is_embedded() {
     let (ok, _, stderr) = embed(
         &other,
         &output,
-        &["--actors-per-node", "1", "--batch-size", "2"],
+        &[
+            "--actors-per-node",
+            "1",
+            "--batch-size",
+            "2",
+            "--format",
+            "jsonl",
+        ],
     );
     assert!(!ok && stderr.contains("holds job"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Parquet in, Parquet out (the default format): custom column names, an
+/// integer id column, a null text, the model revision in the file metadata.
+#[test]
+fn parquet_input_and_output_round_trip() {
+    use std::sync::Arc;
+
+    use arrow_array::{
+        Array, ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray,
+    };
+    use arrow_schema::{DataType, Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let dir = scratch("parquet");
+    let input = dir.join("in.parquet");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("doc_id", DataType::Int64, false),
+        Field::new("body", DataType::Utf8, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from(vec![10, 11, 12, 13])) as ArrayRef,
+            Arc::new(StringArray::from(vec![
+                Some("alpha text"),
+                None,
+                Some("gamma"),
+                Some("delta delta"),
+            ])) as ArrayRef,
+        ],
+    )
+    .unwrap();
+    let mut writer =
+        ArrowWriter::try_new(std::fs::File::create(&input).unwrap(), schema, None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+
+    let output = dir.join("out");
+    let (ok, stdout, stderr) = embed(
+        &input,
+        &output,
+        &[
+            "--actors-per-node",
+            "1",
+            "--batch-size",
+            "2",
+            "--id-column",
+            "doc_id",
+            "--text-column",
+            "body",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("3 texts") && stdout.contains("1 rows rejected"),
+        "{stdout}"
+    );
+
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(output.join("parts")).unwrap() {
+        let path = entry.unwrap().path();
+        assert_eq!(path.extension().and_then(|e| e.to_str()), Some("parquet"));
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path).unwrap()).unwrap();
+        let kv = builder
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .unwrap()
+            .clone();
+        assert!(kv.iter().any(|k| {
+            k.key == "flotilla.model_revision"
+                && k.value
+                    .as_deref()
+                    .unwrap_or("")
+                    .starts_with("sha256:53aa5117")
+        }));
+        for batch in builder.build().unwrap() {
+            let batch = batch.unwrap();
+            let id = batch
+                .column_by_name("id")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap()
+                .clone();
+            let emb = batch
+                .column_by_name("embedding")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<FixedSizeListArray>()
+                .unwrap()
+                .clone();
+            assert_eq!(emb.value_length(), 384);
+            for i in 0..batch.num_rows() {
+                ids.push(id.value(i).to_owned());
+                let v = emb.value(i);
+                let v = v.as_any().downcast_ref::<Float32Array>().unwrap();
+                let norm: f32 = v.values().iter().map(|x| x * x).sum::<f32>().sqrt();
+                assert!((norm - 1.0).abs() < 1e-4);
+            }
+        }
+    }
+    ids.sort();
+    assert_eq!(ids, ["10", "12", "13"]);
+    let errors = std::fs::read_to_string(output.join("errors.jsonl")).unwrap();
+    assert!(
+        errors.contains("\"line\":2") && errors.contains("\"id\":\"11\""),
+        "{errors}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -34,19 +34,22 @@ pub enum Command {
     Join(NodeArgs),
     /// Print the member table as a node sees it.
     Status(StatusArgs),
-    /// Embed a JSONL corpus with resident model actors in this process.
+    /// Embed a JSONL or Parquet corpus with resident model actors in this process.
     Embed(EmbedArgs),
 }
 
 /// Flags of `node embed`.
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
-    /// JSONL input, one object per line.
+    /// Input: Parquet when it ends in `.parquet`, else JSONL (one object per line).
     #[arg(long)]
     pub input: PathBuf,
     /// Output folder (parts, manifest, errors file).
     #[arg(long)]
     pub output: PathBuf,
+    /// Format of the output parts.
+    #[arg(long, value_enum, default_value_t = PartFormat::Parquet)]
+    pub format: PartFormat,
     /// Model folder (Hugging Face layout).
     #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
     pub model: PathBuf,
@@ -70,6 +73,15 @@ pub struct EmbedArgs {
     pub text_column: String,
 }
 
+/// `--format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PartFormat {
+    /// Apache Parquet: id (string), embedding (fixed-size list of f32).
+    Parquet,
+    /// JSON lines: {"id": …, "embedding": […]}.
+    Jsonl,
+}
+
 impl EmbedArgs {
     /// The job configuration.
     pub fn job(self) -> flotilla_embed::job::JobConfig {
@@ -77,6 +89,10 @@ impl EmbedArgs {
         flotilla_embed::job::JobConfig {
             input: self.input,
             output: self.output,
+            format: match self.format {
+                PartFormat::Parquet => flotilla_embed::job::Format::Parquet,
+                PartFormat::Jsonl => flotilla_embed::job::Format::Jsonl,
+            },
             model: self.model,
             id_field: self.id_column,
             text_field: self.text_column,

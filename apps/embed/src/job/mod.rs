@@ -1,5 +1,5 @@
 //! The embed job on the embedded default: one process, resident embedding
-//! actors, a JSONL input streamed in batches with stable ids, a credit
+//! actors, a JSONL or Parquet input streamed in batches with stable ids, a credit
 //! window of at most `max_in_flight` batches, idempotent output and resume.
 //!
 //! ```text
@@ -23,16 +23,19 @@ use tokio::sync::mpsc;
 
 use crate::actor::{EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest, Embedder, EmbedderArgs};
 use crate::model_folder::ModelFolder;
+pub use sink::Format;
 use sink::{LocalSink, Manifest, RowError, SinkError};
-use source::{Item, JsonlSource};
+use source::{Item, SourceError};
 
 /// Settings of a local embed job.
 #[derive(Debug, Clone)]
 pub struct JobConfig {
-    /// JSONL input.
+    /// Input: Parquet when it ends in `.parquet`, JSONL otherwise.
     pub input: PathBuf,
     /// Output folder.
     pub output: PathBuf,
+    /// Part format.
+    pub format: Format,
     /// Model folder.
     pub model: PathBuf,
     /// Input field holding the id.
@@ -122,8 +125,8 @@ pub enum JobError {
     Input {
         /// The input file.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// What failed.
+        source: SourceError,
     },
     /// The model folder is unusable.
     #[error(transparent)]
@@ -147,9 +150,9 @@ struct Batch {
 }
 
 fn input_digest(path: &std::path::Path) -> Result<String, JobError> {
-    let digest = crate::model_folder::sha256_file(path).map_err(|source| JobError::Input {
+    let digest = crate::model_folder::sha256_file(path).map_err(|e| JobError::Input {
         path: path.to_path_buf(),
-        source,
+        source: e.into(),
     })?;
     Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
@@ -174,12 +177,15 @@ pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
         model_revision: revision.to_string(),
         dim: folder.config.hidden_size as u32,
         batch_size: batch_size as u32,
+        format: config.format,
     };
     let (sink, done) = LocalSink::open(&config.output, &manifest)?;
-    let mut source = JsonlSource::open(&config.input, &config.id_field, &config.text_field)
-        .map_err(|source| JobError::Input {
-            path: config.input.clone(),
-            source,
+    let mut source =
+        source::open(&config.input, &config.id_field, &config.text_field).map_err(|source| {
+            JobError::Input {
+                path: config.input.clone(),
+                source,
+            }
         })?;
 
     let actors = config.actors.max(1);

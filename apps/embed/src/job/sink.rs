@@ -1,9 +1,12 @@
 //! Idempotent output in a local folder.
 //!
 //! ```text
-//! OUT/manifest.json             job id, model revision, dim, batch size (written first)
-//! OUT/parts/batch-00000042.jsonl  one per completed batch: {"id": …, "embedding": [f32; dim]}
-//! OUT/errors.jsonl              rejected rows: {"line": …, "id": …, "reason": …}
+//! OUT/manifest.json               job id, model revision, dim, batch size, format (written first)
+//! OUT/parts/batch-00000042.parquet  one per completed batch: id (string), embedding
+//!                                   (fixed-size list of f32, dim); model and revision in
+//!                                   the file metadata
+//! OUT/parts/batch-00000042.jsonl    (with --format jsonl) {"id": …, "embedding": [f32; dim]}
+//! OUT/errors.jsonl                rejected rows: {"line": …, "id": …, "reason": …}
 //! ```
 //!
 //! A part is written to a temporary name and renamed into place, so it
@@ -28,6 +31,37 @@ pub struct Manifest {
     pub dim: u32,
     /// Rows per batch (batch ids depend on it).
     pub batch_size: u32,
+    /// Part format.
+    pub format: Format,
+}
+
+impl std::fmt::Display for Manifest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "job {} (model {}, batch size {}, format {:?})",
+            self.job_id, self.model_revision, self.batch_size, self.format
+        )
+    }
+}
+
+/// Format of the parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// Apache Parquet, one file per batch.
+    Parquet,
+    /// JSON lines, one file per batch.
+    Jsonl,
+}
+
+impl Format {
+    fn extension(self) -> &'static str {
+        match self {
+            Self::Parquet => "parquet",
+            Self::Jsonl => "jsonl",
+        }
+    }
 }
 
 /// Why the output folder cannot be used.
@@ -42,17 +76,14 @@ pub enum SinkError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The folder holds another job's output.
-    #[error(
-        "output folder holds job {found:?} (model {found_revision}), not {expected:?}; use another folder or --job-id"
-    )]
+    /// The folder holds another job's output (another input, model,
+    /// batch size or format).
+    #[error("output folder holds {found}; this run is {expected}; use another folder")]
     OtherJob {
-        /// The job id found.
-        found: String,
-        /// Its model revision.
-        found_revision: String,
-        /// This job's id.
-        expected: String,
+        /// The job found there.
+        found: Box<Manifest>,
+        /// This run's job.
+        expected: Box<Manifest>,
     },
     /// The manifest is not valid JSON.
     #[error("malformed manifest {0}")]
@@ -79,6 +110,7 @@ fn put(path: &Path, bytes: &[u8]) -> Result<(), SinkError> {
 #[derive(Debug)]
 pub struct LocalSink {
     root: PathBuf,
+    manifest: Manifest,
 }
 
 impl LocalSink {
@@ -94,9 +126,8 @@ impl LocalSink {
                     .map_err(|_| SinkError::Manifest(path.clone()))?;
                 if found != *manifest {
                     return Err(SinkError::OtherJob {
-                        found: found.job_id,
-                        found_revision: found.model_revision,
-                        expected: manifest.job_id.clone(),
+                        found: Box::new(found),
+                        expected: Box::new(manifest.clone()),
                     });
                 }
             }
@@ -106,13 +137,14 @@ impl LocalSink {
             }
             Err(e) => return Err(io(&path)(e)),
         }
+        let suffix = format!(".{}", manifest.format.extension());
         let mut done = HashSet::new();
         for entry in std::fs::read_dir(&parts).map_err(io(&parts))? {
             let name = entry.map_err(io(&parts))?.file_name();
             let name = name.to_string_lossy();
             if let Some(id) = name
                 .strip_prefix("batch-")
-                .and_then(|s| s.strip_suffix(".jsonl"))
+                .and_then(|s| s.strip_suffix(suffix.as_str()))
                 .and_then(|s| s.parse::<u64>().ok())
             {
                 done.insert(id);
@@ -121,6 +153,7 @@ impl LocalSink {
         Ok((
             Self {
                 root: root.to_path_buf(),
+                manifest: manifest.clone(),
             },
             done,
         ))
@@ -128,9 +161,10 @@ impl LocalSink {
 
     /// Path of a batch's part.
     pub fn part_path(&self, batch_id: u64) -> PathBuf {
+        let ext = self.manifest.format.extension();
         self.root
             .join("parts")
-            .join(format!("batch-{batch_id:08}.jsonl"))
+            .join(format!("batch-{batch_id:08}.{ext}"))
     }
 
     /// Writes a completed batch: `ids[i]` gets `values[i*dim..(i+1)*dim]`.
@@ -141,21 +175,71 @@ impl LocalSink {
         dim: usize,
         values: &[f32],
     ) -> Result<(), SinkError> {
-        #[derive(Serialize)]
-        struct Line<'a> {
-            id: &'a str,
-            embedding: &'a [f32],
-        }
-        let mut out = Vec::with_capacity(ids.len() * (dim * 12 + 32));
-        for (i, id) in ids.iter().enumerate() {
-            let line = Line {
-                id,
-                embedding: &values[i * dim..(i + 1) * dim],
-            };
-            serde_json::to_writer(&mut out, &line).expect("vectors serialize");
-            out.push(b'\n');
-        }
-        put(&self.part_path(batch_id), &out)
+        let bytes = match self.manifest.format {
+            Format::Jsonl => jsonl_part(ids, dim, values),
+            Format::Parquet => self.parquet_part(ids, dim, values)?,
+        };
+        put(&self.part_path(batch_id), &bytes)
+    }
+
+    fn parquet_part(
+        &self,
+        ids: &[String],
+        dim: usize,
+        values: &[f32],
+    ) -> Result<Vec<u8>, SinkError> {
+        use std::sync::Arc;
+
+        use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
+        use arrow_schema::{DataType, Field, Schema};
+        use parquet::arrow::ArrowWriter;
+        use parquet::file::metadata::KeyValue;
+        use parquet::file::properties::WriterProperties;
+
+        let path = self.root.join("parts");
+        let fail = |e: String| SinkError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        };
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new(
+                "embedding",
+                DataType::FixedSizeList(item.clone(), dim as i32),
+                false,
+            ),
+        ]));
+        let embeddings = FixedSizeListArray::try_new(
+            item,
+            dim as i32,
+            Arc::new(Float32Array::from(values.to_vec())) as ArrayRef,
+            None,
+        )
+        .map_err(|e| fail(e.to_string()))?;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(ids)) as ArrayRef,
+                Arc::new(embeddings) as ArrayRef,
+            ],
+        )
+        .map_err(|e| fail(e.to_string()))?;
+        let props = WriterProperties::builder()
+            .set_key_value_metadata(Some(vec![
+                KeyValue::new("flotilla.job_id".into(), self.manifest.job_id.clone()),
+                KeyValue::new(
+                    "flotilla.model_revision".into(),
+                    self.manifest.model_revision.clone(),
+                ),
+            ]))
+            .build();
+        let mut out = Vec::new();
+        let mut writer =
+            ArrowWriter::try_new(&mut out, schema, Some(props)).map_err(|e| fail(e.to_string()))?;
+        writer.write(&batch).map_err(|e| fail(e.to_string()))?;
+        writer.close().map_err(|e| fail(e.to_string()))?;
+        Ok(out)
     }
 
     /// Replaces the errors file with `errors` (one JSON object per line).
@@ -167,6 +251,24 @@ impl LocalSink {
         }
         put(&self.root.join("errors.jsonl"), &out)
     }
+}
+
+fn jsonl_part(ids: &[String], dim: usize, values: &[f32]) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Line<'a> {
+        id: &'a str,
+        embedding: &'a [f32],
+    }
+    let mut out = Vec::with_capacity(ids.len() * (dim * 12 + 32));
+    for (i, id) in ids.iter().enumerate() {
+        let line = Line {
+            id,
+            embedding: &values[i * dim..(i + 1) * dim],
+        };
+        serde_json::to_writer(&mut out, &line).expect("vectors serialize");
+        out.push(b'\n');
+    }
+    out
 }
 
 /// A row that was not embedded, as written to the errors file.

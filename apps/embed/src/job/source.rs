@@ -1,6 +1,7 @@
-//! Streaming JSONL input: one `{"id": …, "text": …}` object per line, read
-//! line by line, never held whole. Malformed lines and repeated ids are
-//! reported with their line number; the first occurrence of an id wins.
+//! Streamed input: JSONL (one `{"id": …, "text": …}` object per line) or
+//! Parquet (an id and a text column), never held whole. Malformed lines or
+//! rows and repeated ids are reported with their line (row) number; the
+//! first occurrence of an id wins.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -31,14 +32,55 @@ pub enum Item {
     },
 }
 
+/// The ids seen so far, as 128-bit digests: repeats are refused in flat
+/// memory (16 bytes an id).
+#[derive(Default)]
+struct IdSet(HashSet<u128>);
+
+impl IdSet {
+    /// Whether `id` is new (and records it).
+    fn insert(&mut self, id: &str) -> bool {
+        let digest = Sha256::digest(id.as_bytes());
+        self.0.insert(u128::from_le_bytes(
+            digest[..16].try_into().expect("16 bytes"),
+        ))
+    }
+}
+
+const DUPLICATE: &str = "duplicate id; the first occurrence was kept";
+
+/// Why an input cannot be read at all.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// The file cannot be read.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The Parquet file is malformed or lacks a column.
+    #[error("{0}")]
+    Parquet(String),
+}
+
+/// An input, whatever its format: rows and invalid rows in file order.
+pub type Source = Box<dyn Iterator<Item = Result<Item, SourceError>> + Send>;
+
+/// Opens `path` as Parquet when it ends in `.parquet`, else as JSONL.
+pub fn open(path: &Path, id_field: &str, text_field: &str) -> Result<Source, SourceError> {
+    if path.extension().is_some_and(|e| e == "parquet") {
+        Ok(Box::new(ParquetSource::open(path, id_field, text_field)?))
+    } else {
+        let jsonl = JsonlSource::open(path, id_field, text_field)?;
+        Ok(Box::new(jsonl.map(|r| r.map_err(SourceError::from))))
+    }
+}
+
 /// Reads rows from a JSONL file.
 pub struct JsonlSource {
     lines: std::io::Lines<BufReader<std::fs::File>>,
     line: u64,
     id_field: String,
     text_field: String,
-    /// 128-bit digests of the ids seen, to refuse repeats in flat memory.
-    seen: HashSet<u128>,
+    seen: IdSet,
 }
 
 impl JsonlSource {
@@ -49,7 +91,7 @@ impl JsonlSource {
             line: 0,
             id_field: id_field.to_owned(),
             text_field: text_field.to_owned(),
-            seen: HashSet::new(),
+            seen: IdSet::default(),
         })
     }
 
@@ -81,13 +123,8 @@ impl JsonlSource {
             }
             None => return invalid(Some(id), format!("no field {:?}", self.text_field)),
         };
-        let digest = Sha256::digest(id.as_bytes());
-        let key = u128::from_le_bytes(digest[..16].try_into().expect("16 bytes"));
-        if !self.seen.insert(key) {
-            return invalid(
-                Some(id),
-                "duplicate id; the first occurrence was kept".into(),
-            );
+        if !self.seen.insert(&id) {
+            return invalid(Some(id), DUPLICATE.into());
         }
         Item::Row { line, id, text }
     }
@@ -115,6 +152,133 @@ impl Iterator for JsonlSource {
                 continue;
             }
             return Some(Ok(self.classify(&raw)));
+        }
+    }
+}
+
+/// Reads rows from a Parquet file, one record batch at a time.
+pub struct ParquetSource {
+    reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+    id_field: String,
+    text_field: String,
+    /// Rows of the current record batch, classified.
+    ready: std::collections::VecDeque<Item>,
+    row: u64,
+    seen: IdSet,
+}
+
+impl ParquetSource {
+    /// Opens `path`, checking that both columns exist.
+    pub fn open(path: &Path, id_field: &str, text_field: &str) -> Result<Self, SourceError> {
+        use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+        let file = std::fs::File::open(path)?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| SourceError::Parquet(format!("{}: {e}", path.display())))?;
+        for column in [id_field, text_field] {
+            if builder.schema().field_with_name(column).is_err() {
+                return Err(SourceError::Parquet(format!(
+                    "{} has no column {column:?}",
+                    path.display()
+                )));
+            }
+        }
+        let reader = builder
+            .with_batch_size(1024)
+            .build()
+            .map_err(|e| SourceError::Parquet(e.to_string()))?;
+        Ok(Self {
+            reader,
+            id_field: id_field.to_owned(),
+            text_field: text_field.to_owned(),
+            ready: Default::default(),
+            row: 0,
+            seen: IdSet::default(),
+        })
+    }
+
+    fn fill(&mut self, batch: &arrow_array::RecordBatch) {
+        use arrow_array::{
+            Array, Int32Array, Int64Array, LargeStringArray, StringArray, UInt32Array, UInt64Array,
+        };
+        let text_col = batch
+            .column_by_name(&self.text_field)
+            .expect("checked at open");
+        let id_col = batch
+            .column_by_name(&self.id_field)
+            .expect("checked at open");
+        let any_text = text_col.as_any();
+        let any_id = id_col.as_any();
+        for i in 0..batch.num_rows() {
+            self.row += 1;
+            let line = self.row;
+            let id = if id_col.is_null(i) {
+                None
+            } else if let Some(a) = any_id.downcast_ref::<StringArray>() {
+                Some(a.value(i).to_owned())
+            } else if let Some(a) = any_id.downcast_ref::<LargeStringArray>() {
+                Some(a.value(i).to_owned())
+            } else if let Some(a) = any_id.downcast_ref::<Int64Array>() {
+                Some(a.value(i).to_string())
+            } else if let Some(a) = any_id.downcast_ref::<Int32Array>() {
+                Some(a.value(i).to_string())
+            } else if let Some(a) = any_id.downcast_ref::<UInt64Array>() {
+                Some(a.value(i).to_string())
+            } else {
+                any_id
+                    .downcast_ref::<UInt32Array>()
+                    .map(|a| a.value(i).to_string())
+            };
+            let Some(id) = id else {
+                let reason = format!(
+                    "column {:?} is null or not a string or integer",
+                    self.id_field
+                );
+                self.ready.push_back(Item::Invalid {
+                    line,
+                    id: None,
+                    reason,
+                });
+                continue;
+            };
+            let text = if text_col.is_null(i) {
+                None
+            } else if let Some(a) = any_text.downcast_ref::<StringArray>() {
+                Some(a.value(i).to_owned())
+            } else {
+                any_text
+                    .downcast_ref::<LargeStringArray>()
+                    .map(|a| a.value(i).to_owned())
+            };
+            let item = match text {
+                None => Item::Invalid {
+                    line,
+                    id: Some(id),
+                    reason: format!("column {:?} is null or not a string", self.text_field),
+                },
+                Some(_) if !self.seen.insert(&id) => Item::Invalid {
+                    line,
+                    id: Some(id),
+                    reason: DUPLICATE.into(),
+                },
+                Some(text) => Item::Row { line, id, text },
+            };
+            self.ready.push_back(item);
+        }
+    }
+}
+
+impl Iterator for ParquetSource {
+    type Item = Result<Item, SourceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some(Ok(item));
+            }
+            match self.reader.next()? {
+                Ok(batch) => self.fill(&batch),
+                Err(e) => return Some(Err(SourceError::Parquet(e.to_string()))),
+            }
         }
     }
 }
