@@ -161,8 +161,68 @@ fn input_digest(path: &std::path::Path) -> Result<String, JobError> {
 /// completed batches are skipped, the rest are computed.
 pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
     let started = Instant::now();
-    let folder = ModelFolder::open(&config.model)?;
-    let revision = folder.revision()?;
+    // Configuration errors name the file at fault before any model loads.
+    ModelFolder::open(&config.model)?;
+
+    // The actors load the model; the revision and width of the job are what
+    // they report, so the weights are read and hashed once per actor only.
+    let actors = config.actors.max(1);
+    let mut workers: Vec<ActorRef<EmbedMsg>> = Vec::with_capacity(actors);
+    let mut infos = Vec::with_capacity(actors);
+    for _ in 0..actors {
+        let args = EmbedderArgs {
+            model_dir: config.model.to_string_lossy().into_owned(),
+            threads: 1,
+            micro_batch: 16,
+        };
+        let spawned = match Actor::spawn(None, Embedder, args).await {
+            Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, 10_000)
+                .map(|info| (actor, info))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match spawned {
+            Ok((actor, info)) => {
+                workers.push(actor);
+                infos.push(info);
+            }
+            Err(e) => {
+                stop(&workers);
+                return Err(JobError::Actor(e));
+            }
+        }
+    }
+    let result = drive(&config, started, &workers, &infos).await;
+    stop(&workers);
+    result
+}
+
+fn stop(workers: &[ActorRef<EmbedMsg>]) {
+    for w in workers {
+        w.stop(None);
+    }
+}
+
+/// The job proper, once the actors run.
+async fn drive(
+    config: &JobConfig,
+    started: Instant,
+    workers: &[ActorRef<EmbedMsg>],
+    infos: &[crate::actor::ModelInfo],
+) -> Result<Summary, JobError> {
+    let first = &infos[0];
+    if let Some(other) = infos.iter().find(|i| i.revision != first.revision) {
+        return Err(JobError::Actor(format!(
+            "actors loaded different weights: {} and {}",
+            first.revision, other.revision
+        )));
+    }
+    let model_load = infos
+        .iter()
+        .map(|i| Duration::from_millis(i.load_ms))
+        .max()
+        .unwrap_or_default();
+    let revision = crate::ModelRevision::new(first.revision.clone());
     let batch_size = config.batch_size.max(1);
     let job_id = match &config.job_id {
         Some(id) => id.clone(),
@@ -175,7 +235,7 @@ pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
     let manifest = Manifest {
         job_id: job_id.clone(),
         model_revision: revision.to_string(),
-        dim: folder.config.hidden_size as u32,
+        dim: first.dim,
         batch_size: batch_size as u32,
         format: config.format,
     };
@@ -187,24 +247,7 @@ pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
                 source,
             }
         })?;
-
-    let actors = config.actors.max(1);
-    let mut workers: Vec<ActorRef<EmbedMsg>> = Vec::with_capacity(actors);
-    let mut model_load = Duration::ZERO;
-    for _ in 0..actors {
-        let args = EmbedderArgs {
-            model_dir: config.model.to_string_lossy().into_owned(),
-            threads: 1,
-            micro_batch: 16,
-        };
-        let (actor, _) = Actor::spawn(None, Embedder, args)
-            .await
-            .map_err(|e| JobError::Actor(e.to_string()))?;
-        let info =
-            call_t!(actor, EmbedMsg::Info, 10_000).map_err(|e| JobError::Actor(e.to_string()))?;
-        model_load = model_load.max(Duration::from_millis(info.load_ms));
-        workers.push(actor);
-    }
+    let actors = workers.len();
 
     let mut window: Window<usize> = Window::new(WindowConfig {
         max_in_flight: config.max_in_flight.unwrap_or(2 * actors).max(1),
@@ -371,9 +414,6 @@ pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
                 "progress: {rate:.1} texts/s"
             );
         }
-    }
-    for w in &workers {
-        w.stop(None);
     }
     errors.sort_by_key(|e| e.line);
     summary.rejected_rows = errors.len() as u64;
