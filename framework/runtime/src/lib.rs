@@ -28,6 +28,7 @@ mod mesh;
 pub mod node;
 pub mod outbound;
 pub mod probe;
+pub mod process;
 pub mod spawner;
 pub mod table;
 pub mod wire;

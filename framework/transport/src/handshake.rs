@@ -129,6 +129,8 @@ pub async fn accept(
         )
         .await;
         let _ = send.finish();
+        // Closing the connection at once would discard the refusal on the
+        // peer's side: the caller keeps it open a moment before closing.
         return Err(StreamError::RefusedPeer(refusal));
     }
     let reply = HelloReply::Accepted {

@@ -80,19 +80,6 @@ pub struct Summary {
     pub peak_rss: u64,
 }
 
-/// Peak resident set size of this process (`VmHWM`), 0 where unknown.
-fn peak_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
-}
-
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let rate = self.texts as f64 / self.elapsed.as_secs_f64().max(1e-9);
@@ -428,7 +415,7 @@ async fn drive(
     summary.batch_p50 = pick(0.5);
     summary.batch_p95 = pick(0.95);
     summary.elapsed = started.elapsed();
-    summary.peak_rss = peak_rss();
+    summary.peak_rss = flotilla::process::peak_rss_bytes();
     if gave_up > 0 {
         return Err(JobError::Incomplete(gave_up));
     }
