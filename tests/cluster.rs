@@ -2,183 +2,12 @@
 //!
 //! Each test names the clause of docs/runtime-semantics.md it checks.
 
-use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+mod common;
 
-const NODE: &str = env!("CARGO_BIN_EXE_node");
-
-/// A scratch folder with a cluster CA and certificates.
-struct Scratch {
-    dir: PathBuf,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("flotilla-it-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let s = Self { dir };
-        s.node(&["certs", "init", "--out", s.certs().to_str().unwrap()]);
-        s
-    }
-
-    fn certs(&self) -> PathBuf {
-        self.dir.join("certs")
-    }
-
-    fn issue(&self, name: &str) {
-        let certs = self.certs();
-        let c = certs.to_str().unwrap();
-        self.node(&["certs", "issue", "--ca", c, "--name", name, "--out", c]);
-    }
-
-    fn node(&self, args: &[&str]) -> String {
-        let out = Command::new(NODE).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "node {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// Starts `node head` or `node join`; logs go to DIR/NAME.log.
-    fn spawn(
-        &self,
-        role: &str,
-        name: &str,
-        listen: SocketAddr,
-        head: Option<SocketAddr>,
-        certs: &Path,
-    ) -> Proc {
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let mut cmd = Command::new(NODE);
-        cmd.arg(role)
-            .args(["--name", name, "--listen", &listen.to_string()])
-            .args(["--certs", certs.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(log);
-        if let Some(h) = head {
-            cmd.args(["--head", &h.to_string()]);
-        }
-        Proc {
-            child: cmd.spawn().unwrap(),
-            name: name.to_owned(),
-            addr: listen,
-        }
-    }
-
-    fn status(&self, addr: SocketAddr) -> Option<Value> {
-        let out = Command::new(NODE)
-            .args([
-                "status",
-                "--json",
-                "--head",
-                &addr.to_string(),
-                "--certs",
-                self.certs().to_str().unwrap(),
-            ])
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("logs kept in {}", self.dir.display());
-        }
-    }
-}
-
-struct Proc {
-    child: Child,
-    name: String,
-    addr: SocketAddr,
-}
-
-impl Proc {
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.local_addr().unwrap()
-}
-
-/// Polls `cond` until it yields a value or `budget` passes; returns the
-/// value and how long it took.
-fn eventually<T>(budget: Duration, mut cond: impl FnMut() -> Option<T>) -> (T, Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = cond() {
-            return (v, start.elapsed());
-        }
-        assert!(
-            start.elapsed() < budget,
-            "condition not met within {budget:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn state_of(status: &Value, name: &str) -> Option<String> {
-    status["nodes"]
-        .as_array()?
-        .iter()
-        .find(|n| n["name"] == name)
-        .map(|n| n["state"].as_str().unwrap_or("").to_owned())
-}
-
-fn all_up(status: &Value, names: &[&str]) -> bool {
-    names
-        .iter()
-        .all(|n| state_of(status, n).as_deref() == Some("up"))
-}
-
-/// Head and workers, all up.
-fn cluster(s: &Scratch, workers: &[&str]) -> (Proc, Vec<Proc>) {
-    s.issue("head");
-    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    let mut procs = Vec::new();
-    for w in workers {
-        s.issue(w);
-        procs.push(s.spawn("join", w, free_addr(), Some(head.addr), &s.certs()));
-    }
-    let mut names = vec!["head"];
-    names.extend_from_slice(workers);
-    eventually(Duration::from_secs(20), || {
-        s.status(head.addr).filter(|st| all_up(st, &names))
-    });
-    (head, procs)
-}
+use common::*;
 
 /// Clause "membership: joining": every member learns the full table.
 #[test]
@@ -384,16 +213,25 @@ fn remote_call_between_actors_on_two_workers() {
             }
         }
         assert!(node.lookup::<EchoMsg>("echo-w2").is_some());
+        // The actor counts reach every member with the next heartbeats.
+        let counted = node
+            .wait_members(Duration::from_secs(5), |t| {
+                t.get("w2").is_some_and(|m| m.actors == 1)
+            })
+            .await;
+        assert!(counted.is_some(), "w2 reports its actor");
         node.shutdown().await;
     });
-    // The actor counts reach the head with the next heartbeats.
+    // Actors are owned by the node that spawned them: once it has left,
+    // the workers stop them.
     eventually(Duration::from_secs(5), || {
         s.status(head.addr).filter(|st| {
             st["nodes"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|n| n["name"] == "w2" && n["actors"] == 1)
+                .filter(|n| n["name"] == "w1" || n["name"] == "w2")
+                .all(|n| n["actors"] == 0)
         })
     });
 }

@@ -1,20 +1,11 @@
 //! `node embed` on the embedded default: real model, local files.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const NODE: &str = env!("CARGO_BIN_EXE_node");
+mod common;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model() -> PathBuf {
-    std::env::var_os("FLOTILLA_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("models/all-MiniLM-L6-v2"))
-}
+use common::{NODE, assert_exactly_once, ids_of, model, read_output, root};
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-embed-{tag}-{}", std::process::id()));
@@ -43,34 +34,6 @@ fn embed(input: &Path, output: &Path, extra: &[&str]) -> (bool, String, String) 
     )
 }
 
-/// Every output row: id → embedding, failing on any id seen twice.
-fn read_output(output: &Path) -> HashMap<String, Vec<f32>> {
-    let mut rows = HashMap::new();
-    for entry in std::fs::read_dir(output.join("parts")).unwrap() {
-        let path = entry.unwrap().path();
-        assert_eq!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("jsonl"),
-            "stray file {path:?}"
-        );
-        for line in std::fs::read_to_string(&path).unwrap().lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            let id = v["id"].as_str().unwrap().to_owned();
-            let emb: Vec<f32> = v["embedding"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect();
-            assert!(
-                rows.insert(id.clone(), emb).is_none(),
-                "id {id} written twice"
-            );
-        }
-    }
-    rows
-}
-
 #[test]
 fn corpus_is_embedded_exactly_once_and_a_rerun_does_nothing() {
     let corpus = root().join("../shared/data/corpus-4k.jsonl");
@@ -81,24 +44,7 @@ fn corpus_is_embedded_exactly_once_and_a_rerun_does_nothing() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("4000 texts"), "{stdout}");
 
-    let rows = read_output(&output);
-    let ids: Vec<String> = std::fs::read_to_string(&corpus)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
-    assert_eq!(rows.len(), ids.len());
-    for id in &ids {
-        let v = rows.get(id).unwrap_or_else(|| panic!("id {id} missing"));
-        assert_eq!(v.len(), 384);
-        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        assert!((norm - 1.0).abs() < 1e-4, "{id} has norm {norm}");
-    }
+    assert_exactly_once(&output, &ids_of(&std::fs::read_to_string(&corpus).unwrap()));
     assert_eq!(
         std::fs::read_to_string(output.join("errors.jsonl")).unwrap(),
         ""

@@ -110,7 +110,12 @@ pub enum EmbedMsg {
 type Job = (EmbedRequest, oneshot::Sender<EmbedReply>);
 
 /// A resident embedding model.
-pub struct Embedder;
+#[derive(Debug, Clone, Default)]
+pub struct Embedder {
+    /// The node's own model folder: when set, it is loaded instead of the
+    /// folder named in [`EmbedderArgs::model_dir`].
+    pub model_dir: Option<PathBuf>,
+}
 
 /// The embedder's state: the queue to its model thread.
 pub struct EmbedderState {
@@ -175,7 +180,10 @@ impl Actor for Embedder {
     ) -> Result<EmbedderState, ActorProcessingErr> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let (loaded_tx, loaded) = oneshot::channel::<Result<ModelInfo, String>>();
-        let dir = PathBuf::from(&args.model_dir);
+        let dir = self
+            .model_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(&args.model_dir));
         std::thread::Builder::new()
             .name("flotilla-embedder".into())
             .spawn(move || {
@@ -241,9 +249,16 @@ impl Actor for Embedder {
     }
 }
 
-/// Registers [`Embedder`] under [`KIND`] on a node builder.
-pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
-    builder.register(KIND, || Embedder)
+/// Registers [`Embedder`] under [`KIND`] on a node builder. With
+/// `model_dir`, the node's embedders load that folder whatever the job
+/// names; without, the job's `--model` path as seen on this node.
+pub fn register(
+    builder: flotilla::NodeBuilder,
+    model_dir: Option<PathBuf>,
+) -> flotilla::NodeBuilder {
+    builder.register(KIND, move || Embedder {
+        model_dir: model_dir.clone(),
+    })
 }
 
 /// Default time a caller should allow for one batch.

@@ -22,7 +22,7 @@ async fn embedder_answers_in_request_order_with_its_revision() {
         threads: 1,
         micro_batch: 2,
     };
-    let (embedder, handle) = Actor::spawn(None, Embedder, args)
+    let (embedder, handle) = Actor::spawn(None, Embedder::default(), args)
         .await
         .expect("model loads");
     let info = call_t!(embedder, EmbedMsg::Info, 5_000).unwrap();
@@ -93,7 +93,7 @@ async fn embedder_with_a_missing_model_fails_to_start() {
         threads: 1,
         micro_batch: 16,
     };
-    let Err(err) = Actor::spawn(None, Embedder, args).await else {
+    let Err(err) = Actor::spawn(None, Embedder::default(), args).await else {
         panic!("spawn succeeded without a model");
     };
     assert!(format!("{err:?}").contains("config.json"), "{err:?}");

@@ -19,7 +19,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 /// Version of the hello exchange and of the control messages.
 pub const PROTOCOL_VERSION: u16 = 1;
 
-/// The certificate name reserved for operators' tools (`node status`).
+/// The certificate name of operators' tools: `node status`, and `node embed`
+/// drivers, which join as members that offer no resources.
 pub const ADMIN_NAME: &str = "admin";
 
 /// What a connection is for.
@@ -60,9 +61,10 @@ pub enum Refusal {
         "NODE-AUTH-002: claimed node name differs from the certificate's name; issue a certificate for this name with `node certs issue`"
     )]
     IdentityMismatch,
-    /// The admin certificate may query, not join.
+    /// The admin certificate may query, or join as a driver that offers no
+    /// resources; it cannot host work.
     #[error(
-        "NODE-AUTH-004: the admin certificate cannot join as a node; issue a node certificate with `node certs issue`"
+        "NODE-AUTH-004: the admin certificate joins only as a driver that offers no resources; issue a node certificate with `node certs issue`"
     )]
     AdminCannotJoin,
     /// Joins go to the head; this node is not it.
@@ -105,7 +107,18 @@ pub fn check_hello(hello: &Hello, cert_name: &str) -> Result<(), Refusal> {
     if hello.node != cert_name {
         return Err(Refusal::IdentityMismatch);
     }
-    if hello.purpose != Purpose::Control && hello.node == ADMIN_NAME {
+    Ok(())
+}
+
+/// Checks a join request against the name proven by the joiner's
+/// certificate: the names must match, and the admin identity may join only
+/// as a driver that offers no resources (work is never placed on it).
+pub fn check_join(req: &crate::membership::JoinRequest, cert_name: &str) -> Result<(), Refusal> {
+    if req.name != cert_name {
+        return Err(Refusal::IdentityMismatch);
+    }
+    let r = &req.resources;
+    if req.name == ADMIN_NAME && (r.cpus > 0 || r.gpus > 0 || r.memory_bytes > 0) {
         return Err(Refusal::AdminCannotJoin);
     }
     Ok(())
@@ -143,10 +156,31 @@ mod tests {
     }
 
     #[test]
-    fn admin_cannot_join_as_node() {
+    fn admin_joins_only_as_a_driver_without_resources() {
+        use crate::membership::JoinRequest;
+        use crate::resources::Resources;
+        let join = |name: &str, cpus: u32| JoinRequest {
+            name: name.into(),
+            addr: "127.0.0.1:1".into(),
+            incarnation: 1,
+            resources: Resources {
+                cpus,
+                ..Resources::default()
+            },
+        };
+        assert_eq!(check_join(&join("admin", 0), "admin"), Ok(()));
+        assert_eq!(
+            check_join(&join("admin", 4), "admin"),
+            Err(Refusal::AdminCannotJoin)
+        );
+        assert_eq!(check_join(&join("n1", 4), "n1"), Ok(()));
+        assert_eq!(
+            check_join(&join("n1", 4), "n2"),
+            Err(Refusal::IdentityMismatch)
+        );
         assert_eq!(
             check_hello(&hello("admin", Purpose::Cluster), "admin"),
-            Err(Refusal::AdminCannotJoin)
+            Ok(())
         );
     }
 

@@ -75,7 +75,7 @@ pub struct Window<W: Ord + Clone> {
     load: BTreeMap<W, usize>,
     flights: HashMap<BatchId, Flight<W>>,
     /// Batches to send again, with the attempts already made.
-    retry: VecDeque<(BatchId, u32)>,
+    retry: VecDeque<(BatchId, u32, Option<W>)>,
     abandoned: Vec<Abandoned>,
 }
 
@@ -110,15 +110,15 @@ impl<W: Ord + Clone> Window<W> {
         lost.sort();
         for (batch, attempt) in lost {
             self.flights.remove(&batch);
-            self.requeue(batch, attempt);
+            self.requeue(batch, attempt, None);
         }
     }
 
-    fn requeue(&mut self, batch: BatchId, attempts: u32) {
+    fn requeue(&mut self, batch: BatchId, attempts: u32, failed_on: Option<W>) {
         if attempts >= self.config.max_attempts {
             self.abandoned.push(Abandoned::GaveUp(batch));
         } else {
-            self.retry.push_back((batch, attempts));
+            self.retry.push_back((batch, attempts, failed_on));
         }
     }
 
@@ -182,7 +182,19 @@ impl<W: Ord + Clone> Window<W> {
             return None;
         }
         let worker = self.pick()?;
-        let (batch, attempts) = self.retry.pop_front()?;
+        let (batch, attempts, failed_on) = self.retry.pop_front()?;
+        // Elsewhere if another worker is as free: the one that failed the
+        // batch may fail it again.
+        let worker = match failed_on {
+            Some(bad) if bad == worker => self
+                .load
+                .iter()
+                .filter(|(w, _)| **w != bad)
+                .min_by_key(|(_, n)| **n)
+                .map(|(w, _)| w.clone())
+                .unwrap_or(worker),
+            _ => worker,
+        };
         Some(self.send(now, batch, attempts + 1, worker))
     }
 
@@ -239,7 +251,7 @@ impl<W: Ord + Clone> Window<W> {
     pub fn fail(&mut self, batch: BatchId, from: &W) -> Outcome {
         match self.land(batch, from) {
             Some(f) => {
-                self.requeue(batch, f.attempt);
+                self.requeue(batch, f.attempt, Some(f.worker));
                 Outcome::Accepted
             }
             None => Outcome::Stale,
@@ -393,6 +405,7 @@ mod tests {
             let mut w: Window<u8> = Window::new(cfg);
             let mut model: BTreeMap<u64, State> = BTreeMap::new();
             let mut next = 0u64;
+            let mut last_worker: BTreeMap<u64, u8> = BTreeMap::new();
             let in_flight_ids = |m: &BTreeMap<u64, State>| -> Vec<u64> {
                 m.iter().filter(|(_, s)| matches!(s, State::InFlight(..))).map(|(b, _)| *b).collect()
             };
@@ -401,8 +414,8 @@ mod tests {
                     Op::AddWorker(x) => w.add_worker(x),
                     Op::RemoveWorker(x) => w.remove_worker(&x),
                     Op::New | Op::Retry => {
-                        let loads: Vec<usize> = (0..3).filter_map(|x| w.load_of(&x)).collect();
-                        let min = loads.iter().min().copied();
+                        let before: Vec<(u8, usize)> =
+                            (0..3).filter_map(|x| w.load_of(&x).map(|n| (x, n))).collect();
                         let sent = if matches!(op, Op::New) {
                             let r = w.dispatch_new(now, BatchId(next));
                             if r.is_ok() { next += 1; }
@@ -411,7 +424,18 @@ mod tests {
                             w.poll_retry(now)
                         };
                         if let Some(d) = sent {
+                            // Least loaded; a retry avoids the worker it last ran on
+                            // when there is another.
+                            let last = last_worker.get(&d.batch.0).copied();
+                            let others: Vec<usize> = before.iter()
+                                .filter(|(x, _)| Some(*x) != last).map(|(_, n)| *n).collect();
+                            let min = if others.is_empty() {
+                                before.iter().map(|(_, n)| *n).min()
+                            } else {
+                                others.iter().min().copied()
+                            };
                             prop_assert_eq!(Some(w.load_of(&d.worker).unwrap() - 1), min, "least loaded");
+                            last_worker.insert(d.batch.0, d.worker);
                             prop_assert!(d.attempt <= cfg.max_attempts);
                             let prev = model.insert(d.batch.0, State::InFlight(d.worker, d.attempt));
                             prop_assert!(prev.is_none() || prev == Some(State::Retry), "{:?} was {:?}", d, prev);

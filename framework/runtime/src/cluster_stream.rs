@@ -35,9 +35,35 @@ impl ClusterBidiStream for QuicClusterStream {
     }
 }
 
-/// Peer node names by ractor's local node id of their session.
-pub(crate) type SessionPeers =
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u64, String>>>;
+/// The ractor sessions of this node: peer node names by session id (once
+/// ready), and every open session by the peer its certificate names.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    /// Peer node name by ractor's local node id, for ready sessions.
+    pub(crate) peers: std::collections::HashMap<u64, String>,
+    /// Open sessions by peer label (`NAME@NAME`): `(node id, session actor)`.
+    pub(crate) open: std::collections::HashMap<String, Vec<(u64, ractor::ActorCell)>>,
+}
+
+/// Shared [`Sessions`].
+pub(crate) type SessionPeers = std::sync::Arc<std::sync::Mutex<Sessions>>;
+
+/// Stops every ractor session with `node`: a new cluster stream from it
+/// supersedes them, or it is no longer a member. ractor_cluster's own
+/// election between two sessions with one peer can keep the older one,
+/// whose process may be dead; this keeps the newest.
+pub(crate) fn close_sessions_of(peers: &SessionPeers, node: &str) -> usize {
+    let cells = peers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .open
+        .remove(&ractor_name(node))
+        .unwrap_or_default();
+    for (_, cell) in &cells {
+        cell.kill();
+    }
+    cells.len()
+}
 
 /// Kills any ractor session whose claimed node name differs from the name
 /// its certificate proves, publishes the set of ready peers, and records
@@ -57,13 +83,27 @@ fn node_of(ractor_name: &str) -> String {
 }
 
 impl NodeEventSubscription for SessionGuard {
-    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
-
-    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+    fn node_session_opened(&self, ses: NodeServerSessionInformation) {
         self.peers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&ses.node_id);
+            .open
+            .entry(ses.peer_addr.clone())
+            .or_default()
+            .push((ses.node_id, ses.actor.get_cell()));
+    }
+
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        {
+            let mut sessions = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+            sessions.peers.remove(&ses.node_id);
+            if let Some(list) = sessions.open.get_mut(&ses.peer_addr) {
+                list.retain(|(id, _)| *id != ses.node_id);
+                if list.is_empty() {
+                    sessions.open.remove(&ses.peer_addr);
+                }
+            }
+        }
         if let Some(name) = ses.peer_name.as_ref().map(|n| n.name.clone()) {
             self.ready.send_modify(|set| {
                 set.remove(&name);
@@ -88,6 +128,7 @@ impl NodeEventSubscription for SessionGuard {
             self.peers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
+                .peers
                 .insert(ses.node_id, node_of(&name));
             self.ready.send_modify(|set| {
                 set.insert(name);

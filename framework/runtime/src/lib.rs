@@ -27,6 +27,7 @@ pub mod control;
 mod mesh;
 pub mod node;
 pub mod outbound;
+pub mod pipeline;
 pub mod probe;
 pub mod process;
 pub mod spawner;

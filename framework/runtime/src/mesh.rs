@@ -67,6 +67,8 @@ async fn open_session(
     name: String,
     addr: SocketAddr,
 ) -> Result<quinn::Connection, String> {
+    // A session we still hold with this peer is stale (it is why we dial).
+    shared.close_sessions_of(&name);
     let pc = shared
         .pool
         .connect(&shared, Some(&name), addr)
@@ -92,12 +94,37 @@ async fn open_session(
     Ok(pc.connection)
 }
 
+/// A cluster session this node dialled.
+struct Dialled {
+    incarnation: u64,
+    connection: quinn::Connection,
+    opened: std::time::Instant,
+    was_ready: bool,
+}
+
+/// How long a dialled session may take to become ready.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Dialled {
+    /// Whether to keep the session given whether it is ready now: once
+    /// ready it must stay so; before, it has [`READY_WITHIN`].
+    fn still_wanted(&mut self, ready_now: bool) -> bool {
+        if ready_now {
+            self.was_ready = true;
+            return true;
+        }
+        !self.was_ready && self.opened.elapsed() < READY_WITHIN
+    }
+}
+
 /// Keeps a ractor session to every member up that this node must dial.
 pub(crate) async fn run(shared: Arc<Shared>) {
     let mut view = shared.view.subscribe();
     let mut shutdown = shared.shutdown.subscribe();
-    // peer -> (incarnation, connection carrying our cluster stream)
-    let mut sessions: HashMap<String, (u64, quinn::Connection)> = HashMap::new();
+    // peer -> the session we dialled
+    let mut sessions: HashMap<String, Dialled> = HashMap::new();
+    let mut ready = shared.ready_sessions();
+    let mut ready_alive = true;
     let (done_tx, mut done_rx) =
         tokio::sync::mpsc::unbounded_channel::<(String, u64, Result<quinn::Connection, String>)>();
     let mut pending: HashMap<String, u64> = HashMap::new();
@@ -108,9 +135,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             if m.name == shared.name || shared.name.as_str() > m.name.as_str() {
                 continue;
             }
-            let live = sessions
-                .get(&m.name)
-                .is_some_and(|(inc, c)| *inc == m.incarnation && c.close_reason().is_none());
+            let live = sessions.get_mut(&m.name).is_some_and(|d| {
+                d.incarnation == m.incarnation
+                    && d.connection.close_reason().is_none()
+                    && d.still_wanted(shared.session_ready(&m.name))
+            });
             if live || pending.get(&m.name) == Some(&m.incarnation) {
                 continue;
             }
@@ -130,20 +159,36 @@ pub(crate) async fn run(shared: Arc<Shared>) {
                 let _ = tx.send((name, inc, result));
             });
         }
-        sessions.retain(|name, (inc, _)| {
+        sessions.retain(|name, d| {
             table
                 .get(name)
-                .is_some_and(|m| m.incarnation == *inc && m.state == MemberState::Up)
+                .is_some_and(|m| m.incarnation == d.incarnation && m.state == MemberState::Up)
         });
+        // Sessions with members that are down or gone end now, so calls to
+        // their actors fail instead of waiting for the transport to time out.
+        for m in &table.members {
+            if m.state != MemberState::Up
+                && m.name != shared.name
+                && shared.close_sessions_of(&m.name) > 0
+            {
+                tracing::info!(peer = %m.name, state = ?m.state, "closed the cluster session of a member that is not up");
+            }
+        }
         tokio::select! {
             _ = view.changed() => {}
+            r = ready.changed(), if ready_alive => ready_alive = r.is_ok(),
             _ = tick.tick() => {}
             Some((name, inc, result)) = done_rx.recv() => {
                 pending.remove(&name);
                 match result {
-                    Ok(conn) => {
+                    Ok(connection) => {
                         tracing::info!(peer = %name, "cluster session opened");
-                        sessions.insert(name, (inc, conn));
+                        sessions.insert(name, Dialled {
+                            incarnation: inc,
+                            connection,
+                            opened: std::time::Instant::now(),
+                            was_ready: false,
+                        });
                     }
                     Err(e) => tracing::warn!(peer = %name, error = %e, "cannot open cluster session; will retry"),
                 }

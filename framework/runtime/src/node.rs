@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use flotilla_proto::hello::{Purpose, Refusal};
-use flotilla_proto::membership::{DetectorConfig, HeartbeatOutcome, JoinRequest, Membership};
+use flotilla_proto::membership::{
+    DetectorConfig, HeartbeatOutcome, JoinRequest, MemberState, Membership,
+};
 use flotilla_proto::resources::Resources;
 use flotilla_transport::{Endpoint, Identity, PeerConnection, Tuning, handshake};
 use ractor::{Actor, ActorRef, Message};
@@ -120,8 +122,24 @@ impl Shared {
         self.session_peers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .peers
             .get(&node_id)
             .cloned()
+    }
+
+    /// Stops every ractor session with `node`; returns how many there were.
+    pub(crate) fn close_sessions_of(&self, node: &str) -> usize {
+        crate::cluster_stream::close_sessions_of(&self.session_peers, node)
+    }
+
+    /// Whether the ractor session with `node` is ready.
+    pub(crate) fn session_ready(&self, node: &str) -> bool {
+        self.ready.borrow().contains(&ractor_name(node))
+    }
+
+    /// A receiver of the set of ready sessions.
+    pub(crate) fn ready_sessions(&self) -> watch::Receiver<BTreeSet<String>> {
+        self.ready.clone()
     }
 
     /// Sends a serialized cast for actor `pid` on `peer` over the bulk lane:
@@ -225,9 +243,7 @@ impl Shared {
 
     /// Head: admits `req` if `peer` (its certificate name) matches.
     pub(crate) fn head_join(&self, peer: &str, req: JoinRequest) -> Result<Table, Refusal> {
-        if req.name != peer {
-            return Err(Refusal::IdentityMismatch);
-        }
+        flotilla_proto::hello::check_join(&req, peer)?;
         self.with_membership(|m| m.join(Instant::now(), req))
             .ok_or(Refusal::NotHead)??;
         Ok(self.view.borrow().clone())
@@ -262,6 +278,11 @@ pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
             match accepted {
                 Ok((send, recv, hello)) => match hello.purpose {
                     Purpose::Cluster => {
+                        // The peer opens a cluster stream only when it has no
+                        // session with us: any we still hold is stale.
+                        if shared.close_sessions_of(&pc.peer) > 0 {
+                            tracing::info!(peer = %pc.peer, "replaced a stale cluster session");
+                        }
                         let stream = QuicClusterStream {
                             send,
                             recv,
@@ -492,6 +513,33 @@ impl NodeBuilder {
         .await
         .map_err(|e| StartError::Actors(e.to_string()))?;
 
+        // The spawner stops actors whose owner is no longer up.
+        {
+            let mut view = shared.view.subscribe();
+            let spawner = spawner.clone();
+            tokio::spawn(async move {
+                loop {
+                    let states: Vec<(String, u64, bool)> = {
+                        let t = view.borrow_and_update();
+                        t.members
+                            .iter()
+                            .map(|m| (m.name.clone(), m.incarnation, m.state == MemberState::Up))
+                            .collect()
+                    };
+                    if !states.is_empty()
+                        && spawner
+                            .cast(SpawnerMsg::Members(crate::spawner::MemberStates(states)))
+                            .is_err()
+                    {
+                        return;
+                    }
+                    if view.changed().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+
         // Accept loop.
         {
             let shared = Arc::clone(&shared);
@@ -614,6 +662,11 @@ impl Node {
         self.shared.view.borrow().clone()
     }
 
+    /// A receiver of the member table, updated on every change.
+    pub fn watch_members(&self) -> watch::Receiver<Table> {
+        self.shared.view.subscribe()
+    }
+
     /// Waits until `pred` holds for the member table, at most `timeout`.
     pub async fn wait_members(
         &self,
@@ -672,6 +725,8 @@ impl Node {
             kind: kind.to_owned(),
             name: name.to_owned(),
             args: encode(args),
+            owner: self.shared.name.clone(),
+            owner_incarnation: self.shared.incarnation(),
         };
         let ms = deadline
             .saturating_duration_since(tokio::time::Instant::now())

@@ -34,6 +34,27 @@ pub struct SpawnRequest {
     pub name: String,
     /// The actor's arguments, an rkyv archive of the kind's `Arguments`.
     pub args: Vec<u8>,
+    /// The node that asked: the actor stops when that node is no longer up
+    /// (down, left, or restarted with a new incarnation).
+    pub owner: String,
+    /// The asking node's incarnation.
+    pub owner_incarnation: u64,
+}
+
+/// The member table as `(name, incarnation, up)`. A child is stopped when
+/// its owner appears with its incarnation and not up, or with a newer
+/// incarnation; an owner not yet in the table (it has just joined) keeps
+/// its children.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct MemberStates(pub Vec<(String, u64, bool)>);
+
+impl MemberStates {
+    /// Whether the node `owner` at `incarnation` is known to be gone.
+    pub fn is_gone(&self, owner: &str, incarnation: u64) -> bool {
+        self.0
+            .iter()
+            .any(|(n, i, up)| n == owner && (*i > incarnation || (*i == incarnation && !up)))
+    }
 }
 
 /// The spawner's answer.
@@ -58,7 +79,7 @@ pub enum SpawnReply {
     Failed(String),
 }
 
-crate::remote_type!(SpawnRequest, SpawnReply);
+crate::remote_type!(SpawnRequest, SpawnReply, MemberStates);
 
 /// Messages of the spawner actor.
 #[derive(RactorClusterMessage)]
@@ -66,6 +87,8 @@ pub enum SpawnerMsg {
     /// Start an actor of a registered kind.
     #[rpc]
     Spawn(SpawnRequest, RpcReplyPort<SpawnReply>),
+    /// The member table changed (sent by the node itself).
+    Members(MemberStates),
 }
 
 type SpawnFuture = Pin<Box<dyn Future<Output = Result<ActorCell, SpawnReply>> + Send>>;
@@ -120,10 +143,28 @@ pub(crate) struct SpawnerArgs {
 pub(crate) struct SpawnerState {
     kinds: Kinds,
     live: Arc<AtomicU32>,
-    children: HashMap<ractor::ActorId, String>,
+    children: HashMap<ractor::ActorId, Child>,
+    /// The last member table.
+    members: MemberStates,
+}
+
+struct Child {
+    name: String,
+    cell: ActorCell,
+    owner: (String, u64),
 }
 
 impl SpawnerState {
+    /// Stops children whose owner is no longer up.
+    fn reap_orphans(&mut self) {
+        for child in self.children.values() {
+            if self.members.is_gone(&child.owner.0, child.owner.1) {
+                tracing::info!(name = %child.name, owner = %child.owner.0, "stopping an actor whose owner is gone");
+                child.cell.stop(Some("owner gone".into()));
+            }
+        }
+    }
+
     fn publish(&self) {
         self.live
             .store(self.children.len() as u32, Ordering::Relaxed);
@@ -145,6 +186,7 @@ impl Actor for Spawner {
             kinds: args.kinds,
             live: args.live,
             children: HashMap::new(),
+            members: MemberStates::default(),
         })
     }
 
@@ -165,9 +207,17 @@ impl Actor for Spawner {
                 };
                 let answer = match result {
                     Ok(cell) => {
-                        tracing::info!(kind = %req.kind, name = %req.name, "actor spawned");
-                        state.children.insert(cell.get_id(), req.name);
+                        tracing::info!(kind = %req.kind, name = %req.name, owner = %req.owner, "actor spawned");
+                        state.children.insert(
+                            cell.get_id(),
+                            Child {
+                                name: req.name,
+                                cell,
+                                owner: (req.owner, req.owner_incarnation),
+                            },
+                        );
                         state.publish();
+                        state.reap_orphans();
                         SpawnReply::Spawned
                     }
                     Err(e) => {
@@ -176,6 +226,10 @@ impl Actor for Spawner {
                     }
                 };
                 let _ = reply.send(answer);
+            }
+            SpawnerMsg::Members(up) => {
+                state.members = up;
+                state.reap_orphans();
             }
         }
         Ok(())
@@ -191,12 +245,12 @@ impl Actor for Spawner {
     ) -> Result<(), ActorProcessingErr> {
         match event {
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                if let Some(name) = state.children.remove(&cell.get_id()) {
+                if let Some(Child { name, .. }) = state.children.remove(&cell.get_id()) {
                     tracing::info!(%name, reason = reason.as_deref().unwrap_or(""), "actor stopped");
                 }
             }
             SupervisionEvent::ActorFailed(cell, error) => {
-                if let Some(name) = state.children.remove(&cell.get_id()) {
+                if let Some(Child { name, .. }) = state.children.remove(&cell.get_id()) {
                     tracing::warn!(%name, %error, "actor failed");
                 }
             }
@@ -204,5 +258,23 @@ impl Actor for Spawner {
         }
         state.publish();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemberStates;
+
+    #[test]
+    fn an_owner_is_gone_when_down_left_or_restarted_not_when_unknown() {
+        let t = MemberStates(vec![("d".into(), 5, true), ("x".into(), 3, false)]);
+        assert!(!t.is_gone("d", 5));
+        assert!(t.is_gone("d", 4), "restarted with a newer incarnation");
+        assert!(
+            !t.is_gone("d", 6),
+            "the table has not seen the new start yet"
+        );
+        assert!(t.is_gone("x", 3));
+        assert!(!t.is_gone("new", 1), "just joined, not in the table yet");
     }
 }

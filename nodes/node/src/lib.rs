@@ -34,7 +34,8 @@ pub enum Command {
     Join(NodeArgs),
     /// Print the member table as a node sees it.
     Status(StatusArgs),
-    /// Embed a JSONL or Parquet corpus with resident model actors in this process.
+    /// Embed a JSONL or Parquet corpus with resident model actors, in this
+    /// process or (with --head) on every worker of a cluster.
     Embed(EmbedArgs),
 }
 
@@ -59,9 +60,33 @@ pub struct EmbedArgs {
     /// Batches in flight at most (default: 2 per actor).
     #[arg(long)]
     pub max_in_flight: Option<usize>,
-    /// Embedding actors, one model and one core each (default: the CPUs).
+    /// Embedding actors per node, one model and one core each (default:
+    /// the CPUs; on a cluster, one per GPU a worker reports, else its CPUs).
     #[arg(long)]
     pub actors_per_node: Option<usize>,
+    /// Bytes of batches in flight at most, in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub memory_budget_mb: usize,
+    /// Run on the cluster whose head listens here (the driver joins it and
+    /// spawns embedding actors on every worker).
+    #[arg(long)]
+    pub head: Option<SocketAddr>,
+    /// Folder with ca.crt and the driver's certificate (with --head).
+    #[arg(long, default_value = "certs")]
+    pub certs: PathBuf,
+    /// The driver's node name, as in its certificate (with --head).
+    #[arg(long, default_value = "admin")]
+    pub name: String,
+    /// UDP address the driver listens on (with --head; default: the local
+    /// address that routes to the head, any port).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Cluster cookie (with --head).
+    #[arg(long)]
+    pub cookie: Option<String>,
+    /// Log progress lines instead of drawing a bar, even on a terminal.
+    #[arg(long)]
+    pub no_progress_bar: bool,
     /// Job id (default: from the input's content, batch size and model).
     #[arg(long)]
     pub job_id: Option<String>,
@@ -85,7 +110,7 @@ pub enum PartFormat {
 impl EmbedArgs {
     /// The job configuration.
     pub fn job(self) -> flotilla_embed::job::JobConfig {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        use std::io::IsTerminal;
         flotilla_embed::job::JobConfig {
             input: self.input,
             output: self.output,
@@ -97,9 +122,18 @@ impl EmbedArgs {
             id_field: self.id_column,
             text_field: self.text_column,
             batch_size: self.batch_size,
-            actors: self.actors_per_node.unwrap_or(cpus),
+            actors_per_node: self.actors_per_node,
             max_in_flight: self.max_in_flight,
+            memory_budget: self.memory_budget_mb.max(1) << 20,
             job_id: self.job_id,
+            cluster: self.head.map(|head| flotilla_embed::job::ClusterConfig {
+                head,
+                certs: self.certs,
+                name: self.name,
+                listen: self.listen,
+                cookie: self.cookie,
+            }),
+            progress_bar: !self.no_progress_bar && std::io::stderr().is_terminal(),
         }
     }
 }
@@ -166,6 +200,11 @@ pub struct NodeArgs {
     /// Custom resource label, `KEY=VALUE`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// This node's embedding model folder: its embedding actors load it
+    /// whatever folder a job names (default: the job's `--model` path as
+    /// seen on this node).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
 }
 
 /// Flags of `node status`.
@@ -206,6 +245,16 @@ pub struct FileConfig {
     join_timeout_ms: Option<u64>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    model: Option<PathBuf>,
+}
+
+/// Everything `node head` / `node join` run with.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// The node's configuration.
+    pub config: NodeConfig,
+    /// The node's own embedding model folder, if configured.
+    pub model: Option<PathBuf>,
 }
 
 /// A configuration problem: the node does not start.
@@ -250,7 +299,7 @@ pub fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
 
 /// Merges flags over the file and checks the result. `join` says whether
 /// this is `node join` (a head address is required) or `node head`.
-pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeConfig, ConfigError> {
+pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigError> {
     let file = match &args.config {
         Some(path) => read_file_config(path)?,
         None => FileConfig::default(),
@@ -301,7 +350,10 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeConfig, ConfigError
     }
     config.labels = file.labels;
     config.labels.extend(args.labels);
-    Ok(config)
+    Ok(NodeSettings {
+        config,
+        model: args.model.or(file.model),
+    })
 }
 
 #[cfg(test)]
@@ -325,7 +377,7 @@ mod tests {
         let mut a = args();
         a.config = Some(path.clone());
         a.labels = vec![("rack".into(), "2".into())];
-        let c = node_config(a, true).unwrap();
+        let c = node_config(a, true).unwrap().config;
         assert_eq!(c.name, "n1");
         assert_eq!(c.detector.heartbeat_interval, Duration::from_millis(200));
         assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));

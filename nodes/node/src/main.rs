@@ -63,7 +63,7 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Embed(args) => match flotilla_embed::job::run_local(args.job()).await {
+        Command::Embed(args) => match flotilla_embed::job::run(args.job()).await {
             Ok(summary) => {
                 println!("{summary}");
                 ExitCode::SUCCESS
@@ -102,14 +102,15 @@ async fn run(cli: Cli) -> ExitCode {
 }
 
 async fn serve(args: flotilla_node::NodeArgs, join: bool) -> ExitCode {
-    let config = match node_config(args, join) {
+    let settings = match node_config(args, join) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    let node = match flotilla::probe::register(Node::builder(config))
+    let builder = flotilla::probe::register(Node::builder(settings.config));
+    let node = match flotilla_embed::actor::register(builder, settings.model)
         .start()
         .await
     {

@@ -1,27 +1,32 @@
-//! The embed job on the embedded default: one process, resident embedding
-//! actors, a JSONL or Parquet input streamed in batches with stable ids, a credit
-//! window of at most `max_in_flight` batches, idempotent output and resume.
+//! The embed job: a JSONL or Parquet input streamed in batches with stable
+//! ids, resident embedding actors in this process (the embedded default) or
+//! on every worker of a cluster, the framework's bounded pipeline between
+//! them, idempotent output and resume.
 //!
 //! ```text
-//! JsonlSource ─► batches (id = ordinal) ─► Window (≤ M in flight, least loaded)
-//!     ─► Embedder actors ─► checks (batch id, revision, dim) ─► LocalSink part
+//! source ─► batches (id = ordinal) ─► flotilla::pipeline (≤ M in flight,
+//!     least loaded, deadlines, retries) ─► Embedder actors (local or remote)
+//!     ─► checks (batch id, revision, dim) ─► LocalSink part
 //! ```
 //!
 //! Memory stays flat as the input grows: only the batches in flight are
 //! held, plus a 16-byte digest per id to refuse duplicates.
 
+mod cluster;
+mod progress;
 pub mod sink;
 pub mod source;
 
-use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use flotilla::pipeline::{BatchId, Event, Pipeline, PipelineConfig, RpcReplyPort, Stage, Verdict};
 use flotilla::ractor::{Actor, ActorRef, call_t};
-use flotilla_proto::window::{Abandoned, BatchId, Window, WindowConfig};
-use tokio::sync::mpsc;
 
-use crate::actor::{EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest, Embedder, EmbedderArgs};
+use crate::actor::{
+    EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest, Embedder, EmbedderArgs, ModelInfo,
+};
 use crate::model_folder::ModelFolder;
 pub use sink::Format;
 use sink::{LocalSink, Manifest, RowError, SinkError};
@@ -44,13 +49,37 @@ pub struct JobConfig {
     pub text_field: String,
     /// Rows per batch.
     pub batch_size: usize,
-    /// Embedding actors (each one model, one thread).
-    pub actors: usize,
+    /// Embedding actors per node, one model and one thread each (default:
+    /// this machine's CPUs locally; on a cluster one per GPU a worker
+    /// reports, else one per CPU).
+    pub actors_per_node: Option<usize>,
     /// Batches in flight at most (default: 2 per actor).
     pub max_in_flight: Option<usize>,
+    /// Bytes of batches in flight at most (texts and vectors).
+    pub memory_budget: usize,
     /// Job id; default derived from the input's content, the batch size and
     /// the model revision.
     pub job_id: Option<String>,
+    /// Run on a cluster instead of in this process.
+    pub cluster: Option<ClusterConfig>,
+    /// Show a progress bar (on a terminal); otherwise log progress lines.
+    pub progress_bar: bool,
+}
+
+/// How the driver joins a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The head's address.
+    pub head: SocketAddr,
+    /// Folder with `ca.crt` and the driver's certificate and key.
+    pub certs: PathBuf,
+    /// The driver's node name (its certificate's name).
+    pub name: String,
+    /// UDP address the driver listens on (default: the local address that
+    /// routes to the head, any port).
+    pub listen: Option<SocketAddr>,
+    /// The cluster cookie.
+    pub cookie: Option<String>,
 }
 
 /// What a job did.
@@ -66,8 +95,12 @@ pub struct Summary {
     pub skipped_batches: u64,
     /// Rows refused (malformed, duplicate, rejected by the model).
     pub rejected_rows: u64,
-    /// Re-dispatches after a failure or deadline.
+    /// Sends after the first of a batch (failures, deadlines, lost workers).
     pub retries: u64,
+    /// Batches moved off a worker that went down.
+    pub redispatches: u64,
+    /// Embedding actors used.
+    pub actors: usize,
     /// Wall time of the run.
     pub elapsed: Duration,
     /// Model load time of the slowest actor.
@@ -85,13 +118,15 @@ impl std::fmt::Display for Summary {
         let rate = self.texts as f64 / self.elapsed.as_secs_f64().max(1e-9);
         write!(
             f,
-            "job {}: {} texts in {} batches ({} skipped as done), {} rows rejected, {} retries, {:.1} s, {:.1} texts/s, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
+            "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {:.1} s, {:.1} texts/s, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
             self.job_id,
             self.texts,
             self.batches,
             self.skipped_batches,
+            self.actors,
             self.rejected_rows,
             self.retries,
+            self.redispatches,
             self.elapsed.as_secs_f64(),
             rate,
             self.batch_p50.as_secs_f64() * 1e3,
@@ -124,16 +159,84 @@ pub enum JobError {
     /// An embedding actor did not start.
     #[error("embedding actor failed to start: {0}")]
     Actor(String),
+    /// The cluster could not be joined or offers no usable worker.
+    #[error("cluster: {0}")]
+    Cluster(String),
+    /// Every worker was lost with batches still to do.
+    #[error("{0}; rerun to finish the job (completed batches are kept)")]
+    NoWorkers(flotilla::pipeline::PipelineError),
     /// Batches failed on every attempt.
     #[error("{0} batches failed on every attempt; rerun to retry them")]
     Incomplete(u64),
 }
 
 /// A batch held while in flight.
-struct Batch {
+#[derive(Debug)]
+pub struct Batch {
     ids: Vec<String>,
     lines: Vec<u64>,
     texts: Vec<String>,
+}
+
+impl Batch {
+    fn empty() -> Self {
+        Self {
+            ids: vec![],
+            lines: vec![],
+            texts: vec![],
+        }
+    }
+}
+
+/// How the job talks to embedding actors: one [`EmbedRequest`] per batch,
+/// and a result accepted only with the job's batch id, revision and width.
+pub struct EmbedStage {
+    revision: String,
+    dim: u32,
+}
+
+impl Stage for EmbedStage {
+    type Msg = EmbedMsg;
+    type Batch = Batch;
+    type Reply = EmbedReply;
+    type Output = Vec<f32>;
+
+    fn request(&self, id: BatchId, batch: &Batch, reply: RpcReplyPort<EmbedReply>) -> EmbedMsg {
+        EmbedMsg::Embed(
+            EmbedRequest {
+                batch_id: id.0,
+                texts: batch.texts.clone(),
+            },
+            reply,
+        )
+    }
+
+    fn judge(&self, id: BatchId, batch: &Batch, reply: EmbedReply) -> Verdict<Vec<f32>> {
+        match reply {
+            EmbedReply {
+                batch_id,
+                outcome: EmbedOutcome::Embedded(v),
+            } if batch_id == id.0
+                && v.revision == self.revision
+                && v.dim == self.dim
+                && v.values.len() == batch.ids.len() * self.dim as usize =>
+            {
+                Verdict::Done(v.values)
+            }
+            EmbedReply {
+                outcome: EmbedOutcome::BadInput(reason),
+                ..
+            } => Verdict::BadInput(reason),
+            other => Verdict::Retry(format!("refused a result: {}", describe(&other))),
+        }
+    }
+
+    fn weight(&self, batch: &Batch) -> usize {
+        let text: usize = batch.texts.iter().map(String::len).sum();
+        let ids: usize = batch.ids.iter().map(String::len).sum();
+        // The request's copy of the texts, and the vectors coming back.
+        2 * text + ids + batch.ids.len() * self.dim as usize * 4
+    }
 }
 
 fn input_digest(path: &std::path::Path) -> Result<String, JobError> {
@@ -144,25 +247,43 @@ fn input_digest(path: &std::path::Path) -> Result<String, JobError> {
     Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
 
-/// Runs the job in this process. Safe to run again on the same output:
-/// completed batches are skipped, the rest are computed.
-pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
+/// Embedding actors the job runs on, where they run, and what they loaded.
+pub(crate) struct Workers {
+    /// `(node, actor)` pairs.
+    pub(crate) actors: Vec<(String, ActorRef<EmbedMsg>)>,
+    /// The model every actor loaded.
+    pub(crate) info: ModelInfo,
+}
+
+/// Runs the job: in this process, or on the cluster of
+/// [`JobConfig::cluster`]. Safe to run again on the same output: completed
+/// batches are skipped, the rest are computed.
+pub async fn run(config: JobConfig) -> Result<Summary, JobError> {
+    match config.cluster.clone() {
+        None => run_local(config).await,
+        Some(cluster) => cluster::run(config, cluster).await,
+    }
+}
+
+/// Runs the job with actors in this process.
+async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
     let started = Instant::now();
     // Configuration errors name the file at fault before any model loads.
     ModelFolder::open(&config.model)?;
 
     // The actors load the model; the revision and width of the job are what
     // they report, so the weights are read and hashed once per actor only.
-    let actors = config.actors.max(1);
-    let mut workers: Vec<ActorRef<EmbedMsg>> = Vec::with_capacity(actors);
-    let mut infos = Vec::with_capacity(actors);
-    for _ in 0..actors {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let count = config.actors_per_node.unwrap_or(cpus).max(1);
+    let mut actors: Vec<(String, ActorRef<EmbedMsg>)> = Vec::with_capacity(count);
+    let mut infos: Vec<ModelInfo> = Vec::with_capacity(count);
+    for _ in 0..count {
         let args = EmbedderArgs {
             model_dir: config.model.to_string_lossy().into_owned(),
             threads: 1,
             micro_batch: 16,
         };
-        let spawned = match Actor::spawn(None, Embedder, args).await {
+        let spawned = match Actor::spawn(None, Embedder::default(), args).await {
             Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, 10_000)
                 .map(|info| (actor, info))
                 .map_err(|e| e.to_string()),
@@ -170,46 +291,49 @@ pub async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
         };
         match spawned {
             Ok((actor, info)) => {
-                workers.push(actor);
+                actors.push(("local".to_owned(), actor));
                 infos.push(info);
             }
             Err(e) => {
-                stop(&workers);
+                stop(&actors);
                 return Err(JobError::Actor(e));
             }
         }
     }
-    let result = drive(&config, started, &workers, &infos).await;
-    stop(&workers);
-    result
-}
-
-fn stop(workers: &[ActorRef<EmbedMsg>]) {
-    for w in workers {
-        w.stop(None);
-    }
-}
-
-/// The job proper, once the actors run.
-async fn drive(
-    config: &JobConfig,
-    started: Instant,
-    workers: &[ActorRef<EmbedMsg>],
-    infos: &[crate::actor::ModelInfo],
-) -> Result<Summary, JobError> {
-    let first = &infos[0];
+    let first = infos[0].clone();
     if let Some(other) = infos.iter().find(|i| i.revision != first.revision) {
+        stop(&actors);
         return Err(JobError::Actor(format!(
             "actors loaded different weights: {} and {}",
             first.revision, other.revision
         )));
     }
-    let model_load = infos
-        .iter()
-        .map(|i| Duration::from_millis(i.load_ms))
-        .max()
-        .unwrap_or_default();
-    let revision = crate::ModelRevision::new(first.revision.clone());
+    let info = ModelInfo {
+        load_ms: infos.iter().map(|i| i.load_ms).max().unwrap_or(0),
+        ..first
+    };
+    let workers = Workers { actors, info };
+    let result = drive(&config, started, &workers, None).await;
+    stop(&workers.actors);
+    result
+}
+
+fn stop(actors: &[(String, ActorRef<EmbedMsg>)]) {
+    for (_, a) in actors {
+        a.stop(None);
+    }
+}
+
+/// The job proper, once the actors run. With `members`, workers whose node
+/// goes down or leaves are dropped and their batches sent elsewhere.
+pub(crate) async fn drive(
+    config: &JobConfig,
+    started: Instant,
+    workers: &Workers,
+    mut members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
+) -> Result<Summary, JobError> {
+    let info = &workers.info;
+    let revision = crate::ModelRevision::new(info.revision.clone());
     let batch_size = config.batch_size.max(1);
     let job_id = match &config.job_id {
         Some(id) => id.clone(),
@@ -222,7 +346,7 @@ async fn drive(
     let manifest = Manifest {
         job_id: job_id.clone(),
         model_revision: revision.to_string(),
-        dim: first.dim,
+        dim: info.dim,
         batch_size: batch_size as u32,
         format: config.format,
     };
@@ -234,61 +358,45 @@ async fn drive(
                 source,
             }
         })?;
-    let actors = workers.len();
 
-    let mut window: Window<usize> = Window::new(WindowConfig {
-        max_in_flight: config.max_in_flight.unwrap_or(2 * actors).max(1),
-        deadline: crate::actor::BATCH_DEADLINE,
-        max_attempts: 3,
-    });
-    for w in 0..actors {
-        window.add_worker(w);
+    let mut pipeline = Pipeline::new(
+        EmbedStage {
+            revision: manifest.model_revision.clone(),
+            dim: info.dim,
+        },
+        PipelineConfig {
+            max_in_flight: config
+                .max_in_flight
+                .unwrap_or(2 * workers.actors.len())
+                .max(1),
+            memory_budget: config.memory_budget,
+            deadline: crate::actor::BATCH_DEADLINE,
+            max_attempts: 3,
+        },
+    );
+    for (node, actor) in &workers.actors {
+        pipeline.add_worker(node, actor.clone());
     }
-
-    type Answer = (usize, BatchId, Result<EmbedReply, String>, Duration);
-    let (tx, mut rx) = mpsc::unbounded_channel::<Answer>();
-    let send = |d: flotilla_proto::window::Dispatch<usize>, batch: &Batch| {
-        let actor = workers[d.worker].clone();
-        let tx = tx.clone();
-        let req = EmbedRequest {
-            batch_id: d.batch.0,
-            texts: batch.texts.clone(),
-        };
-        tokio::spawn(async move {
-            let t = Instant::now();
-            let ms = crate::actor::BATCH_DEADLINE.as_millis() as u64;
-            let result = call_t!(actor, EmbedMsg::Embed, ms, req).map_err(|e| e.to_string());
-            let _ = tx.send((d.worker, d.batch, result, t.elapsed()));
-        });
-    };
+    let mut lost_nodes: Vec<String> = Vec::new();
 
     let mut summary = Summary {
         job_id,
-        model_load,
+        model_load: Duration::from_millis(info.load_ms),
+        actors: workers.actors.len(),
         ..Summary::default()
     };
+    let mut progress =
+        progress::Progress::new(config.progress_bar, source::count_rows(&config.input));
     let mut errors: Vec<RowError> = Vec::new();
-    let mut flights: HashMap<u64, Batch> = HashMap::new();
     let mut next_batch = 0u64;
-    let mut pending: Batch = Batch {
-        ids: vec![],
-        lines: vec![],
-        texts: vec![],
-    };
+    let mut pending = Batch::empty();
     let mut exhausted = false;
     let mut latencies: Vec<Duration> = Vec::new();
     let mut gave_up = 0u64;
-    let mut last_report = Instant::now();
-    let dim = manifest.dim as usize;
 
     loop {
-        let now = Instant::now();
-        while let Some(d) = window.poll_retry(now) {
-            summary.retries += 1;
-            send(d.clone(), &flights[&d.batch.0]);
-        }
         // Fill free credits with the next batches not already done.
-        while !exhausted && window.has_credit() {
+        while !exhausted && pipeline.has_credit() {
             while pending.ids.len() < batch_size {
                 match source.next() {
                     None => {
@@ -314,94 +422,74 @@ async fn drive(
             if pending.ids.is_empty() {
                 break;
             }
-            let batch = std::mem::replace(
-                &mut pending,
-                Batch {
-                    ids: vec![],
-                    lines: vec![],
-                    texts: vec![],
-                },
-            );
+            let batch = std::mem::replace(&mut pending, Batch::empty());
             let id = next_batch;
             next_batch += 1;
             if done.contains(&id) {
                 summary.skipped_batches += 1;
+                progress.skipped(batch.ids.len());
                 continue;
             }
-            let d = window
-                .dispatch_new(now, BatchId(id))
-                .expect("credit checked");
-            send(d, &batch);
-            flights.insert(id, batch);
+            pipeline.submit(BatchId(id), batch);
         }
-        if exhausted && window.is_idle() {
+        if exhausted && pipeline.is_idle() {
             break;
         }
-        let deadline = window
-            .poll_timeout()
-            .map(tokio::time::Instant::from_std)
-            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(1));
-        tokio::select! {
-            answer = rx.recv() => {
-                let Some((worker, batch_id, result, took)) = answer else { break };
-                let Some(batch) = flights.get(&batch_id.0) else { continue };
-                match result {
-                    Ok(EmbedReply { batch_id: got, outcome: EmbedOutcome::Embedded(v) })
-                        if got == batch_id.0
-                            && v.revision == manifest.model_revision
-                            && v.dim as usize == dim
-                            && v.values.len() == batch.ids.len() * dim =>
-                    {
-                        if window.complete(batch_id, &worker) == flotilla_proto::window::Outcome::Accepted {
-                            sink.write_batch(batch_id.0, &batch.ids, dim, &v.values)?;
-                            summary.texts += batch.ids.len() as u64;
-                            summary.batches += 1;
-                            latencies.push(took);
-                            flights.remove(&batch_id.0);
+        let event = match members.as_mut() {
+            None => pipeline.next().await,
+            Some(rx) => {
+                tokio::select! {
+                    e = pipeline.next() => e,
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            members = None;
+                            continue;
                         }
-                    }
-                    Ok(EmbedReply { outcome: EmbedOutcome::BadInput(reason), .. }) => {
-                        if window.reject(batch_id, &worker) == flotilla_proto::window::Outcome::Accepted {
-                            for (id, line) in batch.ids.iter().zip(&batch.lines) {
-                                errors.push(RowError { line: *line, id: Some(id.clone()), reason: reason.clone() });
+                        let table = rx.borrow_and_update().clone();
+                        for (node, _) in &workers.actors {
+                            let gone = table.get(node).is_none_or(|m| m.state != flotilla::MemberState::Up);
+                            if gone && !lost_nodes.contains(node) {
+                                lost_nodes.push(node.clone());
+                                let n = pipeline.remove_node(node);
+                                tracing::warn!(%node, actors = n, in_flight = pipeline.in_flight(), "worker node lost; its batches go to the other workers");
                             }
                         }
-                    }
-                    Ok(other) => {
-                        tracing::warn!(batch = batch_id.0, ?worker, "refused a result: {}", describe(&other));
-                        window.fail(batch_id, &worker);
-                    }
-                    Err(e) => {
-                        tracing::warn!(batch = batch_id.0, ?worker, error = %e, "batch failed; re-dispatching");
-                        window.fail(batch_id, &worker);
+                        continue;
                     }
                 }
             }
-            _ = tokio::time::sleep_until(deadline) => {
-                window.poll_deadlines(Instant::now());
+        };
+        match event.map_err(JobError::NoWorkers)? {
+            None => {}
+            Some(Event::Done {
+                id,
+                batch,
+                output,
+                latency,
+            }) => {
+                sink.write_batch(id.0, &batch.ids, info.dim as usize, &output)?;
+                summary.texts += batch.ids.len() as u64;
+                summary.batches += 1;
+                latencies.push(latency);
+                progress.done(batch.ids.len());
             }
-        }
-        for a in window.take_abandoned() {
-            match a {
-                Abandoned::Rejected(b) => {
-                    flights.remove(&b.0);
+            Some(Event::Rejected { batch, reason, .. }) => {
+                for (id, line) in batch.ids.iter().zip(&batch.lines) {
+                    errors.push(RowError {
+                        line: *line,
+                        id: Some(id.clone()),
+                        reason: reason.clone(),
+                    });
                 }
-                Abandoned::GaveUp(b) => {
-                    gave_up += 1;
-                    flights.remove(&b.0);
-                }
+                progress.done(batch.ids.len());
             }
-        }
-        if last_report.elapsed() >= Duration::from_secs(5) {
-            last_report = Instant::now();
-            let rate = summary.texts as f64 / started.elapsed().as_secs_f64();
-            tracing::info!(
-                texts = summary.texts,
-                batches = summary.batches,
-                "progress: {rate:.1} texts/s"
-            );
+            Some(Event::GaveUp { id, .. }) => {
+                tracing::error!(batch = id.0, "batch failed on every attempt");
+                gave_up += 1;
+            }
         }
     }
+    progress.finish();
     errors.sort_by_key(|e| e.line);
     summary.rejected_rows = errors.len() as u64;
     sink.write_errors(&errors)?;
@@ -412,6 +500,9 @@ async fn drive(
             .copied()
             .unwrap_or_default()
     };
+    let stats = pipeline.stats();
+    summary.retries = stats.retries;
+    summary.redispatches = stats.redispatches;
     summary.batch_p50 = pick(0.5);
     summary.batch_p95 = pick(0.95);
     summary.elapsed = started.elapsed();

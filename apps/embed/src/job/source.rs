@@ -74,6 +74,38 @@ pub fn open(path: &Path, id_field: &str, text_field: &str) -> Result<Source, Sou
     }
 }
 
+/// Rows in `path`, for progress: Parquet's row count from its footer, or
+/// the non-blank lines of a JSONL file (one streamed pass). `None` if the
+/// file cannot be read.
+pub fn count_rows(path: &Path) -> Option<u64> {
+    if path.extension().is_some_and(|e| e == "parquet") {
+        let file = std::fs::File::open(path).ok()?;
+        let builder =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).ok()?;
+        return u64::try_from(builder.metadata().file_metadata().num_rows()).ok();
+    }
+    let mut reader = BufReader::with_capacity(1 << 20, std::fs::File::open(path).ok()?);
+    let mut rows = 0u64;
+    let mut blank = true;
+    loop {
+        let buf = reader.fill_buf().ok()?;
+        if buf.is_empty() {
+            break;
+        }
+        for &b in buf {
+            if b == b'\n' {
+                rows += u64::from(!blank);
+                blank = true;
+            } else if !b.is_ascii_whitespace() {
+                blank = false;
+            }
+        }
+        let n = buf.len();
+        reader.consume(n);
+    }
+    Some(rows + u64::from(!blank))
+}
+
 /// Reads rows from a JSONL file.
 pub struct JsonlSource {
     lines: std::io::Lines<BufReader<std::fs::File>>,

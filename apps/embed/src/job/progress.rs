@@ -1,0 +1,100 @@
+//! Job progress: a bar with texts/s and ETA on a terminal, a log line every
+//! few seconds otherwise.
+
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// How often progress is logged when there is no bar.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Progress of one run, in rows.
+pub(crate) struct Progress {
+    bar: Option<ProgressBar>,
+    started: Instant,
+    last_log: Instant,
+    /// Rows embedded (or refused) by this run.
+    rows: u64,
+    /// Rows of batches skipped as already done.
+    skipped: u64,
+    total: Option<u64>,
+}
+
+impl Progress {
+    /// Progress over `total` rows (when known); with `bar`, drawn on the
+    /// terminal.
+    pub(crate) fn new(bar: bool, total: Option<u64>) -> Self {
+        let bar = bar.then(|| {
+            let b = ProgressBar::new(total.unwrap_or(0));
+            let template = if total.is_some() {
+                "{bar:40} {pos}/{len} texts  {msg}  ETA {eta}"
+            } else {
+                "{spinner} {pos} texts  {msg}"
+            };
+            if let Ok(style) = ProgressStyle::with_template(template) {
+                b.set_style(style);
+            }
+            b
+        });
+        Self {
+            bar,
+            started: Instant::now(),
+            last_log: Instant::now(),
+            rows: 0,
+            skipped: 0,
+            total,
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        self.rows as f64 / self.started.elapsed().as_secs_f64().max(1e-9)
+    }
+
+    /// Rows of a batch found complete.
+    pub(crate) fn skipped(&mut self, rows: usize) {
+        self.skipped += rows as u64;
+        if let Some(b) = &self.bar {
+            b.inc(rows as u64);
+        }
+    }
+
+    /// Rows of a batch finished.
+    pub(crate) fn done(&mut self, rows: usize) {
+        self.rows += rows as u64;
+        let rate = self.rate();
+        match &self.bar {
+            Some(b) => {
+                b.inc(rows as u64);
+                b.set_message(format!("{rate:.1} texts/s"));
+            }
+            None if self.last_log.elapsed() >= LOG_EVERY => {
+                self.last_log = Instant::now();
+                let seen = self.rows + self.skipped;
+                match self.total {
+                    Some(total) if rate > 0.0 => {
+                        let eta = total.saturating_sub(seen) as f64 / rate;
+                        tracing::info!(
+                            texts = self.rows,
+                            skipped = self.skipped,
+                            total,
+                            "progress: {rate:.1} texts/s, ETA {eta:.0} s"
+                        );
+                    }
+                    _ => tracing::info!(
+                        texts = self.rows,
+                        skipped = self.skipped,
+                        "progress: {rate:.1} texts/s"
+                    ),
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Clears the bar.
+    pub(crate) fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! `node embed --head`: the embed job on a loopback cluster of real `node`
+//! processes (head + workers), with workers and drivers killed mid-job.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime};
+
+mod common;
+
+use common::*;
+
+/// The first `rows` rows of the reference corpus, as a JSONL file in `dir`.
+fn corpus_head(dir: &Path, rows: usize) -> (PathBuf, Vec<String>) {
+    let corpus = root().join("../shared/data/corpus-4k.jsonl");
+    let text = std::fs::read_to_string(corpus).unwrap();
+    let lines: Vec<&str> = text.lines().take(rows).collect();
+    let path = dir.join("input.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    (path, ids_of(&lines.join("\n")))
+}
+
+/// Starts a driver: `node embed --head` with the admin identity.
+fn driver(
+    s: &Scratch,
+    head: &Proc,
+    input: &Path,
+    output: &Path,
+    tag: &str,
+    extra: &[&str],
+) -> Child {
+    let log = std::fs::File::create(s.dir.join(format!("driver-{tag}.log"))).unwrap();
+    Command::new(NODE)
+        .arg("embed")
+        .args(["--input", input.to_str().unwrap()])
+        .args(["--output", output.to_str().unwrap()])
+        .args(["--model", model().to_str().unwrap()])
+        .args(["--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .args([
+            "--actors-per-node",
+            "1",
+            "--batch-size",
+            "32",
+            "--format",
+            "jsonl",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a driver; returns its success and summary line.
+fn finish(s: &Scratch, child: Child, tag: &str) -> (bool, String) {
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        eprintln!(
+            "{}",
+            std::fs::read_to_string(s.dir.join(format!("driver-{tag}.log"))).unwrap_or_default()
+        );
+    }
+    (out.status.success(), stdout)
+}
+
+/// Written parts and their modification times.
+fn parts(output: &Path) -> BTreeMap<String, SystemTime> {
+    std::fs::read_dir(output.join("parts"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let e = e.ok()?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                // Temporary files are not parts yet.
+                name.ends_with(".jsonl")
+                    .then(|| (name, e.metadata().unwrap().modified().unwrap()))
+            })
+            .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn actors_on(s: &Scratch, head: &Proc, node: &str) -> Option<u64> {
+    let st = s.status(head.addr)?;
+    st["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["name"] == node)
+        .and_then(|n| n["actors"].as_u64())
+}
+
+/// Clauses of the embed job on a cluster: exactly-once output over three
+/// workers; a driver killed mid-job and rerun recomputes no written batch;
+/// a worker killed mid-job loses and duplicates nothing; the actors a
+/// driver started stop when it is gone.
+#[test]
+fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
+    let s = Scratch::new("embed-cluster");
+    let (head, mut workers) = cluster(&s, &["w1", "w2", "w3"]);
+    let (input, ids) = corpus_head(&s.dir, 1200);
+
+    // 1. The driver is killed mid-job, then the same command runs again.
+    let out1 = s.dir.join("out1");
+    let mut first = driver(&s, &head, &input, &out1, "killed", &[]);
+    let (written, _) = eventually(Duration::from_secs(120), || {
+        let p = parts(&out1);
+        (p.len() >= 6).then_some(p)
+    });
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // Parts written until the kill (a few more may have landed meanwhile).
+    let written_now = parts(&out1);
+    assert!(written_now.len() >= written.len());
+    let (ok, summary) = finish(&s, driver(&s, &head, &input, &out1, "rerun", &[]), "rerun");
+    assert!(ok, "{summary}");
+    assert!(summary.contains("on 3 actors"), "{summary}");
+    let skipped = format!("({} skipped as done)", written_now.len());
+    assert!(summary.contains(&skipped), "{summary} should say {skipped}");
+    let after = parts(&out1);
+    for (name, modified) in &written_now {
+        assert_eq!(after.get(name), Some(modified), "{name} was recomputed");
+    }
+    assert_exactly_once(&out1, &ids);
+
+    // The killed driver's actors and the finished one's are stopped: the
+    // workers end with none.
+    eventually(Duration::from_secs(20), || {
+        ["w1", "w2", "w3"]
+            .iter()
+            .all(|w| actors_on(&s, &head, w) == Some(0))
+            .then_some(())
+    });
+
+    // 2. A worker is killed mid-job: its batches go to the others.
+    let out2 = s.dir.join("out2");
+    let job = driver(&s, &head, &input, &out2, "worker-killed", &[]);
+    eventually(Duration::from_secs(120), || {
+        (parts(&out2).len() >= 4).then_some(())
+    });
+    let victim = workers.remove(1);
+    victim.signal("-KILL");
+    let (ok, summary) = finish(&s, job, "worker-killed");
+    assert!(ok, "{summary}");
+    assert!(summary.contains("on 3 actors"), "{summary}");
+    assert_exactly_once(&out2, &ids);
+    drop(victim);
+}
