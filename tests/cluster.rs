@@ -157,7 +157,8 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Clause "delivery: remote call": a typed call between actors on two
-/// workers, spawned by name from a third node, completes.
+/// workers, spawned by name from a third node, completes. Clause "remote
+/// spawn: ownership": once that node has left, the workers stop them.
 #[test]
 fn remote_call_between_actors_on_two_workers() {
     use flotilla::probe::{

@@ -146,3 +146,51 @@ fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
     assert_exactly_once(&out2, &ids);
     drop(victim);
 }
+
+/// `rows` short texts with distinct ids.
+fn short_texts(path: &Path, rows: usize) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for i in 0..rows {
+        writeln!(
+            f,
+            "{{\"id\":\"r{i}\",\"text\":\"row {i} of the memory check\"}}"
+        )
+        .unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// The driver's peak RSS in MiB, from its summary line.
+fn peak_rss_mib(summary: &str) -> u64 {
+    let tail = summary
+        .split("peak RSS ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no peak RSS in {summary}"));
+    tail.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// Clause "driver memory stays flat": the driver (which hosts no model on
+/// a cluster) peaks within 10% for an input ten times larger.
+#[test]
+fn driver_memory_stays_flat_for_a_ten_times_larger_input() {
+    let s = Scratch::new("embed-flat");
+    let (head, _workers) = cluster(&s, &["f1", "f2"]);
+    let mut peaks = Vec::new();
+    for (tag, rows) in [("1x", 1_000usize), ("10x", 10_000)] {
+        let input = s.dir.join(format!("{tag}.jsonl"));
+        short_texts(&input, rows);
+        let out = s.dir.join(format!("out-{tag}"));
+        let job = driver(&s, &head, &input, &out, tag, &[]);
+        let (ok, summary) = finish(&s, job, tag);
+        assert!(ok, "{summary}");
+        assert!(summary.contains(&format!(" {rows} texts")), "{summary}");
+        eprintln!("{tag}: {summary}");
+        peaks.push(peak_rss_mib(&summary));
+    }
+    let (one, ten) = (peaks[0] as f64, peaks[1] as f64);
+    assert!(
+        ten <= one * 1.10,
+        "driver peak RSS {ten} MiB for 10x the input vs {one} MiB for 1x"
+    );
+}

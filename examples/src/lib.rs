@@ -33,6 +33,11 @@ impl Worker {
             .spawn()?;
         Ok(Self(child))
     }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
 }
 
 impl Drop for Worker {

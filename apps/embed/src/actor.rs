@@ -123,8 +123,9 @@ pub struct EmbedderState {
     info: ModelInfo,
 }
 
-/// Embeds `texts` in length-sorted micro-batches, answering in input order.
-fn embed_sorted(
+/// Embeds `texts` in length-sorted micro-batches, answering in input order:
+/// what an [`Embedder`] runs for each batch.
+pub fn embed_sorted(
     encoder: &SentenceEncoder,
     texts: &[String],
     micro_batch: usize,

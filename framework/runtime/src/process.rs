@@ -11,6 +11,11 @@ pub fn rss_bytes() -> u64 {
     status_kib("VmRSS:") * 1024
 }
 
+/// Current resident set size of process `pid` in bytes, 0 if unknown.
+pub fn rss_bytes_of(pid: u32) -> u64 {
+    status_kib_of(&format!("/proc/{pid}/status"), "VmRSS:") * 1024
+}
+
 /// Resets the peak-RSS mark to the current RSS, so the next
 /// [`peak_rss_bytes`] covers only what follows (Linux; a no-op elsewhere).
 pub fn reset_peak_rss() {
@@ -18,7 +23,11 @@ pub fn reset_peak_rss() {
 }
 
 fn status_kib(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    status_kib_of("/proc/self/status", key)
+}
+
+fn status_kib_of(path: &str, key: &str) -> u64 {
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -36,5 +45,7 @@ mod tests {
         let current = super::rss_bytes();
         assert!(current > 0, "VmRSS readable on Linux");
         assert!(super::peak_rss_bytes() >= current);
+        assert!(super::rss_bytes_of(std::process::id()) > 0);
+        assert_eq!(super::rss_bytes_of(u32::MAX), 0);
     }
 }

@@ -103,6 +103,10 @@ pub struct Summary {
     pub actors: usize,
     /// Wall time of the run.
     pub elapsed: Duration,
+    /// When every actor had its model loaded, from the start.
+    pub ready_after: Duration,
+    /// When the first batch was written, from the start.
+    pub first_batch_after: Option<Duration>,
     /// Model load time of the slowest actor.
     pub model_load: Duration,
     /// Median batch latency.
@@ -116,9 +120,12 @@ pub struct Summary {
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let rate = self.texts as f64 / self.elapsed.as_secs_f64().max(1e-9);
+        let first = self
+            .first_batch_after
+            .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
         write!(
             f,
-            "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {:.1} s, {:.1} texts/s, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
+            "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {:.1} s, {:.1} texts/s, first batch after {}, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
             self.job_id,
             self.texts,
             self.batches,
@@ -129,6 +136,7 @@ impl std::fmt::Display for Summary {
             self.redispatches,
             self.elapsed.as_secs_f64(),
             rate,
+            first,
             self.batch_p50.as_secs_f64() * 1e3,
             self.batch_p95.as_secs_f64() * 1e3,
             self.model_load.as_secs_f64(),
@@ -383,6 +391,7 @@ pub(crate) async fn drive(
         job_id,
         model_load: Duration::from_millis(info.load_ms),
         actors: workers.actors.len(),
+        ready_after: started.elapsed(),
         ..Summary::default()
     };
     let mut progress =
@@ -468,6 +477,9 @@ pub(crate) async fn drive(
                 latency,
             }) => {
                 sink.write_batch(id.0, &batch.ids, info.dim as usize, &output)?;
+                summary
+                    .first_batch_after
+                    .get_or_insert_with(|| started.elapsed());
                 summary.texts += batch.ids.len() as u64;
                 summary.batches += 1;
                 latencies.push(latency);
