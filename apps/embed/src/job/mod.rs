@@ -29,7 +29,7 @@ use crate::actor::{
 };
 use crate::model_folder::ModelFolder;
 pub use sink::Format;
-use sink::{LocalSink, Manifest, RowError, SinkError};
+use sink::{Manifest, RowError, Sink, SinkError};
 use source::{Item, SourceError};
 
 /// Settings of a local embed job.
@@ -37,7 +37,7 @@ use source::{Item, SourceError};
 pub struct JobConfig {
     /// Input: Parquet when it ends in `.parquet`, JSONL otherwise.
     pub input: PathBuf,
-    /// Output folder.
+    /// Output: a local folder, or an object store URL (`s3://bucket/prefix`).
     pub output: PathBuf,
     /// Part format.
     pub format: Format,
@@ -358,7 +358,7 @@ pub(crate) async fn drive(
         batch_size: batch_size as u32,
         format: config.format,
     };
-    let (sink, done) = LocalSink::open(&config.output, &manifest)?;
+    let (sink, done) = Sink::open(&config.output, &manifest).await?;
     let mut source =
         source::open(&config.input, &config.id_field, &config.text_field).map_err(|source| {
             JobError::Input {
@@ -476,7 +476,8 @@ pub(crate) async fn drive(
                 output,
                 latency,
             }) => {
-                sink.write_batch(id.0, &batch.ids, info.dim as usize, &output)?;
+                sink.write_batch(id.0, &batch.ids, info.dim as usize, &output)
+                    .await?;
                 summary
                     .first_batch_after
                     .get_or_insert_with(|| started.elapsed());
@@ -504,7 +505,7 @@ pub(crate) async fn drive(
     progress.finish();
     errors.sort_by_key(|e| e.line);
     summary.rejected_rows = errors.len() as u64;
-    sink.write_errors(&errors)?;
+    sink.write_errors(&errors).await?;
     latencies.sort();
     let pick = |q: f64| {
         latencies

@@ -1,4 +1,6 @@
-//! Idempotent output in a local folder.
+//! Idempotent output: a local folder (the default), or any object store
+//! `object_store` reaches by URL (`s3://bucket/prefix`, `file:///path`,
+//! `memory:///`), with the same layout.
 //!
 //! ```text
 //! OUT/manifest.json               job id, model revision, dim, batch size, format (written first)
@@ -9,10 +11,15 @@
 //! OUT/errors.jsonl                rejected rows: {"line": …, "id": …, "reason": …}
 //! ```
 //!
-//! A part is written to a temporary name and renamed into place, so it
-//! exists whole or not at all; writing the same batch again replaces it with
-//! the same content. The parts present are the completed batches a resumed
-//! job skips.
+//! A part is written atomically (locally: a temporary name, fsync, rename;
+//! in an object store: one put), so it exists whole or not at all; writing
+//! the same batch again replaces it with the same content. The parts present
+//! are the completed batches a resumed job skips.
+//!
+//! Object stores are configured from the environment as `object_store`
+//! reads it: for S3, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_REGION`, `AWS_ENDPOINT` (an S3-compatible server) and the other
+//! `AWS_*` settings.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -88,6 +95,22 @@ pub enum SinkError {
     /// The manifest is not valid JSON.
     #[error("malformed manifest {0}")]
     Manifest(PathBuf),
+    /// The output URL is not one `object_store` knows.
+    #[error("output {url}: {reason}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// An object store operation failed.
+    #[error("output {location}: {source}")]
+    Store {
+        /// The object's location.
+        location: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SinkError + '_ {
@@ -137,19 +160,17 @@ impl LocalSink {
             }
             Err(e) => return Err(io(&path)(e)),
         }
-        let suffix = format!(".{}", manifest.format.extension());
-        let mut done = HashSet::new();
+        let mut names = Vec::new();
         for entry in std::fs::read_dir(&parts).map_err(io(&parts))? {
-            let name = entry.map_err(io(&parts))?.file_name();
-            let name = name.to_string_lossy();
-            if let Some(id) = name
-                .strip_prefix("batch-")
-                .and_then(|s| s.strip_suffix(suffix.as_str()))
-                .and_then(|s| s.parse::<u64>().ok())
-            {
-                done.insert(id);
-            }
+            names.push(
+                entry
+                    .map_err(io(&parts))?
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
         }
+        let done = completed(names.iter().map(String::as_str), manifest.format);
         Ok((
             Self {
                 root: root.to_path_buf(),
@@ -161,10 +182,9 @@ impl LocalSink {
 
     /// Path of a batch's part.
     pub fn part_path(&self, batch_id: u64) -> PathBuf {
-        let ext = self.manifest.format.extension();
         self.root
             .join("parts")
-            .join(format!("batch-{batch_id:08}.{ext}"))
+            .join(part_name(batch_id, self.manifest.format))
     }
 
     /// Writes a completed batch: `ids[i]` gets `values[i*dim..(i+1)*dim]`.
@@ -175,19 +195,64 @@ impl LocalSink {
         dim: usize,
         values: &[f32],
     ) -> Result<(), SinkError> {
-        let bytes = match self.manifest.format {
-            Format::Jsonl => jsonl_part(ids, dim, values),
-            Format::Parquet => self.parquet_part(ids, dim, values)?,
-        };
+        let bytes = encode_part(&self.manifest, ids, dim, values).map_err(|e| SinkError::Io {
+            path: self.part_path(batch_id),
+            source: std::io::Error::other(e),
+        })?;
         put(&self.part_path(batch_id), &bytes)
     }
 
-    fn parquet_part(
-        &self,
-        ids: &[String],
-        dim: usize,
-        values: &[f32],
-    ) -> Result<Vec<u8>, SinkError> {
+    /// Replaces the errors file with `errors` (one JSON object per line).
+    pub fn write_errors(&self, errors: &[RowError]) -> Result<(), SinkError> {
+        put(&self.root.join("errors.jsonl"), &errors_file(errors))
+    }
+}
+
+/// A part's bytes in the manifest's format.
+fn encode_part(
+    manifest: &Manifest,
+    ids: &[String],
+    dim: usize,
+    values: &[f32],
+) -> Result<Vec<u8>, String> {
+    match manifest.format {
+        Format::Jsonl => Ok(jsonl_part(ids, dim, values)),
+        Format::Parquet => parquet_part(manifest, ids, dim, values),
+    }
+}
+
+fn errors_file(errors: &[RowError]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in errors {
+        serde_json::to_writer(&mut out, e).expect("errors serialize");
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Batch ids of the part names in `names`.
+fn completed<'a>(names: impl Iterator<Item = &'a str>, format: Format) -> HashSet<u64> {
+    let suffix = format!(".{}", format.extension());
+    names
+        .filter_map(|name| {
+            name.strip_prefix("batch-")
+                .and_then(|s| s.strip_suffix(suffix.as_str()))
+                .and_then(|s| s.parse::<u64>().ok())
+        })
+        .collect()
+}
+
+fn part_name(batch_id: u64, format: Format) -> String {
+    format!("batch-{batch_id:08}.{}", format.extension())
+}
+
+fn parquet_part(
+    manifest: &Manifest,
+    ids: &[String],
+    dim: usize,
+    values: &[f32],
+) -> Result<Vec<u8>, String> {
+    {
         use std::sync::Arc;
 
         use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
@@ -196,11 +261,7 @@ impl LocalSink {
         use parquet::file::metadata::KeyValue;
         use parquet::file::properties::WriterProperties;
 
-        let path = self.root.join("parts");
-        let fail = |e: String| SinkError::Io {
-            path: path.clone(),
-            source: std::io::Error::other(e),
-        };
+        let fail = |e: String| e;
         let item = Arc::new(Field::new("item", DataType::Float32, false));
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Utf8, false),
@@ -227,10 +288,10 @@ impl LocalSink {
         .map_err(|e| fail(e.to_string()))?;
         let props = WriterProperties::builder()
             .set_key_value_metadata(Some(vec![
-                KeyValue::new("flotilla.job_id".into(), self.manifest.job_id.clone()),
+                KeyValue::new("flotilla.job_id".into(), manifest.job_id.clone()),
                 KeyValue::new(
                     "flotilla.model_revision".into(),
-                    self.manifest.model_revision.clone(),
+                    manifest.model_revision.clone(),
                 ),
             ]))
             .build();
@@ -240,16 +301,6 @@ impl LocalSink {
         writer.write(&batch).map_err(|e| fail(e.to_string()))?;
         writer.close().map_err(|e| fail(e.to_string()))?;
         Ok(out)
-    }
-
-    /// Replaces the errors file with `errors` (one JSON object per line).
-    pub fn write_errors(&self, errors: &[RowError]) -> Result<(), SinkError> {
-        let mut out = Vec::new();
-        for e in errors {
-            serde_json::to_writer(&mut out, e).expect("errors serialize");
-            out.push(b'\n');
-        }
-        put(&self.root.join("errors.jsonl"), &out)
     }
 }
 
@@ -280,4 +331,226 @@ pub struct RowError {
     pub id: Option<String>,
     /// Why.
     pub reason: String,
+}
+
+/// A job's output in an object store, under a prefix.
+#[derive(Debug)]
+pub struct StoreSink {
+    store: Box<dyn object_store::ObjectStore>,
+    prefix: object_store::path::Path,
+    url: String,
+    manifest: Manifest,
+}
+
+impl StoreSink {
+    /// Opens the output at `url` for the job described by `manifest`, and
+    /// returns the ids of the batches already completed there.
+    pub async fn open(url: &str, manifest: &Manifest) -> Result<(Self, HashSet<u64>), SinkError> {
+        use object_store::ObjectStoreExt;
+
+        let bad = |reason: String| SinkError::Url {
+            url: url.to_owned(),
+            reason,
+        };
+        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        // object_store's own configuration keys, from the environment.
+        let options: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("AWS_"))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect();
+        let (store, prefix) =
+            object_store::parse_url_opts(&parsed, options).map_err(|e| bad(e.to_string()))?;
+        let sink = Self {
+            store,
+            prefix,
+            url: url.trim_end_matches('/').to_owned(),
+            manifest: manifest.clone(),
+        };
+        let at = sink.prefix.clone().join("manifest.json");
+        match sink.store.get(&at).await {
+            Ok(found) => {
+                let bytes = found.bytes().await.map_err(|e| sink.fail(&at, e))?;
+                let found: Manifest = serde_json::from_slice(&bytes)
+                    .map_err(|_| SinkError::Manifest(PathBuf::from(sink.location(&at))))?;
+                if found != *manifest {
+                    return Err(SinkError::OtherJob {
+                        found: Box::new(found),
+                        expected: Box::new(manifest.clone()),
+                    });
+                }
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                let json = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
+                sink.store
+                    .put(&at, json.into())
+                    .await
+                    .map_err(|e| sink.fail(&at, e))?;
+            }
+            Err(e) => return Err(sink.fail(&at, e)),
+        }
+        let parts = sink.prefix.clone().join("parts");
+        let listed = sink
+            .store
+            .list_with_delimiter(Some(&parts))
+            .await
+            .map_err(|e| sink.fail(&parts, e))?;
+        let done = completed(
+            listed.objects.iter().filter_map(|o| o.location.filename()),
+            manifest.format,
+        );
+        Ok((sink, done))
+    }
+
+    fn location(&self, path: &object_store::path::Path) -> String {
+        format!("{} ({path})", self.url)
+    }
+
+    fn fail(&self, path: &object_store::path::Path, source: object_store::Error) -> SinkError {
+        SinkError::Store {
+            location: self.location(path),
+            source,
+        }
+    }
+
+    /// Writes a completed batch with one put.
+    pub async fn write_batch(
+        &self,
+        batch_id: u64,
+        ids: &[String],
+        dim: usize,
+        values: &[f32],
+    ) -> Result<(), SinkError> {
+        use object_store::ObjectStoreExt;
+        let at = self
+            .prefix
+            .clone()
+            .join("parts")
+            .join(part_name(batch_id, self.manifest.format));
+        let bytes = encode_part(&self.manifest, ids, dim, values).map_err(|e| SinkError::Url {
+            url: self.location(&at),
+            reason: e,
+        })?;
+        self.store
+            .put(&at, bytes.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(&at, e))
+    }
+
+    /// Replaces the errors object.
+    pub async fn write_errors(&self, errors: &[RowError]) -> Result<(), SinkError> {
+        use object_store::ObjectStoreExt;
+        let at = self.prefix.clone().join("errors.jsonl");
+        self.store
+            .put(&at, errors_file(errors).into())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(&at, e))
+    }
+}
+
+/// Where a job writes: a local folder, or an object store URL.
+#[derive(Debug)]
+pub enum Sink {
+    /// A local folder.
+    Local(LocalSink),
+    /// An object store.
+    Store(StoreSink),
+}
+
+impl Sink {
+    /// Opens `output`: a URL (`scheme://…`) goes to an object store,
+    /// anything else is a local folder. Returns the completed batch ids.
+    pub async fn open(
+        output: &Path,
+        manifest: &Manifest,
+    ) -> Result<(Self, HashSet<u64>), SinkError> {
+        match output.to_str().filter(|s| s.contains("://")) {
+            Some(url) => {
+                let (s, done) = StoreSink::open(url, manifest).await?;
+                Ok((Self::Store(s), done))
+            }
+            None => {
+                let (s, done) = LocalSink::open(output, manifest)?;
+                Ok((Self::Local(s), done))
+            }
+        }
+    }
+
+    /// Writes a completed batch atomically.
+    pub async fn write_batch(
+        &self,
+        batch_id: u64,
+        ids: &[String],
+        dim: usize,
+        values: &[f32],
+    ) -> Result<(), SinkError> {
+        match self {
+            Self::Local(s) => s.write_batch(batch_id, ids, dim, values),
+            Self::Store(s) => s.write_batch(batch_id, ids, dim, values).await,
+        }
+    }
+
+    /// Replaces the errors file.
+    pub async fn write_errors(&self, errors: &[RowError]) -> Result<(), SinkError> {
+        match self {
+            Self::Local(s) => s.write_errors(errors),
+            Self::Store(s) => s.write_errors(errors).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(job: &str) -> Manifest {
+        Manifest {
+            job_id: job.into(),
+            model_revision: "sha256:00".into(),
+            dim: 2,
+            batch_size: 2,
+            format: Format::Jsonl,
+        }
+    }
+
+    /// The object-store path: a real local-filesystem store reached by a
+    /// `file://` URL. Parts land under the prefix, a reopened sink finds
+    /// them, and another job is refused.
+    #[tokio::test]
+    async fn object_store_output_resumes_and_refuses_another_job() {
+        let dir = std::env::temp_dir().join(format!("flotilla-sink-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("file://{}/out", dir.display());
+        let out = PathBuf::from(&url);
+        let (sink, done) = Sink::open(&out, &manifest("j")).await.unwrap();
+        assert!(matches!(sink, Sink::Store(_)));
+        assert!(done.is_empty());
+        let ids = vec!["a".to_owned(), "b".to_owned()];
+        sink.write_batch(7, &ids, 2, &[1.0, 0.0, 0.0, 1.0])
+            .await
+            .unwrap();
+        sink.write_errors(&[]).await.unwrap();
+        let part = std::fs::read_to_string(dir.join("out/parts/batch-00000007.jsonl")).unwrap();
+        assert_eq!(part.lines().count(), 2);
+        assert!(
+            part.starts_with("{\"id\":\"a\",\"embedding\":[1.0,0.0]}"),
+            "{part}"
+        );
+
+        let (_, done) = Sink::open(&out, &manifest("j")).await.unwrap();
+        assert_eq!(done, HashSet::from([7]));
+        let err = Sink::open(&out, &manifest("other")).await.unwrap_err();
+        assert!(matches!(err, SinkError::OtherJob { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unknown_scheme_is_a_typed_error() {
+        let err = Sink::open(Path::new("nosuch://bucket/x"), &manifest("j"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SinkError::Url { .. }), "{err}");
+    }
 }
