@@ -412,7 +412,16 @@ mod tests {
             for op in ops {
                 match op {
                     Op::AddWorker(x) => w.add_worker(x),
-                    Op::RemoveWorker(x) => w.remove_worker(&x),
+                    Op::RemoveWorker(x) => {
+                        // Batches in flight on a removed worker are retried
+                        // without preference: none failed them.
+                        for (b, st) in &model {
+                            if matches!(st, State::InFlight(worker, _) if *worker == x) {
+                                last_worker.remove(b);
+                            }
+                        }
+                        w.remove_worker(&x)
+                    }
                     Op::New | Op::Retry => {
                         let before: Vec<(u8, usize)> =
                             (0..3).filter_map(|x| w.load_of(&x).map(|n| (x, n))).collect();
