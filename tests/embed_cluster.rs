@@ -194,3 +194,70 @@ fn driver_memory_stays_flat_for_a_ten_times_larger_input() {
         "driver peak RSS {ten} MiB for 10x the input vs {one} MiB for 1x"
     );
 }
+
+/// A copy of the model folder whose weights file differs byte-wise but
+/// holds the same tensors: the safetensors header is padded with spaces,
+/// as the format allows, so the revision (its sha256) changes.
+fn model_with_other_revision(dir: &Path) -> PathBuf {
+    let copy = dir.join("other-model");
+    std::fs::create_dir_all(copy.join("1_Pooling")).unwrap();
+    for file in [
+        "config.json",
+        "tokenizer.json",
+        "sentence_bert_config.json",
+        "1_Pooling/config.json",
+    ] {
+        std::fs::copy(model().join(file), copy.join(file)).unwrap();
+    }
+    let weights = std::fs::read(model().join("model.safetensors")).unwrap();
+    let len = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
+    let mut padded = Vec::with_capacity(weights.len() + 8);
+    padded.extend_from_slice(&((len + 8) as u64).to_le_bytes());
+    padded.extend_from_slice(&weights[8..8 + len]);
+    padded.extend_from_slice(b"        ");
+    padded.extend_from_slice(&weights[8 + len..]);
+    std::fs::write(copy.join("model.safetensors"), padded).unwrap();
+    copy
+}
+
+/// Clause "cluster mode: model revision": a worker whose model differs from
+/// the driver's is not used, the driver says which, and the job completes
+/// on the others.
+#[test]
+fn a_worker_with_another_model_revision_is_not_used() {
+    let s = Scratch::new("embed-revision");
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    s.issue("good");
+    s.issue("odd");
+    let other = model_with_other_revision(&s.dir);
+    let _good = s.spawn("join", "good", free_addr(), Some(head.addr), &s.certs());
+    let _odd = s.spawn_with(
+        "join",
+        "odd",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &["--model", other.to_str().unwrap()],
+    );
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr)
+            .filter(|st| all_up(st, &["head", "good", "odd"]))
+    });
+    let (input, ids) = corpus_head(&s.dir, 100);
+    let out = s.dir.join("out");
+    let (ok, summary) = finish(
+        &s,
+        driver(&s, &head, &input, &out, "revision", &[]),
+        "revision",
+    );
+    assert!(ok, "{summary}");
+    assert!(summary.contains("on 1 actors"), "{summary}");
+    assert_exactly_once(&out, &ids);
+    let log = std::fs::read_to_string(s.dir.join("driver-revision.log")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("another model revision") && l.contains("odd")),
+        "{log}"
+    );
+}

@@ -58,11 +58,25 @@ impl Scratch {
         head: Option<SocketAddr>,
         certs: &Path,
     ) -> Proc {
+        self.spawn_with(role, name, listen, head, certs, &[])
+    }
+
+    /// [`Scratch::spawn`] with extra flags.
+    pub fn spawn_with(
+        &self,
+        role: &str,
+        name: &str,
+        listen: SocketAddr,
+        head: Option<SocketAddr>,
+        certs: &Path,
+        extra: &[&str],
+    ) -> Proc {
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
         let mut cmd = Command::new(NODE);
         cmd.arg(role)
             .args(["--name", name, "--listen", &listen.to_string()])
             .args(["--certs", certs.to_str().unwrap()])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(h) = head {

@@ -23,6 +23,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info,ractor_cluster=warn,ractor=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
