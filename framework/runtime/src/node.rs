@@ -109,6 +109,10 @@ pub(crate) fn current() -> Option<Arc<Shared>> {
         .and_then(std::sync::Weak::upgrade)
 }
 
+/// QUIC send priority of the bulk lane (streams default to 0; larger
+/// goes first).
+const BULK_PRIORITY: i32 = -8;
+
 fn fresh_incarnation(previous: u64) -> u64 {
     let micros = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -188,6 +192,10 @@ impl Shared {
             let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello)
                 .await
                 .map_err(|e| e.to_string())?;
+            // Below the cluster and control streams (priority 0): QUIC
+            // sends their frames first, so calls and heartbeats do not wait
+            // behind bulk bytes.
+            let _ = send.set_priority(BULK_PRIORITY);
             *stream = Some(send);
         }
         let send = stream.as_mut().expect("opened above");

@@ -64,8 +64,8 @@ impl Default for Tuning {
         Self {
             keep_alive: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(10),
-            stream_window: 8 << 20,
-            send_window: 4 << 20,
+            stream_window: 1 << 20,
+            send_window: 1 << 20,
         }
     }
 }
