@@ -15,7 +15,9 @@
 //! [`Node::spawn_on`], find it anywhere with [`Node::lookup`], and `cast` /
 //! `call` it as any ractor actor. Message types derive
 //! `ractor_cluster::RactorClusterMessage`; their payloads are rkyv types made
-//! remote-capable with [`remote_type!`].
+//! remote-capable with [`remote_type!`]. Batch work over many actors goes
+//! through [`pipeline::Pipeline`]: bounded in flight, least-loaded routing,
+//! deadlines and retries, lost nodes re-dispatched.
 //!
 //! Guarantees are stated in `docs/runtime-semantics.md`: per-sender FIFO
 //! delivery to a remote actor while its session lives, at-most-once
