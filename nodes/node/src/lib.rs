@@ -373,11 +373,13 @@ mod tests {
     #[test]
     fn flags_win_over_the_file() {
         let path = std::env::temp_dir().join(format!("flotilla-node-{}.toml", std::process::id()));
-        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\n[labels]\nzone = \"a\"\n").unwrap();
+        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\nmodel = \"/srv/model\"\n[labels]\nzone = \"a\"\n").unwrap();
         let mut a = args();
         a.config = Some(path.clone());
         a.labels = vec![("rack".into(), "2".into())];
-        let c = node_config(a, true).unwrap().config;
+        let settings = node_config(a, true).unwrap();
+        assert_eq!(settings.model, Some(PathBuf::from("/srv/model")));
+        let c = settings.config;
         assert_eq!(c.name, "n1");
         assert_eq!(c.detector.heartbeat_interval, Duration::from_millis(200));
         assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
