@@ -6,7 +6,7 @@
 //! ```text
 //! source ─► batches (id = ordinal) ─► flotilla::pipeline (≤ M in flight,
 //!     least loaded, deadlines, retries) ─► Embedder actors (local or remote)
-//!     ─► checks (batch id, revision, dim) ─► LocalSink part
+//!     ─► checks (batch id, revision, dim) ─► Sink part (local folder or object store)
 //! ```
 //!
 //! Memory stays flat as the input grows: only the batches in flight are

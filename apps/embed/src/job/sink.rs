@@ -11,9 +11,10 @@
 //! OUT/errors.jsonl                rejected rows: {"line": …, "id": …, "reason": …}
 //! ```
 //!
-//! A part is written atomically (locally: a temporary name, fsync, rename;
-//! in an object store: one put), so it exists whole or not at all; writing
-//! the same batch again replaces it with the same content. The parts present
+//! Every output goes through `object_store` (a local folder is its
+//! `LocalFileSystem` with fsync). A part is written with one atomic put
+//! (locally: a staged file, fsync, rename), so it exists whole or not at
+//! all; writing the same batch again replaces it with the same content. The parts present
 //! are the completed batches a resumed job skips.
 //!
 //! Object stores are configured from the environment as `object_store`
@@ -22,7 +23,6 @@
 //! `AWS_*` settings.
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -111,101 +111,6 @@ pub enum SinkError {
         /// The store's error.
         source: object_store::Error,
     },
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SinkError + '_ {
-    move |source| SinkError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// Writes `bytes` to `path` atomically (temporary file, then rename).
-fn put(path: &Path, bytes: &[u8]) -> Result<(), SinkError> {
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    file.write_all(bytes).map_err(io(&tmp))?;
-    file.sync_data().map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
-}
-
-/// A job's output folder.
-#[derive(Debug)]
-pub struct LocalSink {
-    root: PathBuf,
-    manifest: Manifest,
-}
-
-impl LocalSink {
-    /// Opens (or creates) `root` for the job described by `manifest`, and
-    /// returns the ids of the batches already completed there.
-    pub fn open(root: &Path, manifest: &Manifest) -> Result<(Self, HashSet<u64>), SinkError> {
-        let parts = root.join("parts");
-        std::fs::create_dir_all(&parts).map_err(io(&parts))?;
-        let path = root.join("manifest.json");
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let found: Manifest = serde_json::from_slice(&bytes)
-                    .map_err(|_| SinkError::Manifest(path.clone()))?;
-                if found != *manifest {
-                    return Err(SinkError::OtherJob {
-                        found: Box::new(found),
-                        expected: Box::new(manifest.clone()),
-                    });
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let json = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
-                put(&path, &json)?;
-            }
-            Err(e) => return Err(io(&path)(e)),
-        }
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&parts).map_err(io(&parts))? {
-            names.push(
-                entry
-                    .map_err(io(&parts))?
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned(),
-            );
-        }
-        let done = completed(names.iter().map(String::as_str), manifest.format);
-        Ok((
-            Self {
-                root: root.to_path_buf(),
-                manifest: manifest.clone(),
-            },
-            done,
-        ))
-    }
-
-    /// Path of a batch's part.
-    pub fn part_path(&self, batch_id: u64) -> PathBuf {
-        self.root
-            .join("parts")
-            .join(part_name(batch_id, self.manifest.format))
-    }
-
-    /// Writes a completed batch: `ids[i]` gets `values[i*dim..(i+1)*dim]`.
-    pub fn write_batch(
-        &self,
-        batch_id: u64,
-        ids: &[String],
-        dim: usize,
-        values: &[f32],
-    ) -> Result<(), SinkError> {
-        let bytes = encode_part(&self.manifest, ids, dim, values).map_err(|e| SinkError::Io {
-            path: self.part_path(batch_id),
-            source: std::io::Error::other(e),
-        })?;
-        put(&self.part_path(batch_id), &bytes)
-    }
-
-    /// Replaces the errors file with `errors` (one JSON object per line).
-    pub fn write_errors(&self, errors: &[RowError]) -> Result<(), SinkError> {
-        put(&self.root.join("errors.jsonl"), &errors_file(errors))
-    }
 }
 
 /// A part's bytes in the manifest's format.
@@ -333,37 +238,79 @@ pub struct RowError {
     pub reason: String,
 }
 
-/// A job's output in an object store, under a prefix.
+/// A job's output: an object store (a local folder is one) and a prefix
+/// in it.
 #[derive(Debug)]
-pub struct StoreSink {
+pub struct Sink {
     store: Box<dyn object_store::ObjectStore>,
     prefix: object_store::path::Path,
     url: String,
     manifest: Manifest,
 }
 
-impl StoreSink {
-    /// Opens the output at `url` for the job described by `manifest`, and
-    /// returns the ids of the batches already completed there.
-    pub async fn open(url: &str, manifest: &Manifest) -> Result<(Self, HashSet<u64>), SinkError> {
+/// A local folder as an object store: puts go to a staged file, fsync,
+/// rename. Staged files a killed run left behind (`NAME#N`, invisible to
+/// listings) are removed first.
+fn local_store(root: &Path) -> Result<Box<dyn object_store::ObjectStore>, SinkError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SinkError::Io { path, source }
+    };
+    let parts = root.join("parts");
+    std::fs::create_dir_all(&parts).map_err(io(&parts))?;
+    for entry in std::fs::read_dir(&parts).map_err(io(&parts))? {
+        let path = entry.map_err(io(&parts))?.path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains('#'))
+        {
+            std::fs::remove_file(&path).map_err(io(&path))?;
+        }
+    }
+    let store = object_store::local::LocalFileSystem::new_with_prefix(root)
+        .map_err(|e| SinkError::Io {
+            path: root.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?
+        .with_fsync(true);
+    Ok(Box::new(store))
+}
+
+/// An object store URL: `object_store` parses it and reads its settings
+/// (`AWS_*`) from the environment.
+fn url_store(
+    url: &str,
+) -> Result<(Box<dyn object_store::ObjectStore>, object_store::path::Path), SinkError> {
+    let bad = |reason: String| SinkError::Url {
+        url: url.to_owned(),
+        reason,
+    };
+    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+    let options: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("AWS_"))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect();
+    object_store::parse_url_opts(&parsed, options).map_err(|e| bad(e.to_string()))
+}
+
+impl Sink {
+    /// Opens `output` for the job described by `manifest`: a URL
+    /// (`scheme://…`) names an object store, anything else a local folder.
+    /// Returns the ids of the batches already completed there.
+    pub async fn open(
+        output: &Path,
+        manifest: &Manifest,
+    ) -> Result<(Self, HashSet<u64>), SinkError> {
         use object_store::ObjectStoreExt;
 
-        let bad = |reason: String| SinkError::Url {
-            url: url.to_owned(),
-            reason,
+        let (store, prefix) = match output.to_str().filter(|s| s.contains("://")) {
+            Some(url) => url_store(url)?,
+            None => (local_store(output)?, object_store::path::Path::default()),
         };
-        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-        // object_store's own configuration keys, from the environment.
-        let options: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("AWS_"))
-            .map(|(k, v)| (k.to_ascii_lowercase(), v))
-            .collect();
-        let (store, prefix) =
-            object_store::parse_url_opts(&parsed, options).map_err(|e| bad(e.to_string()))?;
         let sink = Self {
             store,
             prefix,
-            url: url.trim_end_matches('/').to_owned(),
+            url: output.to_string_lossy().trim_end_matches('/').to_owned(),
             manifest: manifest.clone(),
         };
         let at = sink.prefix.clone().join("manifest.json");
@@ -449,57 +396,6 @@ impl StoreSink {
     }
 }
 
-/// Where a job writes: a local folder, or an object store URL.
-#[derive(Debug)]
-pub enum Sink {
-    /// A local folder.
-    Local(LocalSink),
-    /// An object store.
-    Store(StoreSink),
-}
-
-impl Sink {
-    /// Opens `output`: a URL (`scheme://…`) goes to an object store,
-    /// anything else is a local folder. Returns the completed batch ids.
-    pub async fn open(
-        output: &Path,
-        manifest: &Manifest,
-    ) -> Result<(Self, HashSet<u64>), SinkError> {
-        match output.to_str().filter(|s| s.contains("://")) {
-            Some(url) => {
-                let (s, done) = StoreSink::open(url, manifest).await?;
-                Ok((Self::Store(s), done))
-            }
-            None => {
-                let (s, done) = LocalSink::open(output, manifest)?;
-                Ok((Self::Local(s), done))
-            }
-        }
-    }
-
-    /// Writes a completed batch atomically.
-    pub async fn write_batch(
-        &self,
-        batch_id: u64,
-        ids: &[String],
-        dim: usize,
-        values: &[f32],
-    ) -> Result<(), SinkError> {
-        match self {
-            Self::Local(s) => s.write_batch(batch_id, ids, dim, values),
-            Self::Store(s) => s.write_batch(batch_id, ids, dim, values).await,
-        }
-    }
-
-    /// Replaces the errors file.
-    pub async fn write_errors(&self, errors: &[RowError]) -> Result<(), SinkError> {
-        match self {
-            Self::Local(s) => s.write_errors(errors),
-            Self::Store(s) => s.write_errors(errors).await,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,7 +421,6 @@ mod tests {
         let url = format!("file://{}/out", dir.display());
         let out = PathBuf::from(&url);
         let (sink, done) = Sink::open(&out, &manifest("j")).await.unwrap();
-        assert!(matches!(sink, Sink::Store(_)));
         assert!(done.is_empty());
         let ids = vec!["a".to_owned(), "b".to_owned()];
         sink.write_batch(7, &ids, 2, &[1.0, 0.0, 0.0, 1.0])
@@ -543,6 +438,30 @@ mod tests {
         assert_eq!(done, HashSet::from([7]));
         let err = Sink::open(&out, &manifest("other")).await.unwrap_err();
         assert!(matches!(err, SinkError::OtherJob { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A local folder: a staged file left by a killed run is removed and
+    /// does not count as a part; a written part does.
+    #[tokio::test]
+    async fn local_output_drops_staged_leftovers_and_resumes() {
+        let dir = std::env::temp_dir().join(format!("flotilla-sink-local-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("parts")).unwrap();
+        let leftover = dir.join("parts/batch-00000003.jsonl#1");
+        std::fs::write(&leftover, "half a part").unwrap();
+        let (sink, done) = Sink::open(&dir, &manifest("j")).await.unwrap();
+        assert!(done.is_empty());
+        assert!(!leftover.exists());
+        let ids = vec!["a".to_owned()];
+        sink.write_batch(3, &ids, 2, &[0.6, 0.8]).await.unwrap();
+        let (_, done) = Sink::open(&dir, &manifest("j")).await.unwrap();
+        assert_eq!(done, HashSet::from([3]));
+        let names: Vec<String> = std::fs::read_dir(dir.join("parts"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["batch-00000003.jsonl"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
