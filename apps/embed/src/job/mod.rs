@@ -247,14 +247,6 @@ impl Stage for EmbedStage {
     }
 }
 
-fn input_digest(path: &std::path::Path) -> Result<String, JobError> {
-    let digest = crate::model_folder::sha256_file(path).map_err(|e| JobError::Input {
-        path: path.to_path_buf(),
-        source: e.into(),
-    })?;
-    Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
-}
-
 /// Embedding actors the job runs on, where they run, and what they loaded.
 pub(crate) struct Workers {
     /// `(node, actor)` pairs.
@@ -343,13 +335,19 @@ pub(crate) async fn drive(
     let info = &workers.info;
     let revision = crate::ModelRevision::new(info.revision.clone());
     let batch_size = config.batch_size.max(1);
+    let scan = source::scan(&config.input).map_err(|e| JobError::Input {
+        path: config.input.clone(),
+        source: e.into(),
+    })?;
     let job_id = match &config.job_id {
         Some(id) => id.clone(),
-        None => format!(
-            "{}-b{batch_size}-{}",
-            input_digest(&config.input)?,
-            revision.short()
-        ),
+        None => {
+            let digest: String = scan.digest[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("{digest}-b{batch_size}-{}", revision.short())
+        }
     };
     let manifest = Manifest {
         job_id: job_id.clone(),
@@ -394,8 +392,7 @@ pub(crate) async fn drive(
         ready_after: started.elapsed(),
         ..Summary::default()
     };
-    let mut progress =
-        progress::Progress::new(config.progress_bar, source::count_rows(&config.input));
+    let mut progress = progress::Progress::new(config.progress_bar, scan.rows);
     let mut errors: Vec<RowError> = Vec::new();
     let mut next_batch = 0u64;
     let mut pending = Batch::empty();

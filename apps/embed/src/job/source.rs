@@ -74,36 +74,57 @@ pub fn open(path: &Path, id_field: &str, text_field: &str) -> Result<Source, Sou
     }
 }
 
-/// Rows in `path`, for progress: Parquet's row count from its footer, or
-/// the non-blank lines of a JSONL file (one streamed pass). `None` if the
-/// file cannot be read.
-pub fn count_rows(path: &Path) -> Option<u64> {
-    if path.extension().is_some_and(|e| e == "parquet") {
-        let file = std::fs::File::open(path).ok()?;
-        let builder =
-            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).ok()?;
-        return u64::try_from(builder.metadata().file_metadata().num_rows()).ok();
-    }
-    let mut reader = BufReader::with_capacity(1 << 20, std::fs::File::open(path).ok()?);
-    let mut rows = 0u64;
-    let mut blank = true;
+/// What one read of an input file yields before the job: its SHA-256 (the
+/// default job id derives from it) and its rows, for progress: the
+/// non-blank lines of a JSONL file, or a Parquet file's row count from its
+/// footer (`None` if the footer cannot be read; the source reports why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scan {
+    /// SHA-256 of the file's bytes.
+    pub digest: [u8; 32],
+    /// Rows, when known.
+    pub rows: Option<u64>,
+}
+
+/// Reads `path` once, hashing it and counting JSONL rows on the way.
+pub fn scan(path: &Path) -> std::io::Result<Scan> {
+    let parquet = path.extension().is_some_and(|e| e == "parquet");
+    let mut reader = BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
+    let mut hasher = Sha256::new();
+    let (mut rows, mut blank) = (0u64, true);
     loop {
-        let buf = reader.fill_buf().ok()?;
+        let buf = reader.fill_buf()?;
         if buf.is_empty() {
             break;
         }
-        for &b in buf {
-            if b == b'\n' {
-                rows += u64::from(!blank);
-                blank = true;
-            } else if !b.is_ascii_whitespace() {
-                blank = false;
+        hasher.update(buf);
+        if !parquet {
+            for &b in buf {
+                if b == b'\n' {
+                    rows += u64::from(!blank);
+                    blank = true;
+                } else if !b.is_ascii_whitespace() {
+                    blank = false;
+                }
             }
         }
         let n = buf.len();
         reader.consume(n);
     }
-    Some(rows + u64::from(!blank))
+    let rows = if parquet {
+        std::fs::File::open(path)
+            .ok()
+            .and_then(|f| {
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).ok()
+            })
+            .and_then(|b| u64::try_from(b.metadata().file_metadata().num_rows()).ok())
+    } else {
+        Some(rows + u64::from(!blank))
+    };
+    Ok(Scan {
+        digest: hasher.finalize().into(),
+        rows,
+    })
 }
 
 /// Reads rows from a JSONL file.
@@ -318,6 +339,18 @@ impl Iterator for ParquetSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_scan_hashes_the_file_and_counts_non_blank_lines() {
+        let path = std::env::temp_dir().join(format!("flotilla-scan-{}.jsonl", std::process::id()));
+        let text = "{\"id\":1}\n\n  \n{\"id\":2}\n{\"id\":3}";
+        std::fs::write(&path, text).unwrap();
+        let scan = scan(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(scan.rows, Some(3));
+        let want: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        assert_eq!(scan.digest, want);
+    }
 
     #[test]
     fn rows_errors_and_duplicates_are_classified_with_line_numbers() {
