@@ -1,6 +1,10 @@
 //! Shared measuring helpers for the benchmark programs in `src/bin/`.
 
+use std::io::BufRead;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use anyhow::Context;
 
 /// Process CPU time (user + system, all threads) since start.
 pub fn process_cpu() -> Duration {
@@ -22,4 +26,38 @@ pub fn percentile(samples: &mut [f64], p: f64) -> f64 {
     samples.sort_by(f64::total_cmp);
     let rank = ((samples.len() as f64 - 1.0) * p).round() as usize;
     samples[rank]
+}
+
+/// The model and texts a model benchmark runs on.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CorpusArgs {
+    /// Model folder.
+    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
+    pub model: PathBuf,
+    /// JSONL corpus, one `{"id": …, "text": …}` per line.
+    #[arg(long, default_value = "../shared/data/corpus-4k.jsonl")]
+    pub corpus: PathBuf,
+    /// How many texts of the corpus to embed.
+    #[arg(long, default_value_t = 1024)]
+    pub texts: usize,
+}
+
+impl CorpusArgs {
+    /// The first `texts` rows of the corpus, as `(id, text)`.
+    pub fn read(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let file = std::fs::File::open(&self.corpus)
+            .with_context(|| format!("cannot open {}", self.corpus.display()))?;
+        let mut rows = Vec::new();
+        for line in std::io::BufReader::new(file).lines().take(self.texts) {
+            let v: serde_json::Value = serde_json::from_str(&line?)?;
+            rows.push((
+                v["id"].as_str().context("line without an id")?.to_owned(),
+                v["text"]
+                    .as_str()
+                    .context("line without a text")?
+                    .to_owned(),
+            ));
+        }
+        Ok(rows)
+    }
 }

@@ -16,12 +16,10 @@
 //! same texts are first embedded by sentence-transformers in the same run;
 //! "vs best" is texts per CPU-second over its best configuration.
 
-use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
 use clap::Parser;
 use flotilla_benches::{peak_rss_bytes, process_cpu, reset_peak_rss, rss_bytes};
 use flotilla_embed::{SentenceEncoder, default_device};
@@ -34,15 +32,8 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 struct Args {
-    /// Model folder.
-    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
-    model: PathBuf,
-    /// JSONL corpus with a `text` field per line.
-    #[arg(long, default_value = "../shared/data/corpus-4k.jsonl")]
-    corpus: PathBuf,
-    /// How many texts of the corpus to embed per configuration.
-    #[arg(long, default_value_t = 1024)]
-    texts: usize,
+    #[command(flatten)]
+    corpus: flotilla_benches::CorpusArgs,
     /// Configurations to run, `LAYOUT:BATCH:ORDER` with LAYOUT `pool=N` or
     /// `workers=N` and ORDER `sorted` or `corpus`.
     #[arg(
@@ -67,9 +58,9 @@ fn run_baseline(python: &PathBuf, args: &Args) -> anyhow::Result<f64> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/st_throughput.py");
     let out = std::process::Command::new(python)
         .arg(script)
-        .arg(&args.model)
-        .arg(&args.corpus)
-        .arg(args.texts.to_string())
+        .arg(&args.corpus.model)
+        .arg(&args.corpus.corpus)
+        .arg(args.corpus.texts.to_string())
         .args(&args.st_configs)
         .stderr(std::process::Stdio::null())
         .output()?;
@@ -144,17 +135,6 @@ fn parse_config(s: &str) -> anyhow::Result<Config> {
     })
 }
 
-fn read_texts(path: &PathBuf, limit: usize) -> anyhow::Result<Vec<String>> {
-    let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
-    let mut texts = Vec::new();
-    for line in std::io::BufReader::new(file).lines().take(limit) {
-        let v: serde_json::Value = serde_json::from_str(&line?)?;
-        let text = v["text"].as_str().context("line without a text field")?;
-        texts.push(text.to_owned());
-    }
-    Ok(texts)
-}
-
 /// Batches of indices into `texts`, sorted by token length when asked.
 fn batches(
     encoder: &SentenceEncoder,
@@ -203,7 +183,8 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|c| parse_config(c))
         .collect::<Result<_, _>>()?;
-    let texts = Arc::new(read_texts(&args.corpus, args.texts)?);
+    let texts: Vec<String> = args.corpus.read()?.into_iter().map(|(_, t)| t).collect();
+    let texts = Arc::new(texts);
     let baseline = match &args.st_python {
         Some(python) => Some(run_baseline(python, &args)?),
         None => None,
@@ -211,11 +192,11 @@ fn main() -> anyhow::Result<()> {
     let device = default_device();
 
     let rss_before = rss_bytes();
-    let encoder = Arc::new(SentenceEncoder::load(&args.model, &device)?);
+    let encoder = Arc::new(SentenceEncoder::load(&args.corpus.model, &device)?);
     let rss_loaded = rss_bytes();
     println!(
         "model {} ({}), loaded in {:.2} s, +{:.0} MiB RSS; {} texts, device {:?}",
-        args.model.display(),
+        args.corpus.model.display(),
         encoder.revision().short(),
         encoder.load_time().as_secs_f64(),
         (rss_loaded.saturating_sub(rss_before)) as f64 / (1 << 20) as f64,
@@ -241,7 +222,10 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(1);
     let mut models = vec![Arc::clone(&encoder)];
     for _ in 1..most_workers {
-        models.push(Arc::new(SentenceEncoder::load(&args.model, &device)?));
+        models.push(Arc::new(SentenceEncoder::load(
+            &args.corpus.model,
+            &device,
+        )?));
     }
     for cfg in &configs {
         let plan = batches(&encoder, &texts, cfg.batch, cfg.sorted)?;

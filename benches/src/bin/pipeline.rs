@@ -15,8 +15,6 @@
 //!    pipeline with a window of 128: all in this process, then with the
 //!    actors on two worker processes over QUIC. Ideal = actors / sleep.
 
-use std::io::BufRead;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -38,15 +36,8 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 struct Args {
-    /// Model folder.
-    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
-    model: PathBuf,
-    /// JSONL corpus (`id`, `text`).
-    #[arg(long, default_value = "../shared/data/corpus-4k.jsonl")]
-    corpus: PathBuf,
-    /// Texts of the corpus to embed.
-    #[arg(long, default_value_t = 1024)]
-    texts: usize,
+    #[command(flatten)]
+    corpus: flotilla_benches::CorpusArgs,
     /// Model actors (and bare-loop threads).
     #[arg(long, default_value_t = 2)]
     actors: usize,
@@ -334,20 +325,6 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
 
 // ------------------------------------------------------------------- model
 
-fn read_texts(args: &Args) -> anyhow::Result<Vec<(String, String)>> {
-    let file = std::fs::File::open(&args.corpus)
-        .with_context(|| format!("cannot open {}", args.corpus.display()))?;
-    let mut rows = Vec::new();
-    for line in std::io::BufReader::new(file).lines().take(args.texts) {
-        let v: serde_json::Value = serde_json::from_str(&line?)?;
-        rows.push((
-            v["id"].as_str().context("id")?.to_owned(),
-            v["text"].as_str().context("text")?.to_owned(),
-        ));
-    }
-    Ok(rows)
-}
-
 /// `threads` encoders, each on its own thread with a one-thread pool,
 /// taking batches from a shared counter. Returns (texts/s after load,
 /// memory per loaded model in bytes).
@@ -355,7 +332,7 @@ fn bare_loop(args: &Args, texts: &[String]) -> anyhow::Result<(f64, f64)> {
     let before = rss_bytes();
     let device = default_device();
     let encoders: Vec<SentenceEncoder> = (0..args.actors)
-        .map(|_| SentenceEncoder::load(&args.model, &device))
+        .map(|_| SentenceEncoder::load(&args.corpus.model, &device))
         .collect::<Result<_, _>>()?;
     let per_model = rss_bytes().saturating_sub(before) as f64 / args.actors as f64;
     let batches: Vec<&[String]> = texts.chunks(args.batch_size).collect();
@@ -393,7 +370,7 @@ fn bare_loop(args: &Args, texts: &[String]) -> anyhow::Result<(f64, f64)> {
 }
 
 async fn model(args: &Args) -> anyhow::Result<()> {
-    let rows = read_texts(args)?;
+    let rows = args.corpus.read()?;
     let texts: Vec<String> = rows.iter().map(|(_, t)| t.clone()).collect();
     let scratch =
         std::env::temp_dir().join(format!("flotilla-pipeline-bench-{}", std::process::id()));
@@ -427,7 +404,7 @@ async fn model(args: &Args) -> anyhow::Result<()> {
         input: input.clone(),
         output: scratch.join("out"),
         format: flotilla_embed::job::Format::Parquet,
-        model: args.model.clone(),
+        model: args.corpus.model.clone(),
         id_field: "id".into(),
         text_field: "text".into(),
         batch_size: args.batch_size,
