@@ -48,6 +48,18 @@ pub struct Hello {
     pub incarnation: u64,
 }
 
+impl Hello {
+    /// A hello of this protocol version.
+    pub fn new(purpose: Purpose, node: impl Into<String>, incarnation: u64) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            purpose,
+            node: node.into(),
+            incarnation,
+        }
+    }
+}
+
 /// Why a hello was refused. Stable codes for operators.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use flotilla_proto::control::{ControlReply, ControlRequest};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
-use flotilla_proto::hello::{Hello, PROTOCOL_VERSION, Purpose, Refusal};
+use flotilla_proto::hello::{Hello, Purpose, Refusal};
 use flotilla_proto::membership::{HeartbeatOutcome, JoinRequest};
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use quinn::{RecvStream, SendStream};
@@ -127,12 +127,7 @@ pub(crate) async fn join(
         .connect(shared, None, head)
         .await
         .map_err(|e| StartError::Join(e.to_string()))?;
-    let hello = Hello {
-        version: PROTOCOL_VERSION,
-        purpose: Purpose::Control,
-        node: shared.name.clone(),
-        incarnation: shared.incarnation(),
-    };
+    let hello = shared.hello(Purpose::Control);
     let (mut send, mut recv, head_name, _) = handshake::dial(&pc.connection, &hello)
         .await
         .map_err(|e| StartError::Join(e.to_string()))?;
@@ -277,12 +272,7 @@ pub async fn query_status(
             .connect(addr, None)
             .await
             .map_err(|e| StatusError(e.to_string()))?;
-        let hello = Hello {
-            version: PROTOCOL_VERSION,
-            purpose: Purpose::Control,
-            node: name,
-            incarnation: 0,
-        };
+        let hello = Hello::new(Purpose::Control, name, 0);
         let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello)
             .await
             .map_err(|e| StatusError(e.to_string()))?;

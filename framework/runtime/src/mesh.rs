@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use flotilla_proto::hello::{Hello, PROTOCOL_VERSION, Purpose};
+use flotilla_proto::hello::Purpose;
 use flotilla_proto::membership::MemberState;
 use flotilla_transport::handshake;
 use flotilla_transport::{ConnectError, PeerConnection};
@@ -74,12 +74,7 @@ async fn open_session(
         .connect(&shared, Some(&name), addr)
         .await
         .map_err(|e| e.to_string())?;
-    let hello = Hello {
-        version: PROTOCOL_VERSION,
-        purpose: Purpose::Cluster,
-        node: shared.name.clone(),
-        incarnation: shared.incarnation(),
-    };
+    let hello = shared.hello(Purpose::Cluster);
     let (send, recv, _, _) = handshake::dial(&pc.connection, &hello)
         .await
         .map_err(|e| e.to_string())?;

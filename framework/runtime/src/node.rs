@@ -183,12 +183,7 @@ impl Shared {
                 .connect(self, Some(peer), addr)
                 .await
                 .map_err(|e| e.to_string())?;
-            let hello = flotilla_proto::hello::Hello {
-                version: flotilla_proto::hello::PROTOCOL_VERSION,
-                purpose: Purpose::Bulk,
-                node: self.name.clone(),
-                incarnation: self.incarnation(),
-            };
+            let hello = self.hello(Purpose::Bulk);
             let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -214,6 +209,11 @@ impl Shared {
             *stream = None;
         }
         sent
+    }
+
+    /// This node's hello for a stream of `purpose`.
+    pub(crate) fn hello(&self, purpose: Purpose) -> flotilla_proto::hello::Hello {
+        flotilla_proto::hello::Hello::new(purpose, self.name.clone(), self.incarnation())
     }
 
     pub(crate) fn incarnation(&self) -> u64 {
