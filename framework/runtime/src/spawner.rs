@@ -152,13 +152,16 @@ struct Child {
     name: String,
     cell: ActorCell,
     owner: (String, u64),
+    /// Asked to stop because its owner is gone (once).
+    stopping: bool,
 }
 
 impl SpawnerState {
     /// Stops children whose owner is no longer up.
     fn reap_orphans(&mut self) {
-        for child in self.children.values() {
-            if self.members.is_gone(&child.owner.0, child.owner.1) {
+        for child in self.children.values_mut() {
+            if !child.stopping && self.members.is_gone(&child.owner.0, child.owner.1) {
+                child.stopping = true;
                 tracing::info!(name = %child.name, owner = %child.owner.0, "stopping an actor whose owner is gone");
                 child.cell.stop(Some("owner gone".into()));
             }
@@ -214,6 +217,7 @@ impl Actor for Spawner {
                                 name: req.name,
                                 cell,
                                 owner: (req.owner, req.owner_incarnation),
+                                stopping: false,
                             },
                         );
                         state.publish();
