@@ -3,6 +3,8 @@
 //! Each test names the clause of docs/runtime-semantics.md it checks.
 
 use std::process::Command;
+
+use flotilla_proto::hello::Purpose;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -148,6 +150,10 @@ fn node_with_certificate_for_another_name_is_refused() {
     assert_eq!(state_of(&s.status(head.addr).unwrap(), "w3"), None);
 }
 
+/// Tests that run a node inside the test process take turns: ractor's
+/// registries, and so a node, are process-wide.
+static IN_PROCESS_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -166,6 +172,7 @@ fn remote_call_between_actors_on_two_workers() {
     };
     use flotilla::ractor::{ActorRef, call_t};
 
+    let _turn = IN_PROCESS_NODE.lock().unwrap_or_else(|p| p.into_inner());
     let s = Scratch::new("call");
     let (head, _workers) = cluster(&s, &["w1", "w2"]);
     s.issue("t1");
@@ -237,9 +244,99 @@ fn remote_call_between_actors_on_two_workers() {
     });
 }
 
+/// One round of large and small casts to a fresh echo named `name` on
+/// `worker`: everything arrives intact, and the large ones went over the
+/// bulk lane.
+async fn bulk_round(node: &flotilla::Node, worker: &str, name: &str) {
+    use flotilla::probe::{ECHO, EchoMsg, NoArgs, Payload, Tally};
+    use flotilla::ractor::{ActorRef, call_t};
+
+    let echo: ActorRef<EchoMsg> = node
+        .spawn_on(worker, ECHO, name, &NoArgs, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let sizes = [1 << 20, 300 << 10, 16, (2 << 20) + 7, 100];
+    let mut expected = Tally::default();
+    let mut large = 0;
+    let before = flotilla::outbound::bulk_bytes();
+    for (i, size) in sizes.into_iter().enumerate() {
+        let payload: Vec<u8> = (0..size).map(|k| (k * 31 + i * 7) as u8).collect();
+        expected.add(&payload);
+        if size >= flotilla::outbound::BULK_THRESHOLD {
+            large += size as u64;
+        }
+        flotilla::outbound::cast(&echo, EchoMsg::Note(Payload(payload)))
+            .await
+            .unwrap();
+    }
+    // The two lanes are not ordered with each other: wait for both.
+    let start = Instant::now();
+    loop {
+        let tally = call_t!(echo, EchoMsg::Tally, 5_000).unwrap();
+        if tally == expected {
+            break;
+        }
+        assert!(
+            tally.notes < expected.notes && start.elapsed() < Duration::from_secs(10),
+            "{name}: got {tally:?}, sent {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let on_bulk = flotilla::outbound::bulk_bytes() - before;
+    assert!(
+        on_bulk >= large,
+        "{on_bulk} bytes went on the bulk lane, {large} in large payloads"
+    );
+}
+
+/// Clause "delivery: large messages": casts of 256 KiB or more travel on
+/// each member's bulk lane (its second endpoint, advertised in the member
+/// table) and arrive intact; a member restarted after `kill -9` gets them
+/// on its new lane.
+#[test]
+fn large_casts_travel_on_the_bulk_lane_intact() {
+    let _turn = IN_PROCESS_NODE.lock().unwrap_or_else(|p| p.into_inner());
+    let s = Scratch::new("bulk");
+    let (head, mut workers) = cluster(&s, &["w1"]);
+    let st = s.status(head.addr).unwrap();
+    for n in st["nodes"].as_array().unwrap() {
+        let addr: std::net::SocketAddr = n["addr"].as_str().unwrap().parse().unwrap();
+        let bulk: std::net::SocketAddr = n["bulk_addr"].as_str().unwrap().parse().unwrap();
+        assert_eq!(bulk.ip(), addr.ip(), "{}", n["name"]);
+        assert_ne!(bulk.port(), addr.port(), "{}", n["name"]);
+    }
+    s.issue("t2");
+    runtime().block_on(async {
+        let config = flotilla::NodeConfig::new("t2", free_addr(), s.certs()).join(head.addr);
+        let node = flotilla::probe::register(flotilla::Node::builder(config))
+            .start()
+            .await
+            .unwrap();
+        bulk_round(&node, "w1", "echo-1").await;
+
+        workers[0].signal("-KILL");
+        node.wait_members(Duration::from_secs(10), |t| {
+            t.get("w1")
+                .is_some_and(|m| m.state != flotilla::MemberState::Up)
+        })
+        .await
+        .expect("w1 seen down");
+        workers[0] = s.spawn("join", "w1", free_addr(), Some(head.addr), &s.certs());
+        node.wait_members(Duration::from_secs(15), |t| {
+            t.get("w1")
+                .is_some_and(|m| m.state == flotilla::MemberState::Up)
+        })
+        .await
+        .expect("w1 back up");
+        bulk_round(&node, "w1", "echo-2").await;
+        node.shutdown().await;
+    });
+}
+
 /// Clause "wire: malformed input": garbage, an oversized length prefix, a
-/// truncated frame or an invalid archive closes that connection; the node
-/// keeps serving everyone else.
+/// truncated frame or an invalid archive closes that connection, on the
+/// cluster endpoint and on the bulk lane; the node keeps serving everyone
+/// else.
 #[test]
 fn malformed_frames_close_only_the_offending_connection() {
     let s = Scratch::new("garbage");
@@ -255,13 +352,54 @@ fn malformed_frames_close_only_the_offending_connection() {
         ("invalid archive", invalid_archive),
         ("truncated frame", truncated),
     ];
+    // The same on the bulk lane, where a stream of any other kind is
+    // malformed too.
+    let bulk_addr: std::net::SocketAddr = s.status(head.addr).unwrap()["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "head")
+        .unwrap()["bulk_addr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut targets: Vec<_> = cases
+        .iter()
+        .map(|(what, bytes)| (head.addr, what.to_string(), bytes.clone(), None))
+        .collect();
+    targets.extend(
+        cases
+            .iter()
+            .map(|(what, bytes)| (bulk_addr, format!("bulk lane: {what}"), bytes.clone(), None)),
+    );
+    let mut bad_bulk_frame = 16u32.to_be_bytes().to_vec();
+    bad_bulk_frame.extend([0xff; 16]);
+    targets.push((
+        bulk_addr,
+        "bulk lane: invalid bulk header after a good hello".into(),
+        bad_bulk_frame,
+        Some(Purpose::Bulk),
+    ));
+    targets.push((
+        bulk_addr,
+        "bulk lane: a cluster stream".into(),
+        Vec::new(),
+        Some(Purpose::Cluster),
+    ));
     runtime().block_on(async {
         let id = flotilla_transport::Identity::load(&s.certs(), "prober").unwrap();
         let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
             .unwrap();
-        for (what, bytes) in cases {
-            let pc = ep.connect(head.addr, None).await.unwrap();
+        for (addr, what, bytes, hello) in targets {
+            let pc = ep.connect(addr, None).await.unwrap();
             let (mut send, _recv) = pc.connection.open_bi().await.unwrap();
+            if let Some(purpose) = hello {
+                let hello = flotilla_proto::hello::Hello::new(purpose, "prober", 1);
+                flotilla_transport::handshake::send_msg(&mut send, &hello, 1 << 16)
+                    .await
+                    .unwrap();
+            }
             send.write_all(&bytes).await.unwrap();
             send.finish().unwrap();
             let closed = tokio::time::timeout(Duration::from_secs(5), pc.connection.closed())

@@ -92,18 +92,28 @@ struct Results {
     rtt_p99_us: f64,
     rss_before_mib: f64,
     rss_256mib_mib: f64,
+    /// Median of the same calls, 5 ms apart, with no bulk in flight.
+    spaced_idle_ms: f64,
     /// Median of the calls issued during the bulk cast.
     behind_bulk_ms: f64,
     /// Slowest of them.
     behind_bulk_max_ms: f64,
     /// How many were issued.
     behind_bulk_calls: usize,
+    /// Median of calls back to back, no bulk in flight.
+    b2b_idle_ms: f64,
+    /// Median of calls back to back during a second 256 MiB cast.
+    b2b_bulk_ms: f64,
+    /// How many of those were issued.
+    b2b_bulk_calls: usize,
 }
 
 const TINY: usize = 100_000;
 const KIB64: usize = 2_048;
 const MIB4: usize = 64;
 const CALLS: usize = 2_000;
+/// Calls of the spaced probe without bulk traffic.
+const SPACED: usize = 100;
 
 /// Casts one message: through Flotilla's bounded cast when `bounded` (it
 /// waits while the remote-send backlog is over its limit), else ractor's
@@ -155,6 +165,40 @@ async fn rtt(sink: &ActorRef<SinkMsg>) -> anyhow::Result<(f64, f64)> {
     ))
 }
 
+/// 8-byte calls to `actor`, `gap` apart, while `go_on(calls so far)`;
+/// returns each call's time in ms.
+async fn probe(
+    actor: &ActorRef<SinkMsg>,
+    gap: Duration,
+    mut go_on: impl FnMut(usize) -> bool,
+) -> anyhow::Result<Vec<f64>> {
+    let mut times = Vec::new();
+    while go_on(times.len()) {
+        let t = Instant::now();
+        call_t!(actor, SinkMsg::Echo, 120_000, Blob(vec![1; 8]))?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
+    }
+    Ok(times)
+}
+
+/// Casts 256 MiB to `sink` as 4 MiB messages on a task of its own.
+fn spawn_bulk(
+    sink: &ActorRef<SinkMsg>,
+    bounded: bool,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let sink = sink.clone();
+    tokio::spawn(async move {
+        let payload = vec![7u8; 4 << 20];
+        for _ in 0..MIB4 {
+            send(&sink, SinkMsg::Put(Blob(payload.clone())), bounded).await?;
+        }
+        Ok(())
+    })
+}
+
 /// Runs every actor measurement against `sink`.
 async fn measure_actor(
     sink: ActorRef<SinkMsg>,
@@ -170,32 +214,27 @@ async fn measure_actor(
     reset_peak_rss();
     r.mib4_per_s = cast_rate(&sink, 4 << 20, MIB4, &mut done, bounded).await?;
     r.rss_256mib_mib = peak_rss_bytes() as f64 / (1 << 20) as f64;
-    // An 8-byte call to another actor on the same node, issued while
-    // another task casts 256 MiB to the sink.
-    let bulk = {
-        let sink = sink.clone();
-        tokio::spawn(async move {
-            let payload = vec![7u8; 4 << 20];
-            for _ in 0..MIB4 {
-                send(&sink, SinkMsg::Put(Blob(payload.clone())), bounded).await?;
-            }
-            anyhow::Ok(())
-        })
-    };
+    // 8-byte calls to another actor on the same node: 5 ms apart and back
+    // to back, each without bulk traffic and while another task casts
+    // 256 MiB to the sink.
+    let gap = Duration::from_millis(5);
+    r.spaced_idle_ms = flotilla_benches::median(&mut probe(&other, gap, |n| n < SPACED).await?);
+    let bulk = spawn_bulk(&sink, bounded);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    // Calls one after another, 5 ms apart, for as long as the bulk runs.
-    let mut behind: Vec<f64> = Vec::new();
-    while !bulk.is_finished() || behind.is_empty() {
-        let t = Instant::now();
-        call_t!(other, SinkMsg::Echo, 120_000, Blob(vec![1; 8]))?;
-        behind.push(t.elapsed().as_secs_f64() * 1e3);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let mut behind = probe(&other, gap, |n| n == 0 || !bulk.is_finished()).await?;
+    bulk.await??;
     r.behind_bulk_calls = behind.len();
     r.behind_bulk_max_ms = behind.iter().copied().fold(0.0, f64::max);
     r.behind_bulk_ms = flotilla_benches::median(&mut behind);
+    r.b2b_idle_ms =
+        flotilla_benches::median(&mut probe(&other, Duration::ZERO, |n| n < CALLS).await?);
+    let bulk = spawn_bulk(&sink, bounded);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut b2b = probe(&other, Duration::ZERO, |n| n == 0 || !bulk.is_finished()).await?;
     bulk.await??;
-    done += MIB4 as u64;
+    r.b2b_bulk_calls = b2b.len();
+    r.b2b_bulk_ms = flotilla_benches::median(&mut b2b);
+    done += 2 * MIB4 as u64;
     cast_rate(&sink, 8, 1, &mut done, bounded).await?;
     r.tiny_per_s = cast_rate(&sink, 8, TINY, &mut done, bounded).await?;
     r.kib64_per_s = cast_rate(&sink, 64 << 10, KIB64, &mut done, bounded).await?;
@@ -494,95 +533,61 @@ fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&certs);
 
     println!(
-        "{:<34} {:>14} {:>16} {:>14} {:>12}",
+        "{:<40} {:>14} {:>16} {:>14} {:>12}",
         "measure", "flotilla QUIC", "ractor over TCP", "raw quinn", "QUIC / TCP"
     );
-    let row = |name: &str, q: f64, t: f64, r: f64, unit: &str| {
+    let row = |name: &str, field: fn(&Results) -> f64, unit: &str| {
+        let (q, t, r) = (field(&quic), field(&tcp), field(&raw));
         println!(
-            "{:<34} {:>14.1} {:>16.1} {:>14.1} {:>11.2}x   {unit}",
-            name,
-            q,
-            t,
-            r,
+            "{name:<40} {q:>14.1} {t:>16.1} {r:>14.1} {:>11.2}x   {unit}",
             q / t
         );
     };
-    row(
-        "cast 8 B",
-        quic.tiny_per_s,
-        tcp.tiny_per_s,
-        raw.tiny_per_s,
-        "msgs/s",
-    );
-    row(
-        "cast 64 KiB",
-        quic.kib64_per_s,
-        tcp.kib64_per_s,
-        raw.kib64_per_s,
-        "msgs/s",
-    );
-    row(
-        "cast 4 MiB",
-        quic.mib4_per_s,
-        tcp.mib4_per_s,
-        raw.mib4_per_s,
-        "msgs/s",
-    );
-    row(
-        "cast 4 MiB throughput",
-        quic.mib4_per_s * 4.0,
-        tcp.mib4_per_s * 4.0,
-        raw.mib4_per_s * 4.0,
-        "MiB/s",
-    );
-    row(
-        "call 8 B p50",
-        quic.rtt_p50_us,
-        tcp.rtt_p50_us,
-        raw.rtt_p50_us,
-        "µs",
-    );
-    row(
-        "call 8 B p99",
-        quic.rtt_p99_us,
-        tcp.rtt_p99_us,
-        raw.rtt_p99_us,
-        "µs",
-    );
+    row("cast 8 B", |r| r.tiny_per_s, "msgs/s");
+    row("cast 64 KiB", |r| r.kib64_per_s, "msgs/s");
+    row("cast 4 MiB", |r| r.mib4_per_s, "msgs/s");
+    row("cast 4 MiB throughput", |r| r.mib4_per_s * 4.0, "MiB/s");
+    row("call 8 B p50", |r| r.rtt_p50_us, "µs");
+    row("call 8 B p99", |r| r.rtt_p99_us, "µs");
     row(
         "sender RSS before the 256 MiB cast",
-        quic.rss_before_mib,
-        tcp.rss_before_mib,
-        raw.rss_before_mib,
+        |r| r.rss_before_mib,
         "MiB",
     );
+    row("sender peak RSS, 256 MiB cast", |r| r.rss_256mib_mib, "MiB");
     row(
-        "sender peak RSS, 256 MiB cast",
-        quic.rss_256mib_mib,
-        tcp.rss_256mib_mib,
-        raw.rss_256mib_mib,
-        "MiB",
+        "8 B calls back to back, no bulk, median",
+        |r| r.b2b_idle_ms * 1e3,
+        "µs",
+    );
+    row(
+        "8 B calls back to back during 256 MiB, median",
+        |r| r.b2b_bulk_ms * 1e3,
+        "µs",
+    );
+    row(
+        "8 B call 5 ms apart, no bulk, median",
+        |r| r.spaced_idle_ms * 1e3,
+        "µs",
     );
     row(
         "8 B call during a 256 MiB cast, median",
-        quic.behind_bulk_ms,
-        tcp.behind_bulk_ms,
-        f64::NAN,
-        "ms",
+        |r| r.behind_bulk_ms * 1e3,
+        "µs",
     );
     row(
         "8 B call during a 256 MiB cast, max",
-        quic.behind_bulk_max_ms,
-        tcp.behind_bulk_max_ms,
-        f64::NAN,
+        |r| r.behind_bulk_max_ms,
         "ms",
     );
     println!(
-        "call p50 vs raw quinn round trip: {:.2}x (target ≤ 2x); calls during the bulk cast ({} over QUIC, {} over TCP): median {:.1}x the idle p50",
+        "call p50 vs raw quinn round trip: {:.2}x (target ≤ 2x); calls during a 256 MiB cast against the same calls without it (target ≤ 2x): back to back {:.2}x ({} calls), 5 ms apart {:.2}x ({} calls; {} over TCP)",
         quic.rtt_p50_us / raw.rtt_p50_us,
+        quic.b2b_bulk_ms / quic.b2b_idle_ms,
+        quic.b2b_bulk_calls,
+        quic.behind_bulk_ms / quic.spaced_idle_ms,
         quic.behind_bulk_calls,
         tcp.behind_bulk_calls,
-        quic.behind_bulk_ms * 1e3 / quic.rtt_p50_us
     );
     Ok(())
 }

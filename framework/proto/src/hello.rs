@@ -17,7 +17,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// Version of the hello exchange and of the control messages.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The certificate name of operators' tools: `node status`, and `node embed`
 /// drivers, which join as members that offer no resources.
@@ -174,6 +174,7 @@ mod tests {
         let join = |name: &str, cpus: u32| JoinRequest {
             name: name.into(),
             addr: "127.0.0.1:1".into(),
+            bulk_addr: "127.0.0.1:2".into(),
             incarnation: 1,
             resources: Resources {
                 cpus,

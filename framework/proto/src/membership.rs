@@ -70,6 +70,9 @@ pub struct MemberView {
     pub name: String,
     /// Address other members dial.
     pub addr: String,
+    /// Address of the node's bulk lane: its second endpoint, which carries
+    /// large messages (see the runtime's `bulk` module).
+    pub bulk_addr: String,
     /// Start counter of this node; larger is newer.
     pub incarnation: u64,
     /// Current state.
@@ -87,6 +90,8 @@ pub struct JoinRequest {
     pub name: String,
     /// Address other members dial.
     pub addr: String,
+    /// Address of the node's bulk lane.
+    pub bulk_addr: String,
     /// Start counter of this node.
     pub incarnation: u64,
     /// What the node offers.
@@ -164,6 +169,7 @@ impl Membership {
         let view = MemberView {
             name: join.name.clone(),
             addr: join.addr,
+            bulk_addr: join.bulk_addr,
             incarnation: join.incarnation,
             state: MemberState::Up,
             resources: join.resources,
@@ -291,6 +297,7 @@ mod tests {
         JoinRequest {
             name: name.into(),
             addr: format!("127.0.0.1:{}", 7000 + incarnation),
+            bulk_addr: format!("127.0.0.1:{}", 8000 + incarnation),
             incarnation,
             resources: Resources::default(),
         }

@@ -35,6 +35,10 @@ pub struct NodeConfig {
     pub max_frame_bytes: u64,
     /// How long joining may take before the node gives up.
     pub join_timeout: Duration,
+    /// UDP address of the bulk lane's endpoint; defaults to the listen
+    /// address's IP with a port the OS picks. Members learn it from the
+    /// member table.
+    pub bulk_listen: Option<SocketAddr>,
 }
 
 impl NodeConfig {
@@ -53,6 +57,7 @@ impl NodeConfig {
             labels: BTreeMap::new(),
             max_frame_bytes: 64 << 20,
             join_timeout: Duration::from_secs(10),
+            bulk_listen: None,
         }
     }
 

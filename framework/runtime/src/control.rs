@@ -134,6 +134,7 @@ pub(crate) async fn join(
     let req = JoinRequest {
         name: shared.name.clone(),
         addr: shared.advertise.to_string(),
+        bulk_addr: shared.bulk_addr.to_string(),
         incarnation: shared.incarnation(),
         resources: shared.resources.clone(),
     };

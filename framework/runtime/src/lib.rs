@@ -23,6 +23,7 @@
 //! delivery to a remote actor while its session lives, at-most-once
 //! delivery, membership `up → down | left` per incarnation.
 
+pub mod bulk;
 mod cluster_stream;
 pub mod config;
 pub mod control;

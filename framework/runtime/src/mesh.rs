@@ -162,10 +162,11 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         // Sessions with members that are down or gone end now, so calls to
         // their actors fail instead of waiting for the transport to time out.
         for m in &table.members {
-            if m.state != MemberState::Up
-                && m.name != shared.name
-                && shared.close_sessions_of(&m.name) > 0
-            {
+            if m.state == MemberState::Up || m.name == shared.name {
+                continue;
+            }
+            shared.lane.forget(&m.name);
+            if shared.close_sessions_of(&m.name) > 0 {
                 tracing::info!(peer = %m.name, state = ?m.state, "closed the cluster session of a member that is not up");
             }
         }

@@ -37,6 +37,9 @@ pub enum StartError {
     /// The QUIC endpoint could not start.
     #[error(transparent)]
     Bind(#[from] flotilla_transport::BindError),
+    /// The bulk lane could not start.
+    #[error(transparent)]
+    Lane(#[from] crate::bulk::LaneError),
     /// The ractor node server could not start.
     #[error("NODE-START-001: cannot start the actor system: {0}")]
     Actors(String),
@@ -79,6 +82,8 @@ pub(crate) struct Shared {
     pub(crate) name: String,
     incarnation: AtomicU64,
     pub(crate) advertise: SocketAddr,
+    /// Address members dial for the bulk lane.
+    pub(crate) bulk_addr: SocketAddr,
     pub(crate) resources: Resources,
     pub(crate) detector: DetectorConfig,
     pub(crate) endpoint: Endpoint,
@@ -92,8 +97,8 @@ pub(crate) struct Shared {
     membership: Option<Mutex<Membership>>,
     /// Peer node names by ractor session id.
     session_peers: SessionPeers,
-    /// The bulk lane's send stream to each peer, opened on first use.
-    bulk: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<quinn::SendStream>>>>>,
+    /// The endpoint and threads of large messages.
+    pub(crate) lane: crate::bulk::Lane,
 }
 
 /// The node of this process, for [`crate::outbound`]. ractor's registries
@@ -108,10 +113,6 @@ pub(crate) fn current() -> Option<Arc<Shared>> {
         .as_ref()
         .and_then(std::sync::Weak::upgrade)
 }
-
-/// QUIC send priority of the bulk lane (streams default to 0; larger
-/// goes first).
-const BULK_PRIORITY: i32 = -8;
 
 fn fresh_incarnation(previous: u64) -> u64 {
     let micros = SystemTime::now()
@@ -144,71 +145,6 @@ impl Shared {
     /// A receiver of the set of ready sessions.
     pub(crate) fn ready_sessions(&self) -> watch::Receiver<BTreeSet<String>> {
         self.ready.clone()
-    }
-
-    /// Sends a serialized cast for actor `pid` on `peer` over the bulk lane:
-    /// its own QUIC stream, so it never holds up the ractor session. Waits
-    /// for QUIC flow control, which bounds what is buffered.
-    pub(crate) async fn send_bulk(
-        self: &Arc<Self>,
-        peer: &str,
-        pid: u64,
-        variant: String,
-        args: &[u8],
-    ) -> Result<(), String> {
-        use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
-        if args.len() > MAX_BULK_PAYLOAD as usize {
-            return Err(format!(
-                "message of {} bytes exceeds the bulk limit",
-                args.len()
-            ));
-        }
-        let lane = Arc::clone(
-            self.bulk
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(peer.to_owned())
-                .or_default(),
-        );
-        let mut stream = lane.lock().await;
-        if stream.is_none() {
-            let addr = self
-                .view
-                .borrow()
-                .get(peer)
-                .and_then(|m| m.addr.parse::<SocketAddr>().ok())
-                .ok_or_else(|| format!("{peer} is not a member"))?;
-            let pc = self
-                .pool
-                .connect(self, Some(peer), addr)
-                .await
-                .map_err(|e| e.to_string())?;
-            let hello = self.hello(Purpose::Bulk);
-            let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello)
-                .await
-                .map_err(|e| e.to_string())?;
-            // Below the cluster and control streams (priority 0): QUIC
-            // sends their frames first, so calls and heartbeats do not wait
-            // behind bulk bytes.
-            let _ = send.set_priority(BULK_PRIORITY);
-            *stream = Some(send);
-        }
-        let send = stream.as_mut().expect("opened above");
-        let header = BulkHeader { pid, variant };
-        let sent = async {
-            handshake::send_msg(send, &header, flotilla_proto::frame::DEFAULT_MAX_FRAME)
-                .await
-                .map_err(|e| e.to_string())?;
-            send.write_all(&(args.len() as u32).to_be_bytes())
-                .await
-                .map_err(|e| e.to_string())?;
-            send.write_all(args).await.map_err(|e| e.to_string())
-        }
-        .await;
-        if sent.is_err() {
-            *stream = None;
-        }
-        sent
     }
 
     /// This node's hello for a stream of `purpose`.
@@ -305,17 +241,9 @@ pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
                                 });
                     }
                     Purpose::Bulk => {
-                        let (peer, conn) = (pc.peer.clone(), pc.connection.clone());
-                        tokio::spawn(async move {
-                            if let Err(e) = receive_bulk(recv).await {
-                                tracing::warn!(%peer, error = %e, "NODE-WIRE-003: closing connection after a malformed bulk frame");
-                                conn.close(
-                                    quinn::VarInt::from_u32(e.close_code()),
-                                    b"malformed bulk frame",
-                                );
-                            }
-                            drop(send);
-                        });
+                        // Bulk streams belong on the peer's bulk lane.
+                        tracing::warn!(peer = %pc.peer, "NODE-WIRE-004: bulk stream on the cluster endpoint refused");
+                        drop((send, recv));
                     }
                     Purpose::Control => {
                         let (shared, peer, conn) =
@@ -360,44 +288,6 @@ pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
     });
 }
 
-/// Delivers bulk-lane messages to their local actors until the stream ends.
-/// A message for an actor that is gone, or not remote-capable, is dropped.
-async fn receive_bulk(mut recv: quinn::RecvStream) -> Result<(), handshake::StreamError> {
-    use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
-    use flotilla_proto::frame::{DEFAULT_MAX_FRAME, FrameError, PREFIX_LEN};
-    loop {
-        let Some(header) = handshake::recv_frame(&mut recv, DEFAULT_MAX_FRAME).await? else {
-            return Ok(());
-        };
-        let header = flotilla_proto::wire::decode::<BulkHeader>(&header)?;
-        let args = handshake::recv_frame(&mut recv, MAX_BULK_PAYLOAD)
-            .await?
-            .ok_or(FrameError::Truncated {
-                got: 0,
-                want: PREFIX_LEN,
-            })?;
-        match ractor::registry::where_is_pid(ractor::ActorId::Local(header.pid)) {
-            Some(cell) if cell.supports_remoting() => {
-                let msg = ractor::message::SerializedMessage::Cast {
-                    variant: header.variant,
-                    args,
-                    metadata: None,
-                };
-                if cell.send_serialized(msg).is_err() {
-                    tracing::debug!(
-                        pid = header.pid,
-                        "bulk message for a stopping actor dropped"
-                    );
-                }
-            }
-            _ => tracing::debug!(
-                pid = header.pid,
-                "bulk message for an unknown actor dropped"
-            ),
-        }
-    }
-}
-
 /// Registers actor kinds, then starts a [`Node`].
 pub struct NodeBuilder {
     config: NodeConfig,
@@ -436,6 +326,17 @@ impl NodeBuilder {
             .local_addr()
             .map_err(|e| StartError::Actors(e.to_string()))?;
         let advertise = config.advertise.unwrap_or(local);
+        let lane = crate::bulk::Lane::bind(
+            config.bulk_listen.unwrap_or((local.ip(), 0).into()),
+            Identity::load(&config.certs, &config.name)?,
+        )?;
+        let bulk_addr = {
+            let port = lane
+                .local_addr()
+                .map_err(|e| StartError::Actors(e.to_string()))?
+                .port();
+            SocketAddr::new(advertise.ip(), port)
+        };
 
         // ractor_cluster always opens a TCP listener: keep it on loopback and
         // behind the same mutual TLS as QUIC.
@@ -482,6 +383,7 @@ impl NodeBuilder {
                 JoinRequest {
                     name: config.name.clone(),
                     addr: advertise.to_string(),
+                    bulk_addr: bulk_addr.to_string(),
                     incarnation,
                     resources: resources.clone(),
                 },
@@ -493,6 +395,7 @@ impl NodeBuilder {
             name: config.name.clone(),
             incarnation: AtomicU64::new(incarnation),
             advertise,
+            bulk_addr,
             resources,
             detector: config.detector,
             endpoint,
@@ -504,7 +407,7 @@ impl NodeBuilder {
             live: Arc::clone(&live),
             membership,
             session_peers,
-            bulk: Mutex::new(HashMap::new()),
+            lane,
         });
         shared.with_membership(|_| ());
         *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&shared));
@@ -548,6 +451,7 @@ impl NodeBuilder {
             });
         }
 
+        crate::bulk::Lane::serve(&shared);
         // Accept loop.
         {
             let shared = Arc::clone(&shared);
@@ -801,6 +705,7 @@ impl Node {
         self.spawner.stop(None);
         self.shared.node_server.stop(None);
         self.shared.endpoint.close();
+        self.shared.lane.close();
         let _ =
             tokio::time::timeout(Duration::from_secs(1), self.shared.endpoint.wait_idle()).await;
         tracing::info!(node = %self.shared.name, "node stopped");

@@ -121,7 +121,8 @@ pub async fn cast<M: Message>(actor: &ActorRef<M>, msg: M) -> Result<(), CastErr
     {
         // Counted when serialized; it never enters the session stream.
         written(args.len());
-        node.send_bulk(&peer, pid, variant.clone(), args)
+        node.lane
+            .send(&node, &peer, pid, variant.clone(), args)
             .await
             .map_err(CastError::Send)?;
         BULK_BYTES.fetch_add(args.len() as u64, Ordering::Relaxed);

@@ -37,11 +37,34 @@ pub enum RelayReply {
     Failed(String),
 }
 
+/// What an [`Echo`] has received as notes.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tally {
+    /// Notes received.
+    pub notes: u64,
+    /// Their payload bytes, all together.
+    pub bytes: u64,
+    /// Sum of every payload byte, wrapping: a cheap check that large
+    /// payloads arrived intact.
+    pub checksum: u64,
+}
+
+impl Tally {
+    /// Adds one note's payload.
+    pub fn add(&mut self, payload: &[u8]) {
+        self.notes += 1;
+        self.bytes += payload.len() as u64;
+        self.checksum = payload
+            .iter()
+            .fold(self.checksum, |sum, b| sum.wrapping_add(u64::from(*b)));
+    }
+}
+
 /// Arguments of the probe actors (none).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NoArgs;
 
-crate::remote_type!(Payload, RelayRequest, RelayReply, NoArgs);
+crate::remote_type!(Payload, RelayRequest, RelayReply, NoArgs, Tally);
 
 /// Messages of [`Echo`].
 #[derive(RactorClusterMessage)]
@@ -54,6 +77,9 @@ pub enum EchoMsg {
     /// How many notes arrived.
     #[rpc]
     Notes(RpcReplyPort<u64>),
+    /// What arrived as notes: count, bytes and checksum.
+    #[rpc]
+    Tally(RpcReplyPort<Tally>),
 }
 
 /// Echoes payloads back.
@@ -61,30 +87,33 @@ pub struct Echo;
 
 impl Actor for Echo {
     type Msg = EchoMsg;
-    type State = u64;
+    type State = Tally;
     type Arguments = NoArgs;
 
     async fn pre_start(
         &self,
         _me: ActorRef<EchoMsg>,
         _args: NoArgs,
-    ) -> Result<u64, ActorProcessingErr> {
-        Ok(0)
+    ) -> Result<Tally, ActorProcessingErr> {
+        Ok(Tally::default())
     }
 
     async fn handle(
         &self,
         _me: ActorRef<EchoMsg>,
         msg: EchoMsg,
-        notes: &mut u64,
+        tally: &mut Tally,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            EchoMsg::Note(_) => *notes += 1,
+            EchoMsg::Note(p) => tally.add(&p.0),
             EchoMsg::Echo(p, reply) => {
                 let _ = reply.send(p);
             }
             EchoMsg::Notes(reply) => {
-                let _ = reply.send(*notes);
+                let _ = reply.send(tally.notes);
+            }
+            EchoMsg::Tally(reply) => {
+                let _ = reply.send(*tally);
             }
         }
         Ok(())

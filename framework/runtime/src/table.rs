@@ -39,6 +39,7 @@ impl Table {
         struct Node<'a> {
             name: &'a str,
             addr: &'a str,
+            bulk_addr: &'a str,
             state: &'static str,
             incarnation: u64,
             resources: Resources<'a>,
@@ -59,6 +60,7 @@ impl Table {
                 .map(|m| Node {
                     name: &m.name,
                     addr: &m.addr,
+                    bulk_addr: &m.bulk_addr,
                     state: m.state.as_str(),
                     incarnation: m.incarnation,
                     resources: Resources {

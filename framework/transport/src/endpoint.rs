@@ -123,6 +123,37 @@ impl Endpoint {
         })
     }
 
+    /// Binds `addr` like [`Endpoint::bind`], but runs everything of the
+    /// endpoint (its socket, its driver, and the driver of every connection
+    /// it accepts or dials, whoever calls) on the runtime behind `runtime`.
+    /// A node gives its bulk lane such an endpoint on a runtime of its own,
+    /// so bulk traffic is encrypted and decrypted on threads the OS can
+    /// schedule below the rest of the node.
+    pub fn bind_on(
+        addr: SocketAddr,
+        identity: Identity,
+        tuning: &Tuning,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, BindError> {
+        let transport = tuning.transport();
+        let server = tls::quic_server(&identity, transport.clone())?;
+        let client = tls::quic_client(&identity, transport)?;
+        let socket_error = |source| BindError::Socket { addr, source };
+        let socket = std::net::UdpSocket::bind(addr).map_err(socket_error)?;
+        let mut endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            socket,
+            Arc::new(OnRuntime(runtime)),
+        )
+        .map_err(socket_error)?;
+        endpoint.set_default_client_config(client);
+        Ok(Self {
+            endpoint,
+            identity: Arc::new(identity),
+        })
+    }
+
     /// A dial-only endpoint on an ephemeral port (for tools).
     pub fn client(identity: Identity, tuning: &Tuning) -> Result<Self, BindError> {
         let addr: SocketAddr = ([0, 0, 0, 0], 0).into();
@@ -193,5 +224,34 @@ impl Endpoint {
     /// reach their peers.
     pub async fn wait_idle(&self) {
         self.endpoint.wait_idle().await;
+    }
+}
+
+/// quinn's tokio runtime pinned to one tokio runtime: tasks are spawned on
+/// it and its socket and timers are registered with it, whichever runtime
+/// the caller is on.
+#[derive(Debug)]
+struct OnRuntime(tokio::runtime::Handle);
+
+impl quinn::Runtime for OnRuntime {
+    fn new_timer(&self, at: std::time::Instant) -> std::pin::Pin<Box<dyn quinn::AsyncTimer>> {
+        let _on = self.0.enter();
+        quinn::TokioRuntime.new_timer(at)
+    }
+
+    fn spawn(&self, future: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) {
+        self.0.spawn(future);
+    }
+
+    fn wrap_udp_socket(
+        &self,
+        socket: std::net::UdpSocket,
+    ) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>> {
+        let _on = self.0.enter();
+        quinn::TokioRuntime.wrap_udp_socket(socket)
+    }
+
+    fn now(&self) -> std::time::Instant {
+        quinn::TokioRuntime.now()
     }
 }

@@ -1,11 +1,13 @@
 //! Flotilla's network transport: the only crate that owns sockets.
 //!
 //! ```text
-//! Endpoint (one UDP socket per node, quinn)
+//! Endpoint (a node's UDP socket, quinn)
 //!   └─ PeerConnection (one per pair of nodes, mutual TLS 1.3 from the cluster CA)
 //!        ├─ stream: Hello(Cluster)  → handed to ractor_cluster as its transport
-//!        ├─ stream: Hello(Control)  → framed rkyv requests (join, heartbeats, status)
-//!        └─ further streams          → bulk data
+//!        └─ stream: Hello(Control)  → framed rkyv requests (join, heartbeats, status)
+//! Endpoint::bind_on (the node's bulk lane: a second socket, its own threads)
+//!   └─ PeerConnection
+//!        └─ stream: Hello(Bulk)     → large messages
 //! ```
 //!
 //! Guarantees: no stream carries traffic before both certificates chain to

@@ -179,6 +179,10 @@ pub struct NodeArgs {
     /// Address other members dial (default: the listen address).
     #[arg(long)]
     pub advertise: Option<SocketAddr>,
+    /// UDP address of the bulk lane, the second endpoint that carries large
+    /// messages (default: the listen IP, a port the OS picks).
+    #[arg(long)]
+    pub bulk_listen: Option<SocketAddr>,
     /// Address of the head (join only).
     #[arg(long)]
     pub head: Option<SocketAddr>,
@@ -237,6 +241,7 @@ pub struct FileConfig {
     name: Option<String>,
     listen: Option<SocketAddr>,
     advertise: Option<SocketAddr>,
+    bulk_listen: Option<SocketAddr>,
     head: Option<SocketAddr>,
     certs: Option<PathBuf>,
     cookie: Option<String>,
@@ -329,6 +334,7 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
         (false, None) => {}
     }
     config.advertise = args.advertise.or(file.advertise);
+    config.bulk_listen = args.bulk_listen.or(file.bulk_listen);
     if let Some(cookie) = args.cookie.or(file.cookie) {
         config.cookie = cookie;
     }
@@ -373,7 +379,7 @@ mod tests {
     #[test]
     fn flags_win_over_the_file() {
         let path = std::env::temp_dir().join(format!("flotilla-node-{}.toml", std::process::id()));
-        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\nmodel = \"/srv/model\"\n[labels]\nzone = \"a\"\n").unwrap();
+        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\nmodel = \"/srv/model\"\nbulk_listen = \"127.0.0.1:7431\"\n[labels]\nzone = \"a\"\n").unwrap();
         let mut a = args();
         a.config = Some(path.clone());
         a.labels = vec![("rack".into(), "2".into())];
@@ -381,6 +387,7 @@ mod tests {
         assert_eq!(settings.model, Some(PathBuf::from("/srv/model")));
         let c = settings.config;
         assert_eq!(c.name, "n1");
+        assert_eq!(c.bulk_listen, Some("127.0.0.1:7431".parse().unwrap()));
         assert_eq!(c.detector.heartbeat_interval, Duration::from_millis(200));
         assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
         assert_eq!(c.labels.get("rack").map(String::as_str), Some("2"));

@@ -1,0 +1,258 @@
+//! The bulk lane: large messages on an endpoint and threads of their own.
+//!
+//! Casts of [`crate::outbound::BULK_THRESHOLD`] bytes or more do not go
+//! over the ractor session. Each node binds a second QUIC endpoint for
+//! them (its address is `bulk_addr` in the member table) and runs that
+//! endpoint — its socket, the drivers of its connections, the tasks that
+//! frame and hand over received messages — on a tokio runtime of its own.
+//! Encrypting, decrypting and framing bulk bytes is most of the CPU a
+//! transfer costs, and a QUIC connection driver encrypts or decrypts a
+//! whole batch of packets per poll; on the node's own runtime that work
+//! held the worker threads that calls and heartbeats need, and shared one
+//! connection's packet queue with them. Here it holds neither.
+//!
+//! ```text
+//! sender                                          receiver
+//! cast ≥ 256 KiB ─► lane stream to peer ─► bulk endpoint ─► actor mailbox
+//!                   (one per peer, waits      (accept, frame, hand over:
+//!                    for flow control)         bulk threads)
+//! ```
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use flotilla_proto::hello::Purpose;
+use flotilla_transport::{BindError, Endpoint, Identity, PeerConnection, Tuning, handshake};
+
+use crate::node::Shared;
+
+/// Worker threads of the bulk runtime.
+const THREADS: usize = 2;
+
+/// An open send stream and the incarnation of the peer it was opened to.
+type Open = Option<(u64, quinn::SendStream)>;
+
+/// One send stream per peer, opened on first use.
+type Streams = HashMap<String, Arc<tokio::sync::Mutex<Open>>>;
+
+/// A node's bulk lane: its endpoint, the runtime that drives it and the
+/// open send streams.
+pub(crate) struct Lane {
+    runtime: Option<tokio::runtime::Runtime>,
+    endpoint: Endpoint,
+    streams: Mutex<Streams>,
+}
+
+/// Why the bulk lane could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaneError {
+    /// Its threads could not be started.
+    #[error("NODE-BULK-001: cannot start the bulk lane's threads: {0}")]
+    Threads(#[source] std::io::Error),
+    /// Its endpoint could not be bound.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+}
+
+impl Lane {
+    /// Starts the lane's runtime and binds its endpoint at `addr`.
+    pub(crate) fn bind(addr: SocketAddr, identity: Identity) -> Result<Self, LaneError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(THREADS)
+            .thread_name("flotilla-bulk")
+            .enable_all()
+            .build()
+            .map_err(LaneError::Threads)?;
+        let endpoint =
+            Endpoint::bind_on(addr, identity, &Tuning::default(), runtime.handle().clone())?;
+        Ok(Self {
+            runtime: Some(runtime),
+            endpoint,
+            streams: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The lane's bound address.
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.endpoint.local_addr()
+    }
+
+    /// Accepts bulk connections from members until the lane closes.
+    pub(crate) fn serve(shared: &Arc<Shared>) {
+        let Some(runtime) = shared.lane.runtime.as_ref() else {
+            return;
+        };
+        let shared = Arc::clone(shared);
+        runtime.spawn(async move {
+            while let Some(pc) = shared.lane.endpoint.accept().await {
+                tokio::spawn(serve_connection(Arc::clone(&shared), pc));
+            }
+        });
+    }
+
+    /// Sends a serialized cast for actor `pid` on `peer`: waits for QUIC
+    /// flow control, which bounds what is buffered.
+    pub(crate) async fn send(
+        &self,
+        shared: &Shared,
+        peer: &str,
+        pid: u64,
+        variant: String,
+        args: &[u8],
+    ) -> Result<(), String> {
+        use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
+        if args.len() > MAX_BULK_PAYLOAD as usize {
+            return Err(format!(
+                "message of {} bytes exceeds the bulk limit",
+                args.len()
+            ));
+        }
+        let stream = Arc::clone(
+            self.streams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(peer.to_owned())
+                .or_default(),
+        );
+        let mut stream = stream.lock().await;
+        let (incarnation, addr) = shared
+            .view
+            .borrow()
+            .get(peer)
+            .and_then(|m| Some((m.incarnation, m.bulk_addr.parse::<SocketAddr>().ok()?)))
+            .ok_or_else(|| format!("{peer} is not a member with a bulk lane"))?;
+        // A stream to an earlier start of the peer leads nowhere.
+        if stream.as_ref().is_some_and(|(i, _)| *i != incarnation) {
+            *stream = None;
+        }
+        if stream.is_none() {
+            let pc = self
+                .endpoint
+                .connect(addr, Some(peer))
+                .await
+                .map_err(|e| e.to_string())?;
+            let hello = shared.hello(Purpose::Bulk);
+            let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello)
+                .await
+                .map_err(|e| e.to_string())?;
+            *stream = Some((incarnation, send));
+        }
+        let (_, send) = stream.as_mut().expect("opened above");
+        let header = BulkHeader { pid, variant };
+        let sent = async {
+            handshake::send_msg(send, &header, flotilla_proto::frame::DEFAULT_MAX_FRAME)
+                .await
+                .map_err(|e| e.to_string())?;
+            send.write_all(&(args.len() as u32).to_be_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            send.write_all(args).await.map_err(|e| e.to_string())
+        }
+        .await;
+        if sent.is_err() {
+            *stream = None;
+        }
+        sent
+    }
+
+    /// Drops the send stream to `peer` (its connection closes with it).
+    pub(crate) fn forget(&self, peer: &str) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(peer);
+    }
+
+    /// Closes the endpoint and every connection on it.
+    pub(crate) fn close(&self) {
+        self.endpoint.close();
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Serves the bulk streams a member opens on `pc`; anything but a bulk
+/// stream, or a malformed frame, closes the connection.
+async fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
+    loop {
+        let accepted =
+            handshake::accept(&pc.connection, &pc.peer, &shared.name, shared.incarnation()).await;
+        let (send, recv) = match accepted {
+            Ok((send, recv, hello)) if hello.purpose == Purpose::Bulk => (send, recv),
+            Ok((_, _, hello)) => {
+                tracing::warn!(peer = %pc.peer, purpose = ?hello.purpose, "NODE-WIRE-004: closing a bulk-lane connection that opened another kind of stream");
+                pc.connection
+                    .close(quinn::VarInt::from_u32(0x14), b"bulk lane only");
+                return;
+            }
+            Err(handshake::StreamError::Io(_)) => return,
+            Err(e) => {
+                tracing::warn!(peer = %pc.peer, error = %e, "NODE-WIRE-002: closing bulk-lane connection after a bad hello");
+                if matches!(e, handshake::StreamError::RefusedPeer(_)) {
+                    // Let the refusal reach the peer before closing.
+                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                }
+                pc.connection
+                    .close(quinn::VarInt::from_u32(e.close_code()), b"bad hello");
+                return;
+            }
+        };
+        let (peer, conn) = (pc.peer.clone(), pc.connection.clone());
+        tokio::spawn(async move {
+            if let Err(e) = receive(recv).await {
+                tracing::warn!(%peer, error = %e, "NODE-WIRE-003: closing connection after a malformed bulk frame");
+                conn.close(
+                    quinn::VarInt::from_u32(e.close_code()),
+                    b"malformed bulk frame",
+                );
+            }
+            drop(send);
+        });
+    }
+}
+
+/// Delivers bulk messages to their local actors until the stream ends. A
+/// message for an actor that is gone, or not remote-capable, is dropped.
+async fn receive(mut recv: quinn::RecvStream) -> Result<(), handshake::StreamError> {
+    use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
+    use flotilla_proto::frame::{DEFAULT_MAX_FRAME, FrameError, PREFIX_LEN};
+    loop {
+        let Some(header) = handshake::recv_frame(&mut recv, DEFAULT_MAX_FRAME).await? else {
+            return Ok(());
+        };
+        let header = flotilla_proto::wire::decode::<BulkHeader>(&header)?;
+        let args = handshake::recv_frame(&mut recv, MAX_BULK_PAYLOAD)
+            .await?
+            .ok_or(FrameError::Truncated {
+                got: 0,
+                want: PREFIX_LEN,
+            })?;
+        match ractor::registry::where_is_pid(ractor::ActorId::Local(header.pid)) {
+            Some(cell) if cell.supports_remoting() => {
+                let msg = ractor::message::SerializedMessage::Cast {
+                    variant: header.variant,
+                    args,
+                    metadata: None,
+                };
+                if cell.send_serialized(msg).is_err() {
+                    tracing::debug!(
+                        pid = header.pid,
+                        "bulk message for a stopping actor dropped"
+                    );
+                }
+            }
+            _ => tracing::debug!(
+                pid = header.pid,
+                "bulk message for an unknown actor dropped"
+            ),
+        }
+    }
+}
