@@ -154,6 +154,16 @@ fn node_with_certificate_for_another_name_is_refused() {
 /// registries, and so a node, are process-wide.
 static IN_PROCESS_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// A node with the probe kinds, in this process, joined to `head`.
+async fn join_in_process(s: &Scratch, name: &str, head: std::net::SocketAddr) -> flotilla::Node {
+    s.issue(name);
+    let config = flotilla::NodeConfig::new(name, free_addr(), s.certs()).join(head);
+    flotilla::probe::register(flotilla::Node::builder(config))
+        .start()
+        .await
+        .unwrap()
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -175,13 +185,8 @@ fn remote_call_between_actors_on_two_workers() {
     let _turn = IN_PROCESS_NODE.lock().unwrap_or_else(|p| p.into_inner());
     let s = Scratch::new("call");
     let (head, _workers) = cluster(&s, &["w1", "w2"]);
-    s.issue("t1");
     runtime().block_on(async {
-        let config = flotilla::NodeConfig::new("t1", free_addr(), s.certs()).join(head.addr);
-        let node = flotilla::probe::register(flotilla::Node::builder(config))
-            .start()
-            .await
-            .unwrap();
+        let node = join_in_process(&s, "t1", head.addr).await;
         let budget = Duration::from_secs(15);
         let echo: ActorRef<EchoMsg> = node
             .spawn_on("w2", ECHO, "echo-w2", &NoArgs, budget)
@@ -305,13 +310,8 @@ fn large_casts_travel_on_the_bulk_lane_intact() {
         assert_eq!(bulk.ip(), addr.ip(), "{}", n["name"]);
         assert_ne!(bulk.port(), addr.port(), "{}", n["name"]);
     }
-    s.issue("t2");
     runtime().block_on(async {
-        let config = flotilla::NodeConfig::new("t2", free_addr(), s.certs()).join(head.addr);
-        let node = flotilla::probe::register(flotilla::Node::builder(config))
-            .start()
-            .await
-            .unwrap();
+        let node = join_in_process(&s, "t2", head.addr).await;
         bulk_round(&node, "w1", "echo-1").await;
 
         workers[0].signal("-KILL");
