@@ -255,3 +255,95 @@ impl quinn::Runtime for OnRuntime {
         quinn::TokioRuntime.now()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A connection dialled through an endpoint pinned to one runtime keeps
+    /// working after the runtime it was dialled from is gone: its driver
+    /// runs on the endpoint's runtime, not the caller's.
+    #[test]
+    fn pinned_endpoint_drives_its_connections_whoever_dials() {
+        let dir = std::env::temp_dir().join(format!("flotilla-pinned-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        crate::certs::init_ca(&dir, "test").unwrap();
+        for name in ["a", "b"] {
+            crate::certs::issue(&dir, name, &dir).unwrap();
+        }
+        let local: SocketAddr = ([127, 0, 0, 1], 0).into();
+
+        // b echoes every stream.
+        let server_rt = runtime();
+        let server = server_rt
+            .block_on(async {
+                Endpoint::bind(
+                    local,
+                    Identity::load(&dir, "b").unwrap(),
+                    &Tuning::default(),
+                )
+            })
+            .unwrap();
+        let addr = server.local_addr().unwrap();
+        server_rt.spawn(async move {
+            while let Some(pc) = server.accept().await {
+                tokio::spawn(async move {
+                    while let Ok((mut send, mut recv)) = pc.connection.accept_bi().await {
+                        let bytes = recv.read_to_end(1 << 10).await.unwrap();
+                        send.write_all(&bytes).await.unwrap();
+                        send.finish().unwrap();
+                    }
+                });
+            }
+        });
+
+        let lane = runtime();
+        let client = Endpoint::bind_on(
+            local,
+            Identity::load(&dir, "a").unwrap(),
+            &Tuning::default(),
+            lane.handle().clone(),
+        )
+        .unwrap();
+        let dialer = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let pc = dialer
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(5), client.connect(addr, Some("b"))).await
+            })
+            .expect("handshake in time")
+            .unwrap();
+        assert_eq!(pc.peer, "b");
+        drop(dialer);
+
+        let user = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let echoed = user.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                let (mut send, mut recv) = pc.connection.open_bi().await.unwrap();
+                send.write_all(b"still driven").await.unwrap();
+                send.finish().unwrap();
+                recv.read_to_end(1 << 10).await.unwrap()
+            })
+            .await
+        });
+        assert_eq!(
+            echoed.expect("the connection outlives the dialling runtime"),
+            b"still driven"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
