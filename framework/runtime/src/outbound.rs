@@ -12,7 +12,7 @@
 //! cast ─► serialize (+bytes) ─► ractor session queue ─► QUIC stream (−bytes) ─► peer
 //!   ▲                                                                   │
 //!   └──────────── waits while backlog > limit ◄─────────────────────────┘
-//! large casts ─► bulk lane: a QUIC stream of their own per peer ──────────► peer
+//! large casts ─► bulk lane: the peer's second endpoint, own threads ──────► peer
 //! ```
 //!
 //! The count is process-wide (all peers together): a slow peer holds back
@@ -94,15 +94,16 @@ pub enum CastError {
 }
 
 /// Casts `msg` to `actor` with backpressure, and sends large messages on
-/// their own stream.
+/// the bulk lane.
 ///
 /// - Local actor: a plain cast.
 /// - Remote actor, serialized message under [`BULK_THRESHOLD`]: waits while
 ///   the session backlog is over the limit, then goes over the ractor
 ///   session like any cast.
-/// - Larger: goes on the bulk lane to the actor's node, a QUIC stream of its
-///   own, so it never holds up small messages and calls on the session;
-///   waits for QUIC flow control, which bounds what is buffered.
+/// - Larger: goes on the bulk lane to the actor's node (see
+///   [`crate::bulk`]: an endpoint and threads of its own), so it never holds
+///   up small messages and calls on the session; waits for QUIC flow
+///   control, which bounds what is buffered.
 ///
 /// Delivery: at most once. Order holds among small messages and among bulk
 /// messages from one sender to one node, not between the two lanes.
