@@ -381,11 +381,18 @@ fn malformed_frames_close_only_the_offending_connection() {
         bad_bulk_frame,
         Some(Purpose::Bulk),
     ));
+    // A stream on the wrong endpoint is refused, with the reason.
     targets.push((
         bulk_addr,
         "bulk lane: a cluster stream".into(),
         Vec::new(),
         Some(Purpose::Cluster),
+    ));
+    targets.push((
+        head.addr,
+        "a bulk stream on the cluster endpoint".into(),
+        Vec::new(),
+        Some(Purpose::Bulk),
     ));
     runtime().block_on(async {
         let id = flotilla_transport::Identity::load(&s.certs(), "prober").unwrap();
@@ -393,13 +400,21 @@ fn malformed_frames_close_only_the_offending_connection() {
             .unwrap();
         for (addr, what, bytes, hello) in targets {
             let pc = ep.connect(addr, None).await.unwrap();
-            let (mut send, _recv) = pc.connection.open_bi().await.unwrap();
-            if let Some(purpose) = hello {
-                let hello = flotilla_proto::hello::Hello::new(purpose, "prober", 1);
-                flotilla_transport::handshake::send_msg(&mut send, &hello, 1 << 16)
-                    .await
-                    .unwrap();
-            }
+            let mut send = match hello {
+                None => pc.connection.open_bi().await.unwrap().0,
+                Some(purpose) => {
+                    let hello = flotilla_proto::hello::Hello::new(purpose, "prober", 1);
+                    let dialled = flotilla_transport::handshake::dial(&pc.connection, &hello).await;
+                    let belongs = (purpose == Purpose::Bulk) == (addr == bulk_addr);
+                    match dialled {
+                        Ok((send, ..)) if belongs => send,
+                        Err(flotilla_transport::StreamError::Refused(
+                            flotilla_proto::hello::Refusal::WrongEndpoint,
+                        )) if !belongs => pc.connection.open_bi().await.unwrap().0,
+                        other => panic!("{what}: hello answered {other:?}"),
+                    }
+                }
+            };
             send.write_all(&bytes).await.unwrap();
             send.finish().unwrap();
             let closed = tokio::time::timeout(Duration::from_secs(5), pc.connection.closed())

@@ -85,6 +85,11 @@ pub enum Refusal {
     /// A member with this name and a newer incarnation is already up.
     #[error("NODE-JOIN-005: a newer incarnation of this node is a member; stop it first")]
     StaleIncarnation,
+    /// The stream's purpose belongs on the node's other endpoint: bulk
+    /// streams on its bulk lane (`bulk_addr`), everything else on its
+    /// listen address.
+    #[error("NODE-WIRE-004: this endpoint does not take streams of that purpose")]
+    WrongEndpoint,
 }
 
 pub use reply::HelloReply;

@@ -41,6 +41,8 @@ type Streams = HashMap<String, Arc<tokio::sync::Mutex<Open>>>;
 pub(crate) struct Lane {
     runtime: Option<tokio::runtime::Runtime>,
     endpoint: Endpoint,
+    /// The endpoint's bound address.
+    addr: SocketAddr,
     streams: Mutex<Streams>,
 }
 
@@ -67,16 +69,20 @@ impl Lane {
             .map_err(LaneError::Threads)?;
         let endpoint =
             Endpoint::bind_on(addr, identity, &Tuning::default(), runtime.handle().clone())?;
+        let bound = endpoint
+            .local_addr()
+            .map_err(|source| BindError::Socket { addr, source })?;
         Ok(Self {
             runtime: Some(runtime),
             endpoint,
+            addr: bound,
             streams: Mutex::new(HashMap::new()),
         })
     }
 
     /// The lane's bound address.
-    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.endpoint.local_addr()
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// Accepts bulk connections from members until the lane closes.
@@ -179,29 +185,23 @@ impl Drop for Lane {
     }
 }
 
-/// Serves the bulk streams a member opens on `pc`; anything but a bulk
-/// stream, or a malformed frame, closes the connection.
+/// Serves the bulk streams a member opens on `pc`; any other stream is
+/// refused, and it or a malformed frame closes the connection.
 async fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
     loop {
-        let accepted =
-            handshake::accept(&pc.connection, &pc.peer, &shared.name, shared.incarnation()).await;
+        let accepted = handshake::accept(
+            &pc.connection,
+            &pc.peer,
+            &shared.name,
+            shared.incarnation(),
+            &[Purpose::Bulk],
+        )
+        .await;
         let (send, recv) = match accepted {
-            Ok((send, recv, hello)) if hello.purpose == Purpose::Bulk => (send, recv),
-            Ok((_, _, hello)) => {
-                tracing::warn!(peer = %pc.peer, purpose = ?hello.purpose, "NODE-WIRE-004: closing a bulk-lane connection that opened another kind of stream");
-                pc.connection
-                    .close(quinn::VarInt::from_u32(0x14), b"bulk lane only");
-                return;
-            }
+            Ok((send, recv, _)) => (send, recv),
             Err(handshake::StreamError::Io(_)) => return,
             Err(e) => {
-                tracing::warn!(peer = %pc.peer, error = %e, "NODE-WIRE-002: closing bulk-lane connection after a bad hello");
-                if matches!(e, handshake::StreamError::RefusedPeer(_)) {
-                    // Let the refusal reach the peer before closing.
-                    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-                }
-                pc.connection
-                    .close(quinn::VarInt::from_u32(e.close_code()), b"bad hello");
+                handshake::close_after_accept(&pc, &e).await;
                 return;
             }
         };

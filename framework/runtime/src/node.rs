@@ -216,9 +216,14 @@ impl Shared {
 pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
     tokio::spawn(async move {
         loop {
-            let accepted =
-                handshake::accept(&pc.connection, &pc.peer, &shared.name, shared.incarnation())
-                    .await;
+            let accepted = handshake::accept(
+                &pc.connection,
+                &pc.peer,
+                &shared.name,
+                shared.incarnation(),
+                &[Purpose::Cluster, Purpose::Control],
+            )
+            .await;
             match accepted {
                 Ok((send, recv, hello)) => match hello.purpose {
                     Purpose::Cluster => {
@@ -240,11 +245,7 @@ pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
                                     is_server: true,
                                 });
                     }
-                    Purpose::Bulk => {
-                        // Bulk streams belong on the peer's bulk lane.
-                        tracing::warn!(peer = %pc.peer, "NODE-WIRE-004: bulk stream on the cluster endpoint refused");
-                        drop((send, recv));
-                    }
+                    Purpose::Bulk => unreachable!("accept refuses bulk streams here"),
                     Purpose::Control => {
                         let (shared, peer, conn) =
                             (Arc::clone(&shared), pc.peer.clone(), pc.connection.clone());
@@ -268,19 +269,8 @@ pub(crate) fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
                     }
                 },
                 Err(handshake::StreamError::Io(_)) => return,
-                Err(e @ handshake::StreamError::RefusedPeer(_)) => {
-                    // The refusal is on its way; closing now would discard it
-                    // on the peer's side. Give the peer time to read it.
-                    tracing::warn!(peer = %pc.peer, error = %e, "refused a peer");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    pc.connection
-                        .close(quinn::VarInt::from_u32(e.close_code()), b"refused");
-                    return;
-                }
                 Err(e) => {
-                    tracing::warn!(peer = %pc.peer, error = %e, "NODE-WIRE-002: closing connection after a bad hello");
-                    pc.connection
-                        .close(quinn::VarInt::from_u32(e.close_code()), b"bad hello");
+                    handshake::close_after_accept(&pc, &e).await;
                     return;
                 }
             }
@@ -321,6 +311,7 @@ impl NodeBuilder {
         let identity = Identity::load(&config.certs, &config.name)?;
         let tls = flotilla_transport::tls::server_tls(&identity)
             .map_err(|e| StartError::Actors(e.to_string()))?;
+        let lane_identity = identity.clone();
         let endpoint = Endpoint::bind(config.listen, identity, &Tuning::default())?;
         let local = endpoint
             .local_addr()
@@ -328,15 +319,9 @@ impl NodeBuilder {
         let advertise = config.advertise.unwrap_or(local);
         let lane = crate::bulk::Lane::bind(
             config.bulk_listen.unwrap_or((local.ip(), 0).into()),
-            Identity::load(&config.certs, &config.name)?,
+            lane_identity,
         )?;
-        let bulk_addr = {
-            let port = lane
-                .local_addr()
-                .map_err(|e| StartError::Actors(e.to_string()))?
-                .port();
-            SocketAddr::new(advertise.ip(), port)
-        };
+        let bulk_addr = SocketAddr::new(advertise.ip(), lane.local_addr().port());
 
         // ractor_cluster always opens a TCP listener: keep it on loopback and
         // behind the same mutual TLS as QUIC.

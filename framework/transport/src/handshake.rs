@@ -6,7 +6,7 @@
 //! connection is closed by the caller.
 
 use flotilla_proto::frame::{self, FrameError, PREFIX_LEN};
-use flotilla_proto::hello::{Hello, HelloReply, Refusal, check_hello};
+use flotilla_proto::hello::{Hello, HelloReply, Purpose, Refusal, check_hello};
 use flotilla_proto::wire::{self, Decode, Encode, WireError};
 use quinn::{RecvStream, SendStream};
 
@@ -111,17 +111,26 @@ pub async fn dial(
 }
 
 /// Acceptor side: takes the next stream the peer opens, reads its hello and
-/// checks it against `peer_cert_name`. On refusal the reason is sent back
-/// before the error is returned.
+/// checks it against `peer_cert_name` and the purposes this endpoint
+/// `serves`. On refusal the reason is sent back before the error is
+/// returned.
 pub async fn accept(
     connection: &quinn::Connection,
     peer_cert_name: &str,
     own_name: &str,
     own_incarnation: u64,
+    serves: &[Purpose],
 ) -> Result<(SendStream, RecvStream, Hello), StreamError> {
     let (mut send, mut recv) = connection.accept_bi().await.map_err(io)?;
     let hello = recv_msg::<Hello>(&mut recv, frame::DEFAULT_MAX_FRAME).await?;
-    if let Err(refusal) = check_hello(&hello, peer_cert_name) {
+    let verdict = check_hello(&hello, peer_cert_name).and_then(|()| {
+        if serves.contains(&hello.purpose) {
+            Ok(())
+        } else {
+            Err(Refusal::WrongEndpoint)
+        }
+    });
+    if let Err(refusal) = verdict {
         let _ = send_msg(
             &mut send,
             &HelloReply::Refused(refusal),
@@ -129,8 +138,7 @@ pub async fn accept(
         )
         .await;
         let _ = send.finish();
-        // Closing the connection at once would discard the refusal on the
-        // peer's side: the caller keeps it open a moment before closing.
+        // The caller closes the connection with `close_after_accept`.
         return Err(StreamError::RefusedPeer(refusal));
     }
     let reply = HelloReply::Accepted {
@@ -139,4 +147,23 @@ pub async fn accept(
     };
     send_msg(&mut send, &reply, frame::DEFAULT_MAX_FRAME).await?;
     Ok((send, recv, hello))
+}
+
+/// How long a refused peer's connection stays open so the refusal reaches it.
+const REFUSAL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Logs why [`accept`] failed on `pc` and closes the connection: a refusal
+/// is first given time to reach the peer (closing at once would discard
+/// it on the peer's side); a bad hello closes at once.
+pub async fn close_after_accept(pc: &crate::PeerConnection, error: &StreamError) {
+    let reason: &[u8] = if let StreamError::RefusedPeer(_) = error {
+        tracing::warn!(peer = %pc.peer, %error, "refused a peer");
+        tokio::time::sleep(REFUSAL_GRACE).await;
+        b"refused"
+    } else {
+        tracing::warn!(peer = %pc.peer, %error, "NODE-WIRE-002: closing connection after a bad hello");
+        b"bad hello"
+    };
+    pc.connection
+        .close(quinn::VarInt::from_u32(error.close_code()), reason);
 }
