@@ -122,9 +122,10 @@ impl<W: Ord + Clone> Window<W> {
         }
     }
 
-    /// The worker `batch` is in flight to, if any.
-    pub fn worker_of(&self, batch: BatchId) -> Option<&W> {
-        self.flights.get(&batch).map(|f| &f.worker)
+    /// The send of `batch` in flight, if any: its worker and attempt
+    /// number. An answer belongs to that send only if both match.
+    pub fn flight_of(&self, batch: BatchId) -> Option<(&W, u32)> {
+        self.flights.get(&batch).map(|f| (&f.worker, f.attempt))
     }
 
     /// Batches in flight to `worker`.
@@ -477,8 +478,8 @@ mod tests {
                 }
                 // Batches the window no longer holds in flight went to retry.
                 for b in in_flight_ids(&model) {
-                    let State::InFlight(worker, _) = model[&b] else { unreachable!() };
-                    if w.worker_of(BatchId(b)) != Some(&worker) {
+                    let State::InFlight(worker, attempt) = model[&b] else { unreachable!() };
+                    if w.flight_of(BatchId(b)) != Some((&worker, attempt)) {
                         model.insert(b, State::Retry);
                     }
                 }
