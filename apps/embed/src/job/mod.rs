@@ -324,6 +324,34 @@ fn stop(actors: &[(String, ActorRef<EmbedMsg>)]) {
     }
 }
 
+/// The pipeline's limits for `actors` embedding actors: `max_in_flight`
+/// if given, else the framework's default of two per actor.
+fn pipeline_config(actors: usize, max_in_flight: Option<usize>) -> PipelineConfig {
+    let config = PipelineConfig::for_workers(actors, crate::actor::BATCH_DEADLINE);
+    PipelineConfig {
+        max_in_flight: max_in_flight.map_or(config.max_in_flight, |m| m.max(1)),
+        ..config
+    }
+}
+
+/// Removes the workers of every node that is no longer up; their batches
+/// go to the others.
+fn drop_lost_workers(pipeline: &mut Pipeline<EmbedStage>, table: &flotilla::Table) {
+    let lost: std::collections::BTreeSet<String> = pipeline
+        .nodes()
+        .filter(|node| {
+            table
+                .get(node)
+                .is_none_or(|m| m.state != flotilla::MemberState::Up)
+        })
+        .map(str::to_owned)
+        .collect();
+    for node in lost {
+        let actors = pipeline.remove_node(&node);
+        tracing::warn!(%node, actors, in_flight = pipeline.in_flight(), "worker node lost; its batches go to the other workers");
+    }
+}
+
 /// The job proper, once the actors run. With `members`, workers whose node
 /// goes down or leaves are dropped and their batches sent elsewhere.
 pub(crate) async fn drive(
@@ -332,6 +360,8 @@ pub(crate) async fn drive(
     workers: &Workers,
     mut members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
 ) -> Result<Summary, JobError> {
+    // Every actor has its model: what follows is the job itself.
+    let ready_after = started.elapsed();
     let info = &workers.info;
     let revision = crate::ModelRevision::new(info.revision.clone());
     let batch_size = config.batch_size.max(1);
@@ -371,25 +401,19 @@ pub(crate) async fn drive(
             dim: info.dim,
         },
         PipelineConfig {
-            max_in_flight: config
-                .max_in_flight
-                .unwrap_or(2 * workers.actors.len())
-                .max(1),
             memory_budget: config.memory_budget,
-            deadline: crate::actor::BATCH_DEADLINE,
-            max_attempts: 3,
+            ..pipeline_config(workers.actors.len(), config.max_in_flight)
         },
     );
     for (node, actor) in &workers.actors {
         pipeline.add_worker(node, actor.clone());
     }
-    let mut lost_nodes: Vec<String> = Vec::new();
 
     let mut summary = Summary {
         job_id,
         model_load: Duration::from_millis(info.load_ms),
         actors: workers.actors.len(),
-        ready_after: started.elapsed(),
+        ready_after,
         ..Summary::default()
     };
     let mut progress = progress::Progress::new(config.progress_bar, scan.rows);
@@ -451,15 +475,7 @@ pub(crate) async fn drive(
                             members = None;
                             continue;
                         }
-                        let table = rx.borrow_and_update().clone();
-                        for (node, _) in &workers.actors {
-                            let gone = table.get(node).is_none_or(|m| m.state != flotilla::MemberState::Up);
-                            if gone && !lost_nodes.contains(node) {
-                                lost_nodes.push(node.clone());
-                                let n = pipeline.remove_node(node);
-                                tracing::warn!(%node, actors = n, in_flight = pipeline.in_flight(), "worker node lost; its batches go to the other workers");
-                            }
-                        }
+                        drop_lost_workers(&mut pipeline, &rx.borrow_and_update());
                         continue;
                     }
                 }
