@@ -38,7 +38,9 @@ pub struct Manifest {
     pub dim: u32,
     /// Rows per batch (batch ids depend on it).
     pub batch_size: u32,
-    /// Part format.
+    /// Part format (outputs written before parts had a format are JSON
+    /// lines).
+    #[serde(default = "Format::jsonl")]
     pub format: Format,
 }
 
@@ -63,6 +65,10 @@ pub enum Format {
 }
 
 impl Format {
+    fn jsonl() -> Self {
+        Self::Jsonl
+    }
+
     fn extension(self) -> &'static str {
         match self {
             Self::Parquet => "parquet",
@@ -92,9 +98,22 @@ pub enum SinkError {
         /// This run's job.
         expected: Box<Manifest>,
     },
-    /// The manifest is not valid JSON.
-    #[error("malformed manifest {0}")]
-    Manifest(PathBuf),
+    /// The manifest is not a manifest.
+    #[error("malformed manifest {path}: {source}")]
+    Manifest {
+        /// Where it is.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: serde_json::Error,
+    },
+    /// A part could not be encoded.
+    #[error("output {location}: cannot encode the part: {source}")]
+    Encode {
+        /// The part's location.
+        location: String,
+        /// The encoder's error.
+        source: parquet::errors::ParquetError,
+    },
     /// The output URL is not one `object_store` knows.
     #[error("output {url}: {reason}")]
     Url {
@@ -119,7 +138,7 @@ fn encode_part(
     ids: &[String],
     dim: usize,
     values: &[f32],
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, parquet::errors::ParquetError> {
     match manifest.format {
         Format::Jsonl => Ok(jsonl_part(ids, dim, values)),
         Format::Parquet => parquet_part(manifest, ids, dim, values),
@@ -156,57 +175,51 @@ fn parquet_part(
     ids: &[String],
     dim: usize,
     values: &[f32],
-) -> Result<Vec<u8>, String> {
-    {
-        use std::sync::Arc;
+) -> Result<Vec<u8>, parquet::errors::ParquetError> {
+    use std::sync::Arc;
 
-        use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
-        use arrow_schema::{DataType, Field, Schema};
-        use parquet::arrow::ArrowWriter;
-        use parquet::file::metadata::KeyValue;
-        use parquet::file::properties::WriterProperties;
+    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::metadata::KeyValue;
+    use parquet::file::properties::WriterProperties;
 
-        let fail = |e: String| e;
-        let item = Arc::new(Field::new("item", DataType::Float32, false));
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Utf8, false),
-            Field::new(
-                "embedding",
-                DataType::FixedSizeList(item.clone(), dim as i32),
-                false,
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new(
+            "embedding",
+            DataType::FixedSizeList(item.clone(), dim as i32),
+            false,
+        ),
+    ]));
+    let embeddings = FixedSizeListArray::try_new(
+        item,
+        dim as i32,
+        Arc::new(Float32Array::from(values.to_vec())) as ArrayRef,
+        None,
+    )?;
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from_iter_values(ids)) as ArrayRef,
+            Arc::new(embeddings) as ArrayRef,
+        ],
+    )?;
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(vec![
+            KeyValue::new("flotilla.job_id".into(), manifest.job_id.clone()),
+            KeyValue::new(
+                "flotilla.model_revision".into(),
+                manifest.model_revision.clone(),
             ),
-        ]));
-        let embeddings = FixedSizeListArray::try_new(
-            item,
-            dim as i32,
-            Arc::new(Float32Array::from(values.to_vec())) as ArrayRef,
-            None,
-        )
-        .map_err(|e| fail(e.to_string()))?;
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(StringArray::from_iter_values(ids)) as ArrayRef,
-                Arc::new(embeddings) as ArrayRef,
-            ],
-        )
-        .map_err(|e| fail(e.to_string()))?;
-        let props = WriterProperties::builder()
-            .set_key_value_metadata(Some(vec![
-                KeyValue::new("flotilla.job_id".into(), manifest.job_id.clone()),
-                KeyValue::new(
-                    "flotilla.model_revision".into(),
-                    manifest.model_revision.clone(),
-                ),
-            ]))
-            .build();
-        let mut out = Vec::new();
-        let mut writer =
-            ArrowWriter::try_new(&mut out, schema, Some(props)).map_err(|e| fail(e.to_string()))?;
-        writer.write(&batch).map_err(|e| fail(e.to_string()))?;
-        writer.close().map_err(|e| fail(e.to_string()))?;
-        Ok(out)
-    }
+        ]))
+        .build();
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(props))?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(out)
 }
 
 fn jsonl_part(ids: &[String], dim: usize, values: &[f32]) -> Vec<u8> {
@@ -317,8 +330,11 @@ impl Sink {
         match sink.store.get(&at).await {
             Ok(found) => {
                 let bytes = found.bytes().await.map_err(|e| sink.fail(&at, e))?;
-                let found: Manifest = serde_json::from_slice(&bytes)
-                    .map_err(|_| SinkError::Manifest(PathBuf::from(sink.location(&at))))?;
+                let found: Manifest =
+                    serde_json::from_slice(&bytes).map_err(|source| SinkError::Manifest {
+                        path: PathBuf::from(sink.location(&at)),
+                        source,
+                    })?;
                 if found != *manifest {
                     return Err(SinkError::OtherJob {
                         found: Box::new(found),
@@ -373,10 +389,11 @@ impl Sink {
             .clone()
             .join("parts")
             .join(part_name(batch_id, self.manifest.format));
-        let bytes = encode_part(&self.manifest, ids, dim, values).map_err(|e| SinkError::Url {
-            url: self.location(&at),
-            reason: e,
-        })?;
+        let bytes =
+            encode_part(&self.manifest, ids, dim, values).map_err(|source| SinkError::Encode {
+                location: self.location(&at),
+                source,
+            })?;
         self.store
             .put(&at, bytes.into())
             .await
@@ -408,6 +425,25 @@ mod tests {
             batch_size: 2,
             format: Format::Jsonl,
         }
+    }
+
+    /// A manifest from before parts had a format describes JSON-lines
+    /// output and resumes as such; one that is not a manifest is refused
+    /// with the parser's reason.
+    #[tokio::test]
+    async fn manifests_without_a_format_are_jsonl_and_bad_ones_say_why() {
+        let dir = std::env::temp_dir().join(format!("flotilla-sink-old-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let old = r#"{"job_id":"j","model_revision":"sha256:00","dim":2,"batch_size":2}"#;
+        std::fs::write(dir.join("manifest.json"), old).unwrap();
+        Sink::open(&dir, &manifest("j")).await.unwrap();
+
+        std::fs::write(dir.join("manifest.json"), r#"{"job_id": 3}"#).unwrap();
+        let err = Sink::open(&dir, &manifest("j")).await.unwrap_err();
+        assert!(matches!(err, SinkError::Manifest { .. }), "{err}");
+        assert!(err.to_string().contains("invalid type"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The object-store path: a real local-filesystem store reached by a
