@@ -221,17 +221,31 @@ pub struct ParquetSource {
 }
 
 impl ParquetSource {
-    /// Opens `path`, checking that both columns exist.
+    /// Opens `path`, checking that both columns exist with types it reads:
+    /// ids strings or integers, texts strings.
     pub fn open(path: &Path, id_field: &str, text_field: &str) -> Result<Self, SourceError> {
+        use arrow_schema::DataType::{Int32, Int64, LargeUtf8, UInt32, UInt64, Utf8};
         use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
         let file = std::fs::File::open(path)?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file)
             .map_err(|e| SourceError::Parquet(format!("{}: {e}", path.display())))?;
-        for column in [id_field, text_field] {
-            if builder.schema().field_with_name(column).is_err() {
+        let columns = [
+            (
+                id_field,
+                &[Utf8, LargeUtf8, Int32, Int64, UInt32, UInt64][..],
+                "strings or integers",
+            ),
+            (text_field, &[Utf8, LargeUtf8][..], "strings"),
+        ];
+        for (column, readable, what) in columns {
+            let field = builder.schema().field_with_name(column).map_err(|_| {
+                SourceError::Parquet(format!("{} has no column {column:?}", path.display()))
+            })?;
+            if !readable.contains(field.data_type()) {
                 return Err(SourceError::Parquet(format!(
-                    "{} has no column {column:?}",
-                    path.display()
+                    "{}: column {column:?} is {}; it must hold {what}",
+                    path.display(),
+                    field.data_type()
                 )));
             }
         }
@@ -282,10 +296,7 @@ impl ParquetSource {
                     .map(|a| a.value(i).to_string())
             };
             let Some(id) = id else {
-                let reason = format!(
-                    "column {:?} is null or not a string or integer",
-                    self.id_field
-                );
+                let reason = format!("column {:?} is null", self.id_field);
                 self.ready.push_back(Item::Invalid {
                     line,
                     id: None,
@@ -306,7 +317,7 @@ impl ParquetSource {
                 None => Item::Invalid {
                     line,
                     id: Some(id),
-                    reason: format!("column {:?} is null or not a string", self.text_field),
+                    reason: format!("column {:?} is null", self.text_field),
                 },
                 Some(_) if !self.seen.insert(&id) => Item::Invalid {
                     line,
@@ -339,6 +350,42 @@ impl Iterator for ParquetSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Parquet file whose columns hold types the source cannot read is
+    /// refused when opened, naming the column and its type, instead of
+    /// every row becoming an error.
+    #[test]
+    fn parquet_columns_of_unreadable_types_are_refused_at_open() {
+        use std::sync::Arc;
+
+        use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+        let path =
+            std::env::temp_dir().join(format!("flotilla-src-{}.parquet", std::process::id()));
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(StringArray::from(vec!["a"])) as ArrayRef),
+            ("text", Arc::new(StringArray::from(vec!["one"])) as ArrayRef),
+            ("score", Arc::new(Float64Array::from(vec![0.5])) as ArrayRef),
+        ])
+        .unwrap();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+
+        let rows: Vec<Item> = ParquetSource::open(&path, "id", "text")
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(rows.len(), 1);
+        for (id, text) in [("score", "text"), ("id", "score")] {
+            let err = ParquetSource::open(&path, id, text).err().expect("refused");
+            assert!(
+                err.to_string().contains("column \"score\" is Float64"),
+                "{err}"
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn one_scan_hashes_the_file_and_counts_non_blank_lines() {
