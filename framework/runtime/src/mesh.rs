@@ -161,6 +161,8 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         });
         // Sessions with members that are down or gone end now, so calls to
         // their actors fail instead of waiting for the transport to time out.
+        // Every pass, not only on the change: cheap, and a session that
+        // reappears with such a member is closed on the next pass too.
         for m in &table.members {
             if m.state == MemberState::Up || m.name == shared.name {
                 continue;

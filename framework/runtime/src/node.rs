@@ -414,6 +414,9 @@ impl NodeBuilder {
             let mut view = shared.view.subscribe();
             let spawner = spawner.clone();
             tokio::spawn(async move {
+                // Most table changes are actor counts: pass on only changes
+                // of who is up.
+                let mut last = Vec::new();
                 loop {
                     let states: Vec<(String, u64, bool)> = {
                         let t = view.borrow_and_update();
@@ -423,12 +426,16 @@ impl NodeBuilder {
                             .collect()
                     };
                     if !states.is_empty()
+                        && states != last
                         && spawner
-                            .cast(SpawnerMsg::Members(crate::spawner::MemberStates(states)))
+                            .cast(SpawnerMsg::Members(crate::spawner::MemberStates(
+                                states.clone(),
+                            )))
                             .is_err()
                     {
                         return;
                     }
+                    last = states;
                     if view.changed().await.is_err() {
                         return;
                     }
