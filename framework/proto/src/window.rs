@@ -184,8 +184,8 @@ impl<W: Ord + Clone> Window<W> {
         }
         let worker = self.pick()?;
         let (batch, attempts, failed_on) = self.retry.pop_front()?;
-        // Elsewhere if another worker is as free: the one that failed the
-        // batch may fail it again.
+        // To the least-loaded of the other workers when there is one, however
+        // loaded: the worker that failed the batch may fail it again.
         let worker = match failed_on {
             Some(bad) if bad == worker => self
                 .load
