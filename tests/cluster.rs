@@ -124,6 +124,10 @@ fn node_with_certificate_from_another_ca_is_refused() {
         "log: {}",
         s.log("rogue")
     );
+    // Refused in the TLS handshake, not merely unreachable.
+    eventually(Duration::from_secs(5), || {
+        s.log("head").contains("NODE-AUTH-001").then_some(())
+    });
     let st = s.status(head.addr).unwrap();
     assert_eq!(state_of(&st, "rogue"), None);
 }
@@ -229,10 +233,12 @@ fn remote_call_between_actors_on_two_workers() {
         // The actor counts reach every member with the next heartbeats.
         let counted = node
             .wait_members(Duration::from_secs(5), |t| {
-                t.get("w2").is_some_and(|m| m.actors == 1)
+                ["w1", "w2"]
+                    .iter()
+                    .all(|w| t.get(w).is_some_and(|m| m.actors == 1))
             })
             .await;
-        assert!(counted.is_some(), "w2 reports its actor");
+        assert!(counted.is_some(), "w1 and w2 report their actor");
         node.shutdown().await;
     });
     // Actors are owned by the node that spawned them: once it has left,

@@ -1,10 +1,9 @@
 //! `node embed --head`: the embed job on a loopback cluster of real `node`
 //! processes (head + workers), with workers and drivers killed mid-job.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 mod common;
 
@@ -20,6 +19,24 @@ fn corpus_head(dir: &Path, rows: usize) -> (PathBuf, Vec<String>) {
     (path, ids_of(&lines.join("\n")))
 }
 
+/// A running driver; killed if the test ends before it does.
+struct Driver(Option<Child>);
+
+impl Driver {
+    fn kill(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Starts a driver: `node embed --head` with the admin identity.
 fn driver(
     s: &Scratch,
@@ -28,7 +45,7 @@ fn driver(
     output: &Path,
     tag: &str,
     extra: &[&str],
-) -> Child {
+) -> Driver {
     let log = std::fs::File::create(s.dir.join(format!("driver-{tag}.log"))).unwrap();
     Command::new(NODE)
         .arg("embed")
@@ -49,11 +66,13 @@ fn driver(
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
+        .map(|child| Driver(Some(child)))
         .unwrap()
 }
 
 /// Waits for a driver; returns its success and summary line.
-fn finish(s: &Scratch, child: Child, tag: &str) -> (bool, String) {
+fn finish(s: &Scratch, mut driver: Driver, tag: &str) -> (bool, String) {
+    let child = driver.0.take().expect("running");
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
@@ -63,22 +82,6 @@ fn finish(s: &Scratch, child: Child, tag: &str) -> (bool, String) {
         );
     }
     (out.status.success(), stdout)
-}
-
-/// Written parts and their modification times.
-fn parts(output: &Path) -> BTreeMap<String, SystemTime> {
-    std::fs::read_dir(output.join("parts"))
-        .map(|d| {
-            d.filter_map(|e| {
-                let e = e.ok()?;
-                let name = e.file_name().to_string_lossy().into_owned();
-                // Temporary files are not parts yet.
-                name.ends_with(".jsonl")
-                    .then(|| (name, e.metadata().unwrap().modified().unwrap()))
-            })
-            .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn actors_on(s: &Scratch, head: &Proc, node: &str) -> Option<u64> {
@@ -106,8 +109,7 @@ fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
     eventually(Duration::from_secs(120), || {
         (parts(&out1).len() >= 6).then_some(())
     });
-    first.kill().unwrap();
-    first.wait().unwrap();
+    first.kill();
     // The parts written until the kill; the job was cut short.
     let written_now = parts(&out1);
     assert!(
@@ -142,6 +144,10 @@ fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
     });
     let victim = workers.remove(1);
     victim.signal("-KILL");
+    assert!(
+        parts(&out2).len() < ids.len().div_ceil(32),
+        "the job finished before the worker was killed"
+    );
     let (ok, summary) = finish(&s, job, "worker-killed");
     assert!(ok, "{summary}");
     assert!(summary.contains("on 3 actors"), "{summary}");
@@ -190,6 +196,7 @@ fn driver_memory_stays_flat_for_a_ten_times_larger_input() {
         eprintln!("{tag}: {summary}");
         peaks.push(peak_rss_mib(&summary));
     }
+    assert!(peaks[0] > 0, "the summary reports a peak RSS");
     let (one, ten) = (peaks[0] as f64, peaks[1] as f64);
     assert!(
         ten <= one * 1.10,

@@ -5,7 +5,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{NODE, assert_exactly_once, ids_of, model, read_output, root};
+use common::{NODE, assert_exactly_once, ids_of, model, parts, read_output, root};
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-embed-{tag}-{}", std::process::id()));
@@ -51,21 +51,15 @@ fn corpus_is_embedded_exactly_once_and_a_rerun_does_nothing() {
     );
 
     // The same command again: everything is done, nothing is recomputed.
-    let parts_before: Vec<_> = std::fs::read_dir(output.join("parts"))
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().modified().unwrap())
-        .collect();
+    let parts_before = parts(&output);
+    assert_eq!(parts_before.len(), 63);
     let (ok, stdout, stderr) = embed(&corpus, &output, &args);
     assert!(ok, "{stderr}");
     assert!(
         stdout.contains(" 0 texts in 0 batches (63 skipped as done)"),
         "{stdout}"
     );
-    let parts_after: Vec<_> = std::fs::read_dir(output.join("parts"))
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().modified().unwrap())
-        .collect();
-    assert_eq!(parts_before, parts_after, "no part rewritten");
+    assert_eq!(parts(&output), parts_before, "no part rewritten");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -79,18 +73,15 @@ fn bad_rows_go_to_the_errors_file_and_the_rest_is_embedded() {
     )
     .unwrap();
     let output = dir.join("out");
-    let (ok, stdout, stderr) = embed(
-        &input,
-        &output,
-        &[
-            "--actors-per-node",
-            "1",
-            "--batch-size",
-            "2",
-            "--format",
-            "jsonl",
-        ],
-    );
+    let args = [
+        "--actors-per-node",
+        "1",
+        "--batch-size",
+        "2",
+        "--format",
+        "jsonl",
+    ];
+    let (ok, stdout, stderr) = embed(&input, &output, &args);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("3 rows rejected"), "{stdout}");
     let rows = read_output(&output);
@@ -109,18 +100,7 @@ fn bad_rows_go_to_the_errors_file_and_the_rest_is_embedded() {
     // Another job's output folder is refused.
     let other = dir.join("other.jsonl");
     std::fs::write(&other, "{\"id\":\"x\",\"text\":\"y\"}\n").unwrap();
-    let (ok, _, stderr) = embed(
-        &other,
-        &output,
-        &[
-            "--actors-per-node",
-            "1",
-            "--batch-size",
-            "2",
-            "--format",
-            "jsonl",
-        ],
-    );
+    let (ok, _, stderr) = embed(&other, &output, &args);
     assert!(!ok && stderr.contains("holds job"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -272,7 +252,10 @@ impl S3Server {
         let server = Self { child, port };
         // Up when it answers; then the bucket.
         let start = std::time::Instant::now();
-        while server.request("PUT", "/embeds").is_none() {
+        while server
+            .request("PUT", "/embeds")
+            .is_none_or(|status| !status.contains(" 200"))
+        {
             assert!(
                 start.elapsed().as_secs() < 30,
                 "S3 test server did not start"
@@ -335,6 +318,17 @@ fn s3_output_is_written_and_resumed() {
     };
     let first = run();
     assert!(first.contains(" 200 texts in 4 batches"), "{first}");
+    for object in [
+        "manifest.json",
+        "errors.jsonl",
+        "parts/batch-00000000.parquet",
+    ] {
+        let status = server.request("HEAD", &format!("/embeds/run/{object}"));
+        assert!(
+            status.as_deref().is_some_and(|s| s.contains(" 200")),
+            "{object}: {status:?}"
+        );
+    }
     // The rerun lists the bucket's parts and finds every batch there.
     let second = run();
     assert!(

@@ -6,9 +6,9 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -258,4 +258,21 @@ pub fn assert_exactly_once(output: &Path, ids: &[String]) {
         let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4, "{id} has norm {norm}");
     }
+}
+
+/// Written JSON-lines parts of an output folder and their modification
+/// times.
+pub fn parts(output: &Path) -> BTreeMap<String, SystemTime> {
+    std::fs::read_dir(output.join("parts"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let e = e.ok()?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                // Temporary files are not parts yet.
+                name.ends_with(".jsonl")
+                    .then(|| (name, e.metadata().unwrap().modified().unwrap()))
+            })
+            .collect()
+        })
+        .unwrap_or_default()
 }
