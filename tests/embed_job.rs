@@ -267,6 +267,12 @@ impl S3Server {
 
     /// One plain HTTP request; the status line, if any answer came.
     fn request(&self, method: &str, path: &str) -> Option<String> {
+        self.response(method, path)
+            .and_then(|r| r.lines().next().map(str::to_owned))
+    }
+
+    /// One plain HTTP request; the whole response, if any came.
+    fn response(&self, method: &str, path: &str) -> Option<String> {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         write!(
@@ -277,7 +283,7 @@ impl S3Server {
         .ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;
-        out.lines().next().map(str::to_owned)
+        Some(out)
     }
 }
 
@@ -318,15 +324,17 @@ fn s3_output_is_written_and_resumed() {
     };
     let first = run();
     assert!(first.contains(" 200 texts in 4 batches"), "{first}");
-    for object in [
-        "manifest.json",
-        "errors.jsonl",
-        "parts/batch-00000000.parquet",
-    ] {
-        let status = server.request("HEAD", &format!("/embeds/run/{object}"));
+    let listing = server
+        .response("GET", "/embeds?list-type=2&prefix=run/")
+        .unwrap_or_default();
+    let keys = ["manifest.json", "errors.jsonl"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((0..4).map(|b| format!("parts/batch-{b:08}.parquet")));
+    for key in keys {
         assert!(
-            status.as_deref().is_some_and(|s| s.contains(" 200")),
-            "{object}: {status:?}"
+            listing.contains(&format!("<Key>run/{key}</Key>")),
+            "run/{key} not in the bucket: {listing}"
         );
     }
     // The rerun lists the bucket's parts and finds every batch there.
