@@ -20,7 +20,7 @@ use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberView, Node, NodeConfig, Resources};
 
 use super::{ClusterConfig, JobConfig, JobError, Summary, Workers, drive};
-use crate::actor::{EmbedMsg, EmbedderArgs, KIND, ModelInfo};
+use crate::actor::{EmbedMsg, KIND, ModelInfo};
 use crate::model_folder::ModelFolder;
 
 /// How long spawning one actor (its model load included) may take.
@@ -60,12 +60,16 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
     if let Some(cookie) = &cluster.cookie {
         node_config.cookie = cookie.clone();
     }
-    let node = Arc::new(
-        Node::builder(node_config)
-            .start()
-            .await
-            .map_err(|e| JobError::Cluster(format!("cannot join {}: {e}", cluster.head)))?,
-    );
+    let node =
+        Arc::new(
+            Node::builder(node_config)
+                .start()
+                .await
+                .map_err(|source| JobError::Join {
+                    head: cluster.head,
+                    source,
+                })?,
+        );
     let result = match start_workers(&config, &node, reference).await {
         Ok(workers) => drive(&config, started, &workers, Some(node.watch_members())).await,
         Err(e) => Err(e),
@@ -101,11 +105,7 @@ async fn start_workers(
             "no worker node is up (`node status` lists the members)".into(),
         ));
     }
-    let args = EmbedderArgs {
-        model_dir: config.model.to_string_lossy().into_owned(),
-        threads: 1,
-        micro_batch: 16,
-    };
+    let args = super::embedder_args(config);
     let tag = format!("{}-{}", node.name(), node.incarnation());
     let mut tasks = tokio::task::JoinSet::new();
     for m in &members {
@@ -176,19 +176,10 @@ async fn start_workers(
                 "worker has another model revision; not using it");
         }
     }
-    let Some(first) = infos.first().cloned() else {
-        return Err(JobError::Cluster(format!(
-            "no worker has model revision {revision}"
-        )));
-    };
-    let mut nodes: Vec<&str> = actors.iter().map(|(n, _)| n.as_str()).collect();
+    let mut nodes: Vec<String> = actors.iter().map(|(n, _)| n.clone()).collect();
     nodes.dedup();
-    tracing::info!(actors = actors.len(), nodes = ?nodes, %revision, "embedding actors ready");
-    Ok(Workers {
-        actors,
-        info: ModelInfo {
-            load_ms: infos.iter().map(|i| i.load_ms).max().unwrap_or(0),
-            ..first
-        },
-    })
+    let workers = Workers::new(actors, &infos)
+        .ok_or_else(|| JobError::Cluster(format!("no worker has model revision {revision}")))?;
+    tracing::info!(actors = workers.actors.len(), nodes = ?nodes, %revision, "embedding actors ready");
+    Ok(workers)
 }

@@ -167,7 +167,15 @@ pub enum JobError {
     /// An embedding actor did not start.
     #[error("embedding actor failed to start: {0}")]
     Actor(String),
-    /// The cluster could not be joined or offers no usable worker.
+    /// The driver could not join the cluster.
+    #[error("cannot join the cluster at {head}: {source}")]
+    Join {
+        /// The head's address.
+        head: std::net::SocketAddr,
+        /// Why the node did not start or join.
+        source: flotilla::StartError,
+    },
+    /// The cluster offers no usable worker.
     #[error("cluster: {0}")]
     Cluster(String),
     /// Every worker was lost with batches still to do.
@@ -255,6 +263,31 @@ pub(crate) struct Workers {
     pub(crate) info: ModelInfo,
 }
 
+impl Workers {
+    /// Workers whose actors reported `infos` (same revision, in order):
+    /// the job's model facts are the first actor's, with the slowest load.
+    pub(crate) fn new(
+        actors: Vec<(String, ActorRef<EmbedMsg>)>,
+        infos: &[ModelInfo],
+    ) -> Option<Self> {
+        let first = infos.first()?.clone();
+        let info = ModelInfo {
+            load_ms: infos.iter().map(|i| i.load_ms).max().unwrap_or(0),
+            ..first
+        };
+        Some(Self { actors, info })
+    }
+}
+
+/// What each embedding actor of the job is started with.
+pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
+    EmbedderArgs {
+        model_dir: config.model.to_string_lossy().into_owned(),
+        threads: 1,
+        micro_batch: 16,
+    }
+}
+
 /// Runs the job: in this process, or on the cluster of
 /// [`JobConfig::cluster`]. Safe to run again on the same output: completed
 /// batches are skipped, the rest are computed.
@@ -278,12 +311,7 @@ async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
     let mut actors: Vec<(String, ActorRef<EmbedMsg>)> = Vec::with_capacity(count);
     let mut infos: Vec<ModelInfo> = Vec::with_capacity(count);
     for _ in 0..count {
-        let args = EmbedderArgs {
-            model_dir: config.model.to_string_lossy().into_owned(),
-            threads: 1,
-            micro_batch: 16,
-        };
-        let spawned = match Actor::spawn(None, Embedder::default(), args).await {
+        let spawned = match Actor::spawn(None, Embedder::default(), embedder_args(&config)).await {
             Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, 10_000)
                 .map(|info| (actor, info))
                 .map_err(|e| e.to_string()),
@@ -308,11 +336,7 @@ async fn run_local(config: JobConfig) -> Result<Summary, JobError> {
             first.revision, other.revision
         )));
     }
-    let info = ModelInfo {
-        load_ms: infos.iter().map(|i| i.load_ms).max().unwrap_or(0),
-        ..first
-    };
-    let workers = Workers { actors, info };
+    let workers = Workers::new(actors, &infos).expect("at least one actor");
     let result = drive(&config, started, &workers, None).await;
     stop(&workers.actors);
     result
