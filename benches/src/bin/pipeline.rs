@@ -316,10 +316,6 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
             &s,
             per_actor,
         );
-        // As in one process: the next round runs without these.
-        for (_, a) in actors {
-            a.stop(None);
-        }
     }
     node.shutdown().await;
     drop(workers);
