@@ -316,6 +316,9 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
             &s,
             per_actor,
         );
+        // This round's sleepers stay, idle, until the head leaves: stopping
+        // a remote actor through its ActorRef stops only this node's proxy
+        // of it, and the next spawn on that worker then fails.
     }
     node.shutdown().await;
     drop(workers);
