@@ -389,14 +389,15 @@ pub(crate) async fn drive(
     let info = &workers.info;
     let revision = crate::ModelRevision::new(info.revision.clone());
     let batch_size = config.batch_size.max(1);
-    let scan = source::scan(&config.input).map_err(|e| JobError::Input {
-        path: config.input.clone(),
-        source: e.into(),
-    })?;
+    let scan =
+        source::scan(&config.input, config.job_id.is_none()).map_err(|e| JobError::Input {
+            path: config.input.clone(),
+            source: e.into(),
+        })?;
     let job_id = match &config.job_id {
         Some(id) => id.clone(),
         None => {
-            let digest: String = scan.digest[..8]
+            let digest: String = scan.digest.expect("hashed without a job id")[..8]
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();

@@ -74,30 +74,34 @@ pub fn open(path: &Path, id_field: &str, text_field: &str) -> Result<Source, Sou
     }
 }
 
-/// What one read of an input file yields before the job: its SHA-256 (the
-/// default job id derives from it) and its rows, for progress: the
+/// What one read of an input file yields before the job: its SHA-256 when
+/// asked (the default job id derives from it) and its rows, for progress: the
 /// non-blank lines of a JSONL file, or a Parquet file's row count from its
 /// footer (`None` if the footer cannot be read; the source reports why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scan {
-    /// SHA-256 of the file's bytes.
-    pub digest: [u8; 32],
+    /// SHA-256 of the file's bytes, when asked for.
+    pub digest: Option<[u8; 32]>,
     /// Rows, when known.
     pub rows: Option<u64>,
 }
 
-/// Reads `path` once, hashing it and counting JSONL rows on the way.
-pub fn scan(path: &Path) -> std::io::Result<Scan> {
+/// Reads `path` once, hashing it if `hash` and counting JSONL rows on the
+/// way. A Parquet file that need not be hashed is not read at all: its
+/// footer has the row count.
+pub fn scan(path: &Path, hash: bool) -> std::io::Result<Scan> {
     let parquet = path.extension().is_some_and(|e| e == "parquet");
     let mut reader = BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
-    let mut hasher = Sha256::new();
+    let mut hasher = hash.then(Sha256::new);
     let (mut rows, mut blank) = (0u64, true);
-    loop {
+    while hasher.is_some() || !parquet {
         let buf = reader.fill_buf()?;
         if buf.is_empty() {
             break;
         }
-        hasher.update(buf);
+        if let Some(h) = hasher.as_mut() {
+            h.update(buf);
+        }
         if !parquet {
             for &b in buf {
                 if b == b'\n' {
@@ -122,7 +126,7 @@ pub fn scan(path: &Path) -> std::io::Result<Scan> {
         Some(rows + u64::from(!blank))
     };
     Ok(Scan {
-        digest: hasher.finalize().into(),
+        digest: hasher.map(|h| h.finalize().into()),
         rows,
     })
 }
@@ -392,11 +396,19 @@ mod tests {
         let path = std::env::temp_dir().join(format!("flotilla-scan-{}.jsonl", std::process::id()));
         let text = "{\"id\":1}\n\n  \n{\"id\":2}\n{\"id\":3}";
         std::fs::write(&path, text).unwrap();
-        let scan = scan(&path).unwrap();
+        let hashed = scan(&path, true).unwrap();
+        let counted = scan(&path, false).unwrap();
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(scan.rows, Some(3));
+        assert_eq!(hashed.rows, Some(3));
         let want: [u8; 32] = Sha256::digest(text.as_bytes()).into();
-        assert_eq!(scan.digest, want);
+        assert_eq!(hashed.digest, Some(want));
+        assert_eq!(
+            counted,
+            Scan {
+                digest: None,
+                rows: Some(3)
+            }
+        );
     }
 
     #[test]
