@@ -187,26 +187,16 @@ pub enum JobError {
 }
 
 /// A batch held while in flight.
-#[derive(Debug)]
-pub struct Batch {
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
     ids: Vec<String>,
     lines: Vec<u64>,
     texts: Vec<String>,
 }
 
-impl Batch {
-    fn empty() -> Self {
-        Self {
-            ids: vec![],
-            lines: vec![],
-            texts: vec![],
-        }
-    }
-}
-
 /// How the job talks to embedding actors: one [`EmbedRequest`] per batch,
 /// and a result accepted only with the job's batch id, revision and width.
-pub struct EmbedStage {
+pub(crate) struct EmbedStage {
     revision: String,
     dim: u32,
 }
@@ -444,7 +434,7 @@ pub(crate) async fn drive(
     let mut progress = progress::Progress::new(config.progress_bar, scan.rows);
     let mut errors: Vec<RowError> = Vec::new();
     let mut next_batch = 0u64;
-    let mut pending = Batch::empty();
+    let mut pending = Batch::default();
     let mut exhausted = false;
     let mut latencies: Vec<Duration> = Vec::new();
     let mut gave_up = 0u64;
@@ -477,7 +467,7 @@ pub(crate) async fn drive(
             if pending.ids.is_empty() {
                 break;
             }
-            let batch = std::mem::replace(&mut pending, Batch::empty());
+            let batch = std::mem::take(&mut pending);
             let id = next_batch;
             next_batch += 1;
             if done.contains(&id) {
