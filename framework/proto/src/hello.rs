@@ -147,12 +147,7 @@ mod tests {
     use crate::wire;
 
     fn hello(node: &str, purpose: Purpose) -> Hello {
-        Hello {
-            version: PROTOCOL_VERSION,
-            purpose,
-            node: node.into(),
-            incarnation: 7,
-        }
+        Hello::new(purpose, node, 7)
     }
 
     #[test]
