@@ -94,7 +94,7 @@ fn sigterm_makes_a_worker_left_not_down() {
             .filter(|st| state_of(st, "w1").as_deref() == Some("left"))
     });
     assert!(took < Duration::from_secs(4), "left after {took:?}");
-    let status = w1.child.wait().unwrap();
+    let status = w1.exit_within(Duration::from_secs(20));
     assert!(status.success(), "clean stop exits 0, got {status:?}");
     // Still left, never down, after the detector's threshold.
     std::thread::sleep(Duration::from_secs(6));
@@ -117,7 +117,7 @@ fn node_with_certificate_from_another_ca_is_refused() {
     s.node(&["certs", "issue", "--ca", o, "--name", "rogue", "--out", o]);
     std::fs::copy(s.certs().join("ca.crt"), other.join("ca.crt")).unwrap();
     let mut rogue = s.spawn("join", "rogue", free_addr(), Some(head.addr), &other);
-    let status = rogue.child.wait().unwrap();
+    let status = rogue.exit_within(Duration::from_secs(20));
     assert!(!status.success());
     assert!(
         s.log("rogue").contains("NODE-JOIN-001"),
@@ -144,7 +144,7 @@ fn node_with_certificate_for_another_name_is_refused() {
     std::fs::copy(certs.join("w1.crt"), certs.join("w3.crt")).unwrap();
     std::fs::copy(certs.join("w1.key"), certs.join("w3.key")).unwrap();
     let mut w3 = s.spawn("join", "w3", free_addr(), Some(head.addr), &certs);
-    let status = w3.child.wait().unwrap();
+    let status = w3.exit_within(Duration::from_secs(20));
     assert!(!status.success());
     assert!(
         s.log("w3").contains("NODE-AUTH-002"),

@@ -129,6 +129,12 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Waits for the process to exit, failing the test after `budget`.
+    pub fn exit_within(&mut self, budget: Duration) -> std::process::ExitStatus {
+        let (status, _) = eventually(budget, || self.child.try_wait().unwrap());
+        status
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
