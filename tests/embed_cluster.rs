@@ -9,16 +9,6 @@ mod common;
 
 use common::*;
 
-/// The first `rows` rows of the reference corpus, as a JSONL file in `dir`.
-fn corpus_head(dir: &Path, rows: usize) -> (PathBuf, Vec<String>) {
-    let corpus = root().join("../shared/data/corpus-4k.jsonl");
-    let text = std::fs::read_to_string(corpus).unwrap();
-    let lines: Vec<&str> = text.lines().take(rows).collect();
-    let path = dir.join("input.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    (path, ids_of(&lines.join("\n")))
-}
-
 /// A running driver; killed if the test ends before it does.
 struct Driver(Option<Child>);
 
@@ -101,7 +91,7 @@ fn actors_on(s: &Scratch, head: &Proc, node: &str) -> Option<u64> {
 fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
     let s = Scratch::new("embed-cluster");
     let (head, mut workers) = cluster(&s, &["w1", "w2", "w3"]);
-    let (input, ids) = corpus_head(&s.dir, 1200);
+    let (input, ids) = corpus(&s.dir, 1200);
 
     // 1. The driver is killed mid-job, then the same command runs again.
     let out1 = s.dir.join("out1");
@@ -253,7 +243,7 @@ fn a_worker_with_another_model_revision_is_not_used() {
         s.status(head.addr)
             .filter(|st| all_up(st, &["head", "good", "odd"]))
     });
-    let (input, ids) = corpus_head(&s.dir, 100);
+    let (input, ids) = corpus(&s.dir, 100);
     let out = s.dir.join("out");
     let (ok, summary) = finish(
         &s,

@@ -5,7 +5,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{NODE, assert_exactly_once, ids_of, model, parts, read_output, root};
+use common::{NODE, assert_exactly_once, model, parts, read_output, root};
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-embed-{tag}-{}", std::process::id()));
@@ -36,15 +36,15 @@ fn embed(input: &Path, output: &Path, extra: &[&str]) -> (bool, String, String) 
 
 #[test]
 fn corpus_is_embedded_exactly_once_and_a_rerun_does_nothing() {
-    let corpus = root().join("../shared/data/corpus-4k.jsonl");
     let dir = scratch("corpus");
+    let (corpus, ids) = common::corpus(&dir, 4000);
     let output = dir.join("out");
     let args = ["--actors-per-node", "2", "--format", "jsonl"];
     let (ok, stdout, stderr) = embed(&corpus, &output, &args);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("4000 texts"), "{stdout}");
 
-    assert_exactly_once(&output, &ids_of(&std::fs::read_to_string(&corpus).unwrap()));
+    assert_exactly_once(&output, &ids);
     assert_eq!(
         std::fs::read_to_string(output.join("errors.jsonl")).unwrap(),
         ""
@@ -219,7 +219,7 @@ fn parquet_input_and_output_round_trip() {
 }
 
 /// An S3-compatible server on 127.0.0.1 (moto's, from
-/// `scripts/fetch-s3-server`), stopped when dropped.
+/// `scripts/fetch-test-tools`), stopped when dropped.
 struct S3Server {
     child: std::process::Child,
     port: u16,
@@ -227,17 +227,7 @@ struct S3Server {
 
 impl S3Server {
     fn start() -> Self {
-        let path = std::env::var_os("FLOTILLA_S3_SERVER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").unwrap())
-                    .join(".cache/flotilla/s3-venv/bin/moto_server")
-            });
-        assert!(
-            path.exists(),
-            "no S3 test server at {}: run scripts/test, or scripts/fetch-s3-server",
-            path.display()
-        );
+        let path = test_tool("FLOTILLA_S3_SERVER", "moto_server");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -294,6 +284,93 @@ impl Drop for S3Server {
     }
 }
 
+impl S3Server {
+    /// The environment `node embed` reads the server's settings from.
+    fn env(&self) -> [(&'static str, String); 5] {
+        [
+            ("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port)),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// Uploads `bytes` as `key` of the `embeds` bucket.
+    fn put(&self, key: &str, bytes: Vec<u8>) {
+        use object_store::ObjectStoreExt;
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name("embeds")
+            .with_endpoint(format!("http://127.0.0.1:{}", self.port))
+            .with_allow_http(true)
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .with_region("us-east-1")
+            .build()
+            .unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(store.put(&key.into(), bytes.into()))
+            .unwrap();
+    }
+}
+
+/// `--input s3://…/` on an S3-compatible server: the shards under the
+/// prefix (one gzip-compressed) are read in name order, every id once, the
+/// malformed line reported with its shard; a glob URL takes what it matches.
+#[test]
+fn s3_input_shards_are_read_through_the_object_store() {
+    let server = S3Server::start();
+    let dir = scratch("s3-in");
+    let local = dir.join("in");
+    let ids = jsonl_shards(&local);
+    for name in [
+        "a.jsonl",
+        "b.jsonl.gz",
+        "sub/c.jsonl",
+        "_SUCCESS",
+        "notes.txt",
+    ] {
+        server.put(
+            &format!("corpus/{name}"),
+            std::fs::read(local.join(name)).unwrap(),
+        );
+    }
+    let run = |input: &str, output: &Path| {
+        let out = Command::new(NODE)
+            .arg("embed")
+            .args(["--input", input])
+            .args(["--output", output.to_str().unwrap()])
+            .args(["--model", model().to_str().unwrap()])
+            .args(["--actors-per-node", "2", "--format", "jsonl"])
+            .envs(server.env())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let output = dir.join("out");
+    let stdout = run("s3://embeds/corpus/", &output);
+    assert!(stdout.contains(" 400 texts"), "{stdout}");
+    assert_exactly_once(&output, &ids);
+    let errors = std::fs::read_to_string(output.join("errors.jsonl")).unwrap();
+    assert!(
+        errors.contains("\"shard\":\"b.jsonl.gz\",\"line\":5"),
+        "{errors}"
+    );
+    let globbed = dir.join("out-glob");
+    run("s3://embeds/corpus/a*", &globbed);
+    assert_exactly_once(&globbed, &ids[..150]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `--output s3://…` on an S3-compatible server: parts, manifest and errors
 /// land in the bucket, and a rerun finds every batch done there.
 #[test]
@@ -307,11 +384,7 @@ fn s3_output_is_written_and_resumed() {
             .args(["--output", "s3://embeds/run"])
             .args(["--model", model().to_str().unwrap()])
             .args(["--actors-per-node", "2"])
-            .env("AWS_ENDPOINT", format!("http://127.0.0.1:{}", server.port))
-            .env("AWS_ALLOW_HTTP", "true")
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_REGION", "us-east-1")
+            .envs(server.env())
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -343,4 +416,269 @@ fn s3_output_is_written_and_resumed() {
         second.contains(" 0 texts in 0 batches (4 skipped as done)"),
         "{second}"
     );
+}
+
+/// Rows `from..to` of the synthetic corpus as JSON lines, and their ids.
+fn corpus_rows(from: u64, to: u64) -> (String, Vec<String>) {
+    let seed = flotilla_testkit::corpus::DEFAULT_SEED;
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    for i in from..to {
+        let (id, t) = flotilla_testkit::corpus::row(seed, i);
+        text.push_str(&serde_json::json!({ "id": id, "text": t }).to_string());
+        text.push('\n');
+        ids.push(id);
+    }
+    (text, ids)
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+/// A folder of three JSONL shards: `a.jsonl` (rows 0..150), `b.jsonl.gz`
+/// (rows 150..300, and a malformed line as its fifth), `sub/c.jsonl`
+/// (300..400), beside files that are not shards. Returns the 400 valid ids.
+fn jsonl_shards(dir: &Path) -> Vec<String> {
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let (a, mut ids) = corpus_rows(0, 150);
+    std::fs::write(dir.join("a.jsonl"), a).unwrap();
+    let (b, b_ids) = corpus_rows(150, 300);
+    let mut lines: Vec<&str> = b.lines().collect();
+    lines.insert(4, "{\"id\": \"broken\"");
+    std::fs::write(
+        dir.join("b.jsonl.gz"),
+        gzip((lines.join("\n") + "\n").as_bytes()),
+    )
+    .unwrap();
+    let (c, c_ids) = corpus_rows(300, 400);
+    std::fs::write(dir.join("sub/c.jsonl"), c).unwrap();
+    std::fs::write(dir.join("_SUCCESS"), "").unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a shard").unwrap();
+    ids.extend(b_ids);
+    ids.extend(c_ids);
+    ids
+}
+
+/// `--input` as a folder of JSONL shards (one gzip-compressed): every id
+/// once, the malformed line reported with its shard and line; a rerun after
+/// losing two parts recomputes exactly those two and leaves the rest
+/// untouched (batch ids are stable across shards); a glob takes the shards
+/// it matches; JSONL and Parquet shards in one input are refused.
+#[test]
+fn folder_and_glob_inputs_read_every_shard_and_resume_across_them() {
+    let dir = scratch("shards");
+    let input = dir.join("in");
+    let ids = jsonl_shards(&input);
+    let output = dir.join("out");
+    let args = [
+        "--actors-per-node",
+        "2",
+        "--batch-size",
+        "32",
+        "--format",
+        "jsonl",
+    ];
+    let (ok, stdout, stderr) = embed(&input, &output, &args);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains(" 400 texts"), "{stdout}");
+    assert_exactly_once(&output, &ids);
+    let errors = std::fs::read_to_string(output.join("errors.jsonl")).unwrap();
+    let error: serde_json::Value = serde_json::from_str(errors.trim()).unwrap();
+    assert_eq!(error["shard"], "b.jsonl.gz", "{errors}");
+    assert_eq!(error["line"], 5, "{errors}");
+
+    // Two parts lost (one spans the first two shards): a rerun recomputes
+    // those two batches only.
+    let before = parts(&output);
+    assert_eq!(before.len(), 13, "400 rows in batches of 32");
+    for lost in ["batch-00000004.jsonl", "batch-00000011.jsonl"] {
+        std::fs::remove_file(output.join("parts").join(lost)).unwrap();
+    }
+    let (ok, stdout, stderr) = embed(&input, &output, &args);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("in 2 batches (11 skipped as done)"),
+        "{stdout}"
+    );
+    let after = parts(&output);
+    for (name, modified) in &before {
+        if !["batch-00000004.jsonl", "batch-00000011.jsonl"].contains(&name.as_str()) {
+            assert_eq!(after.get(name), Some(modified), "{name} rewritten");
+        }
+    }
+    assert_exactly_once(&output, &ids);
+
+    // A glob: `*` does not cross into sub/.
+    let glob = PathBuf::from(format!("{}/*.jsonl*", input.display()));
+    let globbed = dir.join("out-glob");
+    let (ok, _, stderr) = embed(&glob, &globbed, &args);
+    assert!(ok, "{stderr}");
+    assert_exactly_once(&globbed, &ids[..300]);
+
+    // Mixed kinds are refused, naming both.
+    std::fs::write(input.join("d.parquet"), b"PAR1").unwrap();
+    let (ok, _, stderr) = embed(&input, &dir.join("out-mixed"), &args);
+    assert!(!ok && stderr.contains("mixes JSONL"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A program of the test tools' environment (`scripts/fetch-test-tools`):
+/// where `env` says, else in its default folder.
+fn test_tool(env: &str, program: &str) -> PathBuf {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap())
+            .join(".cache/flotilla/test-venv/bin")
+            .join(program)
+    });
+    assert!(
+        path.exists(),
+        "no {program} at {}: run scripts/test, or scripts/fetch-test-tools",
+        path.display()
+    );
+    path
+}
+
+/// The Python that reads outputs back.
+fn test_python() -> PathBuf {
+    test_tool("FLOTILLA_TEST_PYTHON", "python")
+}
+
+/// What pyarrow's dataset API makes of a parts folder.
+fn pyarrow_dataset(parts: &Path) -> serde_json::Value {
+    const READ: &str = r#"
+import json, sys
+import pyarrow.dataset as ds
+d = ds.dataset(sys.argv[1], format="parquet")
+t = d.to_table()
+meta = {k.decode(): v.decode() for k, v in (d.schema.metadata or {}).items()}
+print(json.dumps({
+    "rows": t.num_rows,
+    "ids": t.column("id").to_pylist(),
+    "names": t.schema.names,
+    "embedding": str(t.schema.field("embedding").type),
+    "metadata": meta,
+    "lang": t.column("lang").to_pylist() if "lang" in t.schema.names else None,
+}))
+"#;
+    let out = Command::new(test_python())
+        .args(["-c", READ, parts.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Parquet shards (several row groups each) in, Parquet parts out with an
+/// input column kept (`--output-columns`): pyarrow reads the parts folder
+/// as one dataset with every row, the embedding as a fixed-size list of
+/// 384 float32 and the model revision in the schema metadata.
+#[test]
+fn parquet_shards_in_and_a_parts_folder_pyarrow_reads_whole() {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+
+    let dir = scratch("pq-shards");
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let mut ids = Vec::new();
+    for (shard, range) in [("p0.parquet", 0..120u64), ("p1.parquet", 120..200)] {
+        let rows: Vec<(String, String)> = range
+            .map(|i| flotilla_testkit::corpus::row(flotilla_testkit::corpus::DEFAULT_SEED, i))
+            .collect();
+        ids.extend(rows.iter().map(|(id, _)| id.clone()));
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.0))) as ArrayRef,
+            ),
+            (
+                "text",
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.1))) as ArrayRef,
+            ),
+            (
+                "lang",
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|_| "en"))) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(50))
+            .build();
+        let file = std::fs::File::create(input.join(shard)).unwrap();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    let output = dir.join("out");
+    let (ok, stdout, stderr) = embed(
+        &input,
+        &output,
+        &[
+            "--actors-per-node",
+            "2",
+            "--batch-size",
+            "48",
+            "--output-columns",
+            "lang",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("200 texts"), "{stdout}");
+    assert!(stdout.contains("pyarrow.dataset.dataset("), "{stdout}");
+    let read = pyarrow_dataset(&output.join("parts"));
+    assert_eq!(read["rows"], 200, "{read}");
+    let mut got: Vec<String> = read["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    got.sort();
+    ids.sort();
+    assert_eq!(got, ids);
+    assert_eq!(
+        read["names"],
+        serde_json::json!(["id", "embedding", "lang"])
+    );
+    assert_eq!(
+        read["embedding"], "fixed_size_list<item: float not null>[384]",
+        "{read}"
+    );
+    assert!(
+        read["metadata"]["flotilla.model_revision"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:53aa5117"),
+        "{read}"
+    );
+    assert!(read["lang"].as_array().unwrap().iter().all(|v| v == "en"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Without a model folder, `node embed` says how to get one.
+#[test]
+fn a_missing_model_folder_says_how_to_fetch_it() {
+    let dir = scratch("no-model");
+    let input = root().join("examples/data/sample.jsonl");
+    let out = Command::new(NODE)
+        .arg("embed")
+        .args(["--input", input.to_str().unwrap()])
+        .args(["--output", dir.join("out").to_str().unwrap()])
+        .args(["--model", dir.join("nowhere").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("scripts/fetch-model"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

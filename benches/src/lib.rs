@@ -34,9 +34,10 @@ pub struct CorpusArgs {
     /// Model folder.
     #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
     pub model: PathBuf,
-    /// JSONL corpus, one `{"id": …, "text": …}` per line.
-    #[arg(long, default_value = "../shared/data/corpus-4k.jsonl")]
-    pub corpus: PathBuf,
+    /// JSONL corpus, one `{"id": …, "text": …}` per line (default: the
+    /// synthetic corpus of `flotilla_testkit::corpus`, seed 1).
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
     /// How many texts of the corpus to embed.
     #[arg(long, default_value_t = 1024)]
     pub texts: usize,
@@ -45,8 +46,12 @@ pub struct CorpusArgs {
 impl CorpusArgs {
     /// The first `texts` rows of the corpus, as `(id, text)`.
     pub fn read(&self) -> anyhow::Result<Vec<(String, String)>> {
-        let file = std::fs::File::open(&self.corpus)
-            .with_context(|| format!("cannot open {}", self.corpus.display()))?;
+        let Some(corpus) = &self.corpus else {
+            let seed = flotilla_testkit::corpus::DEFAULT_SEED;
+            return Ok(flotilla_testkit::corpus::rows(seed, self.texts as u64).collect());
+        };
+        let file = std::fs::File::open(corpus)
+            .with_context(|| format!("cannot open {}", corpus.display()))?;
         let mut rows = Vec::new();
         for line in std::io::BufReader::new(file).lines().take(self.texts) {
             let v: serde_json::Value = serde_json::from_str(&line?)?;
@@ -59,5 +64,23 @@ impl CorpusArgs {
             ));
         }
         Ok(rows)
+    }
+
+    /// A JSONL file holding the rows [`CorpusArgs::read`] returns, for
+    /// programs outside this process (the Python baselines): the corpus
+    /// file itself, or the synthetic rows written under `dir`.
+    pub fn file(&self, dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+        if let Some(corpus) = &self.corpus {
+            return Ok(corpus.clone());
+        }
+        let path = dir.join(format!("flotilla-corpus-{}.jsonl", self.texts));
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        flotilla_testkit::corpus::write_jsonl(
+            &mut out,
+            flotilla_testkit::corpus::DEFAULT_SEED,
+            self.texts as u64,
+        )?;
+        std::io::Write::flush(&mut out)?;
+        Ok(path)
     }
 }

@@ -241,6 +241,20 @@ pub fn read_output(output: &Path) -> HashMap<String, Vec<f32>> {
     rows
 }
 
+/// The first `rows` rows of the synthetic corpus, as a JSONL file in
+/// `dir`, and their ids.
+pub fn corpus(dir: &Path, rows: u64) -> (PathBuf, Vec<String>) {
+    let path = dir.join(format!("corpus-{rows}.jsonl"));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    flotilla_testkit::corpus::write_jsonl(&mut out, flotilla_testkit::corpus::DEFAULT_SEED, rows)
+        .unwrap();
+    std::io::Write::flush(&mut out).unwrap();
+    let ids = flotilla_testkit::corpus::rows(flotilla_testkit::corpus::DEFAULT_SEED, rows)
+        .map(|(id, _)| id)
+        .collect();
+    (path, ids)
+}
+
 /// The ids of a JSONL text, in order.
 pub fn ids_of(jsonl: &str) -> Vec<String> {
     jsonl

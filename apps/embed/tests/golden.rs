@@ -1,5 +1,5 @@
 //! Correctness against sentence-transformers: token ids and embeddings of the
-//! reference sentences in `shared/data/minilm-golden-dev.json`, alone and in
+//! reference sentences in `tests/data/minilm-golden-dev.json`, alone and in
 //! padded batches.
 
 use std::path::PathBuf;
@@ -39,7 +39,7 @@ fn model_dir() -> PathBuf {
 }
 
 fn golden() -> Golden {
-    let path = workspace_root().join("../shared/data/minilm-golden-dev.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/minilm-golden-dev.json");
     let bytes = std::fs::read(&path)
         .unwrap_or_else(|e| panic!("reference data {} unreadable: {e}", path.display()));
     serde_json::from_slice(&bytes).expect("golden file parses")

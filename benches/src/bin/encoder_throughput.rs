@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p flotilla-benches --bin encoder_throughput -- \
-//!     --corpus ../shared/data/corpus-4k.jsonl --texts 1024
+//!     --texts 1024
 //! ```
 //!
 //! Layouts: `pool=N` runs one encoder whose Burn kernels use a rayon pool of N
@@ -59,7 +59,7 @@ fn run_baseline(python: &PathBuf, args: &Args) -> anyhow::Result<f64> {
     let out = std::process::Command::new(python)
         .arg(script)
         .arg(&args.corpus.model)
-        .arg(&args.corpus.corpus)
+        .arg(args.corpus.file(&std::env::temp_dir())?)
         .arg(args.corpus.texts.to_string())
         .args(&args.st_configs)
         .stderr(std::process::Stdio::null())

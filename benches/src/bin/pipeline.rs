@@ -404,19 +404,13 @@ async fn model(args: &Args) -> anyhow::Result<()> {
         per_model / (1 << 20) as f64
     );
     let summary = flotilla_embed::job::run(flotilla_embed::job::JobConfig {
-        input: input.clone(),
-        output: scratch.join("out"),
-        format: flotilla_embed::job::Format::Parquet,
-        model: args.corpus.model.clone(),
-        id_field: "id".into(),
-        text_field: "text".into(),
         batch_size: args.batch_size,
         actors_per_node: Some(args.actors),
-        max_in_flight: None,
-        memory_budget: 512 << 20,
-        job_id: None,
-        cluster: None,
-        progress_bar: false,
+        ..flotilla_embed::job::JobConfig::new(
+            input.to_string_lossy(),
+            scratch.join("out").to_string_lossy(),
+            args.corpus.model.clone(),
+        )
     })
     .await?;
     anyhow::ensure!(

@@ -6,7 +6,7 @@
 //! member ── Join ─────────► head        tool ── Status ──► head
 //!        ◄─ Members ───────                  ◄─ Members ──
 //!        ── Heartbeat ────►  (every heartbeat interval)
-//!        ◄─ Members ───────  (when the table changed)
+//!        ◄─ Changes ───────  (the members that changed, at most once per push gap)
 //!        ── Leave ────────►  (clean stop)
 //! ```
 
@@ -58,7 +58,18 @@ pub enum ControlReply {
         /// Every member.
         members: Vec<MemberView>,
     },
-    /// Heartbeat recorded; the member's table is current.
+    /// The members that changed since the last table this stream carried.
+    Changes {
+        /// The table version the changes apply to.
+        since: u64,
+        /// Table version after the changes.
+        version: u64,
+        /// Name of the node answering (the head).
+        head: String,
+        /// The members that changed, each as it is now.
+        changed: Vec<MemberView>,
+    },
+    /// The leave is recorded.
     Ack,
     /// The request was refused.
     Refused(Refusal),

@@ -17,7 +17,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// Version of the hello exchange and of the control messages.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The certificate name of operators' tools: `node status`, and `node embed`
 /// drivers, which join as members that offer no resources.

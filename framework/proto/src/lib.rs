@@ -12,6 +12,9 @@
 //! wire        rkyv archives, validated (bytecheck) before they are read
 //! hello       the first frame of every connection: who speaks, and why
 //! membership  the member table, incarnations and the failure detector
+//! head        the head's side of a control stream
+//! member      a member's side of its control stream: join, heartbeat, leave
+//! mesh        which ractor sessions a node dials, re-dials and closes
 //! resources   what a node offers: CPUs, memory, GPUs, labels
 //! window      the batch pipeline's credit window: routing, deadlines, retries
 //! ```
@@ -19,8 +22,11 @@
 pub mod bulk;
 pub mod control;
 pub mod frame;
+pub mod head;
 pub mod hello;
+pub mod member;
 pub mod membership;
+pub mod mesh;
 pub mod resources;
 pub mod window;
 pub mod wire;

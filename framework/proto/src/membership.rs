@@ -15,7 +15,7 @@
 //! so for that incarnation: only a restart (a newer incarnation) brings the
 //! name back `Up`. Messages of an older incarnation are dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rkyv::{Archive, Deserialize, Serialize};
@@ -116,16 +116,26 @@ pub enum HeartbeatOutcome {
 struct Entry {
     view: MemberView,
     last_heard: Instant,
+    /// The table version of this entry's last change.
+    changed: u64,
     /// The table's own node is never marked down by silence.
     local: bool,
 }
 
 /// The member table with its failure detector.
+///
+/// Every operation costs O(log n) in the number of members but
+/// [`Membership::view`], so a heartbeat's work does not grow with the
+/// cluster: silence deadlines and changes are kept in ordered indexes.
 #[derive(Debug, Clone)]
 pub struct Membership {
     config: DetectorConfig,
     members: BTreeMap<String, Entry>,
     version: u64,
+    /// `(last heard, name)` of every up member silence may mark down.
+    silence: BTreeSet<(Instant, String)>,
+    /// `(version of last change, name)` of every member.
+    changes: BTreeSet<(u64, String)>,
 }
 
 impl Membership {
@@ -135,6 +145,8 @@ impl Membership {
             config,
             members: BTreeMap::new(),
             version: 0,
+            silence: BTreeSet::new(),
+            changes: BTreeSet::new(),
         }
     }
 
@@ -165,6 +177,16 @@ impl Membership {
         Ok(())
     }
 
+    /// Records that `name` changed in the next version (callers bump the
+    /// version once per operation, then stamp every entry it changed).
+    fn stamp(&mut self, name: &str) {
+        if let Some(entry) = self.members.get_mut(name) {
+            self.changes.remove(&(entry.changed, name.to_owned()));
+            entry.changed = self.version;
+            self.changes.insert((self.version, name.to_owned()));
+        }
+    }
+
     fn insert(&mut self, now: Instant, join: JoinRequest, local: bool) {
         let view = MemberView {
             name: join.name.clone(),
@@ -175,17 +197,31 @@ impl Membership {
             resources: join.resources,
             actors: 0,
         };
-        let changed = self.members.get(&join.name).is_none_or(|e| e.view != view);
+        let previous = self.members.get(&join.name);
+        let changed = previous.is_none_or(|e| e.view != view);
+        let stamp = previous.map_or(0, |e| e.changed);
+        if let Some(e) = previous
+            && !e.local
+            && e.view.state == MemberState::Up
+        {
+            self.silence.remove(&(e.last_heard, join.name.clone()));
+        }
+        if !local {
+            self.silence.insert((now, join.name.clone()));
+        }
         self.members.insert(
-            join.name,
+            join.name.clone(),
             Entry {
                 view,
                 last_heard: now,
+                changed: stamp,
                 local,
             },
         );
+        // An unchanged entry keeps its stamp, already in the index.
         if changed {
             self.version += 1;
+            self.stamp(&join.name);
         }
     }
 
@@ -209,10 +245,15 @@ impl Membership {
         if entry.view.state != MemberState::Up {
             return HeartbeatOutcome::NotUp;
         }
+        if !entry.local {
+            self.silence.remove(&(entry.last_heard, name.to_owned()));
+            self.silence.insert((now, name.to_owned()));
+        }
         entry.last_heard = now;
         if entry.view.actors != actors {
             entry.view.actors = actors;
             self.version += 1;
+            self.stamp(name);
         }
         HeartbeatOutcome::Alive
     }
@@ -224,6 +265,7 @@ impl Membership {
         {
             entry.view.actors = actors;
             self.version += 1;
+            self.stamp(name);
         }
     }
 
@@ -235,7 +277,11 @@ impl Membership {
             {
                 entry.view.state = MemberState::Left;
                 entry.view.actors = 0;
+                if !entry.local {
+                    self.silence.remove(&(entry.last_heard, name.to_owned()));
+                }
                 self.version += 1;
+                self.stamp(name);
                 true
             }
             _ => false,
@@ -246,30 +292,34 @@ impl Membership {
     /// returns their names.
     pub fn poll_down(&mut self, now: Instant) -> Vec<String> {
         let mut downed = Vec::new();
-        for (name, entry) in &mut self.members {
-            if !entry.local
-                && entry.view.state == MemberState::Up
-                && now.saturating_duration_since(entry.last_heard) > self.config.down_after
-            {
+        while let Some((heard, name)) = self.silence.first().cloned() {
+            if now.saturating_duration_since(heard) <= self.config.down_after {
+                break;
+            }
+            self.silence.pop_first();
+            if let Some(entry) = self.members.get_mut(&name) {
                 entry.view.state = MemberState::Down;
                 entry.view.actors = 0;
-                downed.push(name.clone());
             }
+            downed.push(name);
         }
         if !downed.is_empty() {
             self.version += 1;
+            for name in &downed {
+                self.stamp(name);
+            }
         }
+        downed.sort();
         downed
     }
 
-    /// The earliest instant at which [`Membership::poll_down`] may mark a
-    /// member down, if any member can be.
+    /// The earliest instant at which [`Membership::poll_down`] marks a
+    /// member down if nothing is heard from it before (just after its
+    /// silence passes `down_after`), if any member can be.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.members
-            .values()
-            .filter(|e| !e.local && e.view.state == MemberState::Up)
-            .map(|e| e.last_heard + self.config.down_after)
-            .min()
+        self.silence
+            .first()
+            .map(|(heard, _)| *heard + self.config.down_after + Duration::from_nanos(1))
     }
 
     /// Every member, sorted by name.
@@ -277,9 +327,28 @@ impl Membership {
         self.members.values().map(|e| e.view.clone()).collect()
     }
 
+    /// The members that changed after `version`, in the order they changed:
+    /// applied to a table of `version`, they give this one.
+    pub fn changes_since(&self, version: u64) -> Vec<MemberView> {
+        self.changes
+            .range((version + 1, String::new())..)
+            .filter_map(|(_, name)| self.members.get(name).map(|e| e.view.clone()))
+            .collect()
+    }
+
     /// One member.
     pub fn get(&self, name: &str) -> Option<&MemberView> {
         self.members.get(name).map(|e| &e.view)
+    }
+
+    /// Members in the table.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
     }
 
     /// A counter bumped by every change, for pushing updates only when needed.
@@ -320,7 +389,10 @@ mod tests {
             m.poll_down(t0 + secs(5)).is_empty(),
             "exactly 5 s is not yet down"
         );
-        assert_eq!(m.poll_timeout(), Some(t0 + secs(5)));
+        assert_eq!(
+            m.poll_timeout(),
+            Some(t0 + secs(5) + Duration::from_nanos(1))
+        );
         assert_eq!(
             m.poll_down(t0 + Duration::from_millis(5001)),
             vec!["n1".to_owned()]
@@ -426,6 +498,7 @@ mod tests {
             let mut m = Membership::new(DetectorConfig::default());
             // name -> (incarnation, up, last_heard)
             let mut model: BTreeMap<String, (u64, bool, Instant)> = BTreeMap::new();
+            let mut snapshots: Vec<(u64, Vec<MemberView>)> = vec![(0, Vec::new())];
             let limit = DetectorConfig::default().down_after;
             for op in ops {
                 match op {
@@ -480,6 +553,24 @@ mod tests {
                     prop_assert_eq!(m.get(name).unwrap().state == MemberState::Up, e.1);
                     prop_assert_eq!(m.get(name).unwrap().incarnation, e.0);
                 }
+                // The changes since any earlier version, applied to the
+                // table of that version, give the table of now.
+                for (version, old) in &snapshots {
+                    let mut table: BTreeMap<String, MemberView> =
+                        old.iter().map(|v| (v.name.clone(), v.clone())).collect();
+                    for v in m.changes_since(*version) {
+                        table.insert(v.name.clone(), v);
+                    }
+                    prop_assert_eq!(table.into_values().collect::<Vec<_>>(), m.view());
+                }
+                snapshots.push((m.version(), m.view()));
+                // The silence deadline is the earliest of the up members'.
+                let earliest = model
+                    .values()
+                    .filter(|e| e.1)
+                    .map(|e| e.2 + limit + Duration::from_nanos(1))
+                    .min();
+                prop_assert_eq!(m.poll_timeout(), earliest);
             }
         }
     }

@@ -35,11 +35,11 @@ pub enum TlsError {
     Roots(String),
 }
 
-/// The crypto provider: ring with AES-128-GCM first (fast on AES-NI, and
-/// QUIC's initial packets need it).
+/// The crypto provider: aws-lc-rs (the workspace's only one) with
+/// AES-128-GCM first (fast on AES-NI, and QUIC's initial packets need it).
 pub fn provider() -> Arc<CryptoProvider> {
-    let base = rustls::crypto::ring::default_provider();
-    let mut suites = vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256];
+    let base = rustls::crypto::aws_lc_rs::default_provider();
+    let mut suites = vec![rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256];
     suites.extend(
         base.cipher_suites
             .iter()

@@ -42,12 +42,16 @@ pub enum Command {
 /// Flags of `node embed`.
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
-    /// Input: Parquet when it ends in `.parquet`, else JSONL (one object per line).
+    /// Input: a file, a folder or a glob of JSONL (`.jsonl`, `.jsonl.gz`,
+    /// `.jsonl.zst`; one object per line) or Parquet (`.parquet`) shards,
+    /// local or an object store URL (`s3://bucket/corpus/`, `file:///…`).
+    /// Quote a glob so the shell leaves it alone.
     #[arg(long)]
-    pub input: PathBuf,
-    /// Output folder (parts, manifest, errors file).
+    pub input: String,
+    /// Output: a local folder or an object store URL (parts, manifest,
+    /// errors file).
     #[arg(long)]
-    pub output: PathBuf,
+    pub output: String,
     /// Format of the output parts.
     #[arg(long, value_enum, default_value_t = PartFormat::Parquet)]
     pub format: PartFormat,
@@ -55,7 +59,7 @@ pub struct EmbedArgs {
     #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
     pub model: PathBuf,
     /// Rows per batch.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_BATCH_SIZE)]
     pub batch_size: usize,
     /// Batches in flight at most (default: 2 per actor).
     #[arg(long)]
@@ -65,7 +69,7 @@ pub struct EmbedArgs {
     #[arg(long)]
     pub actors_per_node: Option<usize>,
     /// Bytes of batches in flight at most, in MiB.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_MEMORY_BUDGET >> 20)]
     pub memory_budget_mb: usize,
     /// Run on the cluster whose head listens here (the driver joins it and
     /// spawns embedding actors on every worker).
@@ -96,6 +100,10 @@ pub struct EmbedArgs {
     /// Input field with the text.
     #[arg(long, default_value = "text")]
     pub text_column: String,
+    /// Input fields to keep in the output beside `id` and `embedding`
+    /// (comma-separated; the text column may be one).
+    #[arg(long, value_delimiter = ',')]
+    pub output_columns: Vec<String>,
 }
 
 /// `--format` values.
@@ -121,6 +129,7 @@ impl EmbedArgs {
             model: self.model,
             id_field: self.id_column,
             text_field: self.text_column,
+            output_columns: self.output_columns,
             batch_size: self.batch_size,
             actors_per_node: self.actors_per_node,
             max_in_flight: self.max_in_flight,

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberView, Node, NodeConfig, Resources};
 
-use super::{ClusterConfig, JobConfig, JobError, Summary, Workers, drive};
+use super::driver::{Workers, drive, embedder_args};
+use super::{ClusterConfig, JobConfig, JobError, Summary};
 use crate::actor::{EmbedMsg, KIND, ModelInfo};
 use crate::model_folder::ModelFolder;
 
@@ -105,7 +106,7 @@ async fn start_workers(
             "no worker node is up (`node status` lists the members)".into(),
         ));
     }
-    let args = super::embedder_args(config);
+    let args = embedder_args(config);
     let tag = format!("{}-{}", node.name(), node.incarnation());
     let mut tasks = tokio::task::JoinSet::new();
     for m in &members {

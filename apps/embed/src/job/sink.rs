@@ -3,13 +3,18 @@
 //! `memory:///`), with the same layout.
 //!
 //! ```text
-//! OUT/manifest.json               job id, model revision, dim, batch size, format (written first)
+//! OUT/manifest.json               job id, model revision, dim, batch size, format,
+//!                                 output columns (written first)
 //! OUT/parts/batch-00000042.parquet  one per completed batch: id (string), embedding
-//!                                   (fixed-size list of f32, dim); model and revision in
-//!                                   the file metadata
-//! OUT/parts/batch-00000042.jsonl    (with --format jsonl) {"id": …, "embedding": [f32; dim]}
-//! OUT/errors.jsonl                rejected rows: {"line": …, "id": …, "reason": …}
+//!                                   (fixed-size list of f32, dim), the output columns;
+//!                                   job id and model revision in the schema metadata
+//! OUT/parts/batch-00000042.jsonl    (with --format jsonl) {"id": …, "embedding": [f32; dim], …}
+//! OUT/errors.jsonl                rows not embedded: {"shard": …, "line": …, "id": …, "reason": …}
 //! ```
+//!
+//! Every Parquet part has the same schema, so the parts folder reads as one
+//! dataset (`pyarrow.dataset`, polars' `scan_parquet`, DuckDB's
+//! `read_parquet` over `parts/*.parquet`).
 //!
 //! Every output goes through `object_store` (a local folder is its
 //! `LocalFileSystem` with fsync). A part is written with one atomic put
@@ -27,6 +32,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::source::{Cell, CellType};
+
 /// What identifies a job's output; a folder holds one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -42,6 +49,9 @@ pub struct Manifest {
     /// lines).
     #[serde(default = "Format::jsonl")]
     pub format: Format,
+    /// Input columns kept beside `id` and `embedding`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<String>,
 }
 
 impl std::fmt::Display for Manifest {
@@ -69,7 +79,8 @@ impl Format {
         Self::Jsonl
     }
 
-    fn extension(self) -> &'static str {
+    /// The parts' file extension.
+    pub fn extension(self) -> &'static str {
         match self {
             Self::Parquet => "parquet",
             Self::Jsonl => "jsonl",
@@ -132,26 +143,30 @@ pub enum SinkError {
     },
 }
 
+/// An output column beside `id` and `embedding`: its name and type.
+pub type Column = (String, CellType);
+
 /// A part's bytes in the manifest's format.
 fn encode_part(
     manifest: &Manifest,
-    ids: &[String],
-    dim: usize,
-    values: &[f32],
+    columns: &[Column],
+    rows: Rows<'_>,
 ) -> Result<Vec<u8>, parquet::errors::ParquetError> {
     match manifest.format {
-        Format::Jsonl => Ok(jsonl_part(ids, dim, values)),
-        Format::Parquet => parquet_part(manifest, ids, dim, values),
+        Format::Jsonl => Ok(jsonl_part(manifest.dim as usize, columns, rows)),
+        Format::Parquet => parquet_part(manifest, columns, rows),
     }
 }
 
-fn errors_file(errors: &[RowError]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for e in errors {
-        serde_json::to_writer(&mut out, e).expect("errors serialize");
-        out.push(b'\n');
-    }
-    out
+/// The rows of one completed batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    /// Row ids.
+    pub ids: &'a [String],
+    /// Each row's output columns, in the sink's column order.
+    pub extra: &'a [Vec<Cell>],
+    /// `ids.len() × dim` vector values, row-major.
+    pub values: &'a [f32],
 }
 
 /// Batch ids of the part names in `names`.
@@ -170,42 +185,88 @@ fn part_name(batch_id: u64, format: Format) -> String {
     format!("batch-{batch_id:08}.{}", format.extension())
 }
 
+/// The Arrow schema every Parquet part of a job has.
+pub fn part_schema(manifest: &Manifest, columns: &[Column]) -> arrow_schema::Schema {
+    use arrow_schema::{DataType, Field, Schema};
+    let item = std::sync::Arc::new(Field::new("item", DataType::Float32, false));
+    let mut fields = vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new(
+            "embedding",
+            DataType::FixedSizeList(item, manifest.dim as i32),
+            false,
+        ),
+    ];
+    fields.extend(columns.iter().map(|(name, kind)| {
+        let t = match kind {
+            CellType::Utf8 => DataType::Utf8,
+            CellType::Int64 => DataType::Int64,
+            CellType::Float64 => DataType::Float64,
+            CellType::Boolean => DataType::Boolean,
+        };
+        Field::new(name, t, true)
+    }));
+    Schema::new(fields).with_metadata(std::collections::HashMap::from([
+        ("flotilla.job_id".to_owned(), manifest.job_id.clone()),
+        (
+            "flotilla.model_revision".to_owned(),
+            manifest.model_revision.clone(),
+        ),
+    ]))
+}
+
 fn parquet_part(
     manifest: &Manifest,
-    ids: &[String],
-    dim: usize,
-    values: &[f32],
+    columns: &[Column],
+    rows: Rows<'_>,
 ) -> Result<Vec<u8>, parquet::errors::ParquetError> {
     use std::sync::Arc;
 
-    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
-    use arrow_schema::{DataType, Field, Schema};
+    use arrow_array::{
+        ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Float64Array, Int64Array,
+        RecordBatch, StringArray,
+    };
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
     use parquet::file::properties::WriterProperties;
 
-    let item = Arc::new(Field::new("item", DataType::Float32, false));
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Utf8, false),
-        Field::new(
-            "embedding",
-            DataType::FixedSizeList(item.clone(), dim as i32),
-            false,
-        ),
-    ]));
+    let schema = Arc::new(part_schema(manifest, columns));
+    let arrow_schema::DataType::FixedSizeList(item, dim) = schema.field(1).data_type().clone()
+    else {
+        unreachable!("the embedding is a fixed-size list")
+    };
     let embeddings = FixedSizeListArray::try_new(
         item,
-        dim as i32,
-        Arc::new(Float32Array::from(values.to_vec())) as ArrayRef,
+        dim,
+        Arc::new(Float32Array::from(rows.values.to_vec())) as ArrayRef,
         None,
     )?;
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![
-            Arc::new(StringArray::from_iter_values(ids)) as ArrayRef,
-            Arc::new(embeddings) as ArrayRef,
-        ],
-    )?;
+    let mut arrays = vec![
+        Arc::new(StringArray::from_iter_values(rows.ids)) as ArrayRef,
+        Arc::new(embeddings) as ArrayRef,
+    ];
+    for (c, (_, kind)) in columns.iter().enumerate() {
+        let cells = rows.extra.iter().map(|row| &row[c]);
+        arrays.push(match kind {
+            CellType::Utf8 => Arc::new(StringArray::from_iter(cells.map(|v| match v {
+                Cell::Str(s) => Some(s.clone()),
+                _ => None,
+            }))) as ArrayRef,
+            CellType::Int64 => Arc::new(Int64Array::from_iter(cells.map(|v| match v {
+                Cell::Int(i) => Some(*i),
+                _ => None,
+            }))),
+            CellType::Float64 => Arc::new(Float64Array::from_iter(cells.map(|v| match v {
+                Cell::Float(x) => Some(*x),
+                _ => None,
+            }))),
+            CellType::Boolean => Arc::new(BooleanArray::from_iter(cells.map(|v| match v {
+                Cell::Bool(b) => Some(*b),
+                _ => None,
+            }))),
+        });
+    }
+    let batch = RecordBatch::try_new(schema.clone(), arrays)?;
     let props = WriterProperties::builder()
         .set_key_value_metadata(Some(vec![
             KeyValue::new("flotilla.job_id".into(), manifest.job_id.clone()),
@@ -222,20 +283,31 @@ fn parquet_part(
     Ok(out)
 }
 
-fn jsonl_part(ids: &[String], dim: usize, values: &[f32]) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Line<'a> {
-        id: &'a str,
-        embedding: &'a [f32],
+/// JSON lines with the keys in column order: `id`, `embedding`, then the
+/// output columns.
+fn jsonl_part(dim: usize, columns: &[Column], rows: Rows<'_>) -> Vec<u8> {
+    fn put<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+        serde_json::to_writer(&mut *out, value).expect("values serialize");
     }
-    let mut out = Vec::with_capacity(ids.len() * (dim * 12 + 32));
-    for (i, id) in ids.iter().enumerate() {
-        let line = Line {
-            id,
-            embedding: &values[i * dim..(i + 1) * dim],
-        };
-        serde_json::to_writer(&mut out, &line).expect("vectors serialize");
-        out.push(b'\n');
+    let mut out = Vec::with_capacity(rows.ids.len() * (dim * 12 + 32));
+    for (i, id) in rows.ids.iter().enumerate() {
+        out.extend_from_slice(b"{\"id\":");
+        put(&mut out, id);
+        out.extend_from_slice(b",\"embedding\":");
+        put(&mut out, &rows.values[i * dim..(i + 1) * dim]);
+        for ((name, _), cell) in columns.iter().zip(&rows.extra[i]) {
+            out.push(b',');
+            put(&mut out, name);
+            out.push(b':');
+            match cell {
+                Cell::Null => out.extend_from_slice(b"null"),
+                Cell::Str(s) => put(&mut out, s),
+                Cell::Int(v) => put(&mut out, v),
+                Cell::Float(v) => put(&mut out, v),
+                Cell::Bool(v) => put(&mut out, v),
+            }
+        }
+        out.extend_from_slice(b"}\n");
     }
     out
 }
@@ -243,7 +315,9 @@ fn jsonl_part(ids: &[String], dim: usize, values: &[f32]) -> Vec<u8> {
 /// A row that was not embedded, as written to the errors file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RowError {
-    /// 1-based input line.
+    /// The input shard it is in (its name relative to the input).
+    pub shard: String,
+    /// 1-based line (JSONL) or row (Parquet) in the shard.
     pub line: u64,
     /// The row's id, when known.
     pub id: Option<String>,
@@ -251,33 +325,104 @@ pub struct RowError {
     pub reason: String,
 }
 
+/// Errors held before the errors file becomes a multipart upload.
+const ERRORS_BUFFER: usize = 1 << 20;
+
+/// The errors file, written as rows are refused: held in memory up to
+/// [`ERRORS_BUFFER`] bytes, then streamed as a multipart upload, so memory
+/// stays bounded however many rows are refused. The file appears whole
+/// when [`ErrorLog::finish`] completes it.
+pub struct ErrorLog<'a> {
+    sink: &'a Sink,
+    at: object_store::path::Path,
+    buffer: Vec<u8>,
+    upload: Option<object_store::WriteMultipart>,
+    rows: u64,
+}
+
+impl ErrorLog<'_> {
+    /// Adds one refused row.
+    pub async fn record(&mut self, error: &RowError) -> Result<(), SinkError> {
+        use object_store::ObjectStoreExt;
+        serde_json::to_writer(&mut self.buffer, error).expect("errors serialize");
+        self.buffer.push(b'\n');
+        self.rows += 1;
+        if self.buffer.len() >= ERRORS_BUFFER {
+            if self.upload.is_none() {
+                let upload = self
+                    .sink
+                    .store
+                    .put_multipart(&self.at)
+                    .await
+                    .map_err(|e| self.sink.fail(&self.at, e))?;
+                self.upload = Some(object_store::WriteMultipart::new(upload));
+            }
+            let upload = self.upload.as_mut().expect("started above");
+            upload
+                .wait_for_capacity(2)
+                .await
+                .map_err(|e| self.sink.fail(&self.at, e))?;
+            upload.write(&self.buffer);
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+
+    /// Rows recorded so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Completes the errors file (replacing any earlier one).
+    pub async fn finish(self) -> Result<(), SinkError> {
+        use object_store::ObjectStoreExt;
+        let result = match self.upload {
+            None => self
+                .sink
+                .store
+                .put(&self.at, self.buffer.into())
+                .await
+                .map(|_| ()),
+            Some(mut upload) => {
+                upload.write(&self.buffer);
+                upload.finish().await.map(|_| ())
+            }
+        };
+        result.map_err(|e| self.sink.fail(&self.at, e))
+    }
+}
+
 /// A job's output: an object store (a local folder is one) and a prefix
 /// in it.
 #[derive(Debug)]
 pub struct Sink {
-    store: Box<dyn object_store::ObjectStore>,
+    store: std::sync::Arc<dyn object_store::ObjectStore>,
     prefix: object_store::path::Path,
     url: String,
     manifest: Manifest,
+    columns: Vec<Column>,
 }
 
 /// A local folder as an object store: puts go to a staged file, fsync,
 /// rename. Staged files a killed run left behind (`NAME#N`, invisible to
 /// listings) are removed first.
-fn local_store(root: &Path) -> Result<Box<dyn object_store::ObjectStore>, SinkError> {
+fn local_store(root: &Path) -> Result<std::sync::Arc<dyn object_store::ObjectStore>, SinkError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SinkError::Io { path, source }
     };
     let parts = root.join("parts");
     std::fs::create_dir_all(&parts).map_err(io(&parts))?;
-    for entry in std::fs::read_dir(&parts).map_err(io(&parts))? {
-        let path = entry.map_err(io(&parts))?.path();
-        if path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().contains('#'))
-        {
-            std::fs::remove_file(&path).map_err(io(&path))?;
+    for dir in [root, parts.as_path()] {
+        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+            let path = entry.map_err(io(dir))?.path();
+            if path.is_file()
+                && path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains('#'))
+            {
+                std::fs::remove_file(&path).map_err(io(&path))?;
+            }
         }
     }
     let store = object_store::local::LocalFileSystem::new_with_prefix(root)
@@ -286,45 +431,39 @@ fn local_store(root: &Path) -> Result<Box<dyn object_store::ObjectStore>, SinkEr
             source: std::io::Error::other(e),
         })?
         .with_fsync(true);
-    Ok(Box::new(store))
-}
-
-/// An object store URL: `object_store` parses it and reads its settings
-/// (`AWS_*`) from the environment.
-fn url_store(
-    url: &str,
-) -> Result<(Box<dyn object_store::ObjectStore>, object_store::path::Path), SinkError> {
-    let bad = |reason: String| SinkError::Url {
-        url: url.to_owned(),
-        reason,
-    };
-    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-    let options: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("AWS_"))
-        .map(|(k, v)| (k.to_ascii_lowercase(), v))
-        .collect();
-    object_store::parse_url_opts(&parsed, options).map_err(|e| bad(e.to_string()))
+    Ok(std::sync::Arc::new(store))
 }
 
 impl Sink {
     /// Opens `output` for the job described by `manifest`: a URL
     /// (`scheme://…`) names an object store, anything else a local folder.
     /// Returns the ids of the batches already completed there.
+    /// `columns` are the output columns beside `id` and `embedding`, with
+    /// their types; their names are the manifest's.
     pub async fn open(
-        output: &Path,
+        output: &str,
         manifest: &Manifest,
+        columns: Vec<Column>,
     ) -> Result<(Self, HashSet<u64>), SinkError> {
         use object_store::ObjectStoreExt;
 
-        let (store, prefix) = match output.to_str().filter(|s| s.contains("://")) {
-            Some(url) => url_store(url)?,
-            None => (local_store(output)?, object_store::path::Path::default()),
+        let (store, prefix) = if super::store::is_url(output) {
+            super::store::open_url(output).map_err(|reason| SinkError::Url {
+                url: output.to_owned(),
+                reason,
+            })?
+        } else {
+            (
+                local_store(Path::new(output))?,
+                object_store::path::Path::default(),
+            )
         };
         let sink = Self {
             store,
             prefix,
-            url: output.to_string_lossy().trim_end_matches('/').to_owned(),
+            url: output.trim_end_matches('/').to_owned(),
             manifest: manifest.clone(),
+            columns,
         };
         let at = sink.prefix.clone().join("manifest.json");
         match sink.store.get(&at).await {
@@ -376,24 +515,19 @@ impl Sink {
     }
 
     /// Writes a completed batch with one put.
-    pub async fn write_batch(
-        &self,
-        batch_id: u64,
-        ids: &[String],
-        dim: usize,
-        values: &[f32],
-    ) -> Result<(), SinkError> {
+    pub async fn write_batch(&self, batch_id: u64, rows: Rows<'_>) -> Result<(), SinkError> {
         use object_store::ObjectStoreExt;
         let at = self
             .prefix
             .clone()
             .join("parts")
             .join(part_name(batch_id, self.manifest.format));
-        let bytes =
-            encode_part(&self.manifest, ids, dim, values).map_err(|source| SinkError::Encode {
+        let bytes = encode_part(&self.manifest, &self.columns, rows).map_err(|source| {
+            SinkError::Encode {
                 location: self.location(&at),
                 source,
-            })?;
+            }
+        })?;
         self.store
             .put(&at, bytes.into())
             .await
@@ -401,15 +535,15 @@ impl Sink {
             .map_err(|e| self.fail(&at, e))
     }
 
-    /// Replaces the errors object.
-    pub async fn write_errors(&self, errors: &[RowError]) -> Result<(), SinkError> {
-        use object_store::ObjectStoreExt;
-        let at = self.prefix.clone().join("errors.jsonl");
-        self.store
-            .put(&at, errors_file(errors).into())
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(&at, e))
+    /// Starts this run's errors file.
+    pub fn errors(&self) -> ErrorLog<'_> {
+        ErrorLog {
+            sink: self,
+            at: self.prefix.clone().join("errors.jsonl"),
+            buffer: Vec::new(),
+            upload: None,
+            rows: 0,
+        }
     }
 }
 
@@ -424,7 +558,19 @@ mod tests {
             dim: 2,
             batch_size: 2,
             format: Format::Jsonl,
+            columns: Vec::new(),
         }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("flotilla-sink-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn rows<'a>(ids: &'a [String], extra: &'a [Vec<Cell>], values: &'a [f32]) -> Rows<'a> {
+        Rows { ids, extra, values }
     }
 
     /// A manifest from before parts had a format describes JSON-lines
@@ -432,15 +578,14 @@ mod tests {
     /// with the parser's reason.
     #[tokio::test]
     async fn manifests_without_a_format_are_jsonl_and_bad_ones_say_why() {
-        let dir = std::env::temp_dir().join(format!("flotilla-sink-old-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("old");
+        let out = dir.to_string_lossy().into_owned();
         let old = r#"{"job_id":"j","model_revision":"sha256:00","dim":2,"batch_size":2}"#;
         std::fs::write(dir.join("manifest.json"), old).unwrap();
-        Sink::open(&dir, &manifest("j")).await.unwrap();
+        Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
 
         std::fs::write(dir.join("manifest.json"), r#"{"job_id": 3}"#).unwrap();
-        let err = Sink::open(&dir, &manifest("j")).await.unwrap_err();
+        let err = Sink::open(&out, &manifest("j"), vec![]).await.unwrap_err();
         assert!(matches!(err, SinkError::Manifest { .. }), "{err}");
         assert!(err.to_string().contains("invalid type"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -451,28 +596,38 @@ mod tests {
     /// them, and another job is refused.
     #[tokio::test]
     async fn object_store_output_resumes_and_refuses_another_job() {
-        let dir = std::env::temp_dir().join(format!("flotilla-sink-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("url");
         let url = format!("file://{}/out", dir.display());
-        let out = PathBuf::from(&url);
-        let (sink, done) = Sink::open(&out, &manifest("j")).await.unwrap();
+        let mut m = manifest("j");
+        m.columns = vec!["lang".into()];
+        let columns = vec![("lang".to_owned(), CellType::Utf8)];
+        let (sink, done) = Sink::open(&url, &m, columns.clone()).await.unwrap();
         assert!(done.is_empty());
         let ids = vec!["a".to_owned(), "b".to_owned()];
-        sink.write_batch(7, &ids, 2, &[1.0, 0.0, 0.0, 1.0])
+        let extra = vec![vec![Cell::Str("en".into())], vec![Cell::Null]];
+        sink.write_batch(7, rows(&ids, &extra, &[1.0, 0.0, 0.0, 1.0]))
             .await
             .unwrap();
-        sink.write_errors(&[]).await.unwrap();
+        sink.errors().finish().await.unwrap();
         let part = std::fs::read_to_string(dir.join("out/parts/batch-00000007.jsonl")).unwrap();
         assert_eq!(part.lines().count(), 2);
         assert!(
-            part.starts_with("{\"id\":\"a\",\"embedding\":[1.0,0.0]}"),
+            part.starts_with("{\"id\":\"a\",\"embedding\":[1.0,0.0],\"lang\":\"en\"}"),
             "{part}"
         );
+        assert!(part.contains("\"lang\":null"), "{part}");
+        assert_eq!(std::fs::read(dir.join("out/errors.jsonl")).unwrap(), b"");
 
-        let (_, done) = Sink::open(&out, &manifest("j")).await.unwrap();
+        let (_, done) = Sink::open(&url, &m, columns.clone()).await.unwrap();
         assert_eq!(done, HashSet::from([7]));
-        let err = Sink::open(&out, &manifest("other")).await.unwrap_err();
+        let err = Sink::open(&url, &manifest("j"), vec![]).await.unwrap_err();
+        assert!(
+            matches!(err, SinkError::OtherJob { .. }),
+            "other columns: {err}"
+        );
+        let err = Sink::open(&url, &manifest("other"), vec![])
+            .await
+            .unwrap_err();
         assert!(matches!(err, SinkError::OtherJob { .. }), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -481,17 +636,21 @@ mod tests {
     /// does not count as a part; a written part does.
     #[tokio::test]
     async fn local_output_drops_staged_leftovers_and_resumes() {
-        let dir = std::env::temp_dir().join(format!("flotilla-sink-local-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch("local");
+        let out = dir.to_string_lossy().into_owned();
         std::fs::create_dir_all(dir.join("parts")).unwrap();
         let leftover = dir.join("parts/batch-00000003.jsonl#1");
         std::fs::write(&leftover, "half a part").unwrap();
-        let (sink, done) = Sink::open(&dir, &manifest("j")).await.unwrap();
+        let errors_leftover = dir.join("errors.jsonl#2");
+        std::fs::write(&errors_leftover, "half an errors file").unwrap();
+        let (sink, done) = Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
         assert!(done.is_empty());
-        assert!(!leftover.exists());
+        assert!(!leftover.exists() && !errors_leftover.exists());
         let ids = vec!["a".to_owned()];
-        sink.write_batch(3, &ids, 2, &[0.6, 0.8]).await.unwrap();
-        let (_, done) = Sink::open(&dir, &manifest("j")).await.unwrap();
+        sink.write_batch(3, rows(&ids, &[vec![]], &[0.6, 0.8]))
+            .await
+            .unwrap();
+        let (_, done) = Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
         assert_eq!(done, HashSet::from([3]));
         let names: Vec<String> = std::fs::read_dir(dir.join("parts"))
             .unwrap()
@@ -501,9 +660,72 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// More refused rows than the in-memory buffer holds stream out as a
+    /// multipart upload; every row arrives, in order.
+    #[tokio::test]
+    async fn many_errors_stream_out_in_order() {
+        let dir = scratch("errors");
+        let out = dir.to_string_lossy().into_owned();
+        let (sink, _) = Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
+        let mut log = sink.errors();
+        let n = 30_000u64;
+        for line in 1..=n {
+            log.record(&RowError {
+                shard: "a.jsonl".into(),
+                line,
+                id: Some(format!("id-{line}")),
+                reason: "a reason long enough to pass the buffer".into(),
+            })
+            .await
+            .unwrap();
+        }
+        assert_eq!(log.rows(), n);
+        assert!(log.upload.is_some(), "streamed, not held");
+        log.finish().await.unwrap();
+        let text = std::fs::read_to_string(dir.join("errors.jsonl")).unwrap();
+        let lines: Vec<RowError> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len() as u64, n);
+        assert!(
+            lines
+                .iter()
+                .enumerate()
+                .all(|(i, e)| e.line == i as u64 + 1)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn every_part_has_the_schema_with_the_revision_in_its_metadata() {
+        let mut m = manifest("j");
+        m.format = Format::Parquet;
+        let columns = vec![
+            ("n".to_owned(), CellType::Int64),
+            ("ok".to_owned(), CellType::Boolean),
+        ];
+        let ids = vec!["a".to_owned()];
+        let extra = vec![vec![Cell::Int(4), Cell::Bool(true)]];
+        let bytes = encode_part(&m, &columns, rows(&ids, &extra, &[0.6, 0.8])).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            bytes::Bytes::from(bytes),
+        )
+        .unwrap();
+        let schema = reader.schema().clone();
+        assert_eq!(*schema, part_schema(&m, &columns));
+        assert_eq!(
+            schema
+                .metadata()
+                .get("flotilla.model_revision")
+                .map(String::as_str),
+            Some("sha256:00")
+        );
+    }
+
     #[tokio::test]
     async fn an_unknown_scheme_is_a_typed_error() {
-        let err = Sink::open(Path::new("nosuch://bucket/x"), &manifest("j"))
+        let err = Sink::open("nosuch://bucket/x", &manifest("j"), vec![])
             .await
             .unwrap_err();
         assert!(matches!(err, SinkError::Url { .. }), "{err}");

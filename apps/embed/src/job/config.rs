@@ -1,0 +1,91 @@
+//! What a job is told: its input, output, model and limits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::sink::Format;
+
+/// Rows per batch unless told otherwise.
+pub const DEFAULT_BATCH_SIZE: usize = 64;
+/// Bytes of batches in flight at most unless told otherwise: 512 MiB.
+pub const DEFAULT_MEMORY_BUDGET: usize = 512 << 20;
+
+/// Settings of an embed job.
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    /// Input: a file, a folder or a glob of JSONL or Parquet shards, local
+    /// or an object store URL (see [`super::input`]).
+    pub input: String,
+    /// Output: a local folder, or an object store URL (`s3://bucket/prefix`).
+    pub output: String,
+    /// Part format.
+    pub format: Format,
+    /// Model folder.
+    pub model: PathBuf,
+    /// Input field holding the id.
+    pub id_field: String,
+    /// Input field holding the text.
+    pub text_field: String,
+    /// Input fields kept in the output beside `id` and `embedding`.
+    pub output_columns: Vec<String>,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Embedding actors per node, one model and one thread each (default:
+    /// this machine's CPUs locally; on a cluster one per GPU a worker
+    /// reports, else one per CPU).
+    pub actors_per_node: Option<usize>,
+    /// Batches in flight at most (default: 2 per actor).
+    pub max_in_flight: Option<usize>,
+    /// Bytes of batches in flight at most (texts and vectors).
+    pub memory_budget: usize,
+    /// Job id; default derived from the input, the batch size and the
+    /// model revision.
+    pub job_id: Option<String>,
+    /// Run on a cluster instead of in this process.
+    pub cluster: Option<ClusterConfig>,
+    /// Show a progress bar (on a terminal); otherwise log progress lines.
+    pub progress_bar: bool,
+}
+
+impl JobConfig {
+    /// A local job from `input` to `output` with the model in `model` and
+    /// every other setting at its default.
+    pub fn new(
+        input: impl Into<String>,
+        output: impl Into<String>,
+        model: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            input: input.into(),
+            output: output.into(),
+            format: Format::Parquet,
+            model: model.into(),
+            id_field: "id".into(),
+            text_field: "text".into(),
+            output_columns: Vec::new(),
+            batch_size: DEFAULT_BATCH_SIZE,
+            actors_per_node: None,
+            max_in_flight: None,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+            job_id: None,
+            cluster: None,
+            progress_bar: false,
+        }
+    }
+}
+
+/// How the driver joins a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The head's address.
+    pub head: SocketAddr,
+    /// Folder with `ca.crt` and the driver's certificate and key.
+    pub certs: PathBuf,
+    /// The driver's node name (its certificate's name).
+    pub name: String,
+    /// UDP address the driver listens on (default: the local address that
+    /// routes to the head, any port).
+    pub listen: Option<SocketAddr>,
+    /// The cluster cookie.
+    pub cookie: Option<String>,
+}

@@ -1,0 +1,342 @@
+//! The job proper, once embedding actors run (in this process or on a
+//! cluster): the input cut into batches with stable ids, the framework's
+//! bounded pipeline over the actors, parts written as batches complete,
+//! refused rows streamed to the errors file.
+//!
+//! ```text
+//! Source ─► Batcher (ids 0, 1, 2, … in input order; done ones skipped)
+//!        ─► Pipeline (≤ M in flight) ─► actors ─► Sink part per batch
+//!   invalid rows ─────────────────────────────────► errors file
+//! ```
+//!
+//! Memory is flat in the input: the batches in flight, a chunk of rows
+//! read ahead, a 16-byte digest per id, a fixed-size latency histogram and
+//! at most a megabyte of refused rows before they stream out.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla::pipeline::{BatchId, Event, Pipeline, PipelineConfig};
+use flotilla::ractor::ActorRef;
+
+use super::input::Input;
+use super::sink::{ErrorLog, Manifest, RowError, Rows, Sink};
+use super::source::{Fields, Item, RowAt, Source};
+use super::stage::{Batch, EmbedStage};
+use super::summary::{Latencies, Summary};
+use super::{JobConfig, JobError};
+use crate::actor::{EmbedMsg, EmbedderArgs, ModelInfo};
+
+/// Embedding actors the job runs on, where they run, and what they loaded.
+pub(crate) struct Workers {
+    /// `(node, actor)` pairs.
+    pub(crate) actors: Vec<(String, ActorRef<EmbedMsg>)>,
+    /// The model every actor loaded.
+    pub(crate) info: ModelInfo,
+}
+
+impl Workers {
+    /// Workers whose actors reported `infos` (same revision, in order):
+    /// the job's model facts are the first actor's, with the slowest load.
+    pub(crate) fn new(
+        actors: Vec<(String, ActorRef<EmbedMsg>)>,
+        infos: &[ModelInfo],
+    ) -> Option<Self> {
+        let first = infos.first()?.clone();
+        let info = ModelInfo {
+            load_ms: infos.iter().map(|i| i.load_ms).max().unwrap_or(0),
+            ..first
+        };
+        Some(Self { actors, info })
+    }
+
+    /// Stops every actor.
+    pub(crate) fn stop(&self) {
+        for (_, a) in &self.actors {
+            a.stop(None);
+        }
+    }
+}
+
+/// What each embedding actor of the job is started with.
+pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
+    EmbedderArgs {
+        model_dir: config.model.to_string_lossy().into_owned(),
+        threads: 1,
+        micro_batch: 16,
+    }
+}
+
+/// The pipeline's limits for `actors` embedding actors: `max_in_flight`
+/// if given, else the framework's default of two per actor.
+fn pipeline_config(actors: usize, config: &JobConfig) -> PipelineConfig {
+    let defaults = PipelineConfig::for_workers(actors, crate::actor::BATCH_DEADLINE);
+    PipelineConfig {
+        max_in_flight: config
+            .max_in_flight
+            .map_or(defaults.max_in_flight, |m| m.max(1)),
+        memory_budget: config.memory_budget,
+        ..defaults
+    }
+}
+
+/// Removes the workers of every node that is no longer up; their batches
+/// go to the others.
+fn drop_lost_workers(pipeline: &mut Pipeline<EmbedStage>, table: &flotilla::Table) {
+    let lost: std::collections::BTreeSet<String> = pipeline
+        .nodes()
+        .filter(|node| {
+            table
+                .get(node)
+                .is_none_or(|m| m.state != flotilla::MemberState::Up)
+        })
+        .map(str::to_owned)
+        .collect();
+    for node in lost {
+        let actors = pipeline.remove_node(&node);
+        tracing::warn!(%node, actors, in_flight = pipeline.in_flight(), "worker node lost; its batches go to the other workers");
+    }
+}
+
+/// Output column names the job itself writes.
+const RESERVED: [&str; 2] = ["id", "embedding"];
+
+/// Cuts the input into batches of `size` rows with ids 0, 1, 2, … in input
+/// order. Invalid rows go to the errors file as they are read.
+struct Batcher {
+    source: Source,
+    input: Arc<Input>,
+    size: usize,
+    next_id: u64,
+    exhausted: bool,
+}
+
+impl Batcher {
+    /// The next batch and its id, `None` at the end of the input.
+    async fn next(&mut self, errors: &mut ErrorLog<'_>) -> Result<Option<(u64, Batch)>, JobError> {
+        let mut batch = Batch::default();
+        while !self.exhausted && batch.len() < self.size {
+            match self.source.next().await {
+                None => self.exhausted = true,
+                Some(Err(source)) => {
+                    return Err(JobError::Read {
+                        input: self.input.spec.clone(),
+                        source,
+                    });
+                }
+                Some(Ok(Item::Invalid { at, id, reason })) => {
+                    errors.record(&self.row_error(at, id, reason)).await?;
+                }
+                Some(Ok(Item::Row {
+                    at,
+                    id,
+                    text,
+                    extra,
+                })) => {
+                    batch.ids.push(id);
+                    batch.at.push(at);
+                    batch.texts.push(text);
+                    batch.extra.push(extra);
+                }
+            }
+        }
+        if batch.len() == 0 {
+            return Ok(None);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        Ok(Some((id, batch)))
+    }
+
+    fn row_error(&self, at: RowAt, id: Option<String>, reason: String) -> RowError {
+        RowError {
+            shard: self.input.shards[at.shard as usize].name.clone(),
+            line: at.line,
+            id,
+            reason,
+        }
+    }
+}
+
+/// Runs the job over `workers`. With `members`, workers whose node goes
+/// down or leaves are dropped and their batches sent elsewhere.
+pub(crate) async fn drive(
+    config: &JobConfig,
+    started: Instant,
+    workers: &Workers,
+    mut members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
+) -> Result<Summary, JobError> {
+    // Every actor has its model: what follows is the job itself.
+    let ready_after = started.elapsed();
+    let info = &workers.info;
+    let revision = crate::ModelRevision::new(info.revision.clone());
+    let batch_size = config.batch_size.max(1);
+    let mut seen = HashSet::new();
+    for column in &config.output_columns {
+        if RESERVED.contains(&column.as_str()) || !seen.insert(column) {
+            return Err(JobError::OutputColumn(column.clone()));
+        }
+    }
+
+    let input = Arc::new(Input::resolve(&config.input).await?);
+    let scan = {
+        let input = Arc::clone(&input);
+        let hash = config.job_id.is_none();
+        match tokio::task::spawn_blocking(move || input.scan(hash)).await {
+            Ok(scan) => scan?,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    };
+    let job_id = match &config.job_id {
+        Some(id) => id.clone(),
+        None => {
+            let digest: String = scan.digest.expect("hashed without a job id")[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("{digest}-b{batch_size}-{}", revision.short())
+        }
+    };
+    let fields = Fields {
+        id: config.id_field.clone(),
+        text: config.text_field.clone(),
+        extra: config.output_columns.clone(),
+    };
+    let source = Source::open(Arc::clone(&input), fields)
+        .await
+        .map_err(|source| JobError::Read {
+            input: config.input.clone(),
+            source,
+        })?;
+    let columns = config
+        .output_columns
+        .iter()
+        .cloned()
+        .zip(source.types().iter().copied())
+        .collect();
+    let manifest = Manifest {
+        job_id: job_id.clone(),
+        model_revision: revision.to_string(),
+        dim: info.dim,
+        batch_size: batch_size as u32,
+        format: config.format,
+        columns: config.output_columns.clone(),
+    };
+    let (sink, done) = Sink::open(&config.output, &manifest, columns).await?;
+    let mut errors = sink.errors();
+    let mut batcher = Batcher {
+        source,
+        input: Arc::clone(&input),
+        size: batch_size,
+        next_id: 0,
+        exhausted: false,
+    };
+
+    let mut pipeline = Pipeline::new(
+        EmbedStage {
+            revision: manifest.model_revision.clone(),
+            dim: info.dim,
+        },
+        pipeline_config(workers.actors.len(), config),
+    );
+    for (node, actor) in &workers.actors {
+        pipeline.add_worker(node, actor.clone());
+    }
+
+    let mut summary = Summary {
+        job_id,
+        output: config.output.clone(),
+        format: Some(config.format),
+        model_load: Duration::from_millis(info.load_ms),
+        actors: workers.actors.len(),
+        ready_after,
+        ..Summary::default()
+    };
+    let mut progress = super::progress::Progress::new(config.progress_bar, scan.rows);
+    let mut latencies = Latencies::new();
+    let mut gave_up = 0u64;
+
+    loop {
+        // Fill free credits with the next batches not already done.
+        while !batcher.exhausted && pipeline.has_credit() {
+            let Some((id, batch)) = batcher.next(&mut errors).await? else {
+                break;
+            };
+            if done.contains(&id) {
+                summary.skipped_batches += 1;
+                progress.skipped(batch.len());
+                continue;
+            }
+            pipeline.submit(BatchId(id), batch);
+        }
+        if batcher.exhausted && pipeline.is_idle() {
+            break;
+        }
+        let event = match members.as_mut() {
+            None => pipeline.next().await,
+            Some(rx) => {
+                tokio::select! {
+                    e = pipeline.next() => e,
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            members = None;
+                            continue;
+                        }
+                        drop_lost_workers(&mut pipeline, &rx.borrow_and_update());
+                        continue;
+                    }
+                }
+            }
+        };
+        match event.map_err(JobError::NoWorkers)? {
+            None => {}
+            Some(Event::Done {
+                id,
+                batch,
+                output,
+                latency,
+            }) => {
+                let rows = Rows {
+                    ids: &batch.ids,
+                    extra: &batch.extra,
+                    values: &output,
+                };
+                sink.write_batch(id.0, rows).await?;
+                summary
+                    .first_batch_after
+                    .get_or_insert_with(|| started.elapsed());
+                summary.texts += batch.len() as u64;
+                summary.batches += 1;
+                latencies.record(latency);
+                progress.done(batch.len());
+            }
+            Some(Event::Rejected { batch, reason, .. }) => {
+                for (id, at) in batch.ids.iter().zip(&batch.at) {
+                    errors
+                        .record(&batcher.row_error(*at, Some(id.clone()), reason.clone()))
+                        .await?;
+                }
+                progress.done(batch.len());
+            }
+            Some(Event::GaveUp { id, .. }) => {
+                tracing::error!(batch = id.0, "batch failed on every attempt");
+                gave_up += 1;
+            }
+        }
+    }
+    progress.finish();
+    summary.rejected_rows = errors.rows();
+    errors.finish().await?;
+    let stats = pipeline.stats();
+    summary.retries = stats.retries;
+    summary.redispatches = stats.redispatches;
+    summary.batch_p50 = latencies.quantile(0.5);
+    summary.batch_p95 = latencies.quantile(0.95);
+    summary.elapsed = started.elapsed();
+    summary.peak_rss = flotilla::process::peak_rss_bytes();
+    if gave_up > 0 {
+        return Err(JobError::Incomplete(gave_up));
+    }
+    Ok(summary)
+}

@@ -1,0 +1,62 @@
+//! The embedded default: embedding actors in this process, one per core.
+
+use std::time::Instant;
+
+use flotilla::ractor::{Actor, ActorRef, call_t};
+
+use super::driver::{Workers, drive, embedder_args};
+use super::{JobConfig, JobError, Summary};
+use crate::actor::{EmbedMsg, Embedder, ModelInfo};
+use crate::model_folder::ModelFolder;
+
+/// Runs the job with actors in this process.
+pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
+    let started = Instant::now();
+    if !config.model.is_dir() {
+        return Err(JobError::NoModel(config.model.clone()));
+    }
+    // Configuration errors name the file at fault before any model loads.
+    ModelFolder::open(&config.model)?;
+
+    // The actors load the model; the revision and width of the job are what
+    // they report, so the weights are read and hashed once per actor only.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let count = config.actors_per_node.unwrap_or(cpus).max(1);
+    let mut actors: Vec<(String, ActorRef<EmbedMsg>)> = Vec::with_capacity(count);
+    let mut infos: Vec<ModelInfo> = Vec::with_capacity(count);
+    let stop = |actors: &[(String, ActorRef<EmbedMsg>)]| {
+        for (_, a) in actors {
+            a.stop(None);
+        }
+    };
+    for _ in 0..count {
+        let spawned = match Actor::spawn(None, Embedder::default(), embedder_args(&config)).await {
+            Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, 10_000)
+                .map(|info| (actor, info))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match spawned {
+            Ok((actor, info)) => {
+                actors.push(("local".to_owned(), actor));
+                infos.push(info);
+            }
+            Err(e) => {
+                stop(&actors);
+                return Err(JobError::Actor(e));
+            }
+        }
+    }
+    let first = infos[0].clone();
+    if let Some(other) = infos.iter().find(|i| i.revision != first.revision) {
+        stop(&actors);
+        return Err(JobError::Actor(format!(
+            "actors loaded different weights: {} and {}",
+            first.revision, other.revision
+        )));
+    }
+    let workers = Workers::new(actors, &infos).expect("at least one actor");
+    let result = drive(&config, started, &workers, None).await;
+    workers.stop();
+    result
+}

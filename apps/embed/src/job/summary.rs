@@ -1,0 +1,148 @@
+//! What a job did, printed at its end, and the batch latencies behind it.
+
+use std::time::Duration;
+
+use super::sink::Format;
+
+/// What a job did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    /// Job id.
+    pub job_id: String,
+    /// Where the output is.
+    pub output: String,
+    /// Format of its parts.
+    pub format: Option<Format>,
+    /// Rows embedded by this run.
+    pub texts: u64,
+    /// Batches embedded by this run.
+    pub batches: u64,
+    /// Batches found complete and skipped.
+    pub skipped_batches: u64,
+    /// Rows refused (malformed, duplicate, rejected by the model).
+    pub rejected_rows: u64,
+    /// Sends after the first of a batch (failures, deadlines, lost workers).
+    pub retries: u64,
+    /// Batches moved off a worker that went down.
+    pub redispatches: u64,
+    /// Embedding actors used.
+    pub actors: usize,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// When every actor had its model loaded, from the start.
+    pub ready_after: Duration,
+    /// When the first batch was written, from the start.
+    pub first_batch_after: Option<Duration>,
+    /// Model load time of the slowest actor.
+    pub model_load: Duration,
+    /// Median batch latency.
+    pub batch_p50: Duration,
+    /// 95th percentile batch latency.
+    pub batch_p95: Duration,
+    /// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
+    pub peak_rss: u64,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rate = self.texts as f64 / self.elapsed.as_secs_f64().max(1e-9);
+        let first = self
+            .first_batch_after
+            .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
+        write!(
+            f,
+            "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {:.1} s, {:.1} texts/s, first batch after {}, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
+            self.job_id,
+            self.texts,
+            self.batches,
+            self.skipped_batches,
+            self.actors,
+            self.rejected_rows,
+            self.retries,
+            self.redispatches,
+            self.elapsed.as_secs_f64(),
+            rate,
+            first,
+            self.batch_p50.as_secs_f64() * 1e3,
+            self.batch_p95.as_secs_f64() * 1e3,
+            self.model_load.as_secs_f64(),
+            self.peak_rss >> 20
+        )?;
+        if let Some(format) = self.format {
+            let out = self.output.trim_end_matches('/');
+            write!(f, "\noutput: {out}/parts/ (one file per batch)")?;
+            match format {
+                Format::Parquet => write!(
+                    f,
+                    ", read it whole with pyarrow.dataset.dataset(\"{out}/parts\"), polars.scan_parquet(\"{out}/parts/*.parquet\") or DuckDB's read_parquet('{out}/parts/*.parquet')"
+                )?,
+                Format::Jsonl => {
+                    write!(f, ", JSON lines: {{\"id\": …, \"embedding\": […]}} per row")?
+                }
+            }
+            write!(f, "; rows not embedded: {out}/errors.jsonl")?;
+        }
+        Ok(())
+    }
+}
+
+/// Batch latencies in a histogram of fixed size, whatever the number of
+/// batches: microseconds from 1 µs to an hour, three significant digits.
+pub(crate) struct Latencies(hdrhistogram::Histogram<u64>);
+
+impl Latencies {
+    pub(crate) fn new() -> Self {
+        Self(
+            hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("bounds and precision are valid"),
+        )
+    }
+
+    /// Records one batch's latency (clamped to the range).
+    pub(crate) fn record(&mut self, latency: Duration) {
+        self.0.saturating_record(latency.as_micros().max(1) as u64);
+    }
+
+    /// The `q`-quantile (0..=1), zero when nothing was recorded.
+    pub(crate) fn quantile(&self, q: f64) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(self.0.value_at_quantile(q))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_of_latencies_are_within_the_histogram_precision() {
+        let mut l = Latencies::new();
+        assert_eq!(l.quantile(0.5), Duration::ZERO);
+        for ms in 1..=100u64 {
+            l.record(Duration::from_millis(ms));
+        }
+        let p50 = l.quantile(0.5).as_secs_f64() * 1e3;
+        let p95 = l.quantile(0.95).as_secs_f64() * 1e3;
+        assert!((p50 - 50.0).abs() < 0.1, "{p50}");
+        assert!((p95 - 95.0).abs() < 0.1, "{p95}");
+    }
+
+    #[test]
+    fn the_summary_says_where_the_output_is_and_how_to_read_it() {
+        let s = Summary {
+            job_id: "j".into(),
+            output: "out/".into(),
+            format: Some(Format::Parquet),
+            ..Summary::default()
+        };
+        let text = s.to_string();
+        assert!(text.contains("output: out/parts/"), "{text}");
+        assert!(
+            text.contains("pyarrow.dataset.dataset(\"out/parts\")"),
+            "{text}"
+        );
+        assert!(text.contains("out/errors.jsonl"), "{text}");
+    }
+}

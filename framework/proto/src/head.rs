@@ -1,0 +1,328 @@
+//! The head's side of one control stream: joins, heartbeats, leaves and
+//! status requests against the member table, and table pushes to a joined
+//! member.
+//!
+//! ```text
+//! (stream opened) ── Join ok ──► Joined ── table changed ──► push Changes
+//!       │  Status ─► Members       │ Heartbeat      (at most once per push gap)
+//!       │  Join refused ─► Refused  │   Alive: nothing; else Rejoin
+//!                                   │ Leave ─► Ack
+//! ```
+//!
+//! Pushes carry only the members that changed since the stream's last
+//! table, and come at most once per push gap: a burst of joins costs each
+//! member one push, and a steady heartbeat costs the head O(log n) work and
+//! no push at all.
+//!
+//! Requests are checked against the name the peer's certificate proves: a
+//! join or heartbeat for another name is refused. The machine holds no
+//! table itself; the caller passes the head's [`Membership`] in.
+
+use std::time::{Duration, Instant};
+
+use crate::control::{ControlReply, ControlRequest};
+use crate::hello::{Refusal, check_join};
+use crate::membership::{HeartbeatOutcome, Membership};
+
+/// The current table as a control reply.
+pub fn members_reply(head: &str, m: &Membership) -> ControlReply {
+    ControlReply::Members {
+        version: m.version(),
+        head: head.to_owned(),
+        members: m.view(),
+    }
+}
+
+/// Least time between two pushes on one stream unless told otherwise.
+pub const DEFAULT_PUSH_GAP: Duration = Duration::from_millis(100);
+
+/// One control stream accepted by the head.
+#[derive(Debug, Clone)]
+pub struct HeadSession {
+    head: String,
+    /// The peer's certificate name.
+    peer: String,
+    /// The member this stream joined, once it has.
+    joined: Option<(String, u64)>,
+    /// The table version last sent on this stream.
+    pushed: u64,
+    push_gap: Duration,
+    /// When the next push may go.
+    next_push: Option<Instant>,
+}
+
+/// What a request came to, besides the replies it produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Noted {
+    /// Nothing worth logging.
+    Nothing,
+    /// A member joined (name, incarnation).
+    Joined(String, u64),
+    /// A join was refused.
+    JoinRefused(String, Refusal),
+    /// A heartbeat from a member that is not up for its incarnation.
+    NotUp(String, HeartbeatOutcome),
+    /// A member left.
+    Left(String),
+}
+
+impl HeadSession {
+    /// A session of the head `head` with the peer whose certificate names
+    /// it `peer`.
+    pub fn new(head: impl Into<String>, peer: impl Into<String>) -> Self {
+        Self {
+            head: head.into(),
+            peer: peer.into(),
+            joined: None,
+            pushed: 0,
+            push_gap: DEFAULT_PUSH_GAP,
+            next_push: None,
+        }
+    }
+
+    /// Sets the least time between two pushes.
+    pub fn with_push_gap(mut self, gap: Duration) -> Self {
+        self.push_gap = gap;
+        self
+    }
+
+    /// The member this stream joined, if any.
+    pub fn joined(&self) -> Option<(&str, u64)> {
+        self.joined.as_ref().map(|(n, i)| (n.as_str(), *i))
+    }
+
+    /// Handles one request at `now`; returns what to send back (nothing
+    /// for a live heartbeat) and what happened.
+    pub fn handle_request(
+        &mut self,
+        now: Instant,
+        request: ControlRequest,
+        m: &mut Membership,
+    ) -> (Option<ControlReply>, Noted) {
+        match request {
+            ControlRequest::Status => (Some(members_reply(&self.head, m)), Noted::Nothing),
+            ControlRequest::Join(req) => {
+                let name = req.name.clone();
+                let incarnation = req.incarnation;
+                match check_join(&req, &self.peer).and_then(|()| m.join(now, req)) {
+                    Ok(()) => {
+                        self.joined = Some((name.clone(), incarnation));
+                        self.pushed = m.version();
+                        self.next_push = Some(now + self.push_gap);
+                        (
+                            Some(members_reply(&self.head, m)),
+                            Noted::Joined(name, incarnation),
+                        )
+                    }
+                    Err(r) => (Some(ControlReply::Refused(r)), Noted::JoinRefused(name, r)),
+                }
+            }
+            ControlRequest::Heartbeat {
+                name,
+                incarnation,
+                actors,
+                version,
+            } => {
+                if name != self.peer {
+                    return (
+                        Some(ControlReply::Refused(Refusal::IdentityMismatch)),
+                        Noted::Nothing,
+                    );
+                }
+                match m.heartbeat(now, &name, incarnation, actors) {
+                    HeartbeatOutcome::Alive => {
+                        // A member behind what was pushed lost a push (or
+                        // it crossed this heartbeat): push again from its
+                        // version; changes are idempotent.
+                        if version < self.pushed && self.joined.is_some() {
+                            self.pushed = version;
+                        }
+                        (None, Noted::Nothing)
+                    }
+                    outcome => (Some(ControlReply::Rejoin), Noted::NotUp(name, outcome)),
+                }
+            }
+            ControlRequest::Leave { name, incarnation } => {
+                let left = name == self.peer && m.leave(&name, incarnation);
+                (
+                    Some(ControlReply::Ack),
+                    if left {
+                        Noted::Left(name)
+                    } else {
+                        Noted::Nothing
+                    },
+                )
+            }
+        }
+    }
+
+    /// The changes to push at `now`, if this stream joined, the table
+    /// changed since its last table, and the push gap has passed.
+    pub fn poll_push(&mut self, now: Instant, m: &Membership) -> Option<ControlReply> {
+        if self.joined.is_none() || m.version() == self.pushed {
+            return None;
+        }
+        if self.next_push.is_some_and(|at| now < at) {
+            return None;
+        }
+        let since = self.pushed;
+        let changed = m.changes_since(since);
+        self.pushed = m.version();
+        self.next_push = Some(now + self.push_gap);
+        Some(ControlReply::Changes {
+            since,
+            version: self.pushed,
+            head: self.head.clone(),
+            changed,
+        })
+    }
+
+    /// When a pending push may go, if one is pending.
+    pub fn poll_timeout(&self, m: &Membership) -> Option<Instant> {
+        if self.joined.is_none() || m.version() == self.pushed {
+            return None;
+        }
+        // Set by the join.
+        self.next_push
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::{DetectorConfig, JoinRequest, MemberState};
+    use crate::resources::Resources;
+
+    fn join(name: &str, incarnation: u64) -> ControlRequest {
+        ControlRequest::Join(JoinRequest {
+            name: name.into(),
+            addr: "127.0.0.1:1".into(),
+            bulk_addr: "127.0.0.1:2".into(),
+            incarnation,
+            resources: Resources::default(),
+        })
+    }
+
+    fn heartbeat(name: &str, incarnation: u64, version: u64) -> ControlRequest {
+        ControlRequest::Heartbeat {
+            name: name.into(),
+            incarnation,
+            actors: 0,
+            version,
+        }
+    }
+
+    #[test]
+    fn a_member_joins_heartbeats_gets_pushes_and_leaves() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(DetectorConfig::default());
+        let mut s = HeadSession::new("head", "n1");
+        assert_eq!(s.poll_push(t0, &m), None, "not joined: no push");
+        let (reply, noted) = s.handle_request(t0, join("n1", 3), &mut m);
+        assert!(matches!(reply, Some(ControlReply::Members { .. })));
+        assert_eq!(noted, Noted::Joined("n1".into(), 3));
+        assert_eq!(
+            s.poll_push(t0, &m),
+            None,
+            "the join reply carried this version"
+        );
+        let v = m.version();
+        assert_eq!(s.handle_request(t0, heartbeat("n1", 3, v), &mut m).0, None);
+
+        let mut other = HeadSession::new("head", "n2");
+        other.handle_request(t0, join("n2", 1), &mut m);
+        HeadSession::new("head", "n3").handle_request(t0, join("n3", 1), &mut m);
+        assert_eq!(s.poll_push(t0, &m), None, "within the push gap");
+        let due = s.poll_timeout(&m).unwrap();
+        assert_eq!(due, t0 + DEFAULT_PUSH_GAP);
+        assert!(
+            matches!(s.poll_push(due, &m), Some(ControlReply::Changes { changed, .. })
+                if changed.iter().map(|v| v.name.as_str()).collect::<Vec<_>>() == ["n2", "n3"]),
+            "both joins in one push, and only they"
+        );
+        assert_eq!(
+            s.poll_push(due + DEFAULT_PUSH_GAP, &m),
+            None,
+            "pushed once per version"
+        );
+        assert_eq!(s.poll_timeout(&m), None);
+
+        // A heartbeat from behind (a push was lost) brings the changes
+        // since its version again.
+        s.handle_request(due, heartbeat("n1", 3, v), &mut m);
+        assert!(matches!(
+            s.poll_push(due + DEFAULT_PUSH_GAP, &m),
+            Some(ControlReply::Changes { changed, .. }) if changed.len() == 2
+        ));
+
+        let (reply, noted) = s.handle_request(
+            t0,
+            ControlRequest::Leave {
+                name: "n1".into(),
+                incarnation: 3,
+            },
+            &mut m,
+        );
+        assert_eq!(
+            (reply, noted),
+            (Some(ControlReply::Ack), Noted::Left("n1".into()))
+        );
+        assert_eq!(m.get("n1").unwrap().state, MemberState::Left);
+    }
+
+    #[test]
+    fn requests_for_another_name_are_refused() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(DetectorConfig::default());
+        let mut s = HeadSession::new("head", "n1");
+        let (reply, _) = s.handle_request(t0, join("n2", 1), &mut m);
+        assert_eq!(
+            reply,
+            Some(ControlReply::Refused(Refusal::IdentityMismatch))
+        );
+        assert!(m.get("n2").is_none());
+        let (reply, _) = s.handle_request(t0, heartbeat("n2", 1, 0), &mut m);
+        assert_eq!(
+            reply,
+            Some(ControlReply::Refused(Refusal::IdentityMismatch))
+        );
+        // A leave for another name changes nothing.
+        other_joins(&mut m, t0);
+        let (reply, noted) = s.handle_request(
+            t0,
+            ControlRequest::Leave {
+                name: "n2".into(),
+                incarnation: 1,
+            },
+            &mut m,
+        );
+        assert_eq!((reply, noted), (Some(ControlReply::Ack), Noted::Nothing));
+        assert_eq!(m.get("n2").unwrap().state, MemberState::Up);
+    }
+
+    fn other_joins(m: &mut Membership, t0: Instant) {
+        HeadSession::new("head", "n2").handle_request(t0, join("n2", 1), m);
+    }
+
+    #[test]
+    fn a_heartbeat_from_a_member_marked_down_asks_it_to_rejoin() {
+        let t0 = Instant::now();
+        let config = DetectorConfig::default();
+        let mut m = Membership::new(config);
+        let mut s = HeadSession::new("head", "n1");
+        s.handle_request(t0, join("n1", 1), &mut m);
+        let later = t0 + config.down_after * 2;
+        m.poll_down(later);
+        let (reply, noted) = s.handle_request(later, heartbeat("n1", 1, 0), &mut m);
+        assert_eq!(reply, Some(ControlReply::Rejoin));
+        assert_eq!(noted, Noted::NotUp("n1".into(), HeartbeatOutcome::NotUp));
+        // The same incarnation may not join again; a newer one may.
+        let (reply, _) = s.handle_request(later, join("n1", 1), &mut m);
+        assert_eq!(
+            reply,
+            Some(ControlReply::Refused(Refusal::StaleIncarnation))
+        );
+        let (reply, _) = s.handle_request(later, join("n1", 2), &mut m);
+        assert!(matches!(reply, Some(ControlReply::Members { .. })));
+    }
+}

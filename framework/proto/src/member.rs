@@ -1,0 +1,522 @@
+//! A member's side of its control stream to the head: join, heartbeat,
+//! apply the tables the head pushes, rejoin when told to, leave cleanly.
+//!
+//! ```text
+//!            connect due                connected            Members
+//! Disconnected ──────────► Connecting ────────────► Joining ──────────► Joined ─┐
+//!      ▲                      │ failed               │ Refused ─► Refused      │ heartbeat every
+//!      └──────────────────────┴──────── link lost ───┴──── or Rejoin ◄─────────┘ interval
+//!                                    (Rejoin: a new incarnation first)
+//! shutdown (Joined): Leave ──► Leaving ── Ack, or leave_grace passed ──► Left
+//! ```
+//!
+//! The caller owns the stream: it opens one on [`MemberEvent::Connect`],
+//! reports [`MemberLink::handle_connected`] or [`MemberLink::handle_link_lost`],
+//! sends what [`MemberLink::poll_transmit`] yields, feeds replies to
+//! [`MemberLink::handle_reply`] and wakes at [`MemberLink::poll_timeout`].
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::control::{ControlReply, ControlRequest};
+use crate::hello::Refusal;
+use crate::membership::{JoinRequest, MemberView};
+
+/// Timing of a member's control link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberConfig {
+    /// How often a joined member heartbeats, and how long it waits before
+    /// reconnecting after the link broke.
+    pub heartbeat_interval: Duration,
+    /// How long a leaving member waits for the head's acknowledgement.
+    pub leave_grace: Duration,
+    /// How long a join may wait for its answer before the stream is given
+    /// up and opened again.
+    pub join_timeout: Duration,
+}
+
+impl Default for MemberConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(1),
+            leave_grace: Duration::from_secs(2),
+            join_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Members received from the head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableUpdate {
+    /// The head's table version.
+    pub version: u64,
+    /// The head's name.
+    pub head: String,
+    /// Whether `members` is the whole table (else: only what changed).
+    pub whole: bool,
+    /// Every member, or the members that changed.
+    pub members: Vec<MemberView>,
+}
+
+/// What the caller must know or do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MemberEvent {
+    /// Open a control stream to the head.
+    Connect,
+    /// The head sent the member table.
+    Table(TableUpdate),
+    /// The head no longer counts this incarnation as up: give the member a
+    /// new, larger incarnation with [`MemberLink::set_incarnation`] before
+    /// it reconnects.
+    Reincarnate,
+    /// The head refused the join.
+    Refused(Refusal),
+    /// The leave is done (acknowledged, or its grace ran out).
+    Left,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Disconnected { retry_at: Instant },
+    Connecting,
+    Joining { until: Instant },
+    Joined { next_heartbeat: Instant },
+    Leaving { until: Instant },
+    Left,
+    Refused,
+}
+
+/// The member's control link state machine.
+#[derive(Debug, Clone)]
+pub struct MemberLink {
+    config: MemberConfig,
+    join: JoinRequest,
+    actors: u32,
+    version: u64,
+    state: State,
+    /// Joins sent so far.
+    joins_sent: u32,
+    transmits: VecDeque<ControlRequest>,
+    events: VecDeque<MemberEvent>,
+}
+
+impl MemberLink {
+    /// A link that will join with `join` (name, addresses, incarnation,
+    /// resources), connecting at once.
+    pub fn new(now: Instant, config: MemberConfig, join: JoinRequest) -> Self {
+        Self {
+            config,
+            join,
+            actors: 0,
+            version: 0,
+            state: State::Disconnected { retry_at: now },
+            joins_sent: 0,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The incarnation the member joins and heartbeats with.
+    pub fn incarnation(&self) -> u64 {
+        self.join.incarnation
+    }
+
+    /// Sets a new incarnation (after [`MemberEvent::Reincarnate`]).
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        self.join.incarnation = incarnation;
+    }
+
+    /// Sets the actor count the next heartbeats report.
+    pub fn set_actors(&mut self, actors: u32) {
+        self.actors = actors;
+    }
+
+    /// Whether the member is joined (its last join was accepted and the
+    /// link has not broken since).
+    pub fn is_joined(&self) -> bool {
+        matches!(self.state, State::Joined { .. })
+    }
+
+    /// Whether the link is finished (left or refused).
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, State::Left | State::Refused)
+    }
+
+    /// The stream asked for by [`MemberEvent::Connect`] is open.
+    pub fn handle_connected(&mut self, now: Instant) {
+        if self.state == State::Connecting {
+            self.state = State::Joining {
+                until: now + self.config.join_timeout,
+            };
+            self.transmits
+                .push_back(ControlRequest::Join(self.join.clone()));
+            self.joins_sent += 1;
+        }
+    }
+
+    /// The stream could not be opened, or broke.
+    pub fn handle_link_lost(&mut self, now: Instant) {
+        match self.state {
+            State::Leaving { .. } => self.finish_leave(),
+            State::Left | State::Refused => {}
+            _ => {
+                self.transmits.clear();
+                self.state = State::Disconnected {
+                    retry_at: now + self.config.heartbeat_interval,
+                };
+            }
+        }
+    }
+
+    /// A reply from the head arrived.
+    pub fn handle_reply(&mut self, now: Instant, reply: ControlReply) {
+        match (self.state, reply) {
+            (
+                State::Joining { .. } | State::Joined { .. },
+                ControlReply::Members {
+                    version,
+                    head,
+                    members,
+                },
+            ) => {
+                // An older table than the one held is stale.
+                if version < self.version && self.is_joined() {
+                    return;
+                }
+                if matches!(self.state, State::Joining { .. }) {
+                    self.state = State::Joined {
+                        next_heartbeat: now + self.config.heartbeat_interval,
+                    };
+                }
+                self.version = version;
+                self.events.push_back(MemberEvent::Table(TableUpdate {
+                    version,
+                    head,
+                    whole: true,
+                    members,
+                }));
+            }
+            (
+                State::Joined { .. },
+                ControlReply::Changes {
+                    since,
+                    version,
+                    head,
+                    changed,
+                },
+            ) => {
+                // Changes against a later table than the one held mean a
+                // push was lost: keep the version, so the next heartbeat
+                // asks for them again. An older push is stale.
+                if since > self.version || version < self.version {
+                    return;
+                }
+                self.version = version;
+                self.events.push_back(MemberEvent::Table(TableUpdate {
+                    version,
+                    head,
+                    whole: false,
+                    members: changed,
+                }));
+            }
+            // This incarnation's earlier join was recorded and then marked
+            // down before its answer got through: come back as a new one.
+            (State::Joining { .. }, ControlReply::Refused(Refusal::StaleIncarnation))
+                if self.joins_sent > 1 =>
+            {
+                self.reincarnate(now);
+            }
+            (State::Joining { .. }, ControlReply::Refused(r)) => {
+                self.state = State::Refused;
+                self.events.push_back(MemberEvent::Refused(r));
+            }
+            (State::Joined { .. }, ControlReply::Rejoin | ControlReply::Refused(_)) => {
+                self.reincarnate(now);
+            }
+            (State::Leaving { .. }, ControlReply::Ack) => self.finish_leave(),
+            _ => {}
+        }
+    }
+
+    /// Leave cleanly: a joined member sends its leave and waits for the
+    /// acknowledgement; any other is done at once.
+    pub fn handle_shutdown(&mut self, now: Instant) {
+        match self.state {
+            State::Joined { .. } => {
+                self.transmits.clear();
+                self.transmits.push_back(ControlRequest::Leave {
+                    name: self.join.name.clone(),
+                    incarnation: self.join.incarnation,
+                });
+                self.state = State::Leaving {
+                    until: now + self.config.leave_grace,
+                };
+            }
+            State::Leaving { .. } | State::Left | State::Refused => {}
+            _ => self.finish_leave(),
+        }
+    }
+
+    fn reincarnate(&mut self, now: Instant) {
+        self.transmits.clear();
+        self.events.push_back(MemberEvent::Reincarnate);
+        self.state = State::Disconnected {
+            retry_at: now + self.config.heartbeat_interval,
+        };
+    }
+
+    fn finish_leave(&mut self) {
+        self.transmits.clear();
+        self.state = State::Left;
+        self.events.push_back(MemberEvent::Left);
+    }
+
+    /// Time passed: heartbeats fall due, reconnects are asked for, a leave
+    /// gives up waiting.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.state {
+            State::Disconnected { retry_at } if now >= retry_at => {
+                self.state = State::Connecting;
+                self.events.push_back(MemberEvent::Connect);
+            }
+            State::Joined { next_heartbeat } if now >= next_heartbeat => {
+                self.transmits.push_back(ControlRequest::Heartbeat {
+                    name: self.join.name.clone(),
+                    incarnation: self.join.incarnation,
+                    actors: self.actors,
+                    version: self.version,
+                });
+                self.state = State::Joined {
+                    next_heartbeat: now + self.config.heartbeat_interval,
+                };
+            }
+            State::Leaving { until } if now >= until => self.finish_leave(),
+            State::Joining { until } if now >= until => {
+                // No answer: open the stream again.
+                self.transmits.clear();
+                self.state = State::Connecting;
+                self.events.push_back(MemberEvent::Connect);
+            }
+            _ => {}
+        }
+    }
+
+    /// When [`MemberLink::handle_timeout`] has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Disconnected { retry_at } => Some(retry_at),
+            State::Joined { next_heartbeat } => Some(next_heartbeat),
+            State::Leaving { until } | State::Joining { until } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// The next request to send on the stream.
+    pub fn poll_transmit(&mut self) -> Option<ControlRequest> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<MemberEvent> {
+        self.events.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::Resources;
+
+    fn join(incarnation: u64) -> JoinRequest {
+        JoinRequest {
+            name: "n1".into(),
+            addr: "127.0.0.1:1".into(),
+            bulk_addr: "127.0.0.1:2".into(),
+            incarnation,
+            resources: Resources::default(),
+        }
+    }
+
+    fn table(version: u64) -> ControlReply {
+        ControlReply::Members {
+            version,
+            head: "head".into(),
+            members: Vec::new(),
+        }
+    }
+
+    fn drain(link: &mut MemberLink) -> (Vec<ControlRequest>, Vec<MemberEvent>) {
+        (
+            std::iter::from_fn(|| link.poll_transmit()).collect(),
+            std::iter::from_fn(|| link.poll_event()).collect(),
+        )
+    }
+
+    fn joined(t0: Instant) -> MemberLink {
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        link.handle_timeout(t0);
+        link.handle_connected(t0);
+        link.handle_reply(t0, table(1));
+        drain(&mut link);
+        link
+    }
+
+    #[test]
+    fn joins_then_heartbeats_every_interval() {
+        let t0 = Instant::now();
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        assert_eq!(link.poll_timeout(), Some(t0));
+        link.handle_timeout(t0);
+        assert_eq!(drain(&mut link), (vec![], vec![MemberEvent::Connect]));
+        link.handle_connected(t0);
+        let (sent, _) = drain(&mut link);
+        assert!(matches!(&sent[..], [ControlRequest::Join(j)] if j.incarnation == 1));
+        link.handle_reply(t0, table(4));
+        assert!(link.is_joined());
+        let second = t0 + Duration::from_secs(1);
+        assert_eq!(link.poll_timeout(), Some(second));
+        link.set_actors(3);
+        link.handle_timeout(second);
+        let (sent, _) = drain(&mut link);
+        assert_eq!(
+            sent,
+            [ControlRequest::Heartbeat {
+                name: "n1".into(),
+                incarnation: 1,
+                actors: 3,
+                version: 4
+            }]
+        );
+        link.handle_timeout(second + Duration::from_millis(500));
+        assert_eq!(drain(&mut link).0, [], "not due yet");
+    }
+
+    fn changes(since: u64, version: u64) -> ControlReply {
+        ControlReply::Changes {
+            since,
+            version,
+            head: "head".into(),
+            changed: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_gap_in_the_pushes_is_not_applied_and_the_heartbeat_reports_the_last_good_version() {
+        let t0 = Instant::now();
+        let mut link = joined(t0); // at version 1
+        link.handle_reply(t0, changes(3, 4));
+        assert_eq!(drain(&mut link).1, [], "changes since 3 do not apply to 1");
+        link.handle_reply(t0, changes(1, 4));
+        assert!(
+            matches!(&drain(&mut link).1[..], [MemberEvent::Table(t)] if !t.whole && t.version == 4)
+        );
+        link.handle_reply(t0, changes(1, 2));
+        assert_eq!(drain(&mut link).1, [], "older than what is held");
+        link.handle_timeout(t0 + Duration::from_secs(1));
+        assert!(matches!(
+            &drain(&mut link).0[..],
+            [ControlRequest::Heartbeat { version: 4, .. }]
+        ));
+    }
+
+    #[test]
+    fn a_broken_link_reconnects_after_an_interval_and_joins_again() {
+        let t0 = Instant::now();
+        let mut link = joined(t0);
+        link.handle_link_lost(t0);
+        assert!(!link.is_joined());
+        link.handle_timeout(t0 + Duration::from_millis(999));
+        assert_eq!(drain(&mut link).1, []);
+        link.handle_timeout(t0 + Duration::from_secs(1));
+        assert_eq!(drain(&mut link).1, [MemberEvent::Connect]);
+        link.handle_connected(t0 + Duration::from_secs(1));
+        assert!(matches!(&drain(&mut link).0[..], [ControlRequest::Join(_)]));
+    }
+
+    #[test]
+    fn rejoin_asks_for_a_new_incarnation_before_joining_again() {
+        let t0 = Instant::now();
+        let mut link = joined(t0);
+        link.handle_reply(t0, ControlReply::Rejoin);
+        assert_eq!(drain(&mut link).1, [MemberEvent::Reincarnate]);
+        link.set_incarnation(9);
+        link.handle_timeout(t0 + Duration::from_secs(1));
+        link.handle_connected(t0 + Duration::from_secs(1));
+        let (sent, _) = drain(&mut link);
+        assert!(matches!(&sent[..], [ControlRequest::Join(j)] if j.incarnation == 9));
+    }
+
+    #[test]
+    fn an_unanswered_join_opens_the_stream_again() {
+        let t0 = Instant::now();
+        let config = MemberConfig::default();
+        let mut link = MemberLink::new(t0, config, join(1));
+        link.handle_timeout(t0);
+        link.handle_connected(t0);
+        drain(&mut link);
+        assert_eq!(link.poll_timeout(), Some(t0 + config.join_timeout));
+        link.handle_timeout(t0 + config.join_timeout);
+        assert_eq!(drain(&mut link).1, [MemberEvent::Connect]);
+        link.handle_connected(t0 + config.join_timeout);
+        assert!(matches!(&drain(&mut link).0[..], [ControlRequest::Join(_)]));
+    }
+
+    #[test]
+    fn a_retried_join_refused_as_stale_comes_back_as_a_new_incarnation() {
+        let t0 = Instant::now();
+        let config = MemberConfig::default();
+        let mut link = MemberLink::new(t0, config, join(1));
+        link.handle_timeout(t0);
+        link.handle_connected(t0);
+        // The answer was lost; meanwhile the head marked the join down.
+        let later = t0 + config.join_timeout;
+        link.handle_timeout(later);
+        link.handle_connected(later);
+        drain(&mut link);
+        link.handle_reply(later, ControlReply::Refused(Refusal::StaleIncarnation));
+        assert_eq!(drain(&mut link).1, [MemberEvent::Reincarnate]);
+        assert!(!link.is_done());
+    }
+
+    #[test]
+    fn a_refused_join_is_final() {
+        let t0 = Instant::now();
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        link.handle_timeout(t0);
+        link.handle_connected(t0);
+        link.handle_reply(t0, ControlReply::Refused(Refusal::StaleIncarnation));
+        let (_, events) = drain(&mut link);
+        assert_eq!(
+            events,
+            [
+                MemberEvent::Connect,
+                MemberEvent::Refused(Refusal::StaleIncarnation)
+            ]
+        );
+        assert!(link.is_done());
+        assert_eq!(link.poll_timeout(), None);
+    }
+
+    #[test]
+    fn leave_waits_for_the_ack_or_its_grace() {
+        let t0 = Instant::now();
+        let mut link = joined(t0);
+        link.handle_shutdown(t0);
+        assert!(matches!(
+            &drain(&mut link).0[..],
+            [ControlRequest::Leave { incarnation: 1, .. }]
+        ));
+        link.handle_reply(t0, ControlReply::Ack);
+        assert_eq!(drain(&mut link).1, [MemberEvent::Left]);
+
+        let mut link = joined(t0);
+        link.handle_shutdown(t0);
+        drain(&mut link);
+        link.handle_timeout(t0 + Duration::from_secs(2));
+        assert_eq!(drain(&mut link).1, [MemberEvent::Left], "grace ran out");
+
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        link.handle_shutdown(t0);
+        assert_eq!(drain(&mut link).1, [MemberEvent::Left], "never joined");
+    }
+}

@@ -1,0 +1,343 @@
+//! The mesh dial policy: which ractor sessions a node opens, re-opens and
+//! closes, given the member table.
+//!
+//! ```text
+//!   member up, my name smaller ──► Dial ──► dialled ──► ready ──► kept
+//!        ▲                          │ failed     │ not ready within │ ready lost,
+//!        └──────────────────────────┴────────────┴─ ready_within ───┴ connection closed,
+//!                                                                     new incarnation
+//!   member down or left ──────────► Close (its sessions and bulk streams)
+//! ```
+//!
+//! Of two members, the one with the smaller name dials, so each pair has one
+//! session. A session is dialled for one incarnation of the peer: a newer
+//! incarnation is dialled afresh. A dial in progress is never repeated. A
+//! member that is not up has its sessions closed at once, and again on every
+//! [`Mesh::handle_tick`] (cheap, and it catches a session that reappears).
+//!
+//! The caller feeds events in with the current time and performs the
+//! actions it polls; nothing here does I/O.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::membership::{MemberState, MemberView};
+
+/// Timing of the dial policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshConfig {
+    /// How long a dialled session may take to become ready before it is
+    /// dialled again.
+    pub ready_within: Duration,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        Self {
+            ready_within: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the caller must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshAction {
+    /// Open a cluster session to `peer` (at `addr`, its `incarnation`), and
+    /// report the result with [`Mesh::handle_dialled`].
+    Dial {
+        /// The peer's name.
+        peer: String,
+        /// The address it listens on.
+        addr: String,
+        /// The incarnation the session is for.
+        incarnation: u64,
+    },
+    /// Close every session and bulk stream with `peer`: it is not up.
+    Close {
+        /// The peer's name.
+        peer: String,
+    },
+}
+
+/// A session this node dialled.
+#[derive(Debug, Clone, Copy)]
+struct Dialled {
+    incarnation: u64,
+    opened: Instant,
+    was_ready: bool,
+}
+
+/// The dial policy of one node.
+#[derive(Debug, Clone)]
+pub struct Mesh {
+    me: String,
+    config: MeshConfig,
+    /// Members by name: `(addr, incarnation, state)`.
+    members: BTreeMap<String, (String, u64, MemberState)>,
+    /// Peers whose session is ready.
+    ready: BTreeSet<String>,
+    dialled: BTreeMap<String, Dialled>,
+    /// Dials in progress: peer → incarnation.
+    pending: BTreeMap<String, u64>,
+    actions: VecDeque<MeshAction>,
+}
+
+impl Mesh {
+    /// The policy of the node named `me`, with no members yet.
+    pub fn new(me: impl Into<String>, config: MeshConfig) -> Self {
+        Self {
+            me: me.into(),
+            config,
+            members: BTreeMap::new(),
+            ready: BTreeSet::new(),
+            dialled: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// Whether this node dials `peer` (it has the smaller name).
+    pub fn dials(&self, peer: &str) -> bool {
+        self.me.as_str() < peer
+    }
+
+    /// The member table changed.
+    pub fn handle_members(&mut self, now: Instant, members: &[MemberView]) {
+        let before = std::mem::take(&mut self.members);
+        for m in members.iter().filter(|m| m.name != self.me) {
+            self.members
+                .insert(m.name.clone(), (m.addr.clone(), m.incarnation, m.state));
+        }
+        // Newly not up: close at once.
+        for (name, (_, inc, state)) in &self.members {
+            let was_up = before
+                .get(name)
+                .is_some_and(|(_, i, s)| i == inc && *s == MemberState::Up);
+            if *state != MemberState::Up && (was_up || !before.contains_key(name)) {
+                self.actions
+                    .push_back(MeshAction::Close { peer: name.clone() });
+            }
+        }
+        self.evaluate(now);
+    }
+
+    /// The session with `peer` became ready (`true`) or stopped being so.
+    pub fn handle_ready(&mut self, now: Instant, peer: &str, ready: bool) {
+        if ready {
+            self.ready.insert(peer.to_owned());
+        } else {
+            self.ready.remove(peer);
+        }
+        self.evaluate(now);
+    }
+
+    /// A dial asked for by [`MeshAction::Dial`] finished.
+    pub fn handle_dialled(&mut self, now: Instant, peer: &str, incarnation: u64, ok: bool) {
+        if self.pending.get(peer) == Some(&incarnation) {
+            self.pending.remove(peer);
+        }
+        if ok {
+            self.dialled.insert(
+                peer.to_owned(),
+                Dialled {
+                    incarnation,
+                    opened: now,
+                    was_ready: self.ready.contains(peer),
+                },
+            );
+        }
+        self.evaluate(now);
+    }
+
+    /// The connection of the session dialled to `peer` closed.
+    pub fn handle_closed(&mut self, now: Instant, peer: &str) {
+        self.dialled.remove(peer);
+        self.evaluate(now);
+    }
+
+    /// A periodic pass: re-dials what is due and closes again the sessions
+    /// of members that are not up.
+    pub fn handle_tick(&mut self, now: Instant) {
+        for (name, (_, _, state)) in &self.members {
+            if *state != MemberState::Up {
+                self.actions
+                    .push_back(MeshAction::Close { peer: name.clone() });
+            }
+        }
+        self.evaluate(now);
+    }
+
+    /// The next action to perform.
+    pub fn poll_action(&mut self) -> Option<MeshAction> {
+        self.actions.pop_front()
+    }
+
+    /// When a dialled session that is not ready yet runs out of time (call
+    /// [`Mesh::handle_tick`] then), if any.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.dialled
+            .iter()
+            .filter(|(peer, d)| !d.was_ready && !self.ready.contains(*peer))
+            .map(|(_, d)| d.opened + self.config.ready_within)
+            .min()
+    }
+
+    /// Peers with a dialled session held for them.
+    pub fn dialled(&self) -> impl Iterator<Item = &str> {
+        self.dialled.keys().map(String::as_str)
+    }
+
+    fn evaluate(&mut self, now: Instant) {
+        // Forget sessions whose member is gone, down or restarted.
+        let members = &self.members;
+        self.dialled.retain(|name, d| {
+            members
+                .get(name)
+                .is_some_and(|(_, inc, state)| *inc == d.incarnation && *state == MemberState::Up)
+        });
+        for (name, (addr, inc, state)) in &self.members {
+            if *state != MemberState::Up || !self.dials(name) {
+                continue;
+            }
+            let ready = self.ready.contains(name);
+            let live = match self.dialled.get_mut(name) {
+                Some(d) if d.incarnation == *inc => {
+                    if ready {
+                        d.was_ready = true;
+                        true
+                    } else {
+                        // Once ready it must stay so; before, it has time.
+                        !d.was_ready && now < d.opened + self.config.ready_within
+                    }
+                }
+                _ => false,
+            };
+            if live || self.pending.get(name) == Some(inc) {
+                continue;
+            }
+            self.dialled.remove(name);
+            self.pending.insert(name.clone(), *inc);
+            self.actions.push_back(MeshAction::Dial {
+                peer: name.clone(),
+                addr: addr.clone(),
+                incarnation: *inc,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::Resources;
+
+    fn member(name: &str, incarnation: u64, state: MemberState) -> MemberView {
+        MemberView {
+            name: name.into(),
+            addr: format!("{name}:1"),
+            bulk_addr: format!("{name}:2"),
+            incarnation,
+            state,
+            resources: Resources::default(),
+            actors: 0,
+        }
+    }
+
+    fn actions(m: &mut Mesh) -> Vec<MeshAction> {
+        std::iter::from_fn(|| m.poll_action()).collect()
+    }
+
+    fn dial(peer: &str, incarnation: u64) -> MeshAction {
+        MeshAction::Dial {
+            peer: peer.into(),
+            addr: format!("{peer}:1"),
+            incarnation,
+        }
+    }
+
+    #[test]
+    fn only_the_smaller_name_dials_and_a_dial_in_progress_is_not_repeated() {
+        let t0 = Instant::now();
+        let mut m = Mesh::new("b", MeshConfig::default());
+        let table = [
+            member("a", 1, MemberState::Up),
+            member("b", 1, MemberState::Up),
+            member("c", 1, MemberState::Up),
+        ];
+        m.handle_members(t0, &table);
+        assert_eq!(actions(&mut m), [dial("c", 1)], "a dials b; b dials c");
+        m.handle_members(t0, &table);
+        m.handle_tick(t0 + Duration::from_secs(1));
+        assert_eq!(actions(&mut m), [], "the dial is in progress");
+    }
+
+    #[test]
+    fn a_failed_dial_is_retried_and_a_ready_session_is_kept() {
+        let t0 = Instant::now();
+        let mut m = Mesh::new("a", MeshConfig::default());
+        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        assert_eq!(actions(&mut m), [dial("b", 1)]);
+        m.handle_dialled(t0, "b", 1, false);
+        assert_eq!(actions(&mut m), [dial("b", 1)], "failed: dialled again");
+        m.handle_dialled(t0, "b", 1, true);
+        m.handle_ready(t0, "b", true);
+        m.handle_tick(t0 + Duration::from_secs(60));
+        assert_eq!(actions(&mut m), []);
+        assert_eq!(m.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_session_that_never_becomes_ready_is_dialled_again_after_its_time() {
+        let t0 = Instant::now();
+        let config = MeshConfig {
+            ready_within: Duration::from_secs(5),
+        };
+        let mut m = Mesh::new("a", config);
+        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        actions(&mut m);
+        m.handle_dialled(t0, "b", 1, true);
+        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+        m.handle_tick(t0 + Duration::from_secs(4));
+        assert_eq!(actions(&mut m), []);
+        m.handle_tick(t0 + Duration::from_secs(5));
+        assert_eq!(actions(&mut m), [dial("b", 1)]);
+    }
+
+    #[test]
+    fn lost_readiness_a_closed_connection_or_a_new_incarnation_redial() {
+        let t0 = Instant::now();
+        let mut m = Mesh::new("a", MeshConfig::default());
+        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        actions(&mut m);
+        m.handle_dialled(t0, "b", 1, true);
+        m.handle_ready(t0, "b", true);
+        m.handle_ready(t0, "b", false);
+        assert_eq!(actions(&mut m), [dial("b", 1)], "ready lost");
+        m.handle_dialled(t0, "b", 1, true);
+        m.handle_ready(t0, "b", true);
+        m.handle_closed(t0, "b");
+        assert_eq!(actions(&mut m), [dial("b", 1)], "connection closed");
+        m.handle_dialled(t0, "b", 1, true);
+        m.handle_members(t0, &[member("b", 2, MemberState::Up)]);
+        assert_eq!(actions(&mut m), [dial("b", 2)], "restarted");
+    }
+
+    #[test]
+    fn members_that_are_not_up_are_closed_at_once_and_on_every_tick() {
+        let t0 = Instant::now();
+        let mut m = Mesh::new("a", MeshConfig::default());
+        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        actions(&mut m);
+        m.handle_dialled(t0, "b", 1, true);
+        m.handle_members(t0, &[member("b", 1, MemberState::Down)]);
+        assert_eq!(actions(&mut m), [MeshAction::Close { peer: "b".into() }]);
+        assert_eq!(m.dialled().count(), 0);
+        m.handle_members(t0, &[member("b", 1, MemberState::Down)]);
+        assert_eq!(actions(&mut m), [], "no change, no action");
+        m.handle_tick(t0);
+        assert_eq!(actions(&mut m), [MeshAction::Close { peer: "b".into() }]);
+        // A late dial result of the old incarnation is not kept.
+        m.handle_dialled(t0, "b", 1, true);
+        assert_eq!(m.dialled().count(), 0);
+    }
+}

@@ -1,0 +1,784 @@
+//! A simulated cluster: the proto machines of a head and N members (the
+//! member table, the head's control sessions, the members' control links)
+//! driven on a virtual clock over links whose faults are chosen by a seed.
+//!
+//! ```text
+//! member i: MemberLink ══ link (latency, jitter, drop, duplicate) ══ head: HeadSession ─┐
+//!                          partition: messages lost both ways,                     Membership
+//!                          the link breaks after `link_timeout`                    (detector)
+//! ```
+//!
+//! Nothing here sleeps or opens a socket: events are taken in time order
+//! from a queue, and after each one the cluster's invariants are checked.
+//! A failure panics with the seed that reproduces it. Messages on one link
+//! arrive in the order they were sent (a QUIC stream's guarantee) unless
+//! [`Faults::reorder`] is set; drops and duplicates break that guarantee on
+//! purpose, to show the machines heal from lost and repeated messages.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use flotilla_proto::control::{ControlReply, ControlRequest};
+use flotilla_proto::head::HeadSession;
+use flotilla_proto::member::{MemberConfig, MemberEvent, MemberLink};
+use flotilla_proto::membership::{
+    DetectorConfig, JoinRequest, MemberState, MemberView, Membership,
+};
+use flotilla_proto::resources::Resources;
+
+use crate::rng::SplitMix as Rng;
+
+/// Faults of the links, all off by default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Faults {
+    /// Probability that a message is lost.
+    pub drop: f64,
+    /// Probability that a message arrives twice.
+    pub duplicate: f64,
+    /// Extra delay, uniform in `0..=jitter`, per message.
+    pub jitter: Duration,
+    /// Whether messages of one link may overtake each other.
+    pub reorder: bool,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            drop: 0.0,
+            duplicate: 0.0,
+            jitter: Duration::ZERO,
+            reorder: false,
+        }
+    }
+}
+
+/// How the simulated cluster is made.
+#[derive(Debug, Clone, Copy)]
+pub struct SimConfig {
+    /// Members besides the head.
+    pub members: usize,
+    /// The seed of every random choice.
+    pub seed: u64,
+    /// The head's failure detector.
+    pub detector: DetectorConfig,
+    /// The members' control links.
+    pub member: MemberConfig,
+    /// One-way latency of a message.
+    pub latency: Duration,
+    /// Members start at random times within this window.
+    pub start_within: Duration,
+    /// How long a link cut by a partition takes to break (QUIC's idle
+    /// timeout), and a connect to fail.
+    pub link_timeout: Duration,
+    /// Faults of every link.
+    pub faults: Faults,
+}
+
+impl SimConfig {
+    /// `members` members, seed `seed`, default timing, no faults.
+    pub fn new(members: usize, seed: u64) -> Self {
+        Self {
+            members,
+            seed,
+            detector: DetectorConfig::default(),
+            member: MemberConfig::default(),
+            latency: Duration::from_millis(1),
+            start_within: Duration::from_secs(1),
+            link_timeout: Duration::from_secs(10),
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// What the head did, for judging its cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeadStats {
+    /// Heartbeats handled.
+    pub heartbeats: u64,
+    /// Control messages sent.
+    pub messages: u64,
+    /// Member entries carried by those messages.
+    pub entries: u64,
+    /// Real time spent handling heartbeats.
+    pub heartbeat_time: Duration,
+}
+
+#[derive(Debug, Clone)]
+enum Event {
+    /// A member's timer.
+    MemberTimer(usize),
+    /// The head's timer (detector, pushes).
+    HeadTimer,
+    /// A connect a member asked for completes (or fails).
+    Connected { member: usize, link: u64 },
+    /// A link breaks.
+    LinkDown { member: usize, link: u64 },
+    /// A request reaches the head.
+    ToHead {
+        member: usize,
+        link: u64,
+        request: ControlRequest,
+    },
+    /// A reply reaches a member.
+    ToMember {
+        member: usize,
+        link: u64,
+        reply: ControlReply,
+    },
+}
+
+struct Member {
+    name: String,
+    link: MemberLink,
+    /// The current link's id, when one is open or opening.
+    open: Option<u64>,
+    /// The member table as this member knows it.
+    view: BTreeMap<String, MemberView>,
+    /// When its timer is set for.
+    timer: Option<Instant>,
+    /// The latest Up incarnation seen per name in this member's view.
+    seen_up: HashMap<String, u64>,
+}
+
+/// A cluster of proto machines on a virtual clock.
+pub struct SimCluster {
+    config: SimConfig,
+    rng: Rng,
+    base: Instant,
+    now: Instant,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    events: HashMap<usize, Event>,
+    next_event: usize,
+    membership: Membership,
+    sessions: HashMap<(usize, u64), HeadSession>,
+    members: Vec<Member>,
+    next_link: u64,
+    /// Members cut off from the head.
+    partitioned: BTreeSet<usize>,
+    /// Last arrival time per (member, link, direction), for FIFO links.
+    arrivals: HashMap<(usize, u64, bool), Instant>,
+    /// The latest Up incarnation seen per name in the head's table.
+    head_seen_up: HashMap<String, u64>,
+    /// When the head's timer is set for.
+    head_timer: Option<Instant>,
+    /// The table version the sessions were last looked at for.
+    scanned: u64,
+    /// The table version the invariants were last checked at.
+    checked: u64,
+    /// Members an event touched since the last check.
+    touched: Vec<usize>,
+    /// Member index by name.
+    index: HashMap<String, usize>,
+    stats: HeadStats,
+}
+
+/// The head's name.
+pub const HEAD: &str = "head";
+
+impl SimCluster {
+    /// A cluster of `config.members` members that start within
+    /// `config.start_within` of time zero.
+    pub fn new(config: SimConfig) -> Self {
+        let base = Instant::now();
+        let mut membership = Membership::new(config.detector);
+        membership.add_local(base, join_request(HEAD, 1));
+        let mut sim = Self {
+            config,
+            rng: Rng(config.seed),
+            base,
+            now: base,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            events: HashMap::new(),
+            next_event: 0,
+            membership,
+            sessions: HashMap::new(),
+            members: Vec::new(),
+            next_link: 0,
+            partitioned: BTreeSet::new(),
+            arrivals: HashMap::new(),
+            head_seen_up: HashMap::new(),
+            head_timer: None,
+            scanned: 0,
+            checked: 0,
+            touched: Vec::new(),
+            index: HashMap::new(),
+            stats: HeadStats::default(),
+        };
+        for i in 0..config.members {
+            let name = format!("m{i:04}");
+            sim.index.insert(name.clone(), i);
+            let start = base + sim.rng.upto(config.start_within);
+            sim.members.push(Member {
+                link: MemberLink::new(start, config.member, join_request(&name, 1)),
+                name,
+                open: None,
+                view: BTreeMap::new(),
+                timer: Some(start),
+                seen_up: HashMap::new(),
+            });
+            sim.schedule(start, Event::MemberTimer(i));
+        }
+        sim
+    }
+
+    /// The seed, for reproducing a run.
+    pub fn seed(&self) -> u64 {
+        self.config.seed
+    }
+
+    /// Virtual time since the start.
+    pub fn elapsed(&self) -> Duration {
+        self.now - self.base
+    }
+
+    /// The head's counters so far.
+    pub fn head_stats(&self) -> HeadStats {
+        self.stats
+    }
+
+    /// The head's member table.
+    pub fn head_table(&self) -> Vec<MemberView> {
+        self.membership.view()
+    }
+
+    /// One member's name.
+    pub fn name(&self, member: usize) -> &str {
+        &self.members[member].name
+    }
+
+    /// One member's view of the table.
+    pub fn view(&self, member: usize) -> Vec<MemberView> {
+        self.members[member].view.values().cloned().collect()
+    }
+
+    /// The incarnation a member joins with now.
+    pub fn incarnation(&self, member: usize) -> u64 {
+        self.members[member].link.incarnation()
+    }
+
+    /// Sets the faults of every link from now on.
+    pub fn set_faults(&mut self, faults: Faults) {
+        self.config.faults = faults;
+    }
+
+    /// Cuts `member` off from the head: messages are lost both ways, and
+    /// its link breaks after the link timeout.
+    pub fn partition(&mut self, member: usize) {
+        if self.partitioned.insert(member)
+            && let Some(link) = self.members[member].open
+        {
+            let at = self.now + self.config.link_timeout;
+            self.schedule(at, Event::LinkDown { member, link });
+        }
+    }
+
+    /// Ends the partition of `member`.
+    pub fn heal(&mut self, member: usize) {
+        self.partitioned.remove(&member);
+    }
+
+    /// Whether every member is joined and every view equals the head's.
+    pub fn converged(&self) -> bool {
+        let head = self.membership.view();
+        head.iter().all(|m| m.state == MemberState::Up)
+            && head.len() == self.members.len() + 1
+            && self
+                .members
+                .iter()
+                .all(|m| m.link.is_joined() && m.view.values().eq(head.iter()))
+    }
+
+    /// What keeps the cluster from having converged, if anything: the
+    /// first member that is not joined or whose view differs, and how.
+    pub fn divergence(&self) -> Option<String> {
+        let head = self.membership.view();
+        if let Some(m) = head.iter().find(|m| m.state != MemberState::Up) {
+            return Some(format!(
+                "the head has {} {:?} (incarnation {})",
+                m.name, m.state, m.incarnation
+            ));
+        }
+        if head.len() != self.members.len() + 1 {
+            return Some(format!(
+                "the head has {} of {} members",
+                head.len(),
+                self.members.len() + 1
+            ));
+        }
+        for m in &self.members {
+            if !m.link.is_joined() {
+                return Some(format!("{} is not joined ({:?})", m.name, m.link));
+            }
+            if let Some((mine, theirs)) = m.view.values().zip(head.iter()).find(|(a, b)| a != b) {
+                return Some(format!("{} sees {mine:?}, the head has {theirs:?}", m.name));
+            }
+            if m.view.len() != head.len() {
+                return Some(format!("{} sees {} members", m.name, m.view.len()));
+            }
+        }
+        None
+    }
+
+    /// Runs until virtual time `elapsed` since the start.
+    pub fn run_until(&mut self, elapsed: Duration) {
+        let end = self.base + elapsed;
+        while let Some(Reverse((at, _, _))) = self.queue.peek().copied() {
+            if at > end {
+                break;
+            }
+            self.step();
+        }
+        self.now = self.now.max(end);
+    }
+
+    /// Runs until `done` holds, at most until virtual time `budget` since
+    /// the start; returns whether it held.
+    pub fn run_until_cond(&mut self, budget: Duration, done: impl Fn(&Self) -> bool) -> bool {
+        let end = self.base + budget;
+        loop {
+            if done(self) {
+                return true;
+            }
+            match self.queue.peek().copied() {
+                Some(Reverse((at, _, _))) if at <= end => self.step(),
+                _ => return done(self),
+            }
+        }
+    }
+
+    fn schedule(&mut self, at: Instant, event: Event) {
+        let id = self.next_event;
+        self.next_event += 1;
+        self.seq += 1;
+        self.events.insert(id, event);
+        self.queue.push(Reverse((at.max(self.now), self.seq, id)));
+    }
+
+    /// Sends a message over `member`'s link `link` with the link's faults.
+    fn send(&mut self, member: usize, link: u64, to_head: bool, event: Event) {
+        if self.partitioned.contains(&member) || self.rng.chance(self.config.faults.drop) {
+            return;
+        }
+        let copies = if self.rng.chance(self.config.faults.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut at = self.now + self.config.latency + self.rng.upto(self.config.faults.jitter);
+            if !self.config.faults.reorder {
+                let last = self.arrivals.entry((member, link, to_head)).or_insert(at);
+                at = at.max(*last);
+                *last = at;
+            }
+            self.schedule(at, event.clone());
+        }
+    }
+
+    fn step(&mut self) {
+        let Some(Reverse((at, _, id))) = self.queue.pop() else {
+            return;
+        };
+        self.now = at;
+        let event = self.events.remove(&id).expect("scheduled");
+        match event {
+            Event::MemberTimer(i) => {
+                if self.members[i].timer != Some(at) {
+                    return;
+                }
+                self.members[i].timer = None;
+                self.members[i].link.handle_timeout(at);
+                self.drive_member(i);
+            }
+            Event::HeadTimer => {
+                if self.head_timer != Some(at) {
+                    return;
+                }
+                self.head_timer = None;
+                self.scanned = 0;
+                self.drive_head();
+            }
+            Event::Connected { member, link } => {
+                if self.members[member].open == Some(link) {
+                    if self.partitioned.contains(&member) {
+                        self.members[member].open = None;
+                        self.members[member].link.handle_link_lost(at);
+                    } else {
+                        let session = HeadSession::new(HEAD, self.members[member].name.clone());
+                        self.sessions.insert((member, link), session);
+                        self.members[member].link.handle_connected(at);
+                    }
+                    self.drive_member(member);
+                }
+            }
+            Event::LinkDown { member, link } => {
+                self.sessions.remove(&(member, link));
+                if self.members[member].open == Some(link) {
+                    self.members[member].open = None;
+                    self.members[member].link.handle_link_lost(at);
+                    self.drive_member(member);
+                }
+            }
+            Event::ToHead {
+                member,
+                link,
+                request,
+            } => {
+                let Some(session) = self.sessions.get_mut(&(member, link)) else {
+                    return;
+                };
+                let heartbeat = matches!(request, ControlRequest::Heartbeat { .. });
+                let started = Instant::now();
+                let (reply, _) = session.handle_request(at, request, &mut self.membership);
+                if heartbeat {
+                    self.stats.heartbeats += 1;
+                    self.stats.heartbeat_time += started.elapsed();
+                }
+                if let Some(reply) = reply {
+                    self.reply(member, link, reply);
+                }
+                self.drive_head();
+            }
+            Event::ToMember {
+                member,
+                link,
+                reply,
+            } => {
+                if self.members[member].open == Some(link) {
+                    self.members[member].link.handle_reply(at, reply);
+                    self.drive_member(member);
+                }
+            }
+        }
+        self.check();
+    }
+
+    /// Sends the head's `reply` to `member` on `link`, counting it.
+    fn reply(&mut self, member: usize, link: u64, reply: ControlReply) {
+        self.stats.messages += 1;
+        self.stats.entries += match &reply {
+            ControlReply::Members { members, .. } => members.len() as u64,
+            ControlReply::Changes { changed, .. } => changed.len() as u64,
+            _ => 0,
+        };
+        self.send(
+            member,
+            link,
+            false,
+            Event::ToMember {
+                member,
+                link,
+                reply,
+            },
+        );
+    }
+
+    fn drive_member(&mut self, i: usize) {
+        let now = self.now;
+        self.touched.push(i);
+        loop {
+            let mut idle = true;
+            while let Some(request) = self.members[i].link.poll_transmit() {
+                idle = false;
+                if let Some(link) = self.members[i].open {
+                    self.send(
+                        i,
+                        link,
+                        true,
+                        Event::ToHead {
+                            member: i,
+                            link,
+                            request,
+                        },
+                    );
+                }
+            }
+            while let Some(event) = self.members[i].link.poll_event() {
+                idle = false;
+                self.member_event(i, now, event);
+            }
+            if idle {
+                break;
+            }
+        }
+        if let Some(at) = self.members[i].link.poll_timeout()
+            && self.members[i].timer.is_none_or(|t| at < t)
+        {
+            self.members[i].timer = Some(at.max(now));
+            self.schedule(at, Event::MemberTimer(i));
+        }
+    }
+
+    fn member_event(&mut self, i: usize, now: Instant, event: MemberEvent) {
+        match event {
+            MemberEvent::Connect => {
+                let link = self.next_link;
+                self.next_link += 1;
+                if let Some(old) = self.members[i].open.replace(link) {
+                    self.sessions.remove(&(i, old));
+                }
+                let delay = if self.partitioned.contains(&i) {
+                    self.config.link_timeout
+                } else {
+                    self.config.latency * 2
+                };
+                self.schedule(now + delay, Event::Connected { member: i, link });
+            }
+            MemberEvent::Table(update) => {
+                let seed = self.config.seed;
+                let member = &mut self.members[i];
+                if update.whole {
+                    member.view.clear();
+                }
+                for m in update.members {
+                    // In every view, the up incarnation of a name never
+                    // goes back.
+                    if m.state == MemberState::Up {
+                        let seen = member.seen_up.entry(m.name.clone()).or_insert(0);
+                        assert!(
+                            m.incarnation >= *seen,
+                            "seed {seed}: {} sees {} up as incarnation {} after {}",
+                            member.name,
+                            m.name,
+                            m.incarnation,
+                            seen
+                        );
+                        *seen = m.incarnation;
+                    }
+                    member.view.insert(m.name.clone(), m);
+                }
+            }
+            MemberEvent::Reincarnate => {
+                let next = self.members[i].link.incarnation() + 1;
+                self.members[i].link.set_incarnation(next);
+            }
+            MemberEvent::Refused(r) => {
+                panic!(
+                    "seed {}: {} refused: {r}",
+                    self.config.seed, self.members[i].name
+                )
+            }
+            MemberEvent::Left => {}
+        }
+    }
+
+    fn drive_head(&mut self) {
+        let now = self.now;
+        self.membership.poll_down(now);
+        let mut wake = self.membership.poll_timeout();
+        let mut pushes = Vec::new();
+        // Sessions have something to push only after a change or when a
+        // push timer fires (which resets `scanned`).
+        let scan = self.scanned != self.membership.version();
+        self.scanned = self.membership.version();
+        for (&(member, link), session) in self.sessions.iter_mut().filter(|_| scan) {
+            if let Some(push) = session.poll_push(now, &self.membership) {
+                pushes.push((member, link, push));
+            }
+            if let Some(at) = session.poll_timeout(&self.membership) {
+                wake = Some(wake.map_or(at, |w| w.min(at)));
+            }
+        }
+        for (member, link, reply) in pushes {
+            self.reply(member, link, reply);
+        }
+        if let Some(at) = wake
+            && self.head_timer.is_none_or(|t| at < t)
+        {
+            let at = at.max(now);
+            self.head_timer = Some(at);
+            self.schedule(at, Event::HeadTimer);
+        }
+    }
+
+    /// The invariants, after every event: checked for what the event
+    /// changed (the head's changed entries, the views updated), so a large
+    /// cluster is checked in time proportional to its traffic.
+    fn check(&mut self) {
+        let seed = self.config.seed;
+        // In the head's table, the up incarnation of a name never goes back.
+        let changed = self.membership.changes_since(self.checked);
+        self.checked = self.membership.version();
+        for m in &changed {
+            if m.state == MemberState::Up {
+                let seen = self.head_seen_up.entry(m.name.clone()).or_insert(0);
+                assert!(
+                    m.incarnation >= *seen,
+                    "seed {seed}: head has {} up as incarnation {} after {}",
+                    m.name,
+                    m.incarnation,
+                    seen
+                );
+                *seen = m.incarnation;
+            }
+        }
+        let touched = std::mem::take(&mut self.touched);
+        let by_name: Vec<usize> = changed
+            .iter()
+            .filter_map(|m| self.index.get(&m.name).copied())
+            .collect();
+        for i in touched.into_iter().chain(by_name) {
+            let member = &self.members[i];
+            // A member joined as one incarnation is never up in the head's
+            // table as another: no two incarnations of a name run at once.
+            if member.link.is_joined()
+                && let Some(h) = self.membership.get(&member.name)
+                && h.state == MemberState::Up
+            {
+                assert_eq!(
+                    h.incarnation,
+                    member.link.incarnation(),
+                    "seed {seed}: {} joined as {} while the head has {} up",
+                    member.name,
+                    member.link.incarnation(),
+                    h.incarnation
+                );
+            }
+        }
+    }
+}
+
+fn join_request(name: &str, incarnation: u64) -> JoinRequest {
+    JoinRequest {
+        name: name.into(),
+        addr: format!("{name}:7420"),
+        bulk_addr: format!("{name}:7421"),
+        incarnation,
+        resources: Resources::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds a test runs; `FLOTILLA_SIM_SEED` runs one.
+    fn seeds(n: u64) -> Vec<u64> {
+        match std::env::var("FLOTILLA_SIM_SEED") {
+            Ok(s) => vec![s.parse().expect("FLOTILLA_SIM_SEED is a number")],
+            Err(_) => (1..=n).collect(),
+        }
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn members_converge_on_a_clean_network() {
+        for seed in seeds(5) {
+            let mut sim = SimCluster::new(SimConfig::new(20, seed));
+            assert!(
+                sim.run_until_cond(secs(5), SimCluster::converged),
+                "seed {seed}: no convergence in 5 s"
+            );
+        }
+    }
+
+    #[test]
+    fn a_partitioned_member_is_marked_down_and_returns_as_a_new_incarnation() {
+        for seed in seeds(10) {
+            let config = SimConfig::new(5, seed);
+            let mut sim = SimCluster::new(config);
+            assert!(
+                sim.run_until_cond(secs(5), SimCluster::converged),
+                "seed {seed}"
+            );
+            let cut = (seed % 5) as usize;
+            let name = sim.name(cut).to_owned();
+            let before = sim.incarnation(cut);
+            let t = sim.elapsed();
+            sim.partition(cut);
+            let down = |s: &SimCluster| {
+                s.head_table()
+                    .iter()
+                    .any(|m| m.name == name && m.state == MemberState::Down)
+            };
+            assert!(
+                sim.run_until_cond(t + config.detector.down_after + secs(2), down),
+                "seed {seed}: {name} not marked down"
+            );
+            // Every other member learns it.
+            let others_know = |s: &SimCluster| {
+                (0..5).filter(|&i| i != cut).all(|i| {
+                    s.view(i)
+                        .iter()
+                        .any(|m| m.name == name && m.state == MemberState::Down)
+                })
+            };
+            assert!(
+                sim.run_until_cond(sim.elapsed() + secs(1), others_know),
+                "seed {seed}"
+            );
+            sim.heal(cut);
+            assert!(
+                sim.run_until_cond(sim.elapsed() + secs(30), SimCluster::converged),
+                "seed {seed}: no convergence after healing"
+            );
+            assert!(
+                sim.incarnation(cut) > before,
+                "seed {seed}: {name} came back as incarnation {} (was {before})",
+                sim.incarnation(cut)
+            );
+        }
+    }
+
+    #[test]
+    fn lost_duplicated_and_reordered_messages_heal_once_the_faults_stop() {
+        for seed in seeds(10) {
+            let mut config = SimConfig::new(10, seed);
+            config.faults = Faults {
+                drop: 0.05,
+                duplicate: 0.05,
+                jitter: Duration::from_millis(30),
+                reorder: false,
+            };
+            let mut sim = SimCluster::new(config);
+            sim.run_until(secs(20));
+            sim.set_faults(Faults {
+                jitter: Duration::from_millis(30),
+                reorder: true,
+                ..Faults::default()
+            });
+            sim.run_until(secs(25));
+            sim.set_faults(Faults::default());
+            assert!(
+                sim.run_until_cond(secs(60), SimCluster::converged),
+                "seed {seed}: no convergence after the faults stopped: {}",
+                sim.divergence().unwrap_or_default()
+            );
+        }
+    }
+
+    #[test]
+    fn a_thousand_members_converge_and_a_heartbeat_costs_the_head_no_push() {
+        let seed = seeds(1)[0];
+        let mut sim = SimCluster::new(SimConfig::new(1000, seed));
+        assert!(
+            sim.run_until_cond(secs(10), SimCluster::converged),
+            "seed {seed}: 1,000 members did not converge in 10 s"
+        );
+        let converged_at = sim.elapsed();
+        let joining = sim.head_stats();
+        // Heartbeats that crossed the last pushes settle within a heartbeat.
+        sim.run_until(converged_at + secs(2));
+        let joined = sim.head_stats();
+        sim.run_until(converged_at + secs(12));
+        let steady = sim.head_stats();
+        let heartbeats = steady.heartbeats - joined.heartbeats;
+        let per_heartbeat = (steady.heartbeat_time - joined.heartbeat_time) / heartbeats as u32;
+        println!(
+            "1,000 members converged after {:.2} s of virtual time; joining cost the head {} messages carrying {} member entries; then {heartbeats} heartbeats took {per_heartbeat:?} each and sent {} messages",
+            converged_at.as_secs_f64(),
+            joining.messages,
+            joining.entries,
+            steady.messages - joined.messages,
+        );
+        assert!(heartbeats >= 9_000, "{heartbeats} heartbeats in 10 s");
+        assert_eq!(steady.messages, joined.messages, "no push without a change");
+        assert!(sim.converged());
+    }
+}
