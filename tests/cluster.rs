@@ -1,4 +1,6 @@
-//! Multi-process cluster tests: real `node` processes on 127.0.0.1.
+//! Multi-process cluster tests: real `node` processes on 127.0.0.1 (the
+//! `test-node` binary: the `node` command with the probe actors of
+//! `flotilla_testkit::probe` registered).
 //!
 //! Each test names the clause of docs/runtime-semantics.md it checks.
 
@@ -7,14 +9,14 @@ use std::process::Command;
 use flotilla_proto::hello::Purpose;
 use std::time::{Duration, Instant};
 
-mod common;
+use flotilla_testkit::cluster::*;
 
-use common::*;
+const NODE: &str = env!("CARGO_BIN_EXE_test-node");
 
 /// Clause "membership: joining": every member learns the full table.
 #[test]
 fn head_and_two_workers_all_see_three_up_members() {
-    let s = Scratch::new("three");
+    let s = Scratch::new("three", NODE);
     let (head, workers) = cluster(&s, &["w1", "w2"]);
     for p in std::iter::once(&head).chain(&workers) {
         let (st, _) = eventually(Duration::from_secs(10), || {
@@ -53,7 +55,7 @@ fn head_and_two_workers_all_see_three_up_members() {
 /// down_after plus one heartbeat, on the head and on other members.
 #[test]
 fn killed_worker_is_marked_down_within_six_seconds() {
-    let s = Scratch::new("kill9");
+    let s = Scratch::new("kill9", NODE);
     let (head, mut workers) = cluster(&s, &["w1", "w2"]);
     let w2 = workers.pop().unwrap();
     let w1 = workers.pop().unwrap();
@@ -85,7 +87,7 @@ fn killed_worker_is_marked_down_within_six_seconds() {
 /// Clause "membership: clean stop": SIGTERM makes a member `left`.
 #[test]
 fn sigterm_makes_a_worker_left_not_down() {
-    let s = Scratch::new("term");
+    let s = Scratch::new("term", NODE);
     let (head, mut workers) = cluster(&s, &["w1"]);
     let mut w1 = workers.pop().unwrap();
     w1.signal("-TERM");
@@ -108,7 +110,7 @@ fn sigterm_makes_a_worker_left_not_down() {
 /// session, and the node exits non-zero saying why.
 #[test]
 fn node_with_certificate_from_another_ca_is_refused() {
-    let s = Scratch::new("otherca");
+    let s = Scratch::new("otherca", NODE);
     let (head, _workers) = cluster(&s, &[]);
     // A second CA issues "rogue"; its folder trusts the real cluster CA.
     let other = s.dir.join("other");
@@ -136,7 +138,7 @@ fn node_with_certificate_from_another_ca_is_refused() {
 /// certificate's is refused.
 #[test]
 fn node_with_certificate_for_another_name_is_refused() {
-    let s = Scratch::new("othername");
+    let s = Scratch::new("othername", NODE);
     let (head, _workers) = cluster(&s, &[]);
     s.issue("w1");
     // Present w1's certificate under the name w3.
@@ -154,15 +156,11 @@ fn node_with_certificate_for_another_name_is_refused() {
     assert_eq!(state_of(&s.status(head.addr).unwrap(), "w3"), None);
 }
 
-/// Tests that run a node inside the test process take turns: ractor's
-/// registries, and so a node, are process-wide.
-static IN_PROCESS_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// A node with the probe kinds, in this process, joined to `head`.
 async fn join_in_process(s: &Scratch, name: &str, head: std::net::SocketAddr) -> flotilla::Node {
     s.issue(name);
     let config = flotilla::NodeConfig::new(name, free_addr(), s.certs()).join(head);
-    flotilla::probe::register(flotilla::Node::builder(config))
+    flotilla_testkit::probe::register(flotilla::Node::builder(config))
         .start()
         .await
         .unwrap()
@@ -181,13 +179,12 @@ fn runtime() -> tokio::runtime::Runtime {
 /// spawn: ownership": once that node has left, the workers stop them.
 #[test]
 fn remote_call_between_actors_on_two_workers() {
-    use flotilla::probe::{
+    use flotilla::ractor::{ActorRef, call_t};
+    use flotilla_testkit::probe::{
         ECHO, EchoMsg, NoArgs, Payload, RELAY, RelayMsg, RelayReply, RelayRequest,
     };
-    use flotilla::ractor::{ActorRef, call_t};
 
-    let _turn = IN_PROCESS_NODE.lock().unwrap_or_else(|p| p.into_inner());
-    let s = Scratch::new("call");
+    let s = Scratch::new("call", NODE);
     let (head, _workers) = cluster(&s, &["w1", "w2"]);
     runtime().block_on(async {
         let node = join_in_process(&s, "t1", head.addr).await;
@@ -259,8 +256,8 @@ fn remote_call_between_actors_on_two_workers() {
 /// `worker`: everything arrives intact, and the large ones went over the
 /// bulk lane.
 async fn bulk_round(node: &flotilla::Node, worker: &str, name: &str) {
-    use flotilla::probe::{ECHO, EchoMsg, NoArgs, Payload, Tally};
     use flotilla::ractor::{ActorRef, call_t};
+    use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload, Tally};
 
     let echo: ActorRef<EchoMsg> = node
         .spawn_on(worker, ECHO, name, &NoArgs, Duration::from_secs(15))
@@ -269,14 +266,16 @@ async fn bulk_round(node: &flotilla::Node, worker: &str, name: &str) {
     let sizes = [1 << 20, 300 << 10, 16, (2 << 20) + 7, 100];
     let mut expected = Tally::default();
     let mut large = 0;
-    let before = flotilla::outbound::bulk_bytes();
+    let outbound = node.outbound();
+    let before = outbound.bulk_bytes();
     for (i, size) in sizes.into_iter().enumerate() {
         let payload: Vec<u8> = (0..size).map(|k| (k * 31 + i * 7) as u8).collect();
         expected.add(&payload);
         if size >= flotilla::outbound::BULK_THRESHOLD {
             large += size as u64;
         }
-        flotilla::outbound::cast(&echo, EchoMsg::Note(Payload(payload)))
+        outbound
+            .cast(&echo, EchoMsg::Note(Payload(payload)))
             .await
             .unwrap();
     }
@@ -293,7 +292,7 @@ async fn bulk_round(node: &flotilla::Node, worker: &str, name: &str) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let on_bulk = flotilla::outbound::bulk_bytes() - before;
+    let on_bulk = outbound.bulk_bytes() - before;
     assert!(
         on_bulk >= large,
         "{on_bulk} bytes went on the bulk lane, {large} in large payloads"
@@ -306,8 +305,7 @@ async fn bulk_round(node: &flotilla::Node, worker: &str, name: &str) {
 /// on its new lane.
 #[test]
 fn large_casts_travel_on_the_bulk_lane_intact() {
-    let _turn = IN_PROCESS_NODE.lock().unwrap_or_else(|p| p.into_inner());
-    let s = Scratch::new("bulk");
+    let s = Scratch::new("bulk", NODE);
     let (head, mut workers) = cluster(&s, &["w1"]);
     let st = s.status(head.addr).unwrap();
     for n in st["nodes"].as_array().unwrap() {
@@ -345,7 +343,7 @@ fn large_casts_travel_on_the_bulk_lane_intact() {
 /// else.
 #[test]
 fn malformed_frames_close_only_the_offending_connection() {
-    let s = Scratch::new("garbage");
+    let s = Scratch::new("garbage", NODE);
     let (head, _workers) = cluster(&s, &["w1"]);
     s.issue("prober");
     let mut invalid_archive = 16u32.to_be_bytes().to_vec();
@@ -440,7 +438,7 @@ fn malformed_frames_close_only_the_offending_connection() {
 /// non-zero, saying why, within its join timeout.
 #[test]
 fn join_with_unreachable_head_fails_with_a_message() {
-    let s = Scratch::new("unreachable");
+    let s = Scratch::new("unreachable", NODE);
     s.issue("w1");
     let nobody = free_addr();
     let start = Instant::now();
@@ -467,7 +465,7 @@ fn join_with_unreachable_head_fails_with_a_message() {
 /// with a stable code and exit code 2.
 #[test]
 fn missing_certificates_fail_at_start_with_exit_code_2() {
-    let s = Scratch::new("nocerts");
+    let s = Scratch::new("nocerts", NODE);
     let out = Command::new(NODE)
         .args([
             "head",

@@ -9,6 +9,8 @@ mod common;
 
 use common::*;
 
+const NODE: &str = env!("CARGO_BIN_EXE_node");
+
 /// A running driver; killed if the test ends before it does.
 struct Driver(Option<Child>);
 
@@ -89,7 +91,7 @@ fn actors_on(s: &Scratch, head: &Proc, node: &str) -> Option<u64> {
 /// driver started stop when it is gone.
 #[test]
 fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
-    let s = Scratch::new("embed-cluster");
+    let s = Scratch::new("embed-cluster", NODE);
     let (head, mut workers) = cluster(&s, &["w1", "w2", "w3"]);
     let (input, ids) = corpus(&s.dir, 1200);
 
@@ -172,7 +174,7 @@ fn peak_rss_mib(summary: &str) -> u64 {
 /// a cluster) peaks within 10% for an input ten times larger.
 #[test]
 fn driver_memory_stays_flat_for_a_ten_times_larger_input() {
-    let s = Scratch::new("embed-flat");
+    let s = Scratch::new("embed-flat", NODE);
     let (head, _workers) = cluster(&s, &["f1", "f2"]);
     let mut peaks = Vec::new();
     for (tag, rows) in [("1x", 1_000usize), ("10x", 10_000)] {
@@ -224,7 +226,7 @@ fn model_with_other_revision(dir: &Path) -> PathBuf {
 /// on the others.
 #[test]
 fn a_worker_with_another_model_revision_is_not_used() {
-    let s = Scratch::new("embed-revision");
+    let s = Scratch::new("embed-revision", NODE);
     s.issue("head");
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
     s.issue("good");

@@ -5,7 +5,9 @@ use std::process::Command;
 
 mod common;
 
-use common::{NODE, assert_exactly_once, model, parts, read_output, root};
+use common::{assert_exactly_once, model, parts, read_output, root};
+
+const NODE: &str = env!("CARGO_BIN_EXE_node");
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-embed-{tag}-{}", std::process::id()));

@@ -1,25 +1,11 @@
-//! Helpers shared by the examples: a throw-away cluster CA and worker
-//! processes started from the example's own executable.
+//! Helpers shared by the examples: a throw-away cluster CA (from the test
+//! kit) and worker processes started from the example's own executable.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-/// A temporary folder with a cluster CA and certificates for `names`.
-pub fn scratch_certs(tag: &str, names: &[&str]) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("flotilla-example-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    flotilla_transport::certs::init_ca(&dir, tag)?;
-    for name in names {
-        flotilla_transport::certs::issue(&dir, name, &dir)?;
-    }
-    Ok(dir)
-}
-
-/// A free UDP port on loopback.
-pub fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
-}
+pub use flotilla_testkit::ca::{free_addr, scratch_certs};
 
 /// A worker process running this same executable with `--worker NAME`.
 pub struct Worker(Child);
@@ -72,7 +58,7 @@ pub async fn serve_if_worker(
     let Some((name, head, certs)) = worker_args() else {
         return Ok(false);
     };
-    let config = flotilla::NodeConfig::new(&name, free_addr()?, certs).join(head);
+    let config = flotilla::NodeConfig::new(&name, free_addr(), certs).join(head);
     let node = register(flotilla::Node::builder(config)).start().await?;
     tokio::signal::ctrl_c().await?;
     node.shutdown().await;

@@ -162,6 +162,7 @@ async fn drive_sleepers(
     actors: &[(String, ActorRef<SleepMsg>)],
     batches: u64,
     window: usize,
+    outbound: flotilla::Outbound,
 ) -> anyhow::Result<Scaling> {
     let mut p = Pipeline::new(
         SleepStage,
@@ -171,6 +172,7 @@ async fn drive_sleepers(
             deadline: Duration::from_secs(30),
             max_attempts: 3,
         },
+        outbound,
     );
     for (node, a) in actors {
         p.add_worker(node, a.clone());
@@ -257,7 +259,13 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
             actors.push(("local".to_owned(), a));
         }
         let per_actor = rss_bytes().saturating_sub(before) as f64 / args.sleepers as f64;
-        let s = drive_sleepers(&actors, args.batches, args.window).await?;
+        let s = drive_sleepers(
+            &actors,
+            args.batches,
+            args.window,
+            flotilla::Outbound::local(),
+        )
+        .await?;
         print_scaling(
             "one process",
             sleep,
@@ -273,7 +281,7 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
 
     // Over QUIC: this process is the head, two worker processes host the actors.
     let certs = scratch_certs("pipeline-bench", &["head", "w1", "w2"])?;
-    let node = Node::builder(NodeConfig::new("head", free_addr()?, &certs))
+    let node = Node::builder(NodeConfig::new("head", free_addr(), &certs))
         .start()
         .await?;
     let workers = [
@@ -307,7 +315,7 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
             .map(|(_, w)| flotilla::process::rss_bytes_of(w.pid()))
             .sum();
         let per_actor = after.saturating_sub(before) as f64 / args.sleepers as f64;
-        let s = drive_sleepers(&actors, args.batches, args.window).await?;
+        let s = drive_sleepers(&actors, args.batches, args.window, node.outbound()).await?;
         print_scaling(
             "2 workers over QUIC",
             sleep,

@@ -13,7 +13,7 @@
 //! all), call round trip p50/p99 for 8 B, the sender's peak RSS while
 //! casting 256 MiB, and an 8 B call to another actor on the same node issued
 //! while another task casts 256 MiB to the sink.
-//! Flotilla's casts go through `flotilla::outbound::cast`, which waits while
+//! Flotilla's casts go through the node's `Outbound::cast`, which waits while
 //! the remote-send backlog is over its limit; ractor over TCP has no such
 //! bound and uses its plain cast.
 
@@ -26,7 +26,7 @@ use anyhow::Context;
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, call_t};
 use flotilla::ractor_cluster::{NodeServer, NodeServerMessage, RactorClusterMessage};
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
-use flotilla::{Node, NodeConfig};
+use flotilla::{Node, NodeConfig, Outbound};
 use flotilla_benches::{peak_rss_bytes, percentile, reset_peak_rss};
 use serde::{Deserialize as De, Serialize as Ser};
 
@@ -115,14 +115,20 @@ const CALLS: usize = 2_000;
 /// Calls of the spaced probe without bulk traffic.
 const SPACED: usize = 100;
 
-/// Casts one message: through Flotilla's bounded cast when `bounded` (it
-/// waits while the remote-send backlog is over its limit), else ractor's
-/// plain cast (never waits).
-async fn send(sink: &ActorRef<SinkMsg>, msg: SinkMsg, bounded: bool) -> anyhow::Result<()> {
-    if bounded {
-        flotilla::outbound::cast(sink, msg).await?;
-    } else {
-        sink.cast(msg)?;
+/// Casts one message: through the node's bounded cast when `bounded` (it
+/// waits while the node's remote-send backlog is over its limit), else
+/// ractor's plain cast (never waits).
+async fn send(
+    sink: &ActorRef<SinkMsg>,
+    msg: SinkMsg,
+    bounded: Option<&Outbound>,
+) -> anyhow::Result<()> {
+    match bounded {
+        Some(outbound) => outbound
+            .cast(sink, msg)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => sink.cast(msg)?,
     }
     Ok(())
 }
@@ -134,7 +140,7 @@ async fn cast_rate(
     size: usize,
     n: usize,
     already: &mut u64,
-    bounded: bool,
+    bounded: Option<&Outbound>,
 ) -> anyhow::Result<f64> {
     let payload = vec![7u8; size];
     let t = Instant::now();
@@ -187,13 +193,14 @@ async fn probe(
 /// Casts 256 MiB to `sink` as 4 MiB messages on a task of its own.
 fn spawn_bulk(
     sink: &ActorRef<SinkMsg>,
-    bounded: bool,
+    bounded: Option<&Outbound>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let sink = sink.clone();
+    let bounded = bounded.cloned();
     tokio::spawn(async move {
         let payload = vec![7u8; 4 << 20];
         for _ in 0..MIB4 {
-            send(&sink, SinkMsg::Put(Blob(payload.clone())), bounded).await?;
+            send(&sink, SinkMsg::Put(Blob(payload.clone())), bounded.as_ref()).await?;
         }
         Ok(())
     })
@@ -203,7 +210,7 @@ fn spawn_bulk(
 async fn measure_actor(
     sink: ActorRef<SinkMsg>,
     other: ActorRef<SinkMsg>,
-    bounded: bool,
+    bounded: Option<&Outbound>,
 ) -> anyhow::Result<Results> {
     let mut done = 0;
     let mut r = Results::default();
@@ -246,10 +253,6 @@ fn exe() -> anyhow::Result<PathBuf> {
     Ok(std::env::current_exe()?)
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 fn free_tcp_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -275,9 +278,13 @@ fn receiver(args: &[&str]) -> anyhow::Result<Receiver> {
 }
 
 async fn sender_quic(certs: &Path) -> anyhow::Result<Results> {
-    let node = Node::builder(NodeConfig::new("sender", free_addr()?, certs))
-        .start()
-        .await?;
+    let node = Node::builder(NodeConfig::new(
+        "sender",
+        flotilla_testkit::ca::free_addr(),
+        certs,
+    ))
+    .start()
+    .await?;
     let head = node.addr().to_string();
     let _rx = receiver(&[
         "--role",
@@ -302,13 +309,13 @@ async fn sender_quic(certs: &Path) -> anyhow::Result<Results> {
             Duration::from_secs(10),
         )
         .await?;
-    let r = measure_actor(sink, other, true).await?;
+    let r = measure_actor(sink, other, Some(&node.outbound())).await?;
     node.shutdown().await;
     Ok(r)
 }
 
 async fn receiver_quic(head: SocketAddr, certs: PathBuf) -> anyhow::Result<()> {
-    let config = NodeConfig::new("receiver", free_addr()?, certs).join(head);
+    let config = NodeConfig::new("receiver", flotilla_testkit::ca::free_addr(), certs).join(head);
     let _node = Node::builder(config)
         .register("sink", || Sink)
         .start()
@@ -352,7 +359,7 @@ async fn sender_tcp() -> anyhow::Result<Results> {
         anyhow::ensure!(Instant::now() < deadline, "sinks never appeared");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    measure_actor(sink, other, false).await
+    measure_actor(sink, other, None).await
 }
 
 async fn receiver_tcp(port: u16) -> anyhow::Result<()> {
@@ -368,7 +375,7 @@ async fn receiver_tcp(port: u16) -> anyhow::Result<()> {
 /// Raw quinn: the same workloads as length-prefixed frames on one stream.
 async fn sender_raw(certs: &Path) -> anyhow::Result<Results> {
     use flotilla_transport::{Endpoint, Identity, Tuning};
-    let addr = free_addr()?;
+    let addr = flotilla_testkit::ca::free_addr();
     let _rx = receiver(&[
         "--role",
         "raw-receiver",

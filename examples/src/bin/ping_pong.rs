@@ -67,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let certs = scratch_certs("ping-pong", &["ping", "pong"])?;
-    let node = Node::builder(NodeConfig::new("ping", free_addr()?, &certs))
+    let node = Node::builder(NodeConfig::new("ping", free_addr(), &certs))
         .start()
         .await?;
     let _worker = Worker::start("pong", node.addr(), &certs)?;

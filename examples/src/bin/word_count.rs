@@ -78,7 +78,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let certs = scratch_certs("word-count", &["head", "w1", "w2"])?;
-    let node = Node::builder(NodeConfig::new("head", free_addr()?, &certs))
+    let node = Node::builder(NodeConfig::new("head", free_addr(), &certs))
         .start()
         .await?;
     let _workers = [

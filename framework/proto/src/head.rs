@@ -21,8 +21,8 @@
 use std::time::{Duration, Instant};
 
 use crate::control::{ControlReply, ControlRequest};
-use crate::hello::{Refusal, check_join};
-use crate::membership::{HeartbeatOutcome, Membership};
+use crate::hello::Refusal;
+use crate::membership::{HeartbeatOutcome, Membership, check_join};
 
 /// The current table as a control reply.
 pub fn members_reply(head: &str, m: &Membership) -> ControlReply {

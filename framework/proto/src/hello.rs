@@ -127,20 +127,6 @@ pub fn check_hello(hello: &Hello, cert_name: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Checks a join request against the name proven by the joiner's
-/// certificate: the names must match, and the admin identity may join only
-/// as a driver that offers no resources (work is never placed on it).
-pub fn check_join(req: &crate::membership::JoinRequest, cert_name: &str) -> Result<(), Refusal> {
-    if req.name != cert_name {
-        return Err(Refusal::IdentityMismatch);
-    }
-    let r = &req.resources;
-    if req.name == ADMIN_NAME && (r.cpus > 0 || r.gpus > 0 || r.memory_bytes > 0) {
-        return Err(Refusal::AdminCannotJoin);
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,36 +150,6 @@ mod tests {
         assert_eq!(
             check_hello(&hello("n2", Purpose::Cluster), "n1"),
             Err(Refusal::IdentityMismatch)
-        );
-    }
-
-    #[test]
-    fn admin_joins_only_as_a_driver_without_resources() {
-        use crate::membership::JoinRequest;
-        use crate::resources::Resources;
-        let join = |name: &str, cpus: u32| JoinRequest {
-            name: name.into(),
-            addr: "127.0.0.1:1".into(),
-            bulk_addr: "127.0.0.1:2".into(),
-            incarnation: 1,
-            resources: Resources {
-                cpus,
-                ..Resources::default()
-            },
-        };
-        assert_eq!(check_join(&join("admin", 0), "admin"), Ok(()));
-        assert_eq!(
-            check_join(&join("admin", 4), "admin"),
-            Err(Refusal::AdminCannotJoin)
-        );
-        assert_eq!(check_join(&join("n1", 4), "n1"), Ok(()));
-        assert_eq!(
-            check_join(&join("n1", 4), "n2"),
-            Err(Refusal::IdentityMismatch)
-        );
-        assert_eq!(
-            check_hello(&hello("admin", Purpose::Cluster), "admin"),
-            Ok(())
         );
     }
 

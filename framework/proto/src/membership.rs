@@ -98,6 +98,20 @@ pub struct JoinRequest {
     pub resources: Resources,
 }
 
+/// Checks a join request against the name proven by the joiner's
+/// certificate: the names must match, and the admin identity may join only
+/// as a driver that offers no resources (work is never placed on it).
+pub fn check_join(req: &JoinRequest, cert_name: &str) -> Result<(), Refusal> {
+    if req.name != cert_name {
+        return Err(Refusal::IdentityMismatch);
+    }
+    let r = &req.resources;
+    if req.name == crate::hello::ADMIN_NAME && (r.cpus > 0 || r.gpus > 0 || r.memory_bytes > 0) {
+        return Err(Refusal::AdminCannotJoin);
+    }
+    Ok(())
+}
+
 /// What became of a heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeartbeatOutcome {
@@ -378,6 +392,30 @@ mod tests {
 
     fn state(m: &Membership, name: &str) -> MemberState {
         m.get(name).unwrap().state
+    }
+
+    #[test]
+    fn admin_joins_only_as_a_driver_without_resources() {
+        let join = |name: &str, cpus: u32| JoinRequest {
+            name: name.into(),
+            addr: "127.0.0.1:1".into(),
+            bulk_addr: "127.0.0.1:2".into(),
+            incarnation: 1,
+            resources: Resources {
+                cpus,
+                ..Resources::default()
+            },
+        };
+        assert_eq!(check_join(&join("admin", 0), "admin"), Ok(()));
+        assert_eq!(
+            check_join(&join("admin", 4), "admin"),
+            Err(Refusal::AdminCannotJoin)
+        );
+        assert_eq!(check_join(&join("n1", 4), "n1"), Ok(()));
+        assert_eq!(
+            check_join(&join("n1", 4), "n2"),
+            Err(Refusal::IdentityMismatch)
+        );
     }
 
     #[test]

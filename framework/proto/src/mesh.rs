@@ -149,9 +149,16 @@ impl Mesh {
         self.evaluate(now);
     }
 
-    /// The connection of the session dialled to `peer` closed.
-    pub fn handle_closed(&mut self, now: Instant, peer: &str) {
-        self.dialled.remove(peer);
+    /// The connection of the session dialled to `peer` for `incarnation`
+    /// closed.
+    pub fn handle_closed(&mut self, now: Instant, peer: &str, incarnation: u64) {
+        if self
+            .dialled
+            .get(peer)
+            .is_some_and(|d| d.incarnation == incarnation)
+        {
+            self.dialled.remove(peer);
+        }
         self.evaluate(now);
     }
 
@@ -315,7 +322,9 @@ mod tests {
         assert_eq!(actions(&mut m), [dial("b", 1)], "ready lost");
         m.handle_dialled(t0, "b", 1, true);
         m.handle_ready(t0, "b", true);
-        m.handle_closed(t0, "b");
+        m.handle_closed(t0, "b", 0);
+        assert_eq!(actions(&mut m), [], "another incarnation's connection");
+        m.handle_closed(t0, "b", 1);
         assert_eq!(actions(&mut m), [dial("b", 1)], "connection closed");
         m.handle_dialled(t0, "b", 1, true);
         m.handle_members(t0, &[member("b", 2, MemberState::Up)]);

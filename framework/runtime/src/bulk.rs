@@ -20,12 +20,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flotilla_proto::hello::Purpose;
-use flotilla_transport::{BindError, Endpoint, Identity, PeerConnection, Tuning, handshake};
+use flotilla_transport::{BindError, ConnectError, Endpoint, PeerConnection, Tuning, handshake};
+use tokio::sync::watch;
 
-use crate::node::Shared;
+use crate::identity::Identity;
+use crate::table::Table;
+use crate::tasks::Tasks;
 
 /// Worker threads of the bulk runtime.
 const THREADS: usize = 2;
@@ -44,6 +48,26 @@ pub(crate) struct Lane {
     /// The endpoint's bound address.
     addr: SocketAddr,
     streams: Mutex<Streams>,
+    /// Payload bytes sent on the lane.
+    sent: AtomicU64,
+}
+
+/// Why a message did not go out on the bulk lane. Nothing is retried.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaneSendError {
+    /// The message is over the bulk frame limit.
+    #[error("message of {0} bytes exceeds the bulk limit of {max} bytes", max = flotilla_proto::bulk::MAX_BULK_PAYLOAD)]
+    TooLarge(usize),
+    /// The peer is not a member with a bulk lane.
+    #[error("{0} is not a member with a bulk lane")]
+    NoLane(String),
+    /// The lane's connection to the peer could not be made.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The stream to the peer failed.
+    #[error(transparent)]
+    Stream(#[from] handshake::StreamError),
 }
 
 /// Why the bulk lane could not start.
@@ -60,7 +84,10 @@ pub enum LaneError {
 
 impl Lane {
     /// Starts the lane's runtime and binds its endpoint at `addr`.
-    pub(crate) fn bind(addr: SocketAddr, identity: Identity) -> Result<Self, LaneError> {
+    pub(crate) fn bind(
+        addr: SocketAddr,
+        identity: flotilla_transport::Identity,
+    ) -> Result<Self, LaneError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(THREADS)
             .thread_name("flotilla-bulk")
@@ -77,6 +104,7 @@ impl Lane {
             endpoint,
             addr: bound,
             streams: Mutex::new(HashMap::new()),
+            sent: AtomicU64::new(0),
         })
     }
 
@@ -85,35 +113,41 @@ impl Lane {
         self.addr
     }
 
-    /// Accepts bulk connections from members until the lane closes.
-    pub(crate) fn serve(shared: &Arc<Shared>) {
-        let Some(runtime) = shared.lane.runtime.as_ref() else {
+    /// Payload bytes this node has sent on the bulk lane.
+    pub(crate) fn sent_bytes(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Accepts bulk connections from members until the lane closes, on the
+    /// lane's own threads.
+    pub(crate) fn serve(self: &Arc<Self>, tasks: &Tasks, identity: Arc<Identity>) {
+        let Some(runtime) = self.runtime.as_ref() else {
             return;
         };
-        let shared = Arc::clone(shared);
-        runtime.spawn(async move {
-            while let Some(pc) = shared.lane.endpoint.accept().await {
-                tokio::spawn(serve_connection(Arc::clone(&shared), pc));
+        let lane = Arc::clone(self);
+        let conns = tasks.clone();
+        tasks.spawn_on(runtime.handle(), async move {
+            while let Some(pc) = lane.endpoint.accept().await {
+                conns.spawn(serve_connection(Arc::clone(&identity), pc));
             }
         });
     }
 
     /// Sends a serialized cast for actor `pid` on `peer`: waits for QUIC
-    /// flow control, which bounds what is buffered.
+    /// flow control, which bounds what is buffered. `view` tells where the
+    /// peer's lane is, `identity` who this node is.
     pub(crate) async fn send(
         &self,
-        shared: &Shared,
+        identity: &Identity,
+        view: &watch::Receiver<Table>,
         peer: &str,
         pid: u64,
         variant: String,
         args: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), LaneSendError> {
         use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
         if args.len() > MAX_BULK_PAYLOAD as usize {
-            return Err(format!(
-                "message of {} bytes exceeds the bulk limit",
-                args.len()
-            ));
+            return Err(LaneSendError::TooLarge(args.len()));
         }
         let stream = Arc::clone(
             self.streams
@@ -123,44 +157,39 @@ impl Lane {
                 .or_default(),
         );
         let mut stream = stream.lock().await;
-        let (incarnation, addr) = shared
-            .view
+        let (incarnation, addr) = view
             .borrow()
             .get(peer)
             .and_then(|m| Some((m.incarnation, m.bulk_addr.parse::<SocketAddr>().ok()?)))
-            .ok_or_else(|| format!("{peer} is not a member with a bulk lane"))?;
+            .ok_or_else(|| LaneSendError::NoLane(peer.to_owned()))?;
         // A stream to an earlier start of the peer leads nowhere.
         if stream.as_ref().is_some_and(|(i, _)| *i != incarnation) {
             *stream = None;
         }
         if stream.is_none() {
-            let pc = self
-                .endpoint
-                .connect(addr, Some(peer))
-                .await
-                .map_err(|e| e.to_string())?;
-            let hello = shared.hello(Purpose::Bulk);
-            let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello)
-                .await
-                .map_err(|e| e.to_string())?;
+            let pc = self.endpoint.connect(addr, Some(peer)).await?;
+            let hello = identity.hello(Purpose::Bulk);
+            let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
             *stream = Some((incarnation, send));
         }
         let (_, send) = stream.as_mut().expect("opened above");
         let header = BulkHeader { pid, variant };
         let sent = async {
-            handshake::send_msg(send, &header, flotilla_proto::frame::DEFAULT_MAX_FRAME)
-                .await
-                .map_err(|e| e.to_string())?;
-            send.write_all(&(args.len() as u32).to_be_bytes())
-                .await
-                .map_err(|e| e.to_string())?;
-            send.write_all(args).await.map_err(|e| e.to_string())
+            handshake::send_msg(send, &header, flotilla_proto::frame::DEFAULT_MAX_FRAME).await?;
+            handshake::write_all(send, &(args.len() as u32).to_be_bytes()).await?;
+            handshake::write_all(send, args).await
         }
         .await;
-        if sent.is_err() {
-            *stream = None;
+        match sent {
+            Ok(()) => {
+                self.sent.fetch_add(args.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                *stream = None;
+                Err(e.into())
+            }
         }
-        sent
     }
 
     /// Drops the send stream to `peer` (its connection closes with it).
@@ -187,13 +216,13 @@ impl Drop for Lane {
 
 /// Serves the bulk streams a member opens on `pc`; any other stream is
 /// refused, and it or a malformed frame closes the connection.
-async fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
+async fn serve_connection(identity: Arc<Identity>, pc: PeerConnection) {
     loop {
         let accepted = handshake::accept(
             &pc.connection,
             &pc.peer,
-            &shared.name,
-            shared.incarnation(),
+            &identity.name,
+            identity.incarnation(),
             &[Purpose::Bulk],
         )
         .await;
@@ -206,7 +235,9 @@ async fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
             }
         };
         let (peer, conn) = (pc.peer.clone(), pc.connection.clone());
-        tokio::spawn(async move {
+        // One stream per peer: serve it here; the next accept waits for
+        // the stream after it.
+        {
             if let Err(e) = receive(recv).await {
                 tracing::warn!(%peer, error = %e, "NODE-WIRE-003: closing connection after a malformed bulk frame");
                 conn.close(
@@ -215,7 +246,7 @@ async fn serve_connection(shared: Arc<Shared>, pc: PeerConnection) {
                 );
             }
             drop(send);
-        });
+        }
     }
 }
 

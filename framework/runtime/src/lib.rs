@@ -13,35 +13,48 @@
 //! The paved path: build a [`Node`] from a [`NodeConfig`], register actor
 //! kinds, start it, spawn a named actor on a chosen node with
 //! [`Node::spawn_on`], find it anywhere with [`Node::lookup`], and `cast` /
-//! `call` it as any ractor actor. Message types derive
+//! `call` it as any ractor actor, or cast with backpressure through
+//! [`Node::outbound`]. Message types derive
 //! `ractor_cluster::RactorClusterMessage`; their payloads are rkyv types made
 //! remote-capable with [`remote_type!`]. Batch work over many actors goes
 //! through [`pipeline::Pipeline`]: bounded in flight, least-loaded routing,
-//! deadlines and retries, lost nodes re-dispatched.
+//! deadlines and retries, lost nodes re-dispatched. docs/architecture.md
+//! shows which part owns what.
 //!
 //! Guarantees are stated in `docs/runtime-semantics.md`: per-sender FIFO
 //! delivery to a remote actor while its session lives, at-most-once
 //! delivery, membership `up → down | left` per incarnation.
 
+mod backlog;
+pub mod builder;
 pub mod bulk;
-mod cluster_stream;
+mod clock;
 pub mod config;
-pub mod control;
+mod control;
+mod head;
+mod identity;
+pub mod member;
 mod mesh;
 pub mod node;
 pub mod outbound;
 pub mod pipeline;
-pub mod probe;
+mod pool;
 pub mod process;
+mod router;
+mod sessions;
 pub mod spawner;
+pub mod status;
 pub mod table;
+mod tasks;
 pub mod wire;
 
+pub use builder::{NodeBuilder, StartError};
 pub use config::NodeConfig;
-pub use control::query_status;
 pub use flotilla_proto::membership::{MemberState, MemberView};
 pub use flotilla_proto::resources::Resources;
-pub use node::{Node, NodeBuilder, SpawnError, StartError};
+pub use node::{Node, SpawnError};
+pub use outbound::Outbound;
+pub use status::query_status;
 pub use table::Table;
 
 /// The ractor crate, as used by this runtime.

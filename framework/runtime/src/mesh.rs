@@ -1,197 +1,190 @@
-//! Connections between members: one QUIC connection per pair of nodes,
-//! every stream on it introduced by a hello; cluster streams handed to
-//! ractor_cluster.
+//! Connections between members: the async shell of the proto [`Mesh`]
+//! dial policy. It feeds the policy the member table, the ready sessions,
+//! the results of its dials and a tick each heartbeat interval, and
+//! performs its actions: open a cluster session (a QUIC stream handed to
+//! ractor_cluster), close a member's sessions and bulk streams.
 //!
-//! Dial rule: of two members, the one with the smaller name opens the
-//! cluster stream, so each pair has exactly one ractor session. Every node
-//! re-evaluates the rule whenever the member table changes and once per
-//! heartbeat interval, so a lost session is re-established.
+//! ```text
+//! table watch ─┐                           ┌─► Dial: pool ─► hello ─► client_connect_external
+//! ready watch ─┼─► Mesh (proto) ─ actions ─┤
+//! dial results ┤                           └─► Close: sessions.close, lane.forget
+//! tick ────────┘
+//! ```
 
-use std::collections::HashMap;
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use flotilla_proto::hello::Purpose;
-use flotilla_proto::membership::MemberState;
-use flotilla_transport::handshake;
-use flotilla_transport::{ConnectError, PeerConnection};
-use tokio::sync::Mutex;
+use flotilla_proto::mesh::{Mesh, MeshAction};
+use flotilla_transport::ConnectError;
+use flotilla_transport::handshake::{self, StreamError};
+use ractor::ActorRef;
+use ractor_cluster::NodeServerMessage;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
-use crate::cluster_stream::QuicClusterStream;
-use crate::node::Shared;
+use crate::backlog::Backlog;
+use crate::bulk::Lane;
+use crate::clock::{now, sleep_until};
+use crate::identity::Identity;
+use crate::pool::Pool;
+use crate::sessions::{QuicClusterStream, Sessions, ractor_name};
 use crate::table::Table;
+use crate::tasks::Tasks;
 
-/// Live connections by peer name.
-#[derive(Default)]
-pub(crate) struct Pool {
-    connections: Mutex<HashMap<String, quinn::Connection>>,
+/// Why a cluster session could not be opened.
+#[derive(Debug, thiserror::Error)]
+enum DialError {
+    #[error("member address {0:?} is not a socket address")]
+    Address(String),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    #[error("ractor_cluster refused the stream: {0}")]
+    Session(#[from] ractor_cluster::ClientConnectErr),
 }
 
-impl Pool {
-    /// Records a connection (dialled or accepted) as the one to `peer`.
-    pub(crate) async fn insert(&self, peer: &str, connection: quinn::Connection) {
-        self.connections
-            .lock()
-            .await
-            .insert(peer.to_owned(), connection);
-    }
-
-    /// The live connection to `peer`, dialling `addr` if there is none.
-    pub(crate) async fn connect(
-        &self,
-        shared: &Arc<Shared>,
-        peer: Option<&str>,
-        addr: SocketAddr,
-    ) -> Result<PeerConnection, ConnectError> {
-        if let Some(name) = peer {
-            let map = self.connections.lock().await;
-            if let Some(c) = map.get(name)
-                && c.close_reason().is_none()
-            {
-                return Ok(PeerConnection {
-                    connection: c.clone(),
-                    peer: name.to_owned(),
-                });
-            }
-        }
-        let pc = shared.endpoint.connect(addr, peer).await?;
-        self.insert(&pc.peer, pc.connection.clone()).await;
-        crate::node::serve_connection(Arc::clone(shared), pc.clone());
-        Ok(pc)
-    }
+/// What the mesh shell needs.
+pub(crate) struct MeshShell {
+    pub(crate) identity: Arc<Identity>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) sessions: Sessions,
+    pub(crate) node_server: ActorRef<NodeServerMessage>,
+    pub(crate) lane: Arc<Lane>,
+    pub(crate) backlog: Arc<Backlog>,
+    pub(crate) tasks: Tasks,
+    pub(crate) view: watch::Receiver<Table>,
+    pub(crate) tick: Duration,
 }
 
-/// Opens a cluster stream to `name` at `addr` and hands it to ractor_cluster.
-async fn open_session(
-    shared: Arc<Shared>,
-    name: String,
-    addr: SocketAddr,
-) -> Result<quinn::Connection, String> {
-    // A session we still hold with this peer is stale (it is why we dial).
-    shared.close_sessions_of(&name);
-    let pc = shared
-        .pool
-        .connect(&shared, Some(&name), addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    let hello = shared.hello(Purpose::Cluster);
-    let (send, recv, _, _) = handshake::dial(&pc.connection, &hello)
-        .await
-        .map_err(|e| e.to_string())?;
-    let stream = QuicClusterStream {
-        send,
-        recv,
-        peer: pc.peer.clone(),
-    };
-    ractor_cluster::client_connect_external(&shared.node_server, Box::new(stream))
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    Ok(pc.connection)
+enum Done {
+    Dialled(String, u64, Result<quinn::Connection, DialError>),
+    Closed(String, u64),
 }
 
-/// A cluster session this node dialled.
-struct Dialled {
-    incarnation: u64,
-    connection: quinn::Connection,
-    opened: std::time::Instant,
-    was_ready: bool,
-}
-
-/// How long a dialled session may take to become ready.
-const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
-
-impl Dialled {
-    /// Whether to keep the session given whether it is ready now: once
-    /// ready it must stay so; before, it has [`READY_WITHIN`].
-    fn still_wanted(&mut self, ready_now: bool) -> bool {
-        if ready_now {
-            self.was_ready = true;
-            return true;
-        }
-        !self.was_ready && self.opened.elapsed() < READY_WITHIN
-    }
-}
-
-/// Keeps a ractor session to every member up that this node must dial.
-pub(crate) async fn run(shared: Arc<Shared>) {
-    let mut view = shared.view.subscribe();
-    let mut shutdown = shared.shutdown.subscribe();
-    // peer -> the session we dialled
-    let mut sessions: HashMap<String, Dialled> = HashMap::new();
-    let mut ready = shared.ready_sessions();
-    let mut ready_alive = true;
-    let (done_tx, mut done_rx) =
-        tokio::sync::mpsc::unbounded_channel::<(String, u64, Result<quinn::Connection, String>)>();
-    let mut pending: HashMap<String, u64> = HashMap::new();
-    let mut tick = tokio::time::interval(shared.detector.heartbeat_interval);
-    loop {
-        let table: Table = view.borrow_and_update().clone();
-        for m in table.up() {
-            if m.name == shared.name || shared.name.as_str() > m.name.as_str() {
-                continue;
-            }
-            let live = sessions.get_mut(&m.name).is_some_and(|d| {
-                d.incarnation == m.incarnation
-                    && d.connection.close_reason().is_none()
-                    && d.still_wanted(shared.session_ready(&m.name))
-            });
-            if live || pending.get(&m.name) == Some(&m.incarnation) {
-                continue;
-            }
-            let Ok(addr) = m.addr.parse::<SocketAddr>() else {
-                tracing::warn!(peer = %m.name, addr = %m.addr, "member address is not a socket address");
-                continue;
-            };
-            pending.insert(m.name.clone(), m.incarnation);
-            let (shared2, name, inc, tx) = (
-                Arc::clone(&shared),
-                m.name.clone(),
-                m.incarnation,
-                done_tx.clone(),
-            );
-            tokio::spawn(async move {
-                let result = open_session(shared2, name.clone(), addr).await;
-                let _ = tx.send((name, inc, result));
-            });
-        }
-        sessions.retain(|name, d| {
-            table
-                .get(name)
-                .is_some_and(|m| m.incarnation == d.incarnation && m.state == MemberState::Up)
-        });
-        // Sessions with members that are down or gone end now, so calls to
-        // their actors fail instead of waiting for the transport to time out.
-        // Every pass, not only on the change: cheap, and a session that
-        // reappears with such a member is closed on the next pass too.
-        for m in &table.members {
-            if m.state == MemberState::Up || m.name == shared.name {
-                continue;
-            }
-            shared.lane.forget(&m.name);
-            if shared.close_sessions_of(&m.name) > 0 {
-                tracing::info!(peer = %m.name, state = ?m.state, "closed the cluster session of a member that is not up");
-            }
-        }
-        tokio::select! {
-            _ = view.changed() => {}
-            r = ready.changed(), if ready_alive => ready_alive = r.is_ok(),
-            _ = tick.tick() => {}
-            Some((name, inc, result)) = done_rx.recv() => {
-                pending.remove(&name);
-                match result {
-                    Ok(connection) => {
-                        tracing::info!(peer = %name, "cluster session opened");
-                        sessions.insert(name, Dialled {
-                            incarnation: inc,
-                            connection,
-                            opened: std::time::Instant::now(),
-                            was_ready: false,
+impl MeshShell {
+    /// Keeps the sessions the policy wants until `stop`.
+    pub(crate) async fn run(mut self, mut mesh: Mesh, stop: CancellationToken) {
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let mut ready = self.sessions.watch_ready();
+        let mut ready_now: BTreeSet<String> = BTreeSet::new();
+        let mut tick = tokio::time::interval(self.tick);
+        mesh.handle_members(now(), &self.view.borrow_and_update().members);
+        loop {
+            while let Some(action) = mesh.poll_action() {
+                match action {
+                    MeshAction::Dial {
+                        peer,
+                        addr,
+                        incarnation,
+                    } => {
+                        let (shell, tx) = (self.dialer(), done_tx.clone());
+                        self.tasks.spawn(async move {
+                            let result = shell.open_session(&peer, &addr).await;
+                            let _ = tx.send(Done::Dialled(peer, incarnation, result));
                         });
                     }
-                    Err(e) => tracing::warn!(peer = %name, error = %e, "cannot open cluster session; will retry"),
+                    MeshAction::Close { peer } => {
+                        self.lane.forget(&peer);
+                        if self.sessions.close(&peer) > 0 {
+                            tracing::info!(%peer, "closed the cluster session of a member that is not up");
+                        }
+                    }
                 }
             }
-            _ = shutdown.changed() => return,
+            let timeout = mesh.poll_timeout();
+            tokio::select! {
+                changed = self.view.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let members = self.view.borrow_and_update().members.clone();
+                    mesh.handle_members(now(), &members);
+                }
+                changed = ready.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let set: BTreeSet<String> = ready.borrow_and_update().clone();
+                    for peer in set.symmetric_difference(&ready_now) {
+                        let name = peer.split('@').next().unwrap_or(peer).to_owned();
+                        mesh.handle_ready(now(), &name, set.contains(peer));
+                    }
+                    ready_now = set;
+                }
+                _ = tick.tick() => mesh.handle_tick(now()),
+                () = sleep_until(timeout) => mesh.handle_tick(now()),
+                Some(done) = done_rx.recv() => match done {
+                    Done::Dialled(peer, incarnation, result) => {
+                        match result {
+                            Ok(connection) => {
+                                tracing::info!(%peer, "cluster session opened");
+                                let tx = done_tx.clone();
+                                let watched = peer.clone();
+                                self.tasks.spawn(async move {
+                                    connection.closed().await;
+                                    let _ = tx.send(Done::Closed(watched, incarnation));
+                                });
+                                mesh.handle_dialled(now(), &peer, incarnation, true);
+                                // It may have become ready before the result came.
+                                mesh.handle_ready(now(), &peer, self.sessions.is_ready(&peer));
+                            }
+                            Err(e) => {
+                                tracing::warn!(%peer, error = %e, "cannot open cluster session; will retry");
+                                mesh.handle_dialled(now(), &peer, incarnation, false);
+                            }
+                        }
+                    }
+                    Done::Closed(peer, incarnation) => mesh.handle_closed(now(), &peer, incarnation),
+                },
+                () = stop.cancelled() => return,
+            }
         }
+    }
+
+    fn dialer(&self) -> Dialer {
+        Dialer {
+            identity: Arc::clone(&self.identity),
+            pool: Arc::clone(&self.pool),
+            sessions: self.sessions.clone(),
+            node_server: self.node_server.clone(),
+            backlog: Arc::clone(&self.backlog),
+        }
+    }
+}
+
+/// What one dial needs.
+struct Dialer {
+    identity: Arc<Identity>,
+    pool: Arc<Pool>,
+    sessions: Sessions,
+    node_server: ActorRef<NodeServerMessage>,
+    backlog: Arc<Backlog>,
+}
+
+impl Dialer {
+    /// Opens a cluster stream to `peer` at `addr` and hands it to
+    /// ractor_cluster; returns the connection it went on.
+    async fn open_session(&self, peer: &str, addr: &str) -> Result<quinn::Connection, DialError> {
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| DialError::Address(addr.to_owned()))?;
+        // A session still held with this peer is stale (it is why we dial).
+        self.sessions.close(peer);
+        let pc = self.pool.connect(Some(peer), addr).await?;
+        let hello = self.identity.hello(Purpose::Cluster);
+        let (send, recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
+        let stream = QuicClusterStream {
+            send,
+            recv,
+            peer: pc.peer.clone(),
+            backlog: Arc::clone(&self.backlog),
+        };
+        ractor_cluster::client_connect_external(&self.node_server, Box::new(stream)).await?;
+        debug_assert_eq!(ractor_name(peer), ractor_name(&pc.peer));
+        Ok(pc.connection)
     }
 }

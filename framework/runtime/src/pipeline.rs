@@ -14,16 +14,26 @@
 //! [`Pipeline::remove_node`] moves a lost node's batches elsewhere. The
 //! policy (credits, routing, deadlines, attempts) is the sans-IO
 //! [`flotilla_proto::window::Window`]; this module is its async shell.
+//!
+//! Sends go through the node's [`Outbound`] (backpressure, the bulk lane
+//! for large batches). Each send has one deadline, the window's, on tokio's
+//! clock: a send the window gives up on is dropped, its answer with it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use flotilla_proto::window::{Abandoned, Dispatch, Outcome, Window, WindowConfig};
+use futures::StreamExt;
+use futures::future::{AbortHandle, Abortable, BoxFuture};
+use futures::stream::FuturesUnordered;
 use ractor::{ActorRef, Message};
 
 /// The reply port of a worker call, as ractor defines it.
 pub use ractor::RpcReplyPort;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
+
+use crate::clock::{now, sleep_until};
+use crate::outbound::Outbound;
 
 pub use flotilla_proto::window::BatchId;
 
@@ -165,6 +175,9 @@ struct Answer<R> {
     latency: Duration,
 }
 
+/// A send in flight: its answer, or `None` once aborted.
+type PendingSend<R> = BoxFuture<'static, Option<Answer<R>>>;
+
 /// A bounded pipeline of batches over worker actors.
 pub struct Pipeline<S: Stage> {
     stage: S,
@@ -176,15 +189,17 @@ pub struct Pipeline<S: Stage> {
     held: usize,
     backlog: VecDeque<BatchId>,
     gave_up: VecDeque<BatchId>,
-    tx: mpsc::UnboundedSender<Answer<S::Reply>>,
-    rx: mpsc::UnboundedReceiver<Answer<S::Reply>>,
+    outbound: Outbound,
+    sends: FuturesUnordered<PendingSend<S::Reply>>,
+    /// How to drop each send in flight, by batch and attempt.
+    aborts: HashMap<(BatchId, u32), AbortHandle>,
     stats: PipelineStats,
 }
 
 impl<S: Stage> Pipeline<S> {
-    /// A pipeline with no workers yet.
-    pub fn new(stage: S, config: PipelineConfig) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// A pipeline with no workers yet, sending through `outbound` (a
+    /// node's, or [`Outbound::local`] for local workers only).
+    pub fn new(stage: S, config: PipelineConfig, outbound: Outbound) -> Self {
         Self {
             stage,
             window: Window::new(WindowConfig {
@@ -199,8 +214,9 @@ impl<S: Stage> Pipeline<S> {
             held: 0,
             backlog: VecDeque::new(),
             gave_up: VecDeque::new(),
-            tx,
-            rx,
+            outbound,
+            sends: FuturesUnordered::new(),
+            aborts: HashMap::new(),
             stats: PipelineStats::default(),
         }
     }
@@ -245,6 +261,7 @@ impl<S: Stage> Pipeline<S> {
             self.window.remove_worker(key);
             self.workers.remove(key);
         }
+        self.drop_stale_sends();
         gone.len()
     }
 
@@ -295,36 +312,48 @@ impl<S: Stage> Pipeline<S> {
                 .expect("window and flights agree"),
         );
         let (port_tx, port_rx) = oneshot::channel();
+        // The port's timeout only lets ractor_cluster forget a remote reply
+        // it will never get; the window's deadline is the one acted on.
         let port: RpcReplyPort<S::Reply> = (port_tx, self.config.deadline).into();
         let msg = self.stage.request(d.batch, &flight.batch, port);
-        let tx = self.tx.clone();
-        let started = Instant::now();
-        if let Err(e) = worker.actor.cast(msg) {
-            let _ = tx.send(Answer {
-                to: d,
-                result: Err(e.to_string()),
-                latency: started.elapsed(),
-            });
-            return;
-        }
-        let deadline = self.config.deadline;
-        tokio::spawn(async move {
-            let result = match tokio::time::timeout(deadline, port_rx).await {
-                Ok(Ok(reply)) => Ok(reply),
-                Ok(Err(_)) => Err("the worker dropped the request".to_owned()),
-                Err(_) => Err("deadline passed".to_owned()),
+        let (actor, outbound, to) = (worker.actor.clone(), self.outbound.clone(), d.clone());
+        let send = async move {
+            let started = tokio::time::Instant::now();
+            let result = match outbound.cast(&actor, msg).await {
+                Err(e) => Err(e.to_string()),
+                Ok(()) => port_rx
+                    .await
+                    .map_err(|_| "the worker dropped the request".to_owned()),
             };
-            let _ = tx.send(Answer {
-                to: d,
+            Answer {
+                to,
                 result,
                 latency: started.elapsed(),
-            });
+            }
+        };
+        let (handle, registration) = AbortHandle::new_pair();
+        self.aborts.insert((d.batch, d.attempt), handle);
+        self.sends.push(Box::pin(async move {
+            Abortable::new(send, registration).await.ok()
+        }));
+    }
+
+    /// Drops the sends the window no longer waits for (deadline passed,
+    /// worker lost, failed and sent again).
+    fn drop_stale_sends(&mut self) {
+        let window = &self.window;
+        self.aborts.retain(|(batch, attempt), handle| {
+            let live = window.flight_of(*batch).is_some_and(|(_, a)| a == *attempt);
+            if !live {
+                handle.abort();
+            }
+            live
         });
     }
 
     /// Sends retries first, then submitted batches, while credits last.
     fn pump(&mut self) {
-        let now = Instant::now();
+        let now = now();
         while let Some(d) = self.window.poll_retry(now) {
             self.send(d);
         }
@@ -369,26 +398,29 @@ impl<S: Stage> Pipeline<S> {
             if self.workers.is_empty() {
                 return Err(PipelineError::NoWorkers(self.flights.len()));
             }
+            // Nothing due: look again in a second (a retry waiting for a
+            // free worker).
             let wake = self
                 .window
                 .poll_timeout()
-                .map(tokio::time::Instant::from_std)
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(1));
+                .or_else(|| Some(now() + Duration::from_secs(1)));
             let answer = tokio::select! {
-                a = self.rx.recv() => a,
-                _ = tokio::time::sleep_until(wake) => {
-                    self.window.poll_deadlines(Instant::now());
+                a = self.sends.next(), if !self.sends.is_empty() => a,
+                () = sleep_until(wake) => {
+                    self.window.poll_deadlines(now());
+                    self.drop_stale_sends();
                     continue;
                 }
             };
-            let Some(Answer {
+            let Some(Some(Answer {
                 to,
                 result,
                 latency,
-            }) = answer
+            })) = answer
             else {
                 continue;
             };
+            self.aborts.remove(&(to.batch, to.attempt));
             let (id, worker) = (to.batch, to.worker);
             // An answer to an earlier send of the batch (to this worker or
             // another) is stale, even when it arrives after a retry.
@@ -431,6 +463,7 @@ impl<S: Stage> Pipeline<S> {
                         .unwrap_or("");
                     tracing::warn!(batch = id.0, node, %reason, "batch failed; sending it again");
                     self.window.fail(id, &worker);
+                    self.drop_stale_sends();
                 }
             }
         }
@@ -514,6 +547,10 @@ mod tests {
         Actor::spawn(None, Doubler { liar }, ()).await.unwrap().0
     }
 
+    fn pipeline(config: PipelineConfig) -> Pipeline<Double> {
+        Pipeline::new(Double, config, Outbound::local())
+    }
+
     fn config(max_in_flight: usize) -> PipelineConfig {
         PipelineConfig {
             max_in_flight,
@@ -545,9 +582,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn every_batch_once_within_the_window() {
-        let mut p = Pipeline::new(Double, config(4));
+        let mut p = pipeline(config(4));
         for _ in 0..3 {
             p.add_worker("local", worker(false).await);
         }
@@ -569,20 +606,19 @@ mod tests {
         assert_eq!(p.stats().retries, 0);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn bad_input_is_rejected_once_and_silence_gives_up_after_the_attempts() {
-        let mut p = Pipeline::new(Double, config(2));
+        let mut p = pipeline(config(2));
         p.add_worker("local", worker(false).await);
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         let events = run(&mut p, &[1, -5, 13, 2], 2).await;
-        // Each of 13's three sends waited out its whole deadline: the
-        // timeout of one send, reported late, does not fail the next send
-        // to the same (only) worker.
+        // Each of 13's three sends waited out its whole deadline, and no
+        // more: one deadline per send, on tokio's (paused) clock.
         let deadlines = config(2).deadline * 3;
+        let took = started.elapsed();
         assert!(
-            started.elapsed() >= deadlines - Duration::from_millis(30),
-            "gave up after {:?}",
-            started.elapsed()
+            took >= deadlines && took < deadlines + Duration::from_millis(5),
+            "gave up after {took:?}"
         );
         let mut rejected = 0;
         let mut gave_up = 0;
@@ -605,9 +641,9 @@ mod tests {
         assert_eq!(p.stats().retries, 2);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_wrong_answer_is_sent_again_to_another_worker() {
-        let mut p = Pipeline::new(Double, config(2));
+        let mut p = pipeline(config(2));
         p.add_worker("a", worker(true).await);
         p.add_worker("b", worker(false).await);
         let events = run(&mut p, &[7, 7, 7, 7], 2).await;
@@ -621,9 +657,9 @@ mod tests {
         assert!(p.stats().retries >= 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_lost_node_s_batches_go_to_the_others_and_no_worker_is_an_error() {
-        let mut p = Pipeline::new(Double, config(4));
+        let mut p = pipeline(config(4));
         let silent = worker(false).await;
         p.add_worker("gone", silent.clone());
         p.add_worker("here", worker(false).await);
@@ -639,15 +675,12 @@ mod tests {
         silent.stop(None);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_memory_budget_bounds_what_is_held() {
-        let mut p = Pipeline::new(
-            Double,
-            PipelineConfig {
-                memory_budget: 16,
-                ..config(100)
-            },
-        );
+        let mut p = pipeline(PipelineConfig {
+            memory_budget: 16,
+            ..config(100)
+        });
         p.add_worker("local", worker(false).await);
         let inputs: Vec<i64> = (0..50).filter(|x| *x != 13).collect();
         // 8 bytes per batch, 16 allowed: at most two held at once.

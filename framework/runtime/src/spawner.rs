@@ -7,12 +7,12 @@
 //! and joins the process group of its own name, which is how any node looks
 //! it up.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use ractor_cluster::RactorClusterMessage;
@@ -128,6 +128,73 @@ where
     }
 }
 
+/// Tells `spawner` who is up whenever that changes in `view` (most table
+/// changes are actor counts, which it does not need), until `view` closes
+/// or the spawner stops.
+pub(crate) async fn relay_members(
+    mut view: tokio::sync::watch::Receiver<crate::table::Table>,
+    spawner: ActorRef<SpawnerMsg>,
+) {
+    let mut last = Vec::new();
+    loop {
+        let states: Vec<(String, u64, bool)> = {
+            let t = view.borrow_and_update();
+            t.members
+                .iter()
+                .map(|m| {
+                    (
+                        m.name.clone(),
+                        m.incarnation,
+                        m.state == flotilla_proto::membership::MemberState::Up,
+                    )
+                })
+                .collect()
+        };
+        if !states.is_empty()
+            && states != last
+            && spawner
+                .cast(SpawnerMsg::Members(MemberStates(states.clone())))
+                .is_err()
+        {
+            return;
+        }
+        last = states;
+        if view.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The actors a node's spawner hosts, shared with the node: how many (its
+/// heartbeats report it) and which (lookups prefer them).
+#[derive(Clone, Default)]
+pub(crate) struct Hosted {
+    ids: Arc<Mutex<HashSet<ractor::ActorId>>>,
+    count: Arc<AtomicU32>,
+}
+
+impl Hosted {
+    /// Whether the actor `id` is one of this node's.
+    pub(crate) fn contains(&self, id: ractor::ActorId) -> bool {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&id)
+    }
+
+    /// How many actors the node hosts.
+    pub(crate) fn count(&self) -> u32 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, ids: impl Iterator<Item = ractor::ActorId>) {
+        let mut set = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        set.clear();
+        set.extend(ids);
+        self.count.store(set.len() as u32, Ordering::Relaxed);
+    }
+}
+
 /// Registered kinds by name.
 pub(crate) type Kinds = Arc<HashMap<String, Arc<dyn Kind>>>;
 
@@ -137,12 +204,12 @@ pub(crate) struct Spawner;
 pub(crate) struct SpawnerArgs {
     pub(crate) node: String,
     pub(crate) kinds: Kinds,
-    pub(crate) live: Arc<AtomicU32>,
+    pub(crate) hosted: Hosted,
 }
 
 pub(crate) struct SpawnerState {
     kinds: Kinds,
-    live: Arc<AtomicU32>,
+    hosted: Hosted,
     children: HashMap<ractor::ActorId, Child>,
     /// The last member table.
     members: MemberStates,
@@ -169,8 +236,7 @@ impl SpawnerState {
     }
 
     fn publish(&self) {
-        self.live
-            .store(self.children.len() as u32, Ordering::Relaxed);
+        self.hosted.set(self.children.keys().copied());
     }
 }
 
@@ -187,7 +253,7 @@ impl Actor for Spawner {
         ractor::pg::join(spawner_group(&args.node), vec![myself.get_cell()]);
         Ok(SpawnerState {
             kinds: args.kinds,
-            live: args.live,
+            hosted: args.hosted,
             children: HashMap::new(),
             members: MemberStates::default(),
         })

@@ -16,6 +16,23 @@ pub struct Table {
 }
 
 impl Table {
+    /// Applies members received from the head: the whole table, or the
+    /// members that changed (each replacing its entry, names kept sorted).
+    pub fn apply(&mut self, update: flotilla_proto::member::TableUpdate) {
+        self.version = update.version;
+        self.head = update.head;
+        if update.whole {
+            self.members = update.members;
+            return;
+        }
+        for m in update.members {
+            match self.members.binary_search_by(|e| e.name.cmp(&m.name)) {
+                Ok(i) => self.members[i] = m,
+                Err(i) => self.members.insert(i, m),
+            }
+        }
+    }
+
     /// Members currently up.
     pub fn up(&self) -> impl Iterator<Item = &MemberView> {
         self.members.iter().filter(|m| m.state == MemberState::Up)
@@ -96,5 +113,45 @@ impl Table {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_proto::member::TableUpdate;
+    use flotilla_proto::resources::Resources;
+
+    fn member(name: &str, state: MemberState) -> MemberView {
+        MemberView {
+            name: name.into(),
+            addr: String::new(),
+            bulk_addr: String::new(),
+            incarnation: 1,
+            state,
+            resources: Resources::default(),
+            actors: 0,
+        }
+    }
+
+    #[test]
+    fn changes_replace_entries_and_keep_names_sorted() {
+        let mut t = Table::default();
+        t.apply(TableUpdate {
+            version: 2,
+            head: "h".into(),
+            whole: true,
+            members: vec![member("a", MemberState::Up), member("c", MemberState::Up)],
+        });
+        t.apply(TableUpdate {
+            version: 4,
+            head: "h".into(),
+            whole: false,
+            members: vec![member("b", MemberState::Up), member("c", MemberState::Down)],
+        });
+        let names: Vec<&str> = t.members.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(t.get("c").unwrap().state, MemberState::Down);
+        assert_eq!(t.version, 4);
     }
 }

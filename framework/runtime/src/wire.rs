@@ -32,9 +32,7 @@ macro_rules! remote_type {
     ($($t:ty),+ $(,)?) => {$(
         impl $crate::ractor::BytesConvertable for $t {
             fn into_bytes(self) -> ::std::vec::Vec<u8> {
-                let bytes = $crate::wire::encode(&self);
-                $crate::outbound::enqueued(bytes.len());
-                bytes
+                $crate::wire::encode(&self)
             }
             fn from_bytes(bytes: ::std::vec::Vec<u8>) -> Self {
                 match $crate::wire::decode::<$t>(&bytes) {

@@ -1,11 +1,17 @@
 //! Flotilla's test kit: what tests, examples and benches share.
 //!
 //! ```text
+//! ca       throw-away cluster certificates, free loopback addresses
+//! cluster  real `node` processes: scratch folders, spawn, kill, status, eventually
+//! probe    echo and relay actors (the `test-node` binary registers them)
 //! corpus   a synthetic English-like corpus, the same on every machine
 //! rng      a seeded generator, the same on every machine
 //! sim      the control plane's proto machines on a virtual clock, with faults
 //! ```
 
+pub mod ca;
+pub mod cluster;
 pub mod corpus;
+pub mod probe;
 pub mod rng;
 pub mod sim;

@@ -28,7 +28,25 @@ pub enum StreamError {
     RefusedPeer(Refusal),
     /// The connection or stream failed.
     #[error("stream failed: {0}")]
-    Io(String),
+    Io(#[from] IoError),
+}
+
+/// How a QUIC connection or stream failed under a framed exchange.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IoError {
+    /// The connection is gone (closed, timed out, reset).
+    #[error(transparent)]
+    Connection(#[from] quinn::ConnectionError),
+    /// Writing failed.
+    #[error(transparent)]
+    Write(#[from] quinn::WriteError),
+    /// Reading failed.
+    #[error(transparent)]
+    Read(#[from] quinn::ReadError),
+    /// The stream was already finished or reset.
+    #[error(transparent)]
+    Closed(#[from] quinn::ClosedStream),
 }
 
 impl StreamError {
@@ -43,8 +61,13 @@ impl StreamError {
     }
 }
 
-fn io(e: impl std::fmt::Display) -> StreamError {
-    StreamError::Io(e.to_string())
+fn io(e: impl Into<IoError>) -> StreamError {
+    StreamError::Io(e.into())
+}
+
+/// Writes `bytes` to `send` whole.
+pub async fn write_all(send: &mut SendStream, bytes: &[u8]) -> Result<(), StreamError> {
+    send.write_all(bytes).await.map_err(io)
 }
 
 /// Writes one framed archive.
@@ -54,7 +77,7 @@ pub async fn send_msg<T: Encode>(
     max: u32,
 ) -> Result<(), StreamError> {
     let bytes = frame::encode(&wire::encode(msg), max)?;
-    send.write_all(&bytes).await.map_err(io)
+    write_all(send, &bytes).await
 }
 
 /// Reads one frame's payload, checking its length before allocating.
@@ -93,6 +116,64 @@ pub async fn recv_msg<T: Decode>(recv: &mut RecvStream, max: u32) -> Result<T, S
         want: PREFIX_LEN,
     })?;
     Ok(wire::decode::<T>(&payload)?)
+}
+
+type NextFrame<T> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (RecvStream, Result<Option<T>, StreamError>)> + Send>,
+>;
+
+/// The framed archives of a receive stream, one at a time, with a
+/// cancel-safe [`Frames::next`]: the read in progress lives in the value,
+/// so dropping a `next()` future (in a `select!`) loses nothing.
+pub struct Frames<T> {
+    next: Option<NextFrame<T>>,
+    max: u32,
+}
+
+impl<T: Decode + Send + 'static> Frames<T> {
+    /// Frames of at most `max` bytes read from `recv`.
+    pub fn new(recv: RecvStream, max: u32) -> Self {
+        Self {
+            next: Some(Self::read(recv, max)),
+            max,
+        }
+    }
+
+    fn read(mut recv: RecvStream, max: u32) -> NextFrame<T> {
+        Box::pin(async move {
+            let result = match recv_frame(&mut recv, max).await {
+                Ok(Some(bytes)) => wire::decode::<T>(&bytes)
+                    .map(Some)
+                    .map_err(StreamError::from),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
+            };
+            (recv, result)
+        })
+    }
+
+    /// The next archive; `None` once the stream ended cleanly or failed
+    /// (the failure is returned once, first).
+    ///
+    /// Cancel safety: cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<T, StreamError>> {
+        let pending = self.next.as_mut()?;
+        let (recv, result) = pending.as_mut().await;
+        match result {
+            Ok(Some(msg)) => {
+                self.next = Some(Self::read(recv, self.max));
+                Some(Ok(msg))
+            }
+            Ok(None) => {
+                self.next = None;
+                None
+            }
+            Err(e) => {
+                self.next = None;
+                Some(Err(e))
+            }
+        }
+    }
 }
 
 /// Dialer side: opens a stream on `connection`, sends `hello` and waits for

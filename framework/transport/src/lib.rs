@@ -22,4 +22,4 @@ pub mod tls;
 
 pub use certs::{CertError, Identity};
 pub use endpoint::{BindError, ConnectError, Endpoint, PeerConnection, Tuning};
-pub use handshake::StreamError;
+pub use handshake::{IoError, StreamError};

@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod run;
+
 use clap::{Args, Parser, Subcommand};
 use flotilla::NodeConfig;
 use serde::Deserialize;

@@ -20,12 +20,16 @@ use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberView, Node, NodeConfig, Resources};
 
 use super::driver::{Workers, drive, embedder_args};
-use super::{ClusterConfig, JobConfig, JobError, Summary};
+use super::{
+    ClusterConfig, ClusterError, JobConfig, JobError, Summary, WorkerFailure, WorkerStartError,
+};
 use crate::actor::{EmbedMsg, KIND, ModelInfo};
 use crate::model_folder::ModelFolder;
 
 /// How long spawning one actor (its model load included) may take.
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a spawned actor may take to describe its model.
+const INFO_WITHIN: Duration = Duration::from_secs(30);
 
 /// The local address that routes to `head`, any port: what the workers dial
 /// back. Nothing is sent to find it.
@@ -72,7 +76,16 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
                 })?,
         );
     let result = match start_workers(&config, &node, reference).await {
-        Ok(workers) => drive(&config, started, &workers, Some(node.watch_members())).await,
+        Ok(workers) => {
+            drive(
+                &config,
+                started,
+                &workers,
+                node.outbound(),
+                Some(node.watch_members()),
+            )
+            .await
+        }
         Err(e) => Err(e),
     };
     match Arc::try_unwrap(node) {
@@ -102,9 +115,7 @@ async fn start_workers(
 ) -> Result<Workers, JobError> {
     let members = worker_nodes(node);
     if members.is_empty() {
-        return Err(JobError::Cluster(
-            "no worker node is up (`node status` lists the members)".into(),
-        ));
+        return Err(ClusterError::NoWorkerUp.into());
     }
     let args = embedder_args(config);
     let tag = format!("{}-{}", node.name(), node.incarnation());
@@ -125,12 +136,12 @@ async fn start_workers(
             let mut out = Vec::new();
             for i in 0..per_node.max(1) {
                 let actor_name = format!("flotilla.embed.{tag}.{name}.{i}");
-                let spawned: Result<(ActorRef<EmbedMsg>, ModelInfo), String> = async {
+                let spawned: Result<(ActorRef<EmbedMsg>, ModelInfo), WorkerStartError> = async {
                     let actor: ActorRef<EmbedMsg> = node
                         .spawn_on(&name, KIND, &actor_name, &args, SPAWN_TIMEOUT)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let info = call_t!(actor, EmbedMsg::Info, 30_000).map_err(|e| e.to_string())?;
+                        .await?;
+                    let info = call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
+                        .map_err(|_| WorkerStartError::NoInfo(INFO_WITHIN))?;
                     Ok((actor, info))
                 }
                 .await;
@@ -144,25 +155,25 @@ async fn start_workers(
         });
     }
     let mut started: Vec<(String, ActorRef<EmbedMsg>, ModelInfo)> = Vec::new();
-    let mut failures: Vec<String> = Vec::new();
+    let mut failures: Vec<WorkerFailure> = Vec::new();
     while let Some(joined) = tasks.join_next().await {
-        let results = joined.map_err(|e| JobError::Cluster(e.to_string()))?;
+        let results = match joined {
+            Ok(results) => results,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
         for (name, r) in results {
             match r {
                 Ok((actor, info)) => started.push((name, actor, info)),
-                Err(e) => {
-                    tracing::warn!(node = %name, error = %e, "no embedding actor on this worker");
-                    failures.push(format!("{name}: {e}"));
+                Err(why) => {
+                    tracing::warn!(node = %name, error = %why, "no embedding actor on this worker");
+                    failures.push(WorkerFailure { node: name, why });
                 }
             }
         }
     }
     started.sort_by(|a, b| a.0.cmp(&b.0));
     if started.is_empty() {
-        return Err(JobError::Cluster(format!(
-            "no embedding actor started on any worker: {}",
-            failures.join("; ")
-        )));
+        return Err(ClusterError::NoActorStarted(failures).into());
     }
     let revision = reference.unwrap_or_else(|| started[0].2.revision.clone());
     let mut actors = Vec::new();
@@ -180,7 +191,7 @@ async fn start_workers(
     let mut nodes: Vec<String> = actors.iter().map(|(n, _)| n.clone()).collect();
     nodes.dedup();
     let workers = Workers::new(actors, &infos)
-        .ok_or_else(|| JobError::Cluster(format!("no worker has model revision {revision}")))?;
+        .ok_or_else(|| ClusterError::NoMatchingRevision(revision.clone()))?;
     tracing::info!(actors = workers.actors.len(), nodes = ?nodes, %revision, "embedding actors ready");
     Ok(workers)
 }

@@ -159,12 +159,14 @@ impl Batcher {
     }
 }
 
-/// Runs the job over `workers`. With `members`, workers whose node goes
-/// down or leaves are dropped and their batches sent elsewhere.
+/// Runs the job over `workers`, sending through `outbound`. With `members`,
+/// workers whose node goes down or leaves are dropped and their batches
+/// sent elsewhere.
 pub(crate) async fn drive(
     config: &JobConfig,
     started: Instant,
     workers: &Workers,
+    outbound: flotilla::Outbound,
     mut members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
 ) -> Result<Summary, JobError> {
     // Every actor has its model: what follows is the job itself.
@@ -239,6 +241,7 @@ pub(crate) async fn drive(
             dim: info.dim,
         },
         pipeline_config(workers.actors.len(), config),
+        outbound,
     );
     for (node, actor) in &workers.actors {
         pipeline.add_worker(node, actor.clone());

@@ -2,10 +2,12 @@
 
 use std::time::Instant;
 
+use std::time::Duration;
+
 use flotilla::ractor::{Actor, ActorRef, call_t};
 
 use super::driver::{Workers, drive, embedder_args};
-use super::{JobConfig, JobError, Summary};
+use super::{ActorError, JobConfig, JobError, Summary};
 use crate::actor::{EmbedMsg, Embedder, ModelInfo};
 use crate::model_folder::ModelFolder;
 
@@ -29,12 +31,13 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
             a.stop(None);
         }
     };
+    const INFO_WITHIN: Duration = Duration::from_secs(10);
     for _ in 0..count {
         let spawned = match Actor::spawn(None, Embedder::default(), embedder_args(&config)).await {
-            Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, 10_000)
+            Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
                 .map(|info| (actor, info))
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+                .map_err(|_| ActorError::NoInfo(INFO_WITHIN)),
+            Err(e) => Err(ActorError::Spawn(e)),
         };
         match spawned {
             Ok((actor, info)) => {
@@ -43,20 +46,24 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
             }
             Err(e) => {
                 stop(&actors);
-                return Err(JobError::Actor(e));
+                return Err(e.into());
             }
         }
     }
     let first = infos[0].clone();
     if let Some(other) = infos.iter().find(|i| i.revision != first.revision) {
         stop(&actors);
-        return Err(JobError::Actor(format!(
-            "actors loaded different weights: {} and {}",
-            first.revision, other.revision
-        )));
+        return Err(ActorError::Revisions(first.revision.clone(), other.revision.clone()).into());
     }
     let workers = Workers::new(actors, &infos).expect("at least one actor");
-    let result = drive(&config, started, &workers, None).await;
+    let result = drive(
+        &config,
+        started,
+        &workers,
+        flotilla::Outbound::local(),
+        None,
+    )
+    .await;
     workers.stop();
     result
 }

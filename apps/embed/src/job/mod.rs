@@ -64,9 +64,9 @@ pub enum JobError {
         "output column {0:?} is named twice or clashes with the job's own id and embedding columns"
     )]
     OutputColumn(String),
-    /// An embedding actor did not start.
-    #[error("embedding actor failed to start: {0}")]
-    Actor(String),
+    /// An embedding actor in this process did not start.
+    #[error(transparent)]
+    Actor(#[from] ActorError),
     /// The driver could not join the cluster.
     #[error("cannot join the cluster at {head}: {source}")]
     Join {
@@ -76,14 +76,74 @@ pub enum JobError {
         source: flotilla::StartError,
     },
     /// The cluster offers no usable worker.
-    #[error("cluster: {0}")]
-    Cluster(String),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// Every worker was lost with batches still to do.
     #[error("{0}; rerun to finish the job (completed batches are kept)")]
     NoWorkers(flotilla::pipeline::PipelineError),
     /// Batches failed on every attempt.
     #[error("{0} batches failed on every attempt; rerun to retry them")]
     Incomplete(u64),
+}
+
+/// Why the embedding actors of a local job did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActorError {
+    /// An actor failed in its start (its model did not load).
+    #[error("embedding actor failed to start: {0}")]
+    Spawn(#[source] flotilla::ractor::SpawnErr),
+    /// An actor did not describe its model in time.
+    #[error("embedding actor did not describe its model within {0:?}")]
+    NoInfo(std::time::Duration),
+    /// Two actors loaded different weights.
+    #[error("actors loaded different weights: {0} and {1}")]
+    Revisions(String, String),
+}
+
+/// Why a cluster job found no usable worker.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// No worker node is up.
+    #[error("cluster: no worker node is up (`node status` lists the members)")]
+    NoWorkerUp,
+    /// No embedding actor started anywhere.
+    #[error("cluster: no embedding actor started on any worker: {}", list(.0))]
+    NoActorStarted(Vec<WorkerFailure>),
+    /// No worker has the job's model revision.
+    #[error("cluster: no worker has model revision {0}")]
+    NoMatchingRevision(String),
+}
+
+/// One worker's embedding actor that did not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{node}: {why}")]
+pub struct WorkerFailure {
+    /// The worker.
+    pub node: String,
+    /// What went wrong.
+    pub why: WorkerStartError,
+}
+
+/// Why an embedding actor did not start on a worker.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerStartError {
+    /// The spawn failed.
+    #[error(transparent)]
+    Spawn(#[from] flotilla::SpawnError),
+    /// The actor did not describe its model in time.
+    #[error("the actor did not describe its model within {0:?}")]
+    NoInfo(std::time::Duration),
+}
+
+fn list(failures: &[WorkerFailure]) -> String {
+    failures
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Runs the job: in this process, or on the cluster of

@@ -1,12 +1,14 @@
-//! Probe actors every `node` registers: an echo for round-trip checks and a
-//! relay that calls another named actor, so a call between two remote
-//! actors can be exercised from anywhere in the cluster.
+//! Probe actors for tests: an echo for round-trip checks and a relay that
+//! calls another named actor, so a call between two remote actors can be
+//! exercised from anywhere in the cluster. The `test-node` binary is the
+//! `node` command with these registered; production nodes do not register
+//! them.
 
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use ractor_cluster::RactorClusterMessage;
-use rkyv::{Archive, Deserialize, Serialize};
+use flotilla::ractor::{self, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use flotilla::ractor_cluster::RactorClusterMessage;
+use flotilla::rkyv::{Archive, Deserialize, Serialize};
 
 /// Kind name of [`Echo`].
 pub const ECHO: &str = "flotilla.echo";
@@ -15,10 +17,12 @@ pub const RELAY: &str = "flotilla.relay";
 
 /// An opaque payload.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
 pub struct Payload(pub Vec<u8>);
 
 /// A relayed call: ask the actor named `target` to echo `payload`.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
 pub struct RelayRequest {
     /// Name of an [`Echo`] actor anywhere in the cluster.
     pub target: String,
@@ -30,6 +34,7 @@ pub struct RelayRequest {
 
 /// The relay's answer: the echoed bytes, or why the inner call failed.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
 pub enum RelayReply {
     /// The target echoed these bytes.
     Echoed(Vec<u8>),
@@ -39,6 +44,7 @@ pub enum RelayReply {
 
 /// What an [`Echo`] has received as notes.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[rkyv(crate = flotilla::rkyv)]
 pub struct Tally {
     /// Notes received.
     pub notes: u64,
@@ -62,9 +68,10 @@ impl Tally {
 
 /// Arguments of the probe actors (none).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[rkyv(crate = flotilla::rkyv)]
 pub struct NoArgs;
 
-crate::remote_type!(Payload, RelayRequest, RelayReply, NoArgs, Tally);
+flotilla::remote_type!(Payload, RelayRequest, RelayReply, NoArgs, Tally);
 
 /// Messages of [`Echo`].
 #[derive(RactorClusterMessage)]
@@ -177,6 +184,6 @@ impl Actor for Relay {
 }
 
 /// Registers the probe kinds on a node builder.
-pub fn register(builder: crate::NodeBuilder) -> crate::NodeBuilder {
+pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
     builder.register(ECHO, || Echo).register(RELAY, || Relay)
 }

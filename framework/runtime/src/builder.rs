@@ -1,0 +1,294 @@
+//! Building and starting a node: certificates, endpoints and the actor
+//! system first, then the node's parts, each handed only what it needs.
+//!
+//! ```text
+//! certs ─► main endpoint ─► pool ──────────────┐ connections on a channel
+//!       └► bulk lane (own endpoint and threads) │
+//! NodeServer (ractor_cluster) ◄─ Router ◄───────┘ cluster / control streams
+//! head:   HeadService (Membership, detector) ─► watch<Table>
+//! member: Member (MemberLink) ── join, heartbeat ─► watch<Table>
+//! watch<Table> ─► Mesh (dial policy) · spawner relay · Outbound · Lane
+//! ```
+//!
+//! Every task goes through the node's [`Tasks`]; [`Node::shutdown`] waits
+//! for all of them, the member's clean leave included.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use flotilla_proto::member::MemberConfig;
+use flotilla_proto::mesh::{Mesh, MeshConfig};
+use flotilla_proto::resources::Resources;
+use flotilla_transport::{BindError, Endpoint, Tuning};
+use ractor::Actor;
+use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
+use tokio::sync::{mpsc, watch};
+
+use crate::backlog::Backlog;
+use crate::bulk::Lane;
+use crate::config::{NodeConfig, detect_resources};
+use crate::control::ControlService;
+use crate::head::HeadService;
+use crate::identity::Identity;
+use crate::member::{JoinError, Member};
+use crate::mesh::MeshShell;
+use crate::node::Node;
+use crate::outbound::Outbound;
+use crate::pool::Pool;
+use crate::router::Router;
+use crate::sessions::Sessions;
+use crate::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members, spawner_group};
+use crate::table::Table;
+use crate::tasks::Tasks;
+use crate::wire::Decode;
+
+/// Why a node could not start. Each is fatal: the `node` binary exits
+/// non-zero with the message. Sorted by what the operator should do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Certificates are missing or invalid: fix the certificates folder.
+    #[error(transparent)]
+    Certs(#[from] flotilla_transport::CertError),
+    /// The certificates do not make a TLS configuration.
+    #[error(transparent)]
+    Tls(#[from] flotilla_transport::tls::TlsError),
+    /// The head refused this node, or could not be reached or did not
+    /// answer in time.
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    /// The QUIC endpoint could not be bound: the address is taken or not
+    /// local.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// The bulk lane could not start.
+    #[error(transparent)]
+    Lane(#[from] crate::bulk::LaneError),
+    /// The ractor node server or the spawner could not start.
+    #[error("NODE-START-001: cannot start the actor system: {0}")]
+    ActorSystem(#[source] ractor::SpawnErr),
+    /// The ractor node server stopped while the node started.
+    #[error("NODE-START-002: the actor system stopped while the node started")]
+    ActorSystemStopped,
+}
+
+/// Registers actor kinds, then starts a [`Node`].
+pub struct NodeBuilder {
+    config: NodeConfig,
+    kinds: HashMap<String, Arc<dyn Kind>>,
+}
+
+impl Node {
+    /// Starts building a node from `config`.
+    pub fn builder(config: NodeConfig) -> NodeBuilder {
+        NodeBuilder {
+            config,
+            kinds: HashMap::new(),
+        }
+    }
+}
+
+impl NodeBuilder {
+    /// Registers an actor kind that other nodes may spawn here by name.
+    /// `factory` makes the actor value; its `Arguments` travel as an rkyv
+    /// archive and are validated before use.
+    pub fn register<A, F>(mut self, kind: &str, factory: F) -> Self
+    where
+        A: Actor,
+        A::Arguments: Decode,
+        F: Fn() -> A + Send + Sync + 'static,
+    {
+        self.kinds.insert(
+            kind.to_owned(),
+            Arc::new(KindOf {
+                factory,
+                _actor: PhantomData,
+            }),
+        );
+        self
+    }
+
+    /// Starts the node: loads certificates, binds the QUIC endpoints,
+    /// starts the actor system and, unless this node is the head, joins the
+    /// head. Cancel safety: a cancelled start leaves its tasks to be
+    /// dropped with the runtime.
+    pub async fn start(self) -> Result<Node, StartError> {
+        let config = self.config;
+        let certs = flotilla_transport::Identity::load(&config.certs, &config.name)?;
+        let tls = flotilla_transport::tls::server_tls(&certs)?;
+        let endpoint = Endpoint::bind(config.listen, certs.clone(), &Tuning::default())?;
+        let local = endpoint.local_addr().map_err(|source| BindError::Socket {
+            addr: config.listen,
+            source,
+        })?;
+        let advertise = config.advertise.unwrap_or(local);
+        let lane = Arc::new(Lane::bind(
+            config.bulk_listen.unwrap_or((local.ip(), 0).into()),
+            certs,
+        )?);
+        let bulk_addr = SocketAddr::new(advertise.ip(), lane.local_addr().port());
+
+        // ractor_cluster always opens a TCP listener: keep it on loopback
+        // and behind the same mutual TLS as QUIC.
+        let server = NodeServer::new(
+            0,
+            config.cookie.clone(),
+            config.name.clone(),
+            config.name.clone(),
+            Some(IncomingEncryptionMode::Tls(
+                tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+            )),
+            Some(ractor_cluster::node::NodeConnectionMode::Isolated),
+        )
+        .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
+        .with_max_inbound_frame_size(config.max_frame_bytes);
+        let (node_server, _) = Actor::spawn(None, server, ())
+            .await
+            .map_err(StartError::ActorSystem)?;
+        let sessions = Sessions::new();
+        node_server
+            .cast(NodeServerMessage::SubscribeToEvents {
+                id: "flotilla.guard".into(),
+                subscription: Box::new(sessions.guard()),
+            })
+            .map_err(|_| StartError::ActorSystemStopped)?;
+
+        let mut resources = config.resources.clone().unwrap_or_else(|| {
+            if config.is_head() {
+                Resources::default()
+            } else {
+                detect_resources()
+            }
+        });
+        resources.labels.extend(config.labels.clone());
+        let identity = Arc::new(Identity::new(
+            config.name.clone(),
+            advertise,
+            bulk_addr,
+            resources,
+        ));
+        let tasks = Tasks::new();
+        let backlog = Arc::new(Backlog::default());
+        let (view_tx, view) = watch::channel(Table::default());
+        let (router_tx, router_rx) = mpsc::unbounded_channel();
+        let pool = Arc::new(Pool::new(endpoint.clone(), router_tx));
+        let hosted = Hosted::default();
+
+        let (control, head, member) = match config.head {
+            None => {
+                let head = Arc::new(HeadService::new(
+                    identity.join_request(),
+                    config.detector,
+                    view_tx,
+                ));
+                (ControlService::Head(Arc::clone(&head)), Some(head), None)
+            }
+            Some(addr) => {
+                let member = Member::new(
+                    Arc::clone(&identity),
+                    Arc::clone(&pool),
+                    addr,
+                    view_tx,
+                    hosted.clone(),
+                    MemberConfig {
+                        heartbeat_interval: config.detector.heartbeat_interval,
+                        ..MemberConfig::default()
+                    },
+                );
+                (ControlService::Member(view.clone()), None, Some(member))
+            }
+        };
+
+        let spawner = match Actor::spawn(
+            Some(spawner_group(&config.name)),
+            Spawner,
+            SpawnerArgs {
+                node: config.name.clone(),
+                kinds: Arc::new(self.kinds),
+                hosted: hosted.clone(),
+            },
+        )
+        .await
+        {
+            Ok((spawner, _)) => spawner,
+            Err(e) => {
+                node_server.stop(None);
+                return Err(StartError::ActorSystem(e));
+            }
+        };
+        let outbound = Outbound::new(
+            Arc::clone(&identity),
+            Arc::clone(&backlog),
+            Arc::clone(&lane),
+            sessions.clone(),
+            view.clone(),
+        );
+        let node = Node {
+            identity: Arc::clone(&identity),
+            view: view.clone(),
+            sessions: sessions.clone(),
+            spawner: spawner.clone(),
+            hosted,
+            node_server: node_server.clone(),
+            endpoint: endpoint.clone(),
+            lane: Arc::clone(&lane),
+            outbound,
+            tasks: tasks.clone(),
+        };
+
+        tasks.spawn(relay_members(view.clone(), spawner));
+        lane.serve(&tasks, Arc::clone(&identity));
+        tasks.spawn(
+            Router {
+                identity: Arc::clone(&identity),
+                node_server: node_server.clone(),
+                sessions: sessions.clone(),
+                backlog: Arc::clone(&backlog),
+                control,
+                tasks: tasks.clone(),
+            }
+            .run(router_rx),
+        );
+        {
+            let pool = Arc::clone(&pool);
+            tasks.spawn(async move {
+                while let Some(pc) = pool.endpoint().accept().await {
+                    tracing::debug!(peer = %pc.peer, "connection accepted");
+                    pool.accepted(pc).await;
+                }
+            });
+        }
+
+        match (head, member) {
+            (Some(head), _) => {
+                let idle = config.detector.heartbeat_interval;
+                tasks.spawn_graceful(|stop| async move { head.run_detector(stop, idle).await });
+            }
+            (None, Some(mut member)) => {
+                if let Err(e) = member.join(config.join_timeout).await {
+                    node.shutdown().await;
+                    return Err(e.into());
+                }
+                tasks.spawn_graceful(|stop| member.run(stop));
+            }
+            (None, None) => unreachable!("a node is the head or a member"),
+        }
+        let mesh = MeshShell {
+            identity: Arc::clone(&identity),
+            pool,
+            sessions,
+            node_server,
+            lane,
+            backlog,
+            tasks: tasks.clone(),
+            view,
+            tick: config.detector.heartbeat_interval,
+        };
+        let policy = Mesh::new(config.name.clone(), MeshConfig::default());
+        tasks.spawn_graceful(|stop| mesh.run(policy, stop));
+        tracing::info!(node = %identity.name, addr = %advertise, incarnation = identity.incarnation(), head = config.is_head(), "node started");
+        Ok(node)
+    }
+}

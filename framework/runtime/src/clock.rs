@@ -1,0 +1,15 @@
+//! Time for the async shells: tokio's clock (so tests run on paused time),
+//! handed to the proto machines as the `Instant`s they take.
+
+/// Now, on tokio's clock.
+pub(crate) fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Sleeps until `at` (an instant of [`now`]'s clock), or forever.
+pub(crate) async fn sleep_until(at: Option<std::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,142 @@
+//! The head service: the member table and its failure detector, which the
+//! head's control streams share. Every change is published on the node's
+//! member-table watch, which the head's own parts (mesh, spawner relay)
+//! and its control streams follow.
+//!
+//! ```text
+//! control stream ─► HeadSession (proto) ─┐
+//! control stream ─► HeadSession (proto) ─┼─► Membership (proto) ─► watch<Table>
+//! detector task: poll_down at poll_timeout ┘
+//! ```
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use flotilla_proto::membership::{DetectorConfig, JoinRequest, Membership};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now;
+use crate::table::Table;
+
+/// The head's member table.
+pub(crate) struct HeadService {
+    name: String,
+    membership: Mutex<Membership>,
+    view: watch::Sender<Table>,
+}
+
+impl HeadService {
+    /// A table holding only the head itself (`local`), published on `view`.
+    pub(crate) fn new(
+        local: JoinRequest,
+        detector: DetectorConfig,
+        view: watch::Sender<Table>,
+    ) -> Self {
+        let name = local.name.clone();
+        let mut membership = Membership::new(detector);
+        membership.add_local(now(), local);
+        let head = Self {
+            name,
+            membership: Mutex::new(membership),
+            view,
+        };
+        head.with(|_| ());
+        head
+    }
+
+    /// The head's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A receiver of the member table.
+    pub(crate) fn watch(&self) -> watch::Receiver<Table> {
+        self.view.subscribe()
+    }
+
+    /// Runs `f` on the table, then publishes it if it changed.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Membership) -> R) -> R {
+        let mut m = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&mut m);
+        self.view.send_if_modified(|t| {
+            if t.version == m.version() && !t.members.is_empty() {
+                return false;
+            }
+            t.version = m.version();
+            t.head = self.name.clone();
+            t.members = m.view();
+            true
+        });
+        r
+    }
+
+    /// Marks silent members down at the failure detector's deadlines, until
+    /// `stop`.
+    pub(crate) async fn run_detector(&self, stop: CancellationToken, idle: Duration) {
+        loop {
+            let (deadline, downed) = self.with(|m| {
+                let downed = m.poll_down(now());
+                (m.poll_timeout(), downed)
+            });
+            for name in downed {
+                tracing::warn!(node = %name, "member marked down: no heartbeat within the threshold");
+            }
+            let wake = deadline.map_or_else(
+                || tokio::time::Instant::now() + idle,
+                tokio::time::Instant::from_std,
+            );
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_proto::membership::MemberState;
+    use flotilla_proto::resources::Resources;
+
+    fn join(name: &str) -> JoinRequest {
+        JoinRequest {
+            name: name.into(),
+            addr: "127.0.0.1:1".into(),
+            bulk_addr: "127.0.0.1:2".into(),
+            incarnation: 1,
+            resources: Resources::default(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_member_is_marked_down_on_tokio_time() {
+        let config = DetectorConfig::default();
+        let head = std::sync::Arc::new(HeadService::new(
+            join("head"),
+            config,
+            watch::channel(Table::default()).0,
+        ));
+        let mut view = head.watch();
+        assert_eq!(view.borrow().members.len(), 1);
+        head.with(|m| m.join(now(), join("n1"))).unwrap();
+        assert_eq!(view.borrow_and_update().members.len(), 2);
+        let stop = CancellationToken::new();
+        let detector = tokio::spawn({
+            let (head, stop) = (std::sync::Arc::clone(&head), stop.clone());
+            async move { head.run_detector(stop, config.heartbeat_interval).await }
+        });
+        let started = tokio::time::Instant::now();
+        view.wait_for(|t| t.get("n1").is_some_and(|m| m.state == MemberState::Down))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            took > config.down_after && took < config.down_after + Duration::from_millis(10),
+            "{took:?}"
+        );
+        stop.cancel();
+        detector.await.unwrap();
+    }
+}

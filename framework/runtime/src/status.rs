@@ -1,0 +1,92 @@
+//! `node status`: asks any node for its member table, as the operator's
+//! `admin` identity (or any member identity).
+
+use std::net::SocketAddr;
+
+use flotilla_proto::control::{ControlReply, ControlRequest};
+use flotilla_proto::frame::DEFAULT_MAX_FRAME;
+use flotilla_proto::hello::{Hello, Purpose};
+use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
+use flotilla_transport::{BindError, ConnectError};
+
+use crate::table::Table;
+
+/// Why the status query failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatusError {
+    /// No local endpoint could be opened.
+    #[error("NODE-STATUS-001: cannot open a local endpoint: {0}")]
+    Bind(#[from] BindError),
+    /// The node could not be reached.
+    #[error("NODE-STATUS-001: cannot reach {addr}: {source}")]
+    Connect {
+        /// The node asked.
+        addr: SocketAddr,
+        /// Why.
+        source: ConnectError,
+    },
+    /// The exchange failed or was refused.
+    #[error("NODE-STATUS-001: status request to {addr} failed: {source}")]
+    Stream {
+        /// The node asked.
+        addr: SocketAddr,
+        /// Why.
+        source: StreamError,
+    },
+    /// The node answered with something else than a table.
+    #[error("NODE-STATUS-001: {addr} answered the status request with {reply}")]
+    Unexpected {
+        /// The node asked.
+        addr: SocketAddr,
+        /// What it answered.
+        reply: String,
+    },
+}
+
+/// Asks the node at `addr` for its member table.
+pub async fn query_status(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+) -> Result<Table, StatusError> {
+    let name = identity.name.clone();
+    let endpoint =
+        flotilla_transport::Endpoint::client(identity, &flotilla_transport::Tuning::default())?;
+    let stream = |source| StatusError::Stream { addr, source };
+    let result = async {
+        let pc = endpoint
+            .connect(addr, None)
+            .await
+            .map_err(|source| StatusError::Connect { addr, source })?;
+        let hello = Hello::new(Purpose::Control, name, 0);
+        let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello)
+            .await
+            .map_err(stream)?;
+        send_msg(&mut send, &ControlRequest::Status, DEFAULT_MAX_FRAME)
+            .await
+            .map_err(stream)?;
+        let reply = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME)
+            .await
+            .map_err(stream)?;
+        let _ = send.finish();
+        pc.connection.close(quinn::VarInt::from_u32(0), b"done");
+        match reply {
+            ControlReply::Members {
+                version,
+                head,
+                members,
+            } => Ok(Table {
+                version,
+                head,
+                members,
+            }),
+            other => Err(StatusError::Unexpected {
+                addr,
+                reply: format!("{other:?}"),
+            }),
+        }
+    }
+    .await;
+    endpoint.wait_idle().await;
+    result
+}

@@ -1,0 +1,229 @@
+//! Real `node` processes for multi-process tests: a scratch folder with a
+//! cluster CA, processes that die with the test, status polling with a
+//! deadline.
+//!
+//! ```text
+//! Scratch::new(tag, binary) ─► DIR/certs (CA via `node certs init`)
+//!   .spawn("join", "w1", addr, Some(head), certs) ─► Proc (killed on drop), log DIR/w1.log
+//!   .status(addr) ─► `node status --json`
+//! eventually(budget, cond) ─► value and how long it took, or a failed test
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub use crate::ca::free_addr;
+
+/// A scratch folder with a cluster CA and certificates, and the `node`
+/// binary its processes run. Removed on drop unless the test failed (its
+/// logs are kept then, and their folder printed).
+pub struct Scratch {
+    /// The folder.
+    pub dir: PathBuf,
+    binary: PathBuf,
+}
+
+impl Scratch {
+    /// A fresh folder named after `tag` with a CA made by `binary certs
+    /// init`.
+    pub fn new(tag: &str, binary: impl Into<PathBuf>) -> Self {
+        let dir = std::env::temp_dir().join(format!("flotilla-it-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = Self {
+            dir,
+            binary: binary.into(),
+        };
+        s.node(&["certs", "init", "--out", s.certs().to_str().unwrap()]);
+        s
+    }
+
+    /// The certificates folder.
+    pub fn certs(&self) -> PathBuf {
+        self.dir.join("certs")
+    }
+
+    /// The binary the processes run.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// Issues a certificate for `name`.
+    pub fn issue(&self, name: &str) {
+        let certs = self.certs();
+        let c = certs.to_str().unwrap();
+        self.node(&["certs", "issue", "--ca", c, "--name", name, "--out", c]);
+    }
+
+    /// Runs the binary with `args` to completion; its stdout.
+    pub fn node(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.binary).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "node {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Starts `node head` or `node join`; logs go to DIR/NAME.log.
+    pub fn spawn(
+        &self,
+        role: &str,
+        name: &str,
+        listen: SocketAddr,
+        head: Option<SocketAddr>,
+        certs: &Path,
+    ) -> Proc {
+        self.spawn_with(role, name, listen, head, certs, &[])
+    }
+
+    /// [`Scratch::spawn`] with extra flags.
+    pub fn spawn_with(
+        &self,
+        role: &str,
+        name: &str,
+        listen: SocketAddr,
+        head: Option<SocketAddr>,
+        certs: &Path,
+        extra: &[&str],
+    ) -> Proc {
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg(role)
+            .args(["--name", name, "--listen", &listen.to_string()])
+            .args(["--certs", certs.to_str().unwrap()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log);
+        if let Some(h) = head {
+            cmd.args(["--head", &h.to_string()]);
+        }
+        Proc {
+            child: cmd.spawn().unwrap(),
+            name: name.to_owned(),
+            addr: listen,
+        }
+    }
+
+    /// `node status --json` against `addr`, if it answers.
+    pub fn status(&self, addr: SocketAddr) -> Option<Value> {
+        let out = Command::new(&self.binary)
+            .args([
+                "status",
+                "--json",
+                "--head",
+                &addr.to_string(),
+                "--certs",
+                self.certs().to_str().unwrap(),
+            ])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// What the process `name` logged so far.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("logs kept in {}", self.dir.display());
+        }
+    }
+}
+
+/// A `node` process, killed when dropped.
+pub struct Proc {
+    /// The process.
+    pub child: Child,
+    /// Its node name.
+    pub name: String,
+    /// Its listen address.
+    pub addr: SocketAddr,
+}
+
+impl Proc {
+    /// Waits for the process to exit, failing the test after `budget`.
+    pub fn exit_within(&mut self, budget: Duration) -> std::process::ExitStatus {
+        let (status, _) = eventually(budget, || self.child.try_wait().unwrap());
+        status
+    }
+
+    /// Sends `sig` (`-KILL`, `-STOP`, …) to the process.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `cond` until it yields a value or `budget` passes; returns the
+/// value and how long it took.
+pub fn eventually<T>(budget: Duration, mut cond: impl FnMut() -> Option<T>) -> (T, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = cond() {
+            return (v, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < budget,
+            "condition not met within {budget:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The state (`up`, `down`, `left`) of `name` in a status document.
+pub fn state_of(status: &Value, name: &str) -> Option<String> {
+    status["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["name"] == name)
+        .map(|n| n["state"].as_str().unwrap_or("").to_owned())
+}
+
+/// Whether every one of `names` is up in a status document.
+pub fn all_up(status: &Value, names: &[&str]) -> bool {
+    names
+        .iter()
+        .all(|n| state_of(status, n).as_deref() == Some("up"))
+}
+
+/// A head and `workers`, all seen up by the head.
+pub fn cluster(s: &Scratch, workers: &[&str]) -> (Proc, Vec<Proc>) {
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let mut procs = Vec::new();
+    for w in workers {
+        s.issue(w);
+        procs.push(s.spawn("join", w, free_addr(), Some(head.addr), &s.certs()));
+    }
+    let mut names = vec!["head"];
+    names.extend_from_slice(workers);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &names))
+    });
+    (head, procs)
+}

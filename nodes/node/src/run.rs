@@ -1,0 +1,159 @@
+//! The `node` command: parse the command line, run, map errors to exit
+//! codes.
+//!
+//! Exit codes: 0 success, 1 the embed job failed, 2 usage or configuration
+//! error (certificates included), 3 the node could not start or join, 4 a
+//! status query failed.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use flotilla::{Node, NodeBuilder};
+
+use crate::{CertsOp, Cli, Command, NodeArgs, node_config};
+
+/// Runs the `node` command line with the embedding actors and whatever
+/// `extra` registers (the test kit adds its probe actors) on the nodes it
+/// starts, and maps the outcome to an exit code.
+pub fn main(extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+                .unwrap_or_else(|_| "info,ractor_cluster=warn,ractor=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(run(cli, extra))
+}
+
+async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
+    match cli.command {
+        Command::Certs { op } => {
+            let result = match op {
+                CertsOp::Init { out, cluster } => {
+                    flotilla_transport::certs::init_ca(&out, &cluster).map(|()| {
+                        format!(
+                            "cluster CA and admin certificate written to {}",
+                            out.display()
+                        )
+                    })
+                }
+                CertsOp::Issue { ca, name, out } => {
+                    flotilla_transport::certs::issue(&ca, &name, &out)
+                        .map(|()| format!("certificate for {name} written to {}", out.display()))
+                }
+            };
+            match result {
+                Ok(msg) => {
+                    println!("{msg}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Embed(args) => match flotilla_embed::job::run(args.job()).await {
+            Ok(summary) => {
+                println!("{summary}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("embed job failed: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Head(args) => serve(args, false, extra).await,
+        Command::Join(args) => serve(args, true, extra).await,
+        Command::Status(args) => {
+            let identity = match flotilla_transport::Identity::load(&args.certs, &args.name) {
+                Ok(i) => i,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match flotilla::query_status(args.head, identity).await {
+                Ok(table) => {
+                    if args.json {
+                        println!("{}", table.to_json());
+                    } else {
+                        print!("{}", table.to_text());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(4)
+                }
+            }
+        }
+    }
+}
+
+async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
+    let settings = match node_config(args, join) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let builder = extra(Node::builder(settings.config));
+    let node = match flotilla_embed::actor::register(builder, settings.model)
+        .start()
+        .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("{e}");
+            // Certificates are configuration; everything else is a failure
+            // to start or to join.
+            let code = if matches!(
+                e,
+                flotilla::StartError::Certs(_) | flotilla::StartError::Tls(_)
+            ) {
+                2
+            } else {
+                3
+            };
+            return ExitCode::from(code);
+        }
+    };
+    wait_for_stop().await;
+    node.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+async fn wait_for_stop() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
