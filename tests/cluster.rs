@@ -400,6 +400,7 @@ fn malformed_frames_close_only_the_offending_connection() {
     ));
     runtime().block_on(async {
         let id = flotilla_transport::Identity::load(&s.certs(), "prober").unwrap();
+        let cookie = flotilla_transport::certs::cookie_digest(id.cookie.as_deref().unwrap());
         let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
             .unwrap();
         for (addr, what, bytes, hello) in targets {
@@ -407,7 +408,7 @@ fn malformed_frames_close_only_the_offending_connection() {
             let mut send = match hello {
                 None => pc.connection.open_bi().await.unwrap().0,
                 Some(purpose) => {
-                    let hello = flotilla_proto::hello::Hello::new(purpose, "prober", 1);
+                    let hello = flotilla_proto::hello::Hello::new(purpose, "prober", 1, cookie);
                     let dialled = flotilla_transport::handshake::dial(&pc.connection, &hello).await;
                     let belongs = (purpose == Purpose::Bulk) == (addr == bulk_addr);
                     match dialled {
@@ -485,4 +486,177 @@ fn missing_certificates_fail_at_start_with_exit_code_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("NODE-CONFIG-003"));
+}
+
+/// Starts `node ROLE` for `name` (issuing its certificate) with
+/// `--metrics-listen` on a free port and `extra` flags; the process and
+/// where its metrics are served.
+fn spawn_with_metrics(
+    s: &Scratch,
+    role: &str,
+    name: &str,
+    head: Option<std::net::SocketAddr>,
+    extra: &[&str],
+) -> (Proc, std::net::SocketAddr) {
+    s.issue(name);
+    let metrics = flotilla_testkit::ca::free_tcp_addr();
+    let listen = metrics.to_string();
+    let flags = [extra, &["--metrics-listen", &listen]].concat();
+    let proc = s.spawn_with(role, name, free_addr(), head, &s.certs(), &flags);
+    (proc, metrics)
+}
+
+/// Clause "security: cookie": a node presenting another cluster cookie is
+/// refused, says why, and the head counts the refusal on `/metrics`.
+#[test]
+fn a_node_with_another_cookie_is_refused_and_counted() {
+    let s = Scratch::new("cookie", NODE);
+    s.issue("w1");
+    let (head, metrics) = spawn_with_metrics(&s, "head", "head", None, &[]);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head"]))
+    });
+    let out = Command::new(NODE)
+        .args(["join", "--name", "w1", "--listen", &free_addr().to_string()])
+        .args([
+            "--head",
+            &head.addr.to_string(),
+            "--join-timeout-ms",
+            "2000",
+        ])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .args(["--cookie", "not-the-cluster-cookie"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "exit code for a refused join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("NODE-AUTH-005"), "{stderr}");
+    let (refused, _) = eventually(Duration::from_secs(5), || {
+        scrape(metrics)
+            .map(|m| counter(&m, "flotilla_hello_refused_total{reason=\"cookie\"}"))
+            .filter(|n| *n >= 1)
+    });
+    assert!(refused >= 1);
+    // The folder's own cookie still joins.
+    let _w1 = s.spawn("join", "w1", free_addr(), Some(head.addr), &s.certs());
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+}
+
+/// Clauses "membership: incarnations" and "security: fencing": a worker
+/// frozen with SIGSTOP past `down_after` is marked down; after SIGCONT it
+/// is up again only as a new, larger incarnation, and a stream opened with
+/// the old incarnation is refused (and counted).
+#[test]
+fn a_frozen_worker_returns_only_as_a_newer_incarnation() {
+    let s = Scratch::new("frozen", NODE);
+    s.issue("w1");
+    let fast = ["--heartbeat-ms", "200", "--down-after-ms", "1000"];
+    let (head, metrics) = spawn_with_metrics(&s, "head", "head", None, &fast);
+    let w1 = s.spawn_with(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &fast[..2],
+    );
+    let (st, _) = eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+    let old = incarnation_of(&st, "w1").unwrap();
+
+    w1.signal("-STOP");
+    eventually(Duration::from_secs(10), || {
+        s.status(head.addr)
+            .filter(|st| state_of(st, "w1").as_deref() == Some("down"))
+    });
+    w1.signal("-CONT");
+    let (st, _) = eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| {
+            state_of(st, "w1").as_deref() == Some("up")
+                && incarnation_of(st, "w1").is_some_and(|i| i != old)
+        })
+    });
+    let new = incarnation_of(&st, "w1").unwrap();
+    assert!(new > old, "rejoined as {new}, was {old}");
+
+    // Nothing of the old incarnation is accepted: a stream that presents
+    // it (with w1's own certificate and cookie) is refused.
+    runtime().block_on(async {
+        let id = flotilla_transport::Identity::load(&s.certs(), "w1").unwrap();
+        let cookie = flotilla_transport::certs::cookie_digest(id.cookie.as_deref().unwrap());
+        let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
+            .unwrap();
+        for purpose in [Purpose::Cluster, Purpose::Control] {
+            let pc = ep.connect(head.addr, None).await.unwrap();
+            let hello = flotilla_proto::hello::Hello::new(purpose, "w1", old, cookie);
+            match flotilla_transport::handshake::dial(&pc.connection, &hello).await {
+                Err(flotilla_transport::StreamError::Refused(
+                    flotilla_proto::hello::Refusal::OldIncarnation,
+                )) => {}
+                other => panic!("{purpose:?} stream of the old incarnation: {other:?}"),
+            }
+        }
+    });
+    let m = scrape(metrics).unwrap();
+    assert!(
+        counter(
+            &m,
+            "flotilla_hello_refused_total{reason=\"old_incarnation\"}"
+        ) >= 2,
+        "{m}"
+    );
+}
+
+/// Clause "security: authority": a member that sends another worker's
+/// spawner a member table saying the owner of that worker's actor is gone
+/// does not stop the actor, and the worker counts the refusal.
+#[test]
+fn a_forged_member_table_does_not_stop_another_workers_actors() {
+    use flotilla::ractor::{ActorRef, call_t};
+    use flotilla::spawner::{LocalMembers, MemberStates, SpawnerMsg};
+    use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload};
+
+    let s = Scratch::new("forged", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let (_w2, metrics) = spawn_with_metrics(&s, "join", "w2", Some(head.addr), &[]);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w2"]))
+    });
+    runtime().block_on(async {
+        let node = join_in_process(&s, "t1", head.addr).await;
+        let echo: ActorRef<EchoMsg> = node
+            .spawn_on("w2", ECHO, "echo-forged", &NoArgs, Duration::from_secs(15))
+            .await
+            .unwrap();
+        let spawner: ActorRef<SpawnerMsg> =
+            flotilla::ractor::pg::get_members(&"flotilla.spawner.w2".to_owned())
+                .into_iter()
+                .next()
+                .expect("w2's spawner is visible")
+                .into();
+        // "t1 restarted": every actor it owns on w2 would stop.
+        let forged = MemberStates(vec![("t1".into(), u64::MAX, true)]);
+        spawner
+            .cast(SpawnerMsg::Members(LocalMembers(forged)))
+            .unwrap();
+        let (refused, _) = eventually(Duration::from_secs(5), || {
+            scrape(metrics)
+                .map(|m| {
+                    counter(
+                        &m,
+                        "flotilla_authority_refused_total{message=\"spawner_members\"}",
+                    )
+                })
+                .filter(|n| *n >= 1)
+        });
+        assert_eq!(refused, 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let reply = call_t!(echo, EchoMsg::Echo, 2_000, Payload(b"still".to_vec())).unwrap();
+        assert_eq!(reply, Payload(b"still".to_vec()), "the actor still runs");
+        node.shutdown().await;
+    });
 }

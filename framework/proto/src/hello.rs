@@ -1,23 +1,26 @@
 //! The first frame on every connection.
 //!
 //! After mutual TLS has proven which certificate the peer holds, the dialer
-//! sends a [`Hello`]: the node name it claims, its incarnation and what the
-//! connection is for. The acceptor checks it against the certificate with
-//! [`check_hello`] and answers with a [`HelloReply`]; only then does the
-//! stream carry cluster traffic.
+//! sends a [`Hello`]: the node name it claims, its incarnation, a digest of
+//! the cluster cookie and what the connection is for. The acceptor checks
+//! it against the certificate and its own cookie with [`check_hello`], and
+//! against what it knows of the dialer's incarnations with
+//! [`check_incarnation`], and answers with a [`HelloReply`]; only then does
+//! the stream carry traffic.
 //!
 //! ```text
-//! dialer                                acceptor
-//!   ── TLS 1.3, both certificates ──────────►
-//!   ── Hello {version, purpose, node, inc} ─►  check_hello(cert name)
-//!   ◄─ HelloReply::Accepted / Refused ──────
-//!   ══ cluster stream (ractor_cluster) or control requests ══
+//! dialer                                        acceptor
+//!   ── TLS 1.3, both certificates ──────────────────►
+//!   ── Hello {version, purpose, node, inc, cookie} ─►  check_hello(cert name, cookie)
+//!                                                      check_incarnation(table entry)
+//!   ◄─ HelloReply::Accepted / Refused ──────────────
+//!   ══ cluster stream (ractor_cluster), control requests or bulk frames ══
 //! ```
 
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// Version of the hello exchange and of the control messages.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The certificate name of operators' tools: `node status`, and `node embed`
 /// drivers, which join as members that offer no resources.
@@ -35,6 +38,10 @@ pub enum Purpose {
     Bulk,
 }
 
+/// A digest (SHA-256) of the cluster cookie: what a hello carries instead
+/// of the cookie itself.
+pub type CookieDigest = [u8; 32];
+
 /// The dialer's introduction.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -44,18 +51,27 @@ pub struct Hello {
     pub purpose: Purpose,
     /// The name the dialer claims; must equal its certificate's name.
     pub node: String,
-    /// The dialer's incarnation (0 for tools).
+    /// The dialer's incarnation (0 for tools, which open control streams
+    /// only).
     pub incarnation: u64,
+    /// Digest of the dialer's cluster cookie; must equal the acceptor's.
+    pub cookie: CookieDigest,
 }
 
 impl Hello {
     /// A hello of this protocol version.
-    pub fn new(purpose: Purpose, node: impl Into<String>, incarnation: u64) -> Self {
+    pub fn new(
+        purpose: Purpose,
+        node: impl Into<String>,
+        incarnation: u64,
+        cookie: CookieDigest,
+    ) -> Self {
         Self {
             version: PROTOCOL_VERSION,
             purpose,
             node: node.into(),
             incarnation,
+            cookie,
         }
     }
 }
@@ -90,6 +106,37 @@ pub enum Refusal {
     /// listen address.
     #[error("NODE-WIRE-004: this endpoint does not take streams of that purpose")]
     WrongEndpoint,
+    /// The dialer's cluster cookie differs from the acceptor's.
+    #[error(
+        "NODE-AUTH-005: the cluster cookie differs; give every node the `cookie` file that `node certs init` wrote into the certs folder"
+    )]
+    Cookie,
+    /// The dialer's incarnation is no longer a member: the acceptor knows
+    /// a newer one, or knows this one as down or left.
+    #[error(
+        "NODE-AUTH-006: this incarnation of the node is no longer a member (down, left or replaced); it must rejoin"
+    )]
+    OldIncarnation,
+    /// Incarnation 0 is for tools, which open control streams only.
+    #[error("NODE-AUTH-007: incarnation 0 opens control streams only")]
+    ToolIncarnation,
+}
+
+impl Refusal {
+    /// A short, stable name for metrics labels and logs.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Version => "version",
+            Self::IdentityMismatch => "identity_mismatch",
+            Self::AdminCannotJoin => "admin_cannot_join",
+            Self::NotHead => "not_head",
+            Self::StaleIncarnation => "stale_incarnation",
+            Self::WrongEndpoint => "wrong_endpoint",
+            Self::Cookie => "cookie",
+            Self::OldIncarnation => "old_incarnation",
+            Self::ToolIncarnation => "tool_incarnation",
+        }
+    }
 }
 
 pub use reply::HelloReply;
@@ -116,15 +163,46 @@ mod reply {
     }
 }
 
-/// Checks a hello against the name proven by the dialer's certificate.
-pub fn check_hello(hello: &Hello, cert_name: &str) -> Result<(), Refusal> {
+/// Checks a hello against the name proven by the dialer's certificate and
+/// the acceptor's own cookie digest.
+pub fn check_hello(hello: &Hello, cert_name: &str, cookie: &CookieDigest) -> Result<(), Refusal> {
     if hello.version != PROTOCOL_VERSION {
         return Err(Refusal::Version);
     }
     if hello.node != cert_name {
         return Err(Refusal::IdentityMismatch);
     }
+    // Compared without an early exit, so the time taken says nothing of
+    // where the digests differ.
+    if hello
+        .cookie
+        .iter()
+        .zip(cookie)
+        .fold(0u8, |d, (a, b)| d | (a ^ b))
+        != 0
+    {
+        return Err(Refusal::Cookie);
+    }
+    if hello.incarnation == 0 && hello.purpose != Purpose::Control {
+        return Err(Refusal::ToolIncarnation);
+    }
     Ok(())
+}
+
+/// Fences a stream on the dialer's incarnation: `known` is what the
+/// acceptor's member table holds for the dialer's name (its incarnation
+/// and whether it is up), if anything. A stream from an incarnation older
+/// than the known one, or from the known one when it is down or left, is
+/// refused. An incarnation the table does not hold yet (a node that has
+/// just joined or rejoined, whose entry is still on its way) is let in, and
+/// so are tools (incarnation 0, control streams only).
+pub fn check_incarnation(incarnation: u64, known: Option<(u64, bool)>) -> Result<(), Refusal> {
+    match known {
+        _ if incarnation == 0 => Ok(()),
+        Some((current, _)) if incarnation < current => Err(Refusal::OldIncarnation),
+        Some((current, false)) if incarnation == current => Err(Refusal::OldIncarnation),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -132,15 +210,20 @@ mod tests {
     use super::*;
     use crate::wire;
 
+    const COOKIE: CookieDigest = [7; 32];
+
     fn hello(node: &str, purpose: Purpose) -> Hello {
-        Hello::new(purpose, node, 7)
+        Hello::new(purpose, node, 7, COOKIE)
     }
 
     #[test]
     fn matching_name_is_accepted() {
-        assert_eq!(check_hello(&hello("n1", Purpose::Cluster), "n1"), Ok(()));
         assert_eq!(
-            check_hello(&hello("admin", Purpose::Control), "admin"),
+            check_hello(&hello("n1", Purpose::Cluster), "n1", &COOKIE),
+            Ok(())
+        );
+        assert_eq!(
+            check_hello(&hello("admin", Purpose::Control), "admin", &COOKIE),
             Ok(())
         );
     }
@@ -148,7 +231,7 @@ mod tests {
     #[test]
     fn name_other_than_certificate_is_refused() {
         assert_eq!(
-            check_hello(&hello("n2", Purpose::Cluster), "n1"),
+            check_hello(&hello("n2", Purpose::Cluster), "n1", &COOKIE),
             Err(Refusal::IdentityMismatch)
         );
     }
@@ -157,14 +240,65 @@ mod tests {
     fn other_version_is_refused() {
         let mut h = hello("n1", Purpose::Cluster);
         h.version = PROTOCOL_VERSION + 1;
-        assert_eq!(check_hello(&h, "n1"), Err(Refusal::Version));
+        assert_eq!(check_hello(&h, "n1", &COOKIE), Err(Refusal::Version));
+    }
+
+    #[test]
+    fn another_cookie_is_refused_for_every_purpose() {
+        for purpose in [Purpose::Cluster, Purpose::Control, Purpose::Bulk] {
+            let mut h = hello("n1", purpose);
+            h.cookie[31] ^= 1;
+            assert_eq!(check_hello(&h, "n1", &COOKIE), Err(Refusal::Cookie));
+        }
+    }
+
+    #[test]
+    fn incarnation_zero_opens_control_streams_only() {
+        let tool = |purpose| Hello::new(purpose, "admin", 0, COOKIE);
+        assert_eq!(
+            check_hello(&tool(Purpose::Control), "admin", &COOKIE),
+            Ok(())
+        );
+        for purpose in [Purpose::Cluster, Purpose::Bulk] {
+            assert_eq!(
+                check_hello(&tool(purpose), "admin", &COOKIE),
+                Err(Refusal::ToolIncarnation)
+            );
+        }
+    }
+
+    #[test]
+    fn streams_are_fenced_on_the_known_incarnation() {
+        // Unknown yet: a node that has just joined.
+        assert_eq!(check_incarnation(5, None), Ok(()));
+        // The current, up incarnation.
+        assert_eq!(check_incarnation(5, Some((5, true))), Ok(()));
+        // Newer than the table: its rejoin is on its way.
+        assert_eq!(check_incarnation(6, Some((5, false))), Ok(()));
+        assert_eq!(check_incarnation(6, Some((5, true))), Ok(()));
+        // The known incarnation, marked down or left.
+        assert_eq!(
+            check_incarnation(5, Some((5, false))),
+            Err(Refusal::OldIncarnation)
+        );
+        // Older than the known one, whatever its state.
+        assert_eq!(
+            check_incarnation(4, Some((5, true))),
+            Err(Refusal::OldIncarnation)
+        );
+        assert_eq!(
+            check_incarnation(4, Some((5, false))),
+            Err(Refusal::OldIncarnation)
+        );
+        // Tools.
+        assert_eq!(check_incarnation(0, Some((5, true))), Ok(()));
     }
 
     #[test]
     fn hello_survives_the_wire() {
         let h = hello("n1", Purpose::Control);
         assert_eq!(wire::decode::<Hello>(&wire::encode(&h)).unwrap(), h);
-        let r = HelloReply::Refused(Refusal::StaleIncarnation);
+        let r = HelloReply::Refused(Refusal::OldIncarnation);
         assert_eq!(wire::decode::<HelloReply>(&wire::encode(&r)).unwrap(), r);
     }
 }

@@ -11,6 +11,7 @@
 //! frame       length prefixes checked against a limit before any allocation
 //! wire        rkyv archives, validated (bytecheck) before they are read
 //! hello       the first frame of every connection: who speaks, and why
+//! incarnation the generation a node runs under, increasing across restarts
 //! membership  the member table, incarnations and the failure detector
 //! head        the head's side of a control stream
 //! member      a member's side of its control stream: join, heartbeat, leave
@@ -24,6 +25,7 @@ pub mod control;
 pub mod frame;
 pub mod head;
 pub mod hello;
+pub mod incarnation;
 pub mod member;
 pub mod membership;
 pub mod mesh;

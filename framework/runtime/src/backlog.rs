@@ -49,6 +49,7 @@ impl Backlog {
 
     /// Records `n` bytes accepted by a stream (never below zero).
     pub(crate) fn written(&self, n: usize) {
+        crate::counters::sent_bytes("cluster", n as u64);
         let _ = self
             .bytes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {

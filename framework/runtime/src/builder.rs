@@ -31,7 +31,7 @@ use crate::bulk::Lane;
 use crate::config::{NodeConfig, detect_resources};
 use crate::control::ControlService;
 use crate::head::HeadService;
-use crate::identity::Identity;
+use crate::identity::{Identity, IncarnationRecord};
 use crate::member::{JoinError, Member};
 use crate::mesh::MeshShell;
 use crate::node::Node;
@@ -52,6 +52,16 @@ pub enum StartError {
     /// Certificates are missing or invalid: fix the certificates folder.
     #[error(transparent)]
     Certs(#[from] flotilla_transport::CertError),
+    /// Neither the configuration nor the certificates folder gives a
+    /// cluster cookie.
+    #[error(
+        "NODE-CERT-008: no cluster cookie: {0}/cookie is missing; copy the `cookie` file `node certs init` wrote beside ca.crt, or pass --cookie"
+    )]
+    NoCookie(std::path::PathBuf),
+    /// The incarnation record cannot be read or written: fix the state
+    /// folder.
+    #[error(transparent)]
+    State(#[from] crate::identity::RecordError),
     /// The certificates do not make a TLS configuration.
     #[error(transparent)]
     Tls(#[from] flotilla_transport::tls::TlsError),
@@ -117,6 +127,11 @@ impl NodeBuilder {
     pub async fn start(self) -> Result<Node, StartError> {
         let config = self.config;
         let certs = flotilla_transport::Identity::load(&config.certs, &config.name)?;
+        let cookie = config
+            .cookie
+            .clone()
+            .or_else(|| certs.cookie.clone())
+            .ok_or_else(|| StartError::NoCookie(config.certs.clone()))?;
         let tls = flotilla_transport::tls::server_tls(&certs)?;
         let endpoint = Endpoint::bind(config.listen, certs.clone(), &Tuning::default())?;
         let local = endpoint.local_addr().map_err(|source| BindError::Socket {
@@ -134,7 +149,7 @@ impl NodeBuilder {
         // and behind the same mutual TLS as QUIC.
         let server = NodeServer::new(
             0,
-            config.cookie.clone(),
+            cookie.clone(),
             config.name.clone(),
             config.name.clone(),
             Some(IncomingEncryptionMode::Tls(
@@ -163,12 +178,21 @@ impl NodeBuilder {
             }
         });
         resources.labels.extend(config.labels.clone());
-        let identity = Arc::new(Identity::new(
+        let state_dir = config.state_dir.as_ref().unwrap_or(&config.certs);
+        let identity = match Identity::new(
             config.name.clone(),
             advertise,
             bulk_addr,
             resources,
-        ));
+            flotilla_transport::certs::cookie_digest(&cookie),
+            IncarnationRecord::new(state_dir, &config.name),
+        ) {
+            Ok(identity) => Arc::new(identity),
+            Err(e) => {
+                node_server.stop(None);
+                return Err(e.into());
+            }
+        };
         let tasks = Tasks::new();
         let backlog = Arc::new(Backlog::default());
         let (view_tx, view) = watch::channel(Table::default());
@@ -239,10 +263,11 @@ impl NodeBuilder {
         };
 
         tasks.spawn(relay_members(view.clone(), spawner));
-        lane.serve(&tasks, Arc::clone(&identity));
+        lane.serve(&tasks, Arc::clone(&identity), view.clone());
         tasks.spawn(
             Router {
                 identity: Arc::clone(&identity),
+                view: view.clone(),
                 node_server: node_server.clone(),
                 sessions: sessions.clone(),
                 backlog: Arc::clone(&backlog),

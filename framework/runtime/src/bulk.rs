@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use crate::identity::Identity;
 use crate::table::Table;
 use crate::tasks::Tasks;
+use crate::{counters, gate};
 
 /// Worker threads of the bulk runtime.
 const THREADS: usize = 2;
@@ -120,7 +121,12 @@ impl Lane {
 
     /// Accepts bulk connections from members until the lane closes, on the
     /// lane's own threads.
-    pub(crate) fn serve(self: &Arc<Self>, tasks: &Tasks, identity: Arc<Identity>) {
+    pub(crate) fn serve(
+        self: &Arc<Self>,
+        tasks: &Tasks,
+        identity: Arc<Identity>,
+        view: watch::Receiver<Table>,
+    ) {
         let Some(runtime) = self.runtime.as_ref() else {
             return;
         };
@@ -128,7 +134,7 @@ impl Lane {
         let conns = tasks.clone();
         tasks.spawn_on(runtime.handle(), async move {
             while let Some(pc) = lane.endpoint.accept().await {
-                conns.spawn(serve_connection(Arc::clone(&identity), pc));
+                conns.spawn(serve_connection(Arc::clone(&identity), view.clone(), pc));
             }
         });
     }
@@ -183,6 +189,7 @@ impl Lane {
         match sent {
             Ok(()) => {
                 self.sent.fetch_add(args.len() as u64, Ordering::Relaxed);
+                counters::sent_bytes("bulk", args.len() as u64);
                 Ok(())
             }
             Err(e) => {
@@ -216,16 +223,13 @@ impl Drop for Lane {
 
 /// Serves the bulk streams a member opens on `pc`; any other stream is
 /// refused, and it or a malformed frame closes the connection.
-async fn serve_connection(identity: Arc<Identity>, pc: PeerConnection) {
+async fn serve_connection(
+    identity: Arc<Identity>,
+    view: watch::Receiver<Table>,
+    pc: PeerConnection,
+) {
     loop {
-        let accepted = handshake::accept(
-            &pc.connection,
-            &pc.peer,
-            &identity.name,
-            identity.incarnation(),
-            &[Purpose::Bulk],
-        )
-        .await;
+        let accepted = gate::accept(&identity, &view, &pc, &[Purpose::Bulk]).await;
         let (send, recv) = match accepted {
             Ok((send, recv, _)) => (send, recv),
             Err(handshake::StreamError::Io(_)) => return,
@@ -274,16 +278,27 @@ async fn receive(mut recv: quinn::RecvStream) -> Result<(), handshake::StreamErr
                     metadata: None,
                 };
                 if cell.send_serialized(msg).is_err() {
+                    counters::frame_dropped("bulk", "actor_stopping");
                     tracing::debug!(
                         pid = header.pid,
                         "bulk message for a stopping actor dropped"
                     );
                 }
             }
-            _ => tracing::debug!(
-                pid = header.pid,
-                "bulk message for an unknown actor dropped"
-            ),
+            Some(_) => {
+                counters::frame_dropped("bulk", "not_remote");
+                tracing::warn!(
+                    pid = header.pid,
+                    "bulk message for an actor that is not remotely visible dropped"
+                );
+            }
+            None => {
+                counters::frame_dropped("bulk", "no_actor");
+                tracing::debug!(
+                    pid = header.pid,
+                    "bulk message for an unknown actor dropped"
+                );
+            }
         }
     }
 }

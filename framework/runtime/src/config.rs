@@ -22,9 +22,14 @@ pub struct NodeConfig {
     pub head: Option<SocketAddr>,
     /// Folder with `ca.crt`, `NAME.crt` and `NAME.key`.
     pub certs: PathBuf,
-    /// Shared secret of ractor_cluster's session handshake (defence in
-    /// depth behind mutual TLS).
-    pub cookie: String,
+    /// The cluster cookie: every hello carries its digest, and
+    /// ractor_cluster's session handshake uses it (defence in depth behind
+    /// mutual TLS). `None` takes the certificates folder's `cookie` file.
+    pub cookie: Option<String>,
+    /// Folder where the node records its last incarnation
+    /// (`NAME.incarnation`), so that incarnations increase across restarts
+    /// whatever the clock does; `None` is the certificates folder.
+    pub state_dir: Option<PathBuf>,
     /// Heartbeat interval and down threshold.
     pub detector: DetectorConfig,
     /// Resources offered to work; `None` detects them (a head offers none).
@@ -51,7 +56,8 @@ impl NodeConfig {
             advertise: None,
             head: None,
             certs: certs.into(),
-            cookie: "flotilla".to_owned(),
+            cookie: None,
+            state_dir: None,
             detector: DetectorConfig::default(),
             resources: None,
             labels: BTreeMap::new(),

@@ -1,13 +1,78 @@
 //! Who this node is: its name, its current incarnation, the addresses it
-//! advertises, what it offers, and the hello it opens streams with.
+//! advertises, what it offers, its cookie, and the hello it opens streams
+//! with. Incarnations follow proto's rule ([`next_incarnation`]): each one
+//! is recorded in `STATE_DIR/NAME.incarnation` before it is used, so they
+//! increase across restarts even when the clock steps back.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use flotilla_proto::hello::{Hello, Purpose};
+use flotilla_proto::hello::{CookieDigest, Hello, Purpose};
+use flotilla_proto::incarnation::{next_incarnation, parse_recorded};
 use flotilla_proto::membership::JoinRequest;
 use flotilla_proto::resources::Resources;
+
+/// Why the node's incarnation record could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "NODE-STATE-001: {path}: {source}; the node records its incarnation there (set --state-dir to a writable folder)"
+)]
+pub struct RecordError {
+    /// The record file.
+    pub path: PathBuf,
+    /// Why.
+    pub source: std::io::Error,
+}
+
+/// Where a node records its incarnations: one file holding the last one.
+#[derive(Debug)]
+pub(crate) struct IncarnationRecord {
+    path: PathBuf,
+}
+
+impl IncarnationRecord {
+    /// The record of node `name` in `dir`.
+    pub(crate) fn new(dir: &Path, name: &str) -> Self {
+        Self {
+            path: dir.join(format!("{name}.incarnation")),
+        }
+    }
+
+    /// Takes the next incarnation and records it (write, sync, rename)
+    /// before returning it. An unreadable record is an error; a record
+    /// that does not parse is replaced (the clock's reading is then the
+    /// floor).
+    pub(crate) fn take_next(&self) -> Result<u64, RecordError> {
+        let err = |source| RecordError {
+            path: self.path.clone(),
+            source,
+        };
+        let recorded = match std::fs::read_to_string(&self.path) {
+            Ok(text) => parse_recorded(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(err(e)),
+        };
+        let next = next_incarnation(clock_micros(), recorded);
+        let tmp = self.path.with_extension("incarnation.tmp");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp).map_err(err)?;
+            writeln!(f, "{next}").map_err(err)?;
+            f.sync_all().map_err(err)?;
+        }
+        std::fs::rename(&tmp, &self.path).map_err(err)?;
+        Ok(next)
+    }
+}
+
+/// Microseconds since the Unix epoch (0 for a clock before it).
+fn clock_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
 
 /// The local node's identity. Everything but the incarnation is fixed at
 /// start; the incarnation grows when the head asks the node to rejoin.
@@ -15,7 +80,10 @@ use flotilla_proto::resources::Resources;
 pub(crate) struct Identity {
     /// The node's name (its certificate's).
     pub(crate) name: String,
-    incarnation: AtomicU64,
+    /// The current incarnation and where it is recorded.
+    incarnation: Mutex<(u64, IncarnationRecord)>,
+    /// Digest of the cluster cookie.
+    pub(crate) cookie: CookieDigest,
     /// The address members dial.
     pub(crate) advertise: SocketAddr,
     /// The address members dial for the bulk lane.
@@ -24,47 +92,53 @@ pub(crate) struct Identity {
     pub(crate) resources: Resources,
 }
 
-/// A fresh incarnation: microseconds since the epoch, and always more than
-/// `previous`.
-pub(crate) fn fresh_incarnation(previous: u64) -> u64 {
-    let micros = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
-    micros.max(previous + 1)
-}
-
 impl Identity {
-    /// The identity of a node starting now.
+    /// The identity of a node starting now, with its first incarnation
+    /// taken from `record`.
     pub(crate) fn new(
         name: String,
         advertise: SocketAddr,
         bulk_addr: SocketAddr,
         resources: Resources,
-    ) -> Self {
-        Self {
+        cookie: CookieDigest,
+        record: IncarnationRecord,
+    ) -> Result<Self, RecordError> {
+        let first = record.take_next()?;
+        Ok(Self {
             name,
-            incarnation: AtomicU64::new(fresh_incarnation(0)),
+            incarnation: Mutex::new((first, record)),
+            cookie,
             advertise,
             bulk_addr,
             resources,
-        }
+        })
     }
 
     /// The current incarnation.
     pub(crate) fn incarnation(&self) -> u64 {
-        self.incarnation.load(Ordering::SeqCst)
+        self.incarnation.lock().unwrap_or_else(|e| e.into_inner()).0
     }
 
-    /// Moves to a new, larger incarnation and returns it.
+    /// Moves to a new, larger incarnation and returns it. Should the record
+    /// fail, the node still moves on (in memory the incarnation grows
+    /// anyway) and the failure is logged: only a restart that also meets a
+    /// clock stepped back could then reuse a number.
     pub(crate) fn reincarnate(&self) -> u64 {
-        let next = fresh_incarnation(self.incarnation());
-        self.incarnation.store(next, Ordering::SeqCst);
+        let mut current = self.incarnation.lock().unwrap_or_else(|e| e.into_inner());
+        let next = match current.1.take_next() {
+            Ok(next) => next.max(current.0 + 1),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record the new incarnation");
+                next_incarnation(clock_micros(), Some(current.0))
+            }
+        };
+        current.0 = next;
         next
     }
 
     /// This node's hello for a stream of `purpose`.
     pub(crate) fn hello(&self, purpose: Purpose) -> Hello {
-        Hello::new(purpose, self.name.clone(), self.incarnation())
+        Hello::new(purpose, self.name.clone(), self.incarnation(), self.cookie)
     }
 
     /// The join request of the current incarnation.
@@ -83,18 +157,57 @@ impl Identity {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_new_incarnation_is_always_larger() {
-        let id = Identity::new(
+    fn scratch(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("flotilla-identity-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn identity(dir: &Path) -> Identity {
+        Identity::new(
             "n1".into(),
             "127.0.0.1:1".parse().unwrap(),
             "127.0.0.1:2".parse().unwrap(),
             Resources::default(),
-        );
+            [1; 32],
+            IncarnationRecord::new(dir, "n1"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_new_incarnation_is_always_larger() {
+        let dir = scratch("larger");
+        let id = identity(&dir);
         let first = id.incarnation();
-        assert!(fresh_incarnation(u64::MAX - 1) == u64::MAX);
         assert!(id.reincarnate() > first);
         assert_eq!(id.join_request().incarnation, id.incarnation());
         assert_eq!(id.hello(Purpose::Cluster).incarnation, id.incarnation());
+        assert_eq!(id.hello(Purpose::Cluster).cookie, [1; 32]);
+    }
+
+    #[test]
+    fn a_restart_after_the_clock_stepped_back_takes_a_larger_incarnation() {
+        let dir = scratch("restart");
+        let record = IncarnationRecord::new(&dir, "n1");
+        // A previous life ran with a clock an hour ahead of this one.
+        let ahead = clock_micros() + 3_600_000_000;
+        std::fs::write(&record.path, format!("{ahead}\n")).unwrap();
+        let id = identity(&dir);
+        assert_eq!(id.incarnation(), ahead + 1);
+        let again = id.reincarnate();
+        assert_eq!(again, ahead + 2);
+        // The record holds what the node runs as; a restart goes past it.
+        assert_eq!(identity(&dir).incarnation(), ahead + 3);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_written_is_a_typed_error() {
+        let dir = scratch("unwritable").join("missing-folder");
+        let record = IncarnationRecord::new(&dir, "n1");
+        let e = record.take_next().unwrap_err();
+        assert!(e.to_string().contains("NODE-STATE-001"), "{e}");
     }
 }

@@ -1,6 +1,6 @@
 //! The router: every connection of the node's main endpoint (accepted, or
 //! dialled by the pool) comes here on a channel, and every stream the peer
-//! opens on it is routed by its hello: cluster streams to ractor_cluster,
+//! opens on it passes the [`gate`] and is routed by its hello: cluster streams to ractor_cluster,
 //! control streams to the control service. A peer whose hello or frames are
 //! malformed has its connection closed; the node keeps serving others.
 //!
@@ -16,17 +16,20 @@ use flotilla_proto::hello::Purpose;
 use flotilla_transport::{PeerConnection, handshake};
 use ractor::ActorRef;
 use ractor_cluster::NodeServerMessage;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::backlog::Backlog;
 use crate::control::ControlService;
+use crate::gate;
 use crate::identity::Identity;
 use crate::sessions::{QuicClusterStream, Sessions};
+use crate::table::Table;
 use crate::tasks::Tasks;
 
 /// What routing needs.
 pub(crate) struct Router {
     pub(crate) identity: Arc<Identity>,
+    pub(crate) view: watch::Receiver<Table>,
     pub(crate) node_server: ActorRef<NodeServerMessage>,
     pub(crate) sessions: Sessions,
     pub(crate) backlog: Arc<Backlog>,
@@ -47,11 +50,10 @@ impl Router {
     /// Serves the streams the peer opens on `pc`.
     async fn serve(self: Arc<Self>, pc: PeerConnection) {
         loop {
-            let accepted = handshake::accept(
-                &pc.connection,
-                &pc.peer,
-                &self.identity.name,
-                self.identity.incarnation(),
+            let accepted = gate::accept(
+                &self.identity,
+                &self.view,
+                &pc,
                 &[Purpose::Cluster, Purpose::Control],
             )
             .await;

@@ -137,6 +137,7 @@ pub(crate) struct SessionGuard(Sessions);
 
 impl NodeEventSubscription for SessionGuard {
     fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        crate::counters::session_opened();
         self.0
             .lock()
             .open
@@ -146,6 +147,7 @@ impl NodeEventSubscription for SessionGuard {
     }
 
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        crate::counters::session_closed();
         {
             let mut inner = self.0.lock();
             inner.peers.remove(&ses.node_id);

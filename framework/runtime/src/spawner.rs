@@ -81,14 +81,41 @@ pub enum SpawnReply {
 
 crate::remote_type!(SpawnRequest, SpawnReply, MemberStates);
 
+/// The member table as the spawner's own node tells it. Only the node
+/// itself may say who is up (it has the table from the head's
+/// authenticated control stream): the spawner stops children whose owner
+/// is gone, so a table from anywhere else could stop them at will. A
+/// `LocalMembers` that arrives from another node is therefore refused when
+/// it is decoded, logged and counted (`flotilla_authority_refused_total`),
+/// and never reaches the spawner.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LocalMembers(pub MemberStates);
+
+impl ractor::BytesConvertable for LocalMembers {
+    /// Nothing: a node never sends its table to another node's spawner.
+    fn into_bytes(self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn from_bytes(_bytes: Vec<u8>) -> Self {
+        crate::counters::authority_refused("spawner_members");
+        tracing::warn!(
+            "NODE-AUTH-008: refused a member table sent to this node's spawner by another node; only the node itself tells its spawner who is up"
+        );
+        // ractor decodes under catch_unwind: the message is dropped and
+        // the spawner keeps running.
+        std::panic::resume_unwind(Box::new("member table from another node"))
+    }
+}
+
 /// Messages of the spawner actor.
 #[derive(RactorClusterMessage)]
 pub enum SpawnerMsg {
     /// Start an actor of a registered kind.
     #[rpc]
     Spawn(SpawnRequest, RpcReplyPort<SpawnReply>),
-    /// The member table changed (sent by the node itself).
-    Members(MemberStates),
+    /// The member table changed (accepted from the node itself only).
+    Members(LocalMembers),
 }
 
 type SpawnFuture = Pin<Box<dyn Future<Output = Result<ActorCell, SpawnReply>> + Send>>;
@@ -153,7 +180,9 @@ pub(crate) async fn relay_members(
         if !states.is_empty()
             && states != last
             && spawner
-                .cast(SpawnerMsg::Members(MemberStates(states.clone())))
+                .cast(SpawnerMsg::Members(LocalMembers(MemberStates(
+                    states.clone(),
+                ))))
                 .is_err()
         {
             return;
@@ -297,7 +326,7 @@ impl Actor for Spawner {
                 };
                 let _ = reply.send(answer);
             }
-            SpawnerMsg::Members(up) => {
+            SpawnerMsg::Members(LocalMembers(up)) => {
                 state.members = up;
                 state.reap_orphans();
             }

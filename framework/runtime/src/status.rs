@@ -15,6 +15,11 @@ use crate::table::Table;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StatusError {
+    /// The identity's certificates folder holds no cluster cookie.
+    #[error(
+        "NODE-CERT-008: no cluster cookie beside the certificate; copy the `cookie` file `node certs init` wrote into the certs folder"
+    )]
+    NoCookie,
     /// No local endpoint could be opened.
     #[error("NODE-STATUS-001: cannot open a local endpoint: {0}")]
     Bind(#[from] BindError),
@@ -50,6 +55,11 @@ pub async fn query_status(
     identity: flotilla_transport::Identity,
 ) -> Result<Table, StatusError> {
     let name = identity.name.clone();
+    let cookie = identity
+        .cookie
+        .as_deref()
+        .map(flotilla_transport::certs::cookie_digest)
+        .ok_or(StatusError::NoCookie)?;
     let endpoint =
         flotilla_transport::Endpoint::client(identity, &flotilla_transport::Tuning::default())?;
     let stream = |source| StatusError::Stream { addr, source };
@@ -58,7 +68,7 @@ pub async fn query_status(
             .connect(addr, None)
             .await
             .map_err(|source| StatusError::Connect { addr, source })?;
-        let hello = Hello::new(Purpose::Control, name, 0);
+        let hello = Hello::new(Purpose::Control, name, 0, cookie);
         let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello)
             .await
             .map_err(stream)?;

@@ -38,6 +38,13 @@ impl Table {
         self.members.iter().filter(|m| m.state == MemberState::Up)
     }
 
+    /// What the table holds of `name`: its incarnation and whether it is
+    /// up (see [`flotilla_proto::hello::check_incarnation`]).
+    pub fn known(&self, name: &str) -> Option<(u64, bool)> {
+        self.get(name)
+            .map(|m| (m.incarnation, m.state == MemberState::Up))
+    }
+
     /// One member by name.
     pub fn get(&self, name: &str) -> Option<&MemberView> {
         self.members.iter().find(|m| m.name == name)

@@ -51,5 +51,6 @@ macro_rules! remote_type {
 #[doc(hidden)]
 pub fn reject(error: WireError) -> ! {
     tracing::warn!(%error, "NODE-WIRE-001: dropped a remote message with an invalid archive");
+    crate::counters::frame_dropped("cluster", "invalid_archive");
     std::panic::resume_unwind(Box::new(error))
 }

@@ -20,3 +20,11 @@ pub fn free_addr() -> std::net::SocketAddr {
         .and_then(|s| s.local_addr())
         .expect("loopback has a free UDP port")
 }
+
+/// A free TCP address on loopback (the OS picks the port), for HTTP
+/// listeners such as `--metrics-listen`.
+pub fn free_tcp_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("loopback has a free TCP port")
+}

@@ -195,6 +195,38 @@ pub fn eventually<T>(budget: Duration, mut cond: impl FnMut() -> Option<T>) -> (
     }
 }
 
+/// The body of `GET /metrics` from a node's `--metrics-listen` address,
+/// if it answers.
+pub fn scrape(addr: SocketAddr) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.").then(|| body.to_owned())
+}
+
+/// The value of the counter `series` (name and labels exactly as
+/// Prometheus prints them) in a scrape, 0 when absent.
+pub fn counter(scrape: &str, series: &str) -> u64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// The incarnation of `name` in a status document.
+pub fn incarnation_of(status: &Value, name: &str) -> Option<u64> {
+    status["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["name"] == name)?["incarnation"]
+        .as_u64()
+}
+
 /// The state (`up`, `down`, `left`) of `name` in a status document.
 pub fn state_of(status: &Value, name: &str) -> Option<String> {
     status["nodes"]

@@ -6,6 +6,8 @@
 //! DIR/ca.key            the CA key (keep it off worker machines)
 //! DIR/NAME.crt/.key     a node's certificate (SAN = NAME) and key, 0600
 //! DIR/admin.crt/.key    the operator's certificate for `node status`
+//! DIR/cookie            the cluster cookie (random, 0600): nodes and tools
+//!                       using the folder present it in every hello
 //! ```
 
 use std::io::Write;
@@ -52,6 +54,42 @@ pub enum CertError {
     /// Refusing to overwrite an existing file.
     #[error("NODE-CERT-005: {0} exists; remove it first to create a new one")]
     Exists(PathBuf),
+    /// The cookie file is empty.
+    #[error("NODE-CERT-006: {0} is empty; it should hold the cluster cookie")]
+    EmptyCookie(PathBuf),
+    /// No random bytes for a new cookie.
+    #[error("NODE-CERT-007: the system's random number generator failed")]
+    Random,
+}
+
+/// Name of the cookie file in a certs folder.
+pub const COOKIE_FILE: &str = "cookie";
+
+/// The digest of `cookie` that hellos carry.
+pub fn cookie_digest(cookie: &str) -> flotilla_proto::hello::CookieDigest {
+    use sha2::Digest;
+    sha2::Sha256::digest(cookie.as_bytes()).into()
+}
+
+/// A fresh random cookie: 32 random bytes, in hex.
+fn random_cookie() -> Result<String, CertError> {
+    let mut bytes = [0u8; 32];
+    rustls::crypto::aws_lc_rs::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .map_err(|_| CertError::Random)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The cookie in `dir/cookie`, or `None` when the folder has none.
+pub fn load_cookie(dir: &Path) -> Result<Option<String>, CertError> {
+    let path = dir.join(COOKIE_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.trim().is_empty() => Err(CertError::EmptyCookie(path)),
+        Ok(text) => Ok(Some(text.trim().to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(CertError::Io { path, source }),
+    }
 }
 
 /// Whether `name` is usable as a node name and certificate DNS name.
@@ -109,8 +147,9 @@ fn read(path: &Path) -> Result<String, CertError> {
     })
 }
 
-/// Creates a new cluster CA in `dir` (`ca.crt`, `ca.key`) and an `admin`
-/// certificate for operators' tools. Refuses to overwrite existing files.
+/// Creates a new cluster CA in `dir` (`ca.crt`, `ca.key`), a random
+/// cluster cookie (`cookie`, 0600) and an `admin` certificate for
+/// operators' tools. Refuses to overwrite existing files.
 pub fn init_ca(dir: &Path, cluster_name: &str) -> Result<(), CertError> {
     std::fs::create_dir_all(dir).map_err(|source| CertError::Io {
         path: dir.to_path_buf(),
@@ -122,6 +161,7 @@ pub fn init_ca(dir: &Path, cluster_name: &str) -> Result<(), CertError> {
         .map_err(gen_err)?;
     write_new(&dir.join("ca.crt"), &cert.pem(), false)?;
     write_new(&dir.join("ca.key"), &key.serialize_pem(), true)?;
+    write_new(&dir.join(COOKIE_FILE), &(random_cookie()? + "\n"), true)?;
     issue(dir, flotilla_proto::hello::ADMIN_NAME, dir)
 }
 
@@ -180,6 +220,8 @@ pub struct Identity {
     pub key: PrivateKeyDer<'static>,
     /// The cluster CA certificates.
     pub ca: Vec<CertificateDer<'static>>,
+    /// The cluster cookie of the folder (`dir/cookie`), if it has one.
+    pub cookie: Option<String>,
 }
 
 impl Clone for Identity {
@@ -189,12 +231,14 @@ impl Clone for Identity {
             chain: self.chain.clone(),
             key: self.key.clone_key(),
             ca: self.ca.clone(),
+            cookie: self.cookie.clone(),
         }
     }
 }
 
 impl Identity {
-    /// Loads `dir/ca.crt`, `dir/NAME.crt` and `dir/NAME.key`.
+    /// Loads `dir/ca.crt`, `dir/NAME.crt`, `dir/NAME.key` and, when
+    /// present, `dir/cookie`.
     pub fn load(dir: &Path, name: &str) -> Result<Self, CertError> {
         let certs = |path: PathBuf| -> Result<Vec<CertificateDer<'static>>, CertError> {
             let pem = |reason: String| CertError::Pem {
@@ -231,6 +275,7 @@ impl Identity {
             chain,
             key,
             ca,
+            cookie: load_cookie(dir)?,
         })
     }
 }
@@ -286,6 +331,34 @@ mod tests {
             }
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn init_writes_a_private_random_cookie_that_identities_load() {
+        let (a, b) = (tempdir("cookie-a"), tempdir("cookie-b"));
+        init_ca(&a, "c").unwrap();
+        init_ca(&b, "c").unwrap();
+        let cookie = load_cookie(&a).unwrap().expect("a cookie");
+        assert_eq!(cookie.len(), 64);
+        assert_ne!(Some(cookie.clone()), load_cookie(&b).unwrap());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(a.join(COOKIE_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert_eq!(
+            Identity::load(&a, "admin").unwrap().cookie,
+            Some(cookie.clone())
+        );
+        assert_ne!(cookie_digest(&cookie), cookie_digest("flotilla"));
+        std::fs::write(a.join(COOKIE_FILE), "\n").unwrap();
+        assert!(matches!(load_cookie(&a), Err(CertError::EmptyCookie(_))));
+        std::fs::remove_file(a.join(COOKIE_FILE)).unwrap();
+        assert_eq!(load_cookie(&a).unwrap(), None);
     }
 
     #[test]

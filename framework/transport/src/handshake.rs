@@ -6,7 +6,9 @@
 //! connection is closed by the caller.
 
 use flotilla_proto::frame::{self, FrameError, PREFIX_LEN};
-use flotilla_proto::hello::{Hello, HelloReply, Purpose, Refusal, check_hello};
+use flotilla_proto::hello::{
+    CookieDigest, Hello, HelloReply, Purpose, Refusal, check_hello, check_incarnation,
+};
 use flotilla_proto::wire::{self, Decode, Encode, WireError};
 use quinn::{RecvStream, SendStream};
 
@@ -191,27 +193,45 @@ pub async fn dial(
     }
 }
 
+/// What an acceptor checks each hello against.
+pub struct Gate<'a> {
+    /// The acceptor's node name, sent back in the reply.
+    pub name: &'a str,
+    /// The acceptor's incarnation, sent back in the reply.
+    pub incarnation: u64,
+    /// The acceptor's cookie digest; the hello's must equal it.
+    pub cookie: CookieDigest,
+    /// The purposes this endpoint serves.
+    pub serves: &'a [Purpose],
+    /// What the acceptor's member table holds for a node name: its
+    /// incarnation and whether it is up (see
+    /// [`flotilla_proto::hello::check_incarnation`]).
+    pub known: &'a (dyn Fn(&str) -> Option<(u64, bool)> + Sync),
+}
+
+impl Gate<'_> {
+    /// The verdict on `hello` from a peer whose certificate names
+    /// `peer_cert_name`.
+    pub fn check(&self, hello: &Hello, peer_cert_name: &str) -> Result<(), Refusal> {
+        check_hello(hello, peer_cert_name, &self.cookie)?;
+        if !self.serves.contains(&hello.purpose) {
+            return Err(Refusal::WrongEndpoint);
+        }
+        check_incarnation(hello.incarnation, (self.known)(&hello.node))
+    }
+}
+
 /// Acceptor side: takes the next stream the peer opens, reads its hello and
-/// checks it against `peer_cert_name` and the purposes this endpoint
-/// `serves`. On refusal the reason is sent back before the error is
-/// returned.
+/// checks it against `peer_cert_name` and the `gate`. On refusal the reason
+/// is sent back before the error is returned.
 pub async fn accept(
     connection: &quinn::Connection,
     peer_cert_name: &str,
-    own_name: &str,
-    own_incarnation: u64,
-    serves: &[Purpose],
+    gate: &Gate<'_>,
 ) -> Result<(SendStream, RecvStream, Hello), StreamError> {
     let (mut send, mut recv) = connection.accept_bi().await.map_err(io)?;
     let hello = recv_msg::<Hello>(&mut recv, frame::DEFAULT_MAX_FRAME).await?;
-    let verdict = check_hello(&hello, peer_cert_name).and_then(|()| {
-        if serves.contains(&hello.purpose) {
-            Ok(())
-        } else {
-            Err(Refusal::WrongEndpoint)
-        }
-    });
-    if let Err(refusal) = verdict {
+    if let Err(refusal) = gate.check(&hello, peer_cert_name) {
         let _ = send_msg(
             &mut send,
             &HelloReply::Refused(refusal),
@@ -223,8 +243,8 @@ pub async fn accept(
         return Err(StreamError::RefusedPeer(refusal));
     }
     let reply = HelloReply::Accepted {
-        node: own_name.to_owned(),
-        incarnation: own_incarnation,
+        node: gate.name.to_owned(),
+        incarnation: gate.incarnation,
     };
     send_msg(&mut send, &reply, frame::DEFAULT_MAX_FRAME).await?;
     Ok((send, recv, hello))

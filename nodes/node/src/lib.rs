@@ -87,7 +87,7 @@ pub struct EmbedArgs {
     /// address that routes to the head, any port).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Cluster cookie (with --head).
+    /// Cluster cookie (with --head; default: the certs folder's `cookie`).
     #[arg(long)]
     pub cookie: Option<String>,
     /// Log progress lines instead of drawing a bar, even on a terminal.
@@ -152,7 +152,8 @@ impl EmbedArgs {
 /// Certificate operations.
 #[derive(Debug, Subcommand)]
 pub enum CertsOp {
-    /// Create a cluster CA (ca.crt, ca.key) and an `admin` certificate.
+    /// Create a cluster CA (ca.crt, ca.key), a random cluster cookie
+    /// (cookie, 0600) and an `admin` certificate.
     Init {
         /// Folder to write into.
         #[arg(long)]
@@ -200,9 +201,18 @@ pub struct NodeArgs {
     /// Folder with ca.crt, NAME.crt and NAME.key.
     #[arg(long)]
     pub certs: Option<PathBuf>,
-    /// Cluster cookie (ractor_cluster's shared secret).
+    /// Cluster cookie (default: the certs folder's `cookie` file, which
+    /// `node certs init` writes).
     #[arg(long)]
     pub cookie: Option<String>,
+    /// Folder where the node records its last incarnation (default: the
+    /// certs folder).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Serve the node's counters in Prometheus text format on
+    /// `http://ADDR/metrics`.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
     /// Heartbeat interval in milliseconds (default 1000).
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
@@ -256,6 +266,8 @@ pub struct FileConfig {
     head: Option<SocketAddr>,
     certs: Option<PathBuf>,
     cookie: Option<String>,
+    state_dir: Option<PathBuf>,
+    metrics_listen: Option<SocketAddr>,
     heartbeat_ms: Option<u64>,
     down_after_ms: Option<u64>,
     join_timeout_ms: Option<u64>,
@@ -271,6 +283,8 @@ pub struct NodeSettings {
     pub config: NodeConfig,
     /// The node's own embedding model folder, if configured.
     pub model: Option<PathBuf>,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// A configuration problem: the node does not start.
@@ -346,9 +360,8 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
     }
     config.advertise = args.advertise.or(file.advertise);
     config.bulk_listen = args.bulk_listen.or(file.bulk_listen);
-    if let Some(cookie) = args.cookie.or(file.cookie) {
-        config.cookie = cookie;
-    }
+    config.cookie = args.cookie.or(file.cookie);
+    config.state_dir = args.state_dir.or(file.state_dir);
     if let Some(ms) = args.heartbeat_ms.or(file.heartbeat_ms) {
         config.detector.heartbeat_interval = Duration::from_millis(ms);
     }
@@ -370,6 +383,7 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
     Ok(NodeSettings {
         config,
         model: args.model.or(file.model),
+        metrics_listen: args.metrics_listen.or(file.metrics_listen),
     })
 }
 
@@ -390,13 +404,19 @@ mod tests {
     #[test]
     fn flags_win_over_the_file() {
         let path = std::env::temp_dir().join(format!("flotilla-node-{}.toml", std::process::id()));
-        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\nmodel = \"/srv/model\"\nbulk_listen = \"127.0.0.1:7431\"\n[labels]\nzone = \"a\"\n").unwrap();
+        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\nmodel = \"/srv/model\"\nbulk_listen = \"127.0.0.1:7431\"\nmetrics_listen = \"127.0.0.1:9464\"\nstate_dir = \"/var/lib/flotilla\"\n[labels]\nzone = \"a\"\n").unwrap();
         let mut a = args();
         a.config = Some(path.clone());
         a.labels = vec![("rack".into(), "2".into())];
         let settings = node_config(a, true).unwrap();
         assert_eq!(settings.model, Some(PathBuf::from("/srv/model")));
+        assert_eq!(
+            settings.metrics_listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
         let c = settings.config;
+        assert_eq!(c.state_dir, Some(PathBuf::from("/var/lib/flotilla")));
+        assert_eq!(c.cookie, None, "the certs folder's cookie by default");
         assert_eq!(c.name, "n1");
         assert_eq!(c.bulk_listen, Some("127.0.0.1:7431".parse().unwrap()));
         assert_eq!(c.detector.heartbeat_interval, Duration::from_millis(200));

@@ -42,7 +42,7 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                 CertsOp::Init { out, cluster } => {
                     flotilla_transport::certs::init_ca(&out, &cluster).map(|()| {
                         format!(
-                            "cluster CA and admin certificate written to {}",
+                            "cluster CA, cookie and admin certificate written to {}",
                             out.display()
                         )
                     })
@@ -109,6 +109,18 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(2);
         }
     };
+    if let Some(addr) = settings.metrics_listen {
+        // The exporter's recorder is the process's; it serves every counter
+        // the runtime emits through the `metrics` facade.
+        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install();
+        if let Err(e) = installed {
+            eprintln!("NODE-CONFIG-005: cannot serve metrics on {addr}: {e}");
+            return ExitCode::from(2);
+        }
+        tracing::info!(%addr, "serving metrics on /metrics");
+    }
     let builder = extra(Node::builder(settings.config));
     let node = match flotilla_embed::actor::register(builder, settings.model)
         .start()
@@ -121,7 +133,10 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             // to start or to join.
             let code = if matches!(
                 e,
-                flotilla::StartError::Certs(_) | flotilla::StartError::Tls(_)
+                flotilla::StartError::Certs(_)
+                    | flotilla::StartError::Tls(_)
+                    | flotilla::StartError::NoCookie(_)
+                    | flotilla::StartError::State(_)
             ) {
                 2
             } else {

@@ -62,9 +62,7 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
     node_config
         .labels
         .insert("role".to_owned(), "embed-driver".to_owned());
-    if let Some(cookie) = &cluster.cookie {
-        node_config.cookie = cookie.clone();
-    }
+    node_config.cookie = cluster.cookie.clone();
     let node =
         Arc::new(
             Node::builder(node_config)

@@ -1,0 +1,48 @@
+//! The node's counters, through the `metrics` facade: whichever recorder
+//! the program installs (the `node` binary serves Prometheus text on
+//! `--metrics-listen`) receives them; with none installed they cost a
+//! branch. Every name is defined here, following Prometheus conventions.
+//!
+//! ```text
+//! flotilla_hello_refused_total{reason}          streams refused at the gate
+//! flotilla_frames_dropped_total{lane,reason}    frames dropped after the gate
+//! flotilla_authority_refused_total{message}     messages from a peer without authority
+//! flotilla_sessions_opened_total                ractor_cluster sessions opened
+//! flotilla_sessions_closed_total                ractor_cluster sessions closed
+//! flotilla_sent_bytes_total{lane}               bytes sent per lane
+//! ```
+
+use flotilla_proto::hello::Refusal;
+
+/// A stream refused at the gate, by reason.
+pub(crate) fn hello_refused(refusal: Refusal) {
+    metrics::counter!("flotilla_hello_refused_total", "reason" => refusal.code()).increment(1);
+}
+
+/// A frame dropped after its stream was accepted: `lane` is `bulk` or
+/// `cluster`, `reason` why.
+pub(crate) fn frame_dropped(lane: &'static str, reason: &'static str) {
+    metrics::counter!("flotilla_frames_dropped_total", "lane" => lane, "reason" => reason)
+        .increment(1);
+}
+
+/// A message that would change what this node runs, refused because its
+/// sender has no authority for it.
+pub(crate) fn authority_refused(message: &'static str) {
+    metrics::counter!("flotilla_authority_refused_total", "message" => message).increment(1);
+}
+
+/// A ractor_cluster session opened.
+pub(crate) fn session_opened() {
+    metrics::counter!("flotilla_sessions_opened_total").increment(1);
+}
+
+/// A ractor_cluster session closed.
+pub(crate) fn session_closed() {
+    metrics::counter!("flotilla_sessions_closed_total").increment(1);
+}
+
+/// `bytes` sent on `lane` (`bulk` or `cluster`).
+pub(crate) fn sent_bytes(lane: &'static str, bytes: u64) {
+    metrics::counter!("flotilla_sent_bytes_total", "lane" => lane).increment(bytes);
+}
