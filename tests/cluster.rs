@@ -226,7 +226,7 @@ fn remote_call_between_actors_on_two_workers() {
                 }
             }
         }
-        assert!(node.lookup::<EchoMsg>("echo-w2").is_some());
+        assert!(node.lookup::<EchoMsg>("echo-w2").is_ok());
         // The actor counts reach every member with the next heartbeats.
         let counted = node
             .wait_members(Duration::from_secs(5), |t| {
@@ -506,6 +506,18 @@ fn spawn_with_metrics(
     (proc, metrics)
 }
 
+/// A head and a worker `w2` serving its metrics, both seen up; the head,
+/// the worker and where the worker's metrics are served.
+fn head_and_metered_worker(s: &Scratch) -> (Proc, Proc, std::net::SocketAddr) {
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let (w2, metrics) = spawn_with_metrics(s, "join", "w2", Some(head.addr), &[]);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w2"]))
+    });
+    (head, w2, metrics)
+}
+
 /// Clause "security: cookie": a node presenting another cluster cookie is
 /// refused, says why, and the head counts the refusal on `/metrics`.
 #[test]
@@ -620,12 +632,7 @@ fn a_forged_member_table_does_not_stop_another_workers_actors() {
     use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload};
 
     let s = Scratch::new("forged", NODE);
-    s.issue("head");
-    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    let (_w2, metrics) = spawn_with_metrics(&s, "join", "w2", Some(head.addr), &[]);
-    eventually(Duration::from_secs(20), || {
-        s.status(head.addr).filter(|st| all_up(st, &["head", "w2"]))
-    });
+    let (head, _w2, metrics) = head_and_metered_worker(&s);
     runtime().block_on(async {
         let node = join_in_process(&s, "t1", head.addr).await;
         let echo: ActorRef<EchoMsg> = node
@@ -659,4 +666,150 @@ fn a_forged_member_table_does_not_stop_another_workers_actors() {
         assert_eq!(reply, Payload(b"still".to_vec()), "the actor still runs");
         node.shutdown().await;
     });
+}
+
+/// Clauses "remote spawn: stop", "security: authority" and "lookup:
+/// typed": a node that neither owns an actor nor is the head cannot stop
+/// it (refused and counted on the actor's node); its owner can; a lookup
+/// or spawn with another message type fails with a typed error.
+#[test]
+fn only_the_owner_or_the_head_stops_a_remote_actor() {
+    use flotilla::ractor::{ActorRef, call_t};
+    use flotilla_proto::control::StopOutcome;
+    use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload};
+
+    let s = Scratch::new("stop", NODE);
+    let (head, _w2, metrics) = head_and_metered_worker(&s);
+    runtime().block_on(async {
+        let owner = join_in_process(&s, "t1", head.addr).await;
+        let other = join_in_process(&s, "t2", head.addr).await;
+        let budget = Duration::from_secs(15);
+        let echo: ActorRef<EchoMsg> = owner
+            .spawn_on("w2", ECHO, "echo-owned", &NoArgs, budget)
+            .await
+            .unwrap();
+        // Clause "lookup: typed": asking for another message type fails
+        // with the typed error, for a lookup and for a spawn.
+        use flotilla_testkit::probe::RelayMsg;
+        let wrong = other.lookup::<RelayMsg>("echo-owned");
+        assert!(
+            matches!(&wrong, Err(flotilla::LookupError::WrongType { takes, .. }) if takes.ends_with("EchoMsg")),
+            "{wrong:?}"
+        );
+        let wrong = owner
+            .spawn_on::<RelayMsg, _>("w2", ECHO, "echo-wrong-type", &NoArgs, budget)
+            .await;
+        assert!(
+            matches!(
+                &wrong,
+                Err(flotilla::SpawnError::Refused {
+                    reply: flotilla::spawner::SpawnReply::WrongMessageType(_),
+                    ..
+                })
+            ),
+            "{wrong:?}"
+        );
+        let refused = other.stop_on("w2", "echo-owned", budget).await;
+        assert!(
+            matches!(
+                refused,
+                Err(flotilla::StopError::Refused {
+                    outcome: StopOutcome::NotOwner,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        let reply = call_t!(echo, EchoMsg::Echo, 2_000, Payload(b"alive".to_vec())).unwrap();
+        assert_eq!(reply, Payload(b"alive".to_vec()));
+        let m = scrape(metrics).unwrap();
+        assert_eq!(
+            counter(&m, "flotilla_authority_refused_total{message=\"stop\"}"),
+            1,
+            "{m}"
+        );
+        owner.stop_on("w2", "echo-owned", budget).await.unwrap();
+        eventually(Duration::from_secs(10), || {
+            owner.lookup::<EchoMsg>("echo-owned").is_err().then_some(())
+        });
+        let missing = owner.stop_on("w2", "echo-owned", budget).await;
+        assert!(
+            matches!(
+                missing,
+                Err(flotilla::StopError::Refused {
+                    outcome: StopOutcome::NoSuchActor,
+                    ..
+                })
+            ),
+            "{missing:?}"
+        );
+        other.shutdown().await;
+        owner.shutdown().await;
+    });
+}
+
+/// Clause "security: authority": the bulk lane delivers only to actors a
+/// ractor_cluster session would deliver to. Bulk frames addressed to the
+/// worker's first pids (its actor system's own actors, none of them
+/// remotely visible) are dropped and counted, and the worker keeps
+/// serving.
+#[test]
+fn bulk_frames_for_actors_that_are_not_remote_are_dropped_and_counted() {
+    use flotilla_proto::bulk::BulkHeader;
+    use flotilla_proto::frame::{DEFAULT_MAX_FRAME, encode};
+
+    let s = Scratch::new("bulk-visible", NODE);
+    s.issue("prober");
+    let (head, w2, metrics) = head_and_metered_worker(&s);
+    let st = s.status(head.addr).unwrap();
+    let bulk_addr: std::net::SocketAddr = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "w2")
+        .and_then(|n| n["bulk_addr"].as_str())
+        .unwrap()
+        .parse()
+        .unwrap();
+    runtime().block_on(async {
+        let id = flotilla_transport::Identity::load(&s.certs(), "prober").unwrap();
+        let cookie = flotilla_transport::certs::cookie_digest(id.cookie.as_deref().unwrap());
+        let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
+            .unwrap();
+        let pc = ep.connect(bulk_addr, None).await.unwrap();
+        let hello = flotilla_proto::hello::Hello::new(Purpose::Bulk, "prober", 1, cookie);
+        let (mut send, ..) = flotilla_transport::handshake::dial(&pc.connection, &hello)
+            .await
+            .unwrap();
+        for pid in 0..8 {
+            let header = BulkHeader {
+                pid,
+                variant: "Note".into(),
+            };
+            let header = flotilla_proto::wire::encode(&header);
+            send.write_all(&encode(&header, DEFAULT_MAX_FRAME).unwrap())
+                .await
+                .unwrap();
+            send.write_all(&encode(b"payload", DEFAULT_MAX_FRAME).unwrap())
+                .await
+                .unwrap();
+        }
+        send.finish().unwrap();
+        let (dropped, _) = eventually(Duration::from_secs(5), || {
+            scrape(metrics)
+                .map(|m| {
+                    counter(
+                        &m,
+                        "flotilla_frames_dropped_total{lane=\"bulk\",reason=\"not_remote\"}",
+                    )
+                })
+                .filter(|n| *n >= 1)
+        });
+        assert!(dropped >= 1);
+    });
+    // The worker still serves.
+    assert!(
+        s.status(w2.addr)
+            .is_some_and(|st| all_up(&st, &["head", "w2"]))
+    );
 }

@@ -8,6 +8,9 @@
 //!        ── Heartbeat ────►  (every heartbeat interval)
 //!        ◄─ Changes ───────  (the members that changed, at most once per push gap)
 //!        ── Leave ────────►  (clean stop)
+//!
+//! owner or head ── Stop{name} ──► the node hosting `name`
+//!               ◄─ Stop(outcome)
 //! ```
 
 // rkyv's derive emits undocumented public helper items for enums with
@@ -44,6 +47,27 @@ pub enum ControlRequest {
     },
     /// The member table, for tools.
     Status,
+    /// Stop the actor `name` that the receiving node hosts. Only its owner
+    /// or the head may (see [`crate::authority::may_stop`]); served by any
+    /// node, not by the head's session.
+    Stop {
+        /// The actor's name.
+        name: String,
+    },
+}
+
+/// What became of a stop request.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StopOutcome {
+    /// The actor was asked to stop.
+    #[error("stopped")]
+    Stopped,
+    /// The node hosts no actor of that name.
+    #[error("NODE-SPAWN-004: the node hosts no actor of that name")]
+    NoSuchActor,
+    /// The sender is neither the actor's owner nor the head.
+    #[error("NODE-AUTH-009: only the node that spawned an actor, or the head, may stop it")]
+    NotOwner,
 }
 
 /// An answer on a control stream.
@@ -75,4 +99,6 @@ pub enum ControlReply {
     Refused(Refusal),
     /// The member is no longer up for this incarnation and must rejoin.
     Rejoin,
+    /// The answer to a stop request.
+    Stop(StopOutcome),
 }

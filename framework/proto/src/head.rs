@@ -101,6 +101,8 @@ impl HeadSession {
     ) -> (Option<ControlReply>, Noted) {
         match request {
             ControlRequest::Status => (Some(members_reply(&self.head, m)), Noted::Nothing),
+            // Served by the node's control service, which owns its actors.
+            ControlRequest::Stop { .. } => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let name = req.name.clone();
                 let incarnation = req.incarnation;

@@ -6,6 +6,7 @@
 //! exhaustively without a network.
 //!
 //! ```text
+//! authority   who may change what a node runs
 //! bulk        large messages on their own stream
 //! control     join, heartbeats and status requests to the head
 //! frame       length prefixes checked against a limit before any allocation
@@ -20,6 +21,7 @@
 //! window      the batch pipeline's credit window: routing, deadlines, retries
 //! ```
 
+pub mod authority;
 pub mod bulk;
 pub mod control;
 pub mod frame;

@@ -200,14 +200,14 @@ impl NodeBuilder {
         let pool = Arc::new(Pool::new(endpoint.clone(), router_tx));
         let hosted = Hosted::default();
 
-        let (control, head, member) = match config.head {
+        let (head, member) = match config.head {
             None => {
                 let head = Arc::new(HeadService::new(
                     identity.join_request(),
                     config.detector,
                     view_tx,
                 ));
-                (ControlService::Head(Arc::clone(&head)), Some(head), None)
+                (Some(head), None)
             }
             Some(addr) => {
                 let member = Member::new(
@@ -221,7 +221,7 @@ impl NodeBuilder {
                         ..MemberConfig::default()
                     },
                 );
-                (ControlService::Member(view.clone()), None, Some(member))
+                (None, Some(member))
             }
         };
 
@@ -242,6 +242,11 @@ impl NodeBuilder {
                 return Err(StartError::ActorSystem(e));
             }
         };
+        let control = ControlService {
+            head: head.clone(),
+            view: view.clone(),
+            spawner: spawner.clone(),
+        };
         let outbound = Outbound::new(
             Arc::clone(&identity),
             Arc::clone(&backlog),
@@ -258,6 +263,7 @@ impl NodeBuilder {
             node_server: node_server.clone(),
             endpoint: endpoint.clone(),
             lane: Arc::clone(&lane),
+            pool: Arc::clone(&pool),
             outbound,
             tasks: tasks.clone(),
         };

@@ -1,13 +1,17 @@
 //! Serving a control stream accepted by this node: on the head, through
 //! the head service and a [`HeadSession`] per stream; on any other node,
-//! status requests only (joins are for the head).
+//! status requests only (joins are for the head). On every node, stop
+//! requests for its actors, passed to its spawner with the stream's
+//! certificate name for the authority check.
 //!
 //! ```text
 //! Frames<ControlRequest> ─► HeadSession::handle_request ─► reply
 //! table watch / push timer ─► HeadSession::poll_push ─► Changes
+//! Stop{name} ─► spawner (sender = the stream's certificate name) ─► Stop(outcome)
 //! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use flotilla_proto::control::{ControlReply, ControlRequest};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
@@ -15,20 +19,28 @@ use flotilla_proto::head::{HeadSession, Noted};
 use flotilla_proto::hello::Refusal;
 use flotilla_transport::handshake::{Frames, StreamError, send_msg};
 use quinn::{RecvStream, SendStream};
+use ractor::ActorRef;
 use tokio::sync::watch;
 
+use crate::call::call;
 use crate::clock::{now, sleep_until};
 use crate::head::HeadService;
+use crate::spawner::{LocalStop, SpawnerMsg, StopReply};
 use crate::table::Table;
 
 /// What answers control streams on this node.
 #[derive(Clone)]
-pub(crate) enum ControlService {
-    /// The head: joins, heartbeats, leaves and status.
-    Head(Arc<HeadService>),
-    /// Any other node: status, from its own view of the table.
-    Member(watch::Receiver<Table>),
+pub(crate) struct ControlService {
+    /// The head service, on the head.
+    pub(crate) head: Option<Arc<HeadService>>,
+    /// This node's view of the table.
+    pub(crate) view: watch::Receiver<Table>,
+    /// This node's spawner, for stop requests.
+    pub(crate) spawner: ActorRef<SpawnerMsg>,
 }
+
+/// How long the spawner may take to answer a stop request.
+const STOP_ANSWER: Duration = Duration::from_secs(5);
 
 fn members_reply(table: &Table) -> ControlReply {
     ControlReply::Members {
@@ -48,12 +60,16 @@ impl ControlService {
         recv: RecvStream,
     ) -> Result<(), StreamError> {
         let mut requests = Frames::<ControlRequest>::new(recv, DEFAULT_MAX_FRAME);
-        match self {
-            Self::Member(view) => {
+        match &self.head {
+            None => {
                 while let Some(request) = requests.next().await {
                     let reply = match request? {
-                        ControlRequest::Status => members_reply(&view.borrow()),
+                        ControlRequest::Status => members_reply(&self.view.borrow()),
                         ControlRequest::Leave { .. } => ControlReply::Ack,
+                        ControlRequest::Stop { name } => match self.stop(&peer, name).await {
+                            Some(reply) => reply,
+                            None => return Ok(()),
+                        },
                         ControlRequest::Join(_) | ControlRequest::Heartbeat { .. } => {
                             ControlReply::Refused(Refusal::NotHead)
                         }
@@ -62,8 +78,8 @@ impl ControlService {
                 }
                 Ok(())
             }
-            Self::Head(head) => {
-                let mut session = HeadSession::new(head.name(), peer);
+            Some(head) => {
+                let mut session = HeadSession::new(head.name(), peer.clone());
                 let mut view = head.watch();
                 loop {
                     let push_at = head.with(|m| session.poll_timeout(m));
@@ -71,6 +87,13 @@ impl ControlService {
                         request = requests.next() => {
                             let Some(request) = request else { return Ok(()) };
                             let request = request?;
+                            if let ControlRequest::Stop { name } = request {
+                                let Some(reply) = self.stop(&peer, name).await else {
+                                    return Ok(());
+                                };
+                                send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
+                                continue;
+                            }
                             let (reply, noted) = head.with(|m| session.handle_request(now(), request, m));
                             log(&noted);
                             if let Some(reply) = reply {
@@ -90,6 +113,27 @@ impl ControlService {
                 }
             }
         }
+    }
+}
+
+impl ControlService {
+    /// Passes a stop request from `peer` to the spawner; `None` when the
+    /// spawner does not answer (the node is stopping), which ends the
+    /// stream.
+    async fn stop(&self, peer: &str, name: String) -> Option<ControlReply> {
+        let req = LocalStop {
+            name,
+            sender: Some(peer.to_owned()),
+            head: self.view.borrow().head.clone(),
+        };
+        call(
+            &self.spawner,
+            |port| SpawnerMsg::Stop(req, port),
+            STOP_ANSWER,
+        )
+        .await
+        .ok()
+        .map(|StopReply(outcome)| ControlReply::Stop(outcome))
     }
 }
 

@@ -28,6 +28,7 @@
 mod backlog;
 pub mod builder;
 pub mod bulk;
+pub mod call;
 mod clock;
 pub mod config;
 mod control;
@@ -55,7 +56,7 @@ pub use config::NodeConfig;
 pub use flotilla_proto::membership::{MemberState, MemberView};
 pub use flotilla_proto::resources::Resources;
 pub use identity::RecordError;
-pub use node::{Node, SpawnError};
+pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
 pub use outbound::Outbound;
 pub use status::query_status;
 pub use table::Table;

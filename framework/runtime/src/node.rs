@@ -6,16 +6,25 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla_proto::control::{ControlReply, ControlRequest, StopOutcome};
+use flotilla_proto::frame::DEFAULT_MAX_FRAME;
+use flotilla_proto::hello::Purpose;
 use flotilla_transport::Endpoint;
+use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use ractor::{ActorRef, Message};
 use ractor_cluster::NodeServerMessage;
 use tokio::sync::watch;
 
 use crate::bulk::Lane;
+use crate::call::{CallError, call};
 use crate::identity::Identity;
 use crate::outbound::Outbound;
+use crate::pool::Pool;
 use crate::sessions::{Sessions, ractor_name};
-use crate::spawner::{Hosted, SpawnReply, SpawnRequest, SpawnerMsg, spawner_group};
+use crate::spawner::{
+    Hosted, LocalStop, SpawnReply, SpawnRequest, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
+    spawner_group,
+};
 use crate::table::Table;
 use crate::tasks::Tasks;
 use crate::wire::{Encode, encode};
@@ -48,6 +57,51 @@ pub enum SpawnError {
     },
 }
 
+/// Why a lookup gave no reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// No actor of that name is visible from this node (yet).
+    #[error("no actor named {0:?} is visible from this node")]
+    NotFound(String),
+    /// The actor of that name takes another message type: a reference of
+    /// the asked type would lose every message sent through it.
+    #[error("the actor {name:?} takes {takes}, not {asked}")]
+    WrongType {
+        /// The actor's name.
+        name: String,
+        /// Its message type.
+        takes: String,
+        /// The caller's.
+        asked: &'static str,
+    },
+}
+
+/// The message type an actor was spawned with, if it was spawned through
+/// a spawner (its type group).
+fn message_type_of(cell: &ractor::ActorCell) -> Option<String> {
+    let id = cell.get_id();
+    ractor::pg::which_groups()
+        .into_iter()
+        .filter(|g| g.starts_with(TYPE_GROUP_PREFIX))
+        .find(|g| ractor::pg::get_members(g).iter().any(|c| c.get_id() == id))
+        .map(|g| g[TYPE_GROUP_PREFIX.len()..].to_owned())
+}
+
+/// `cell` as an `ActorRef<M>`, if its message type is `M` or unknown (an
+/// actor not spawned through a spawner: the caller's claim stands).
+fn typed<M: Message>(name: &str, cell: ractor::ActorCell) -> Result<ActorRef<M>, LookupError> {
+    let asked = std::any::type_name::<M>();
+    match message_type_of(&cell) {
+        Some(takes) if takes != asked => Err(LookupError::WrongType {
+            name: name.to_owned(),
+            takes,
+            asked,
+        }),
+        _ => Ok(cell.into()),
+    }
+}
+
 /// How a spawn request was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -61,6 +115,51 @@ pub enum Unavailable {
     /// Spawned, but its process group did not reach this node in time.
     #[error("spawned, but its process group did not reach this node in time")]
     NotVisible,
+}
+
+/// Why a remote stop failed. Sorted by what the caller should do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StopError {
+    /// The node refused: this node neither owns the actor nor is the head.
+    #[error("node {node:?} refused to stop {name:?}: {outcome}")]
+    Refused {
+        /// The node asked.
+        node: String,
+        /// The actor.
+        name: String,
+        /// Its answer.
+        outcome: StopOutcome,
+    },
+    /// No such member is up.
+    #[error("node {0:?} is not an up member")]
+    NoSuchNode(String),
+    /// The request or its answer was lost: the actor may or may not stop.
+    #[error("stop request to {node:?} failed: {source}")]
+    Unavailable {
+        /// The node asked.
+        node: String,
+        /// What happened.
+        source: StopUnavailable,
+    },
+}
+
+/// How a stop request was lost.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StopUnavailable {
+    /// No answer within the timeout.
+    #[error("no answer in time")]
+    Timeout,
+    /// The node could not be reached.
+    #[error(transparent)]
+    Connect(#[from] flotilla_transport::ConnectError),
+    /// The control stream failed or was refused.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// The node answered something else, or its spawner is gone.
+    #[error("the node gave no answer to the stop request")]
+    NoAnswer,
 }
 
 /// A running node of a Flotilla cluster.
@@ -84,6 +183,7 @@ pub struct Node {
     pub(crate) node_server: ActorRef<NodeServerMessage>,
     pub(crate) endpoint: Endpoint,
     pub(crate) lane: Arc<Lane>,
+    pub(crate) pool: Arc<Pool>,
     pub(crate) outbound: Outbound,
     pub(crate) tasks: Tasks,
 }
@@ -189,24 +289,18 @@ impl Node {
             args: encode(args),
             owner: self.identity.name.clone(),
             owner_incarnation: self.identity.incarnation(),
+            message_type: std::any::type_name::<M>().to_owned(),
         };
         let unavailable = |why| SpawnError::Unavailable {
             node: node.to_owned(),
             why,
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let reply = match spawner
-            .call(
-                |port| SpawnerMsg::Spawn(req, port),
-                Some(left.max(Duration::from_millis(1))),
-            )
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(reply)) => reply,
-            Ok(ractor::rpc::CallResult::Timeout) => return Err(unavailable(Unavailable::Timeout)),
-            Ok(ractor::rpc::CallResult::SenderError) | Err(_) => {
-                return Err(unavailable(Unavailable::Gone));
-            }
+        let left = left.max(Duration::from_millis(1));
+        let reply = match call(&spawner, |port| SpawnerMsg::Spawn(req, port), left).await {
+            Ok(reply) => reply,
+            Err(CallError::Timeout(_)) => return Err(unavailable(Unavailable::Timeout)),
+            Err(_) => return Err(unavailable(Unavailable::Gone)),
         };
         if reply != SpawnReply::Spawned {
             return Err(SpawnError::Refused {
@@ -223,6 +317,75 @@ impl Node {
                 return Err(unavailable(Unavailable::NotVisible));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops the actor `name` that `node` hosts. Only the node that spawned
+    /// it (its owner) or the head may; anyone else is refused
+    /// ([`StopError::Refused`], counted on the target). The request goes
+    /// on a control stream, whose certificate name is the sender the
+    /// target checks.
+    pub async fn stop_on(
+        &self,
+        node: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), StopError> {
+        let unavailable = |source: StopUnavailable| StopError::Unavailable {
+            node: node.to_owned(),
+            source,
+        };
+        let outcome = if node == self.identity.name {
+            let req = LocalStop {
+                name: name.to_owned(),
+                sender: None,
+                head: self.view.borrow().head.clone(),
+            };
+            match call(&self.spawner, |port| SpawnerMsg::Stop(req, port), timeout).await {
+                Ok(StopReply(outcome)) => outcome,
+                Err(CallError::Timeout(_)) => return Err(unavailable(StopUnavailable::Timeout)),
+                Err(_) => return Err(unavailable(StopUnavailable::NoAnswer)),
+            }
+        } else {
+            let addr = self
+                .view
+                .borrow()
+                .up()
+                .find(|m| m.name == node)
+                .and_then(|m| m.addr.parse::<SocketAddr>().ok())
+                .ok_or_else(|| StopError::NoSuchNode(node.to_owned()))?;
+            let ask = async {
+                let pc = self
+                    .pool
+                    .connect(Some(node), addr)
+                    .await
+                    .map_err(StopUnavailable::Connect)?;
+                let hello = self.identity.hello(Purpose::Control);
+                let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
+                let request = ControlRequest::Stop {
+                    name: name.to_owned(),
+                };
+                send_msg(&mut send, &request, DEFAULT_MAX_FRAME).await?;
+                let reply = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME).await?;
+                let _ = send.finish();
+                match reply {
+                    ControlReply::Stop(outcome) => Ok(outcome),
+                    _ => Err(StopUnavailable::NoAnswer),
+                }
+            };
+            match tokio::time::timeout(timeout, ask).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(source)) => return Err(unavailable(source)),
+                Err(_) => return Err(unavailable(StopUnavailable::Timeout)),
+            }
+        };
+        match outcome {
+            StopOutcome::Stopped => Ok(()),
+            outcome => Err(StopError::Refused {
+                node: node.to_owned(),
+                name: name.to_owned(),
+                outcome,
+            }),
         }
     }
 
@@ -243,15 +406,17 @@ impl Node {
         ractor::pg::get_members(&name.to_owned())
             .into_iter()
             .find(|c| self.node_of(c).as_deref() == Some(node))
-            .map(Into::into)
+            .map(|c| c.into())
     }
 
     /// Looks up a named actor anywhere in the cluster: this node's own
     /// first, then one reached through this node's sessions, then any
-    /// other actor of this process under that name. The reference's
-    /// message type is the caller's claim, as with ractor's registry: a
-    /// wrong `M` is a programming error.
-    pub fn lookup<M: Message>(&self, name: &str) -> Option<ActorRef<M>> {
+    /// other actor of this process under that name. An actor spawned
+    /// through a spawner is returned only as its own message type: asking
+    /// for another is [`LookupError::WrongType`]. For other actors (joined
+    /// to a process group by hand) the type is the caller's claim, as with
+    /// ractor's registry.
+    pub fn lookup<M: Message>(&self, name: &str) -> Result<ActorRef<M>, LookupError> {
         let members = ractor::pg::get_members(&name.to_owned());
         let rank = |c: &ractor::ActorCell| match self.node_of(c) {
             Some(n) if n == self.identity.name => 0,
@@ -259,24 +424,28 @@ impl Node {
             None if c.get_id().is_local() => 2,
             None => 3,
         };
-        members.into_iter().min_by_key(rank).map(Into::into)
+        let cell = members
+            .into_iter()
+            .min_by_key(rank)
+            .ok_or_else(|| LookupError::NotFound(name.to_owned()))?;
+        typed(name, cell)
     }
 
-    /// Waits until a named actor is visible from this node.
+    /// Waits until a named actor is visible from this node, at most
+    /// `timeout`; an actor of another message type fails at once.
     pub async fn wait_actor<M: Message>(
         &self,
         name: &str,
         timeout: Duration,
-    ) -> Option<ActorRef<M>> {
+    ) -> Result<ActorRef<M>, LookupError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if let Some(a) = self.lookup(name) {
-                return Some(a);
+            match self.lookup(name) {
+                Err(LookupError::NotFound(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                found => return found,
             }
-            if tokio::time::Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

@@ -14,6 +14,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use flotilla_proto::authority::{Sender, Unauthorized, may_stop};
+use flotilla_proto::control::StopOutcome;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use ractor_cluster::RactorClusterMessage;
 use rkyv::{Archive, Deserialize, Serialize};
@@ -39,7 +41,19 @@ pub struct SpawnRequest {
     pub owner: String,
     /// The asking node's incarnation.
     pub owner_incarnation: u64,
+    /// The message type the caller will send the actor
+    /// (`std::any::type_name`); the kind's must be the same.
+    pub message_type: String,
 }
+
+/// Process group of every actor spawned with message type `M`: how a
+/// lookup tells an actor's message type, on any node.
+pub(crate) fn type_group<M: 'static>() -> String {
+    format!("{TYPE_GROUP_PREFIX}{}", std::any::type_name::<M>())
+}
+
+/// Prefix of the message-type process groups.
+pub(crate) const TYPE_GROUP_PREFIX: &str = "flotilla.msg.";
 
 /// The member table as `(name, incarnation, up)`. A child is stopped when
 /// its owner appears with its incarnation and not up, or with a newer
@@ -55,6 +69,17 @@ impl MemberStates {
             .iter()
             .any(|(n, i, up)| n == owner && (*i > incarnation || (*i == incarnation && !up)))
     }
+}
+
+/// A kind asked for with another message type than its actors take.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TypeMismatch {
+    /// The kind.
+    pub kind: String,
+    /// Its actors' message type.
+    pub takes: String,
+    /// The caller's.
+    pub asked: String,
 }
 
 /// The spawner's answer.
@@ -74,6 +99,9 @@ pub enum SpawnReply {
     /// The arguments are not a valid archive of the kind's arguments.
     #[error("invalid arguments: {0}")]
     BadArgs(String),
+    /// The kind's actors take another message type than the caller's.
+    #[error("actors of kind {:?} take {}, not {}", .0.kind, .0.takes, .0.asked)]
+    WrongMessageType(TypeMismatch),
     /// The actor failed in `pre_start`.
     #[error("actor failed to start: {0}")]
     Failed(String),
@@ -98,14 +126,67 @@ impl ractor::BytesConvertable for LocalMembers {
     }
 
     fn from_bytes(_bytes: Vec<u8>) -> Self {
-        crate::counters::authority_refused("spawner_members");
-        tracing::warn!(
-            "NODE-AUTH-008: refused a member table sent to this node's spawner by another node; only the node itself tells its spawner who is up"
-        );
         // ractor decodes under catch_unwind: the message is dropped and
         // the spawner keeps running.
-        std::panic::resume_unwind(Box::new("member table from another node"))
+        refuse_remote("spawner_members", Unauthorized::MemberTable)
     }
+}
+
+/// A request to stop one of the spawner's children, as the node's own
+/// control service passes it on: who asked (a peer's certificate name, or
+/// `None` for the node itself) and the head's name, for the authority
+/// check. Like [`LocalMembers`], it is refused (and counted) when it
+/// arrives from another node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalStop {
+    /// The child's name.
+    pub name: String,
+    /// Who asked; `None` is this node.
+    pub sender: Option<String>,
+    /// The head's name as this node's table has it.
+    pub head: String,
+}
+
+impl ractor::BytesConvertable for LocalStop {
+    /// Nothing: stop requests between nodes travel on control streams.
+    fn into_bytes(self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn from_bytes(_bytes: Vec<u8>) -> Self {
+        refuse_remote("stop", Unauthorized::Stop)
+    }
+}
+
+/// The answer to a [`LocalStop`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StopReply(pub StopOutcome);
+
+impl ractor::BytesConvertable for StopReply {
+    fn into_bytes(self) -> Vec<u8> {
+        vec![match self.0 {
+            StopOutcome::Stopped => 0,
+            StopOutcome::NoSuchActor => 1,
+            StopOutcome::NotOwner => 2,
+        }]
+    }
+
+    fn from_bytes(bytes: Vec<u8>) -> Self {
+        Self(match bytes.first() {
+            Some(0) => StopOutcome::Stopped,
+            Some(1) => StopOutcome::NoSuchActor,
+            _ => StopOutcome::NotOwner,
+        })
+    }
+}
+
+/// Counts and logs a message for the spawner that came from another node
+/// although only its own node may send it, then unwinds out of ractor's
+/// decoder, which drops the message.
+fn refuse_remote(message: &'static str, why: Unauthorized) -> ! {
+    crate::counters::authority_refused(message);
+    tracing::warn!(error = %why, "refused a message to this node's spawner from another node");
+    std::panic::resume_unwind(Box::new(why))
 }
 
 /// Messages of the spawner actor.
@@ -116,6 +197,10 @@ pub enum SpawnerMsg {
     Spawn(SpawnRequest, RpcReplyPort<SpawnReply>),
     /// The member table changed (accepted from the node itself only).
     Members(LocalMembers),
+    /// Stop a child (accepted from the node itself only, which checks the
+    /// sender of the control stream it came on).
+    #[rpc]
+    Stop(LocalStop, RpcReplyPort<StopReply>),
 }
 
 type SpawnFuture = Pin<Box<dyn Future<Output = Result<ActorCell, SpawnReply>> + Send>>;
@@ -123,6 +208,8 @@ type SpawnFuture = Pin<Box<dyn Future<Output = Result<ActorCell, SpawnReply>> + 
 /// A registered actor kind: knows how to decode its arguments and start one.
 pub(crate) trait Kind: Send + Sync + 'static {
     fn spawn(&self, name: String, args: &[u8], supervisor: ActorCell) -> SpawnFuture;
+    /// The kind's message type (`std::any::type_name`).
+    fn message_type(&self) -> &'static str;
 }
 
 pub(crate) struct KindOf<A, F> {
@@ -136,6 +223,10 @@ where
     A::Arguments: Decode,
     F: Fn() -> A + Send + Sync + 'static,
 {
+    fn message_type(&self) -> &'static str {
+        std::any::type_name::<A::Msg>()
+    }
+
     fn spawn(&self, name: String, args: &[u8], supervisor: ActorCell) -> SpawnFuture {
         let args = match decode::<A::Arguments>(args) {
             Ok(a) => a,
@@ -150,6 +241,7 @@ where
                 .await
                 .map_err(|e| SpawnReply::Failed(e.to_string()))?;
             ractor::pg::join(name, vec![actor.get_cell()]);
+            ractor::pg::join(type_group::<A::Msg>(), vec![actor.get_cell()]);
             Ok(actor.get_cell())
         })
     }
@@ -264,6 +356,23 @@ impl SpawnerState {
         }
     }
 
+    /// Stops the child `req.name` if `req.sender` may.
+    fn stop(&mut self, req: &LocalStop) -> StopOutcome {
+        let Some(child) = self.children.values_mut().find(|c| c.name == req.name) else {
+            return StopOutcome::NoSuchActor;
+        };
+        let sender = req.sender.as_deref().map_or(Sender::Local, Sender::Peer);
+        if let Err(why) = may_stop(sender, &child.owner.0, &req.head) {
+            crate::counters::authority_refused("stop");
+            tracing::warn!(name = %req.name, sender = ?req.sender, owner = %child.owner.0, error = %why, "stop refused");
+            return StopOutcome::NotOwner;
+        }
+        tracing::info!(name = %req.name, sender = ?req.sender, "stopping an actor on request");
+        child.stopping = true;
+        child.cell.stop(Some("stop requested".into()));
+        StopOutcome::Stopped
+    }
+
     fn publish(&self) {
         self.hosted.set(self.children.keys().copied());
     }
@@ -298,6 +407,13 @@ impl Actor for Spawner {
             SpawnerMsg::Spawn(req, reply) => {
                 let result = match state.kinds.get(&req.kind) {
                     None => Err(SpawnReply::UnknownKind(req.kind.clone())),
+                    Some(kind) if kind.message_type() != req.message_type => {
+                        Err(SpawnReply::WrongMessageType(TypeMismatch {
+                            kind: req.kind.clone(),
+                            takes: kind.message_type().to_owned(),
+                            asked: req.message_type.clone(),
+                        }))
+                    }
                     Some(kind) => {
                         kind.spawn(req.name.clone(), &req.args, myself.get_cell())
                             .await
@@ -329,6 +445,9 @@ impl Actor for Spawner {
             SpawnerMsg::Members(LocalMembers(up)) => {
                 state.members = up;
                 state.reap_orphans();
+            }
+            SpawnerMsg::Stop(req, reply) => {
+                let _ = reply.send(StopReply(state.stop(&req)));
             }
         }
         Ok(())

@@ -164,15 +164,14 @@ impl Actor for Relay {
                 None => RelayReply::Failed(format!("no actor named {:?}", req.target)),
                 Some(cell) => {
                     let target: ActorRef<EchoMsg> = cell.clone().into();
-                    match target
-                        .call(
-                            |port| EchoMsg::Echo(Payload(req.payload), port),
-                            Some(Duration::from_millis(req.timeout_ms)),
-                        )
-                        .await
+                    match flotilla::call::call(
+                        &target,
+                        |port| EchoMsg::Echo(Payload(req.payload), port),
+                        Duration::from_millis(req.timeout_ms),
+                    )
+                    .await
                     {
-                        Ok(ractor::rpc::CallResult::Success(p)) => RelayReply::Echoed(p.0),
-                        Ok(other) => RelayReply::Failed(format!("{other:?}")),
+                        Ok(p) => RelayReply::Echoed(p.0),
                         Err(e) => RelayReply::Failed(e.to_string()),
                     }
                 }
