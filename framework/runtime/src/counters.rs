@@ -10,6 +10,8 @@
 //! flotilla_sessions_opened_total                ractor_cluster sessions opened
 //! flotilla_sessions_closed_total                ractor_cluster sessions closed
 //! flotilla_sent_bytes_total{lane}               bytes sent per lane
+//! flotilla_batches_done_total                   pipeline batches done
+//! flotilla_batch_seconds                        their latency (histogram)
 //! ```
 
 use flotilla_proto::hello::Refusal;
@@ -45,4 +47,10 @@ pub(crate) fn session_closed() {
 /// `bytes` sent on `lane` (`bulk` or `cluster`).
 pub(crate) fn sent_bytes(lane: &'static str, bytes: u64) {
     metrics::counter!("flotilla_sent_bytes_total", "lane" => lane).increment(bytes);
+}
+
+/// A pipeline batch done, `latency` after its last send.
+pub(crate) fn batch_done(latency: std::time::Duration) {
+    metrics::counter!("flotilla_batches_done_total").increment(1);
+    metrics::histogram!("flotilla_batch_seconds").record(latency.as_secs_f64());
 }

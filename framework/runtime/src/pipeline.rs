@@ -440,6 +440,7 @@ impl<S: Stage> Pipeline<S> {
                     if self.window.complete(id, &worker) == Outcome::Accepted
                         && let Some(batch) = self.finish(id)
                     {
+                        crate::counters::batch_done(latency);
                         return Ok(Some(Event::Done {
                             id,
                             batch,
