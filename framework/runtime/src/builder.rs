@@ -126,6 +126,7 @@ impl NodeBuilder {
     /// dropped with the runtime.
     pub async fn start(self) -> Result<Node, StartError> {
         let config = self.config;
+        crate::counters::register();
         let certs = flotilla_transport::Identity::load(&config.certs, &config.name)?;
         let cookie = config
             .cookie

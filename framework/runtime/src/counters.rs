@@ -54,3 +54,38 @@ pub(crate) fn batch_done(latency: std::time::Duration) {
     metrics::counter!("flotilla_batches_done_total").increment(1);
     metrics::histogram!("flotilla_batch_seconds").record(latency.as_secs_f64());
 }
+
+/// Describes every counter and shows the unlabelled ones at 0, so a scrape
+/// of a node that has seen nothing yet lists them.
+pub(crate) fn register() {
+    metrics::describe_counter!(
+        "flotilla_hello_refused_total",
+        "Streams refused at the gate, by reason"
+    );
+    metrics::describe_counter!(
+        "flotilla_frames_dropped_total",
+        "Frames dropped after their stream was accepted"
+    );
+    metrics::describe_counter!(
+        "flotilla_authority_refused_total",
+        "Messages refused because their sender has no authority for them"
+    );
+    metrics::describe_counter!(
+        "flotilla_sessions_opened_total",
+        "ractor_cluster sessions opened"
+    );
+    metrics::describe_counter!(
+        "flotilla_sessions_closed_total",
+        "ractor_cluster sessions closed"
+    );
+    metrics::describe_counter!("flotilla_sent_bytes_total", "Bytes written, per lane");
+    metrics::describe_counter!("flotilla_batches_done_total", "Pipeline batches done");
+    metrics::describe_histogram!(
+        "flotilla_batch_seconds",
+        metrics::Unit::Seconds,
+        "Latency of pipeline batches done"
+    );
+    metrics::counter!("flotilla_sessions_opened_total").increment(0);
+    metrics::counter!("flotilla_sessions_closed_total").increment(0);
+    metrics::counter!("flotilla_batches_done_total").increment(0);
+}
