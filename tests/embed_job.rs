@@ -17,16 +17,27 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn embed(input: &Path, output: &Path, extra: &[&str]) -> (bool, String, String) {
+    embed_at(
+        input.to_str().unwrap(),
+        output.to_str().unwrap(),
+        extra,
+        &[],
+    )
+}
+
+/// `node embed` with input and output as paths or URLs and `env` set.
+fn embed_at(
+    input: &str,
+    output: &str,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> (bool, String, String) {
     let out = Command::new(NODE)
         .arg("embed")
-        .args([
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-        ])
+        .args(["--input", input, "--output", output])
         .args(["--model", model().to_str().unwrap()])
         .args(extra)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     (
@@ -34,6 +45,13 @@ fn embed(input: &Path, output: &Path, extra: &[&str]) -> (bool, String, String) 
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// [`embed_at`] that must succeed; its stdout.
+fn embed_ok(input: &str, output: &str, extra: &[&str], env: &[(&str, String)]) -> String {
+    let (ok, stdout, stderr) = embed_at(input, output, extra, env);
+    assert!(ok, "{stdout}{stderr}");
+    stdout
 }
 
 #[test]
@@ -340,23 +358,10 @@ fn s3_input_shards_are_read_through_the_object_store() {
             std::fs::read(local.join(name)).unwrap(),
         );
     }
+    let env = server.env();
     let run = |input: &str, output: &Path| {
-        let out = Command::new(NODE)
-            .arg("embed")
-            .args(["--input", input])
-            .args(["--output", output.to_str().unwrap()])
-            .args(["--model", model().to_str().unwrap()])
-            .args(["--actors-per-node", "2", "--format", "jsonl"])
-            .envs(server.env())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        let extra = ["--actors-per-node", "2", "--format", "jsonl"];
+        embed_ok(input, output.to_str().unwrap(), &extra, &env)
     };
     let output = dir.join("out");
     let stdout = run("s3://embeds/corpus/", &output);
@@ -379,23 +384,10 @@ fn s3_input_shards_are_read_through_the_object_store() {
 fn s3_output_is_written_and_resumed() {
     let server = S3Server::start();
     let input = root().join("examples/data/sample.jsonl");
+    let env = server.env();
     let run = || {
-        let out = Command::new(NODE)
-            .arg("embed")
-            .args(["--input", input.to_str().unwrap()])
-            .args(["--output", "s3://embeds/run"])
-            .args(["--model", model().to_str().unwrap()])
-            .args(["--actors-per-node", "2"])
-            .envs(server.env())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        let extra = ["--actors-per-node", "2"];
+        embed_ok(input.to_str().unwrap(), "s3://embeds/run", &extra, &env)
     };
     let first = run();
     assert!(first.contains(" 200 texts in 4 batches"), "{first}");
