@@ -50,7 +50,16 @@ impl IncarnationRecord {
             source,
         };
         let recorded = match std::fs::read_to_string(&self.path) {
-            Ok(text) => parse_recorded(&text),
+            Ok(text) => {
+                let recorded = parse_recorded(&text);
+                if recorded.is_none() {
+                    tracing::warn!(
+                        path = %self.path.display(),
+                        "NODE-STATE-002: the incarnation record does not hold a number; replacing it, with the clock as the floor"
+                    );
+                }
+                recorded
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(err(e)),
         };
