@@ -171,6 +171,7 @@ async fn drive_sleepers(
             memory_budget: usize::MAX,
             deadline: Duration::from_secs(30),
             max_attempts: 3,
+            retry_backoff: Duration::from_millis(250),
         },
         outbound,
     );

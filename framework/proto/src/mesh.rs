@@ -11,7 +11,9 @@
 //!
 //! Of two members, the one with the smaller name dials, so each pair has one
 //! session. A session is dialled for one incarnation of the peer: a newer
-//! incarnation is dialled afresh. A dial in progress is never repeated. A
+//! incarnation is dialled afresh. A member missing from the table is not
+//! gone: its ready session is kept, and its return with the same
+//! incarnation dials nothing. A dial in progress is never repeated. A
 //! member that is not up has its sessions closed at once, and again on every
 //! [`Mesh::handle_tick`] (cheap, and it catches a session that reappears).
 //!
@@ -195,12 +197,15 @@ impl Mesh {
     }
 
     fn evaluate(&mut self, now: Instant) {
-        // Forget sessions whose member is gone, down or restarted.
-        let members = &self.members;
-        self.dialled.retain(|name, d| {
-            members
-                .get(name)
-                .is_some_and(|(_, inc, state)| *inc == d.incarnation && *state == MemberState::Up)
+        // Forget sessions whose member is down, left or restarted. A member
+        // absent from the table is unknown, not gone (a restarted head's
+        // table fills as the members rejoin): its session is kept while it
+        // is ready (or still has time to become so), so that its return
+        // with the same incarnation finds it live and dials nothing.
+        let (members, ready, within) = (&self.members, &self.ready, self.config.ready_within);
+        self.dialled.retain(|name, d| match members.get(name) {
+            Some((_, inc, state)) => *inc == d.incarnation && *state == MemberState::Up,
+            None => ready.contains(name) || (!d.was_ready && now < d.opened + within),
         });
         for (name, (addr, inc, state)) in &self.members {
             if *state != MemberState::Up || !self.dials(name) {
@@ -329,6 +334,54 @@ mod tests {
         m.handle_dialled(t0, "b", 1, true);
         m.handle_members(t0, &[member("b", 2, MemberState::Up)]);
         assert_eq!(actions(&mut m), [dial("b", 2)], "restarted");
+    }
+
+    /// A restarted head's first table lacks the members that have not
+    /// rejoined yet; their sessions must outlive that (found with a job
+    /// running through a head restart: every session was dialled again, and
+    /// the batches in flight on them were lost).
+    #[test]
+    fn a_member_missing_from_a_table_keeps_its_ready_session() {
+        let t0 = Instant::now();
+        let mut m = Mesh::new("a", MeshConfig::default());
+        let b = member("b", 1, MemberState::Up);
+        m.handle_members(t0, std::slice::from_ref(&b));
+        actions(&mut m);
+        m.handle_dialled(t0, "b", 1, true);
+        m.handle_ready(t0, "b", true);
+        m.handle_members(t0, &[]);
+        m.handle_tick(t0 + Duration::from_secs(30));
+        assert_eq!(
+            actions(&mut m),
+            [],
+            "absent: nothing closed, nothing dialled"
+        );
+        m.handle_members(t0 + Duration::from_secs(31), &[b]);
+        assert_eq!(actions(&mut m), [], "back with the same incarnation: kept");
+        assert_eq!(m.dialled().collect::<Vec<_>>(), ["b"]);
+        m.handle_members(t0, &[]);
+        m.handle_ready(t0, "b", false);
+        assert_eq!(
+            m.dialled().count(),
+            0,
+            "absent and no longer ready: forgotten"
+        );
+        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        assert_eq!(actions(&mut m), [dial("b", 1)]);
+    }
+
+    #[test]
+    fn a_dialled_session_of_an_absent_member_that_never_becomes_ready_is_forgotten() {
+        let t0 = Instant::now();
+        let mut m = Mesh::new("a", MeshConfig::default());
+        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        actions(&mut m);
+        m.handle_members(t0, &[]);
+        m.handle_dialled(t0, "b", 1, true);
+        assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+        m.handle_tick(t0 + Duration::from_secs(5));
+        assert_eq!(m.poll_timeout(), None, "no timeout left to spin on");
+        assert_eq!(actions(&mut m), [], "an absent member is not dialled");
     }
 
     #[test]

@@ -9,6 +9,12 @@
 //!                      └──── Retry ◄──────┘  (attempts < max_attempts, else GaveUp)
 //! ```
 //!
+//! A batch that failed or ran past its deadline is sent again after a
+//! backoff (`retry_backoff`, doubled for each further attempt), so that a
+//! brief fault (a session being re-opened, a worker restarting) does not use
+//! up its attempts within milliseconds; a batch whose worker was removed is
+//! sent again at once. No new batch is sent while a retry waits.
+//!
 //! The window does not own the batches: callers keep them by [`BatchId`]
 //! and feed results back. Results are accepted once per batch, from the
 //! worker the batch was last sent to; anything else is reported stale.
@@ -29,6 +35,19 @@ pub struct WindowConfig {
     pub deadline: Duration,
     /// Sends of one batch before the window gives up on it.
     pub max_attempts: u32,
+    /// How long a failed batch waits before its first retry; each further
+    /// retry waits twice as long as the one before, at most `deadline`.
+    pub retry_backoff: Duration,
+}
+
+impl WindowConfig {
+    /// How long a batch that failed on its `attempt`-th send waits.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(16);
+        self.retry_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.deadline)
+    }
 }
 
 /// A send the caller must perform.
@@ -61,6 +80,18 @@ pub enum Abandoned {
     GaveUp(BatchId),
 }
 
+/// A batch waiting to be sent again.
+#[derive(Debug, Clone)]
+struct Retry<W> {
+    batch: BatchId,
+    /// Sends made so far.
+    attempts: u32,
+    /// The worker it failed on, which the retry avoids when it can.
+    failed_on: Option<W>,
+    /// When it may go; `None`: at once.
+    due: Option<Instant>,
+}
+
 #[derive(Debug, Clone)]
 struct Flight<W> {
     worker: W,
@@ -74,8 +105,8 @@ pub struct Window<W: Ord + Clone> {
     config: WindowConfig,
     load: BTreeMap<W, usize>,
     flights: HashMap<BatchId, Flight<W>>,
-    /// Batches to send again, with the attempts already made.
-    retry: VecDeque<(BatchId, u32, Option<W>)>,
+    /// Batches to send again, oldest first.
+    retry: VecDeque<Retry<W>>,
     abandoned: Vec<Abandoned>,
 }
 
@@ -108,17 +139,22 @@ impl<W: Ord + Clone> Window<W> {
             .map(|(b, f)| (*b, f.attempt))
             .collect();
         lost.sort();
-        for (batch, attempt) in lost {
+        for (batch, attempts) in lost {
             self.flights.remove(&batch);
-            self.requeue(batch, attempt, None);
+            self.requeue(Retry {
+                batch,
+                attempts,
+                failed_on: None,
+                due: None,
+            });
         }
     }
 
-    fn requeue(&mut self, batch: BatchId, attempts: u32, failed_on: Option<W>) {
-        if attempts >= self.config.max_attempts {
-            self.abandoned.push(Abandoned::GaveUp(batch));
+    fn requeue(&mut self, retry: Retry<W>) {
+        if retry.attempts >= self.config.max_attempts {
+            self.abandoned.push(Abandoned::GaveUp(retry.batch));
         } else {
-            self.retry.push_back((batch, attempts, failed_on));
+            self.retry.push_back(retry);
         }
     }
 
@@ -176,14 +212,20 @@ impl<W: Ord + Clone> Window<W> {
         }
     }
 
-    /// The next retry to send, if a credit and a worker are free. Retries
-    /// go before new batches.
+    /// The next retry to send, if one is due and a credit and a worker are
+    /// free (the oldest due first). Retries go before new batches.
     pub fn poll_retry(&mut self, now: Instant) -> Option<Dispatch<W>> {
-        if self.retry.is_empty() {
-            return None;
-        }
+        let at = self
+            .retry
+            .iter()
+            .position(|r| r.due.is_none_or(|due| due <= now))?;
         let worker = self.pick()?;
-        let (batch, attempts, failed_on) = self.retry.pop_front()?;
+        let Retry {
+            batch,
+            attempts,
+            failed_on,
+            ..
+        } = self.retry.remove(at)?;
         // To the least-loaded of the other workers when there is one, however
         // loaded: the worker that failed the batch may fail it again.
         let worker = match failed_on {
@@ -247,12 +289,18 @@ impl<W: Ord + Clone> Window<W> {
         }
     }
 
-    /// A send of `batch` failed (worker error, lost answer): send it again
-    /// elsewhere, within `max_attempts`.
-    pub fn fail(&mut self, batch: BatchId, from: &W) -> Outcome {
+    /// A send of `batch` failed at `now` (worker error, lost answer): send
+    /// it again elsewhere after its backoff, within `max_attempts`.
+    pub fn fail(&mut self, now: Instant, batch: BatchId, from: &W) -> Outcome {
         match self.land(batch, from) {
             Some(f) => {
-                self.requeue(batch, f.attempt, Some(f.worker));
+                let due = now + self.config.backoff(f.attempt);
+                self.requeue(Retry {
+                    batch,
+                    attempts: f.attempt,
+                    failed_on: Some(f.worker),
+                    due: Some(due),
+                });
                 Outcome::Accepted
             }
             None => Outcome::Stale,
@@ -270,14 +318,17 @@ impl<W: Ord + Clone> Window<W> {
             .collect();
         late.sort_by_key(|(b, _)| *b);
         for (batch, worker) in &late {
-            self.fail(*batch, worker);
+            self.fail(now, *batch, worker);
         }
         late.len()
     }
 
-    /// The earliest deadline in flight.
+    /// The earliest deadline in flight or retry falling due.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.flights.values().map(|f| f.deadline).min()
+        let deadlines = self.flights.values().map(|f| f.deadline);
+        deadlines
+            .chain(self.retry.iter().filter_map(|r| r.due))
+            .min()
     }
 
     /// Batches abandoned since the last call.
@@ -296,6 +347,7 @@ mod tests {
             max_in_flight: 4,
             deadline: Duration::from_secs(10),
             max_attempts: 3,
+            retry_backoff: Duration::from_millis(100),
         }
     }
 
@@ -327,7 +379,7 @@ mod tests {
         assert_eq!(w.poll_deadlines(t + Duration::from_secs(10)), 1);
         w.add_worker("b");
         w.remove_worker(&"a");
-        let again = w.poll_retry(t).unwrap();
+        let again = w.poll_retry(t + Duration::from_secs(11)).unwrap();
         assert_eq!((again.worker, again.attempt), ("b", 2));
         assert_eq!(w.complete(BatchId(0), &"a"), Outcome::Stale);
         assert_eq!(w.complete(BatchId(0), &"b"), Outcome::Accepted);
@@ -344,18 +396,63 @@ mod tests {
         assert_eq!(w.take_abandoned(), vec![Abandoned::Rejected(BatchId(0))]);
         assert!(w.is_idle());
         w.dispatch_new(t, BatchId(1)).unwrap();
+        let mut t = t;
         for attempt in 1..=3 {
             assert_eq!(
-                w.fail(BatchId(1), &"a"),
+                w.fail(t, BatchId(1), &"a"),
                 Outcome::Accepted,
                 "attempt {attempt}"
             );
             if attempt < 3 {
+                t += config().backoff(attempt);
                 assert_eq!(w.poll_retry(t).unwrap().attempt, attempt + 1);
             }
         }
         assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(1))]);
         assert!(w.is_idle());
+    }
+
+    #[test]
+    fn a_failed_batch_waits_its_backoff_and_holds_new_batches_back() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.add_worker("b");
+        w.dispatch_new(t, BatchId(0)).unwrap();
+        w.fail(t, BatchId(0), &"a");
+        assert_eq!(w.poll_timeout(), Some(t + Duration::from_millis(100)));
+        assert_eq!(
+            w.poll_retry(t + Duration::from_millis(99)),
+            None,
+            "too soon"
+        );
+        assert!(!w.has_credit(), "a waiting retry holds new batches back");
+        assert_eq!(w.dispatch_new(t, BatchId(1)), Err(BatchId(1)));
+        let again = w.poll_retry(t + Duration::from_millis(100)).unwrap();
+        assert_eq!((again.worker, again.attempt), ("b", 2));
+        let t2 = t + Duration::from_secs(1);
+        w.fail(t2, BatchId(0), &"b");
+        assert_eq!(
+            w.poll_timeout(),
+            Some(t2 + Duration::from_millis(200)),
+            "doubled"
+        );
+        assert_eq!(
+            config().backoff(40),
+            config().deadline,
+            "at most the deadline"
+        );
+    }
+
+    #[test]
+    fn a_batch_of_a_removed_worker_is_sent_again_at_once() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.dispatch_new(t, BatchId(0)).unwrap();
+        w.add_worker("b");
+        w.remove_worker(&"a");
+        assert_eq!(w.poll_retry(t).unwrap().worker, "b");
     }
 
     #[derive(Debug, Clone)]
@@ -407,6 +504,8 @@ mod tests {
             let mut model: BTreeMap<u64, State> = BTreeMap::new();
             let mut next = 0u64;
             let mut last_worker: BTreeMap<u64, u8> = BTreeMap::new();
+            // When a batch failed by `Fail` may be sent again.
+            let mut due: BTreeMap<u64, Instant> = BTreeMap::new();
             let in_flight_ids = |m: &BTreeMap<u64, State>| -> Vec<u64> {
                 m.iter().filter(|(_, s)| matches!(s, State::InFlight(..))).map(|(b, _)| *b).collect()
             };
@@ -434,6 +533,9 @@ mod tests {
                             w.poll_retry(now)
                         };
                         if let Some(d) = sent {
+                            if let Some(due) = due.remove(&d.batch.0) {
+                                prop_assert!(now >= due, "a retry went before its backoff");
+                            }
                             // Least loaded; a retry avoids the worker it last ran on
                             // when there is another.
                             let last = last_worker.get(&d.batch.0).copied();
@@ -455,11 +557,17 @@ mod tests {
                         let ids = in_flight_ids(&model);
                         if ids.is_empty() { continue; }
                         let b = ids[i % ids.len()];
-                        let State::InFlight(worker, _) = model[&b] else { unreachable!() };
+                        let model_attempt = model[&b];
+                        let State::InFlight(worker, _) = model_attempt else { unreachable!() };
                         let out = match op {
                             Op::Complete(_) => { model.insert(b, State::Done); w.complete(BatchId(b), &worker) }
                             Op::Reject(_) => { model.insert(b, State::Rejected); w.reject(BatchId(b), &worker) }
-                            _ => { model.insert(b, State::Retry); w.fail(BatchId(b), &worker) }
+                            _ => {
+                                model.insert(b, State::Retry);
+                                let State::InFlight(_, attempt) = model_attempt else { unreachable!() };
+                                due.insert(b, now + cfg.backoff(attempt));
+                                w.fail(now, BatchId(b), &worker)
+                            }
                         };
                         prop_assert_eq!(out, Outcome::Accepted);
                     }

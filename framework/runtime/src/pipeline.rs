@@ -89,16 +89,21 @@ pub struct PipelineConfig {
     pub deadline: Duration,
     /// Sends of one batch before the pipeline gives up on it.
     pub max_attempts: u32,
+    /// How long a failed batch waits before it is sent again (doubled for
+    /// each further attempt, at most `deadline`).
+    pub retry_backoff: Duration,
 }
 
 impl PipelineConfig {
-    /// Two batches per worker, a 512 MiB budget, `deadline`, three attempts.
+    /// Two batches per worker, a 512 MiB budget, `deadline`, three attempts
+    /// 250 ms and 500 ms apart.
     pub fn for_workers(workers: usize, deadline: Duration) -> Self {
         Self {
             max_in_flight: (2 * workers).max(1),
             memory_budget: 512 << 20,
             deadline,
             max_attempts: 3,
+            retry_backoff: Duration::from_millis(250),
         }
     }
 }
@@ -206,6 +211,7 @@ impl<S: Stage> Pipeline<S> {
                 max_in_flight: config.max_in_flight.max(1),
                 deadline: config.deadline,
                 max_attempts: config.max_attempts.max(1),
+                retry_backoff: config.retry_backoff,
             }),
             config,
             workers: BTreeMap::new(),
@@ -463,7 +469,7 @@ impl<S: Stage> Pipeline<S> {
                         .map(|w| w.node.as_str())
                         .unwrap_or("");
                     tracing::warn!(batch = id.0, node, %reason, "batch failed; sending it again");
-                    self.window.fail(id, &worker);
+                    self.window.fail(now(), id, &worker);
                     self.drop_stale_sends();
                 }
             }
@@ -558,6 +564,7 @@ mod tests {
             memory_budget: usize::MAX,
             deadline: Duration::from_millis(300),
             max_attempts: 3,
+            retry_backoff: Duration::from_millis(20),
         }
     }
 
@@ -613,9 +620,10 @@ mod tests {
         p.add_worker("local", worker(false).await);
         let started = tokio::time::Instant::now();
         let events = run(&mut p, &[1, -5, 13, 2], 2).await;
-        // Each of 13's three sends waited out its whole deadline, and no
-        // more: one deadline per send, on tokio's (paused) clock.
-        let deadlines = config(2).deadline * 3;
+        // Each of 13's three sends waited out its whole deadline, and each
+        // retry its backoff (20 ms, then 40 ms), and no more, on tokio's
+        // (paused) clock.
+        let deadlines = config(2).deadline * 3 + Duration::from_millis(20 + 40);
         let took = started.elapsed();
         assert!(
             took >= deadlines && took < deadlines + Duration::from_millis(5),
