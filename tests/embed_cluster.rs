@@ -328,3 +328,59 @@ fn a_job_completes_through_a_head_killed_and_restarted() {
         "no batch was lost to the head restart:\n{log}"
     );
 }
+
+/// Clause "supervision: a panicking embedding actor" on a cluster: three
+/// workers whose model threads panic on their second batch and then on 3 %
+/// of them (failpoint `embedder::encode`, set in each worker's
+/// environment). The driver's supervisor sees each remote actor end, spawns
+/// it again on its own node, and the job completes with every id exactly
+/// once, the restarts counted in its summary.
+#[test]
+fn a_cluster_job_with_panicking_actors_completes_exactly_once() {
+    let s = Scratch::new("cluster-panics", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let points = [(
+        "FLOTILLA_FAILPOINTS",
+        "embedder::encode=1*off->1*panic->3%panic",
+    )];
+    let names = ["p1", "p2", "p3"];
+    let _workers: Vec<Proc> = names
+        .iter()
+        .map(|w| {
+            s.issue(w);
+            s.spawn_env(
+                "join",
+                w,
+                free_addr(),
+                Some(head.addr),
+                &s.certs(),
+                &[],
+                &points,
+            )
+        })
+        .collect();
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr)
+            .filter(|st| all_up(st, &["head", "p1", "p2", "p3"]))
+    });
+    let (input, ids) = corpus(&s.dir, 640);
+    let out = s.dir.join("out");
+    let (ok, summary) = finish(&s, driver(&s, &head, &input, &out, "panics", &[]), "panics");
+    assert!(ok, "{summary}");
+    assert_exactly_once(&out, &ids);
+    let restarts: u64 = summary
+        .split(" actor restarts")
+        .next()
+        .and_then(|t| t.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no restart count in {summary}"));
+    assert!(
+        restarts >= 3,
+        "each worker's actor panicked at least once: {summary}"
+    );
+    for w in names {
+        let log = std::fs::read_to_string(s.dir.join(format!("{w}.log"))).unwrap();
+        assert!(log.contains("actor spawned"), "{w}: {log}");
+    }
+}

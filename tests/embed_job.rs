@@ -676,3 +676,97 @@ fn a_missing_model_folder_says_how_to_fetch_it() {
     assert!(stderr.contains("scripts/fetch-model"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The restarts an end summary reports.
+fn restarts_in(summary: &str) -> u64 {
+    summary
+        .split(" actor restarts")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no restart count in {summary}"))
+}
+
+/// Clause "supervision: a panicking embedding actor": with the failpoint
+/// `embedder::encode` panicking the model thread now and then (the second
+/// batch for sure, then 3 % of them), the job's supervisor restarts the
+/// actor with its model reloaded, the failed batch goes to the other actor
+/// meanwhile, every id is written exactly once and the summary counts the
+/// restarts.
+#[test]
+fn a_job_with_panicking_actors_completes_exactly_once_and_counts_restarts() {
+    let dir = scratch("panics");
+    let (corpus, ids) = common::corpus(&dir, 640);
+    let output = dir.join("out");
+    let points = (
+        "FLOTILLA_FAILPOINTS",
+        "embedder::encode=1*off->1*panic->3%panic".to_owned(),
+    );
+    let args = [
+        "--actors-per-node",
+        "2",
+        "--format",
+        "jsonl",
+        "--batch-size",
+        "32",
+    ];
+    let (ok, stdout, stderr) = embed_at(
+        corpus.to_str().unwrap(),
+        output.to_str().unwrap(),
+        &args,
+        &[points],
+    );
+    assert!(ok, "{stderr}");
+    assert_exactly_once(&output, &ids);
+    assert!(restarts_in(&stdout) >= 1, "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Clause "supervision: restart limit": an actor that panics on every
+/// batch is restarted up to --max-restarts times, then the job stops with
+/// an error naming the actor and the limit, and exits non-zero; the same
+/// command without the failpoint then completes, recomputing no part
+/// written before.
+#[test]
+fn an_actor_past_its_restart_limit_stops_the_job_and_a_rerun_resumes() {
+    let dir = scratch("restart-limit");
+    let (corpus, ids) = common::corpus(&dir, 320);
+    let output = dir.join("out");
+    let args = [
+        "--actors-per-node",
+        "1",
+        "--format",
+        "jsonl",
+        "--batch-size",
+        "32",
+    ];
+    // Two batches get through, then every one panics.
+    let points = (
+        "FLOTILLA_FAILPOINTS",
+        "embedder::encode=2*off->panic".to_owned(),
+    );
+    let started = std::time::Instant::now();
+    let (ok, _, stderr) = embed_at(
+        corpus.to_str().unwrap(),
+        output.to_str().unwrap(),
+        &[&args[..], &["--max-restarts", "3"]].concat(),
+        &[points],
+    );
+    assert!(!ok, "the job should have stopped");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert!(
+        stderr.contains("embedding actor local.0: more than 3 restarts within 60s"),
+        "{stderr}"
+    );
+    let written = parts(&output);
+    assert_eq!(written.len(), 2, "the two batches before the panics");
+    let (ok, stdout, stderr) = embed(&corpus, &output, &args);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("(2 skipped as done)"), "{stdout}");
+    let after = parts(&output);
+    for (name, modified) in &written {
+        assert_eq!(after.get(name), Some(modified), "{name} was recomputed");
+    }
+    assert_exactly_once(&output, &ids);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -153,6 +153,9 @@ fn model_thread(
     let revision = encoder.revision().to_string();
     let dim = encoder.dim() as u32;
     while let Ok((req, reply)) = jobs.recv() {
+        // Fault injection: `embedder::encode=panic` kills this thread, and
+        // with it the actor (see `Embedder::handle`).
+        flotilla::fail::fail_point!("embedder::encode");
         let outcome = match pool.install(|| embed_sorted(&encoder, &req.texts, micro_batch)) {
             Ok(values) => EmbedOutcome::Embedded(Vectors {
                 revision: revision.clone(),
@@ -236,10 +239,17 @@ impl Actor for Embedder {
                 }
                 // One batch at a time per actor: the caller's window decides
                 // how many are queued here.
-                let answer = rx.await.unwrap_or(EmbedReply {
-                    batch_id,
-                    outcome: EmbedOutcome::Failed("model thread is gone".into()),
-                });
+                let Ok(answer) = rx.await else {
+                    // The model thread panicked: answer, then fail, so that
+                    // a supervisor restarts the actor with its model
+                    // reloaded instead of keeping a worker that fails every
+                    // batch.
+                    let _ = reply.send(EmbedReply {
+                        batch_id,
+                        outcome: EmbedOutcome::Failed("the model thread panicked".into()),
+                    });
+                    return Err("the model thread panicked".into());
+                };
                 let _ = reply.send(answer);
             }
             EmbedMsg::Info(reply) => {

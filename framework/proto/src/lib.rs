@@ -18,6 +18,7 @@
 //! member      a member's side of its control stream: join, heartbeat, leave
 //! mesh        which ractor sessions a node dials, re-dials and closes
 //! resources   what a node offers: CPUs, memory, GPUs, labels
+//! supervision restart policy: intensity, backoff, strategies, shutdown timeouts
 //! window      the batch pipeline's credit window: routing, deadlines, retries
 //! ```
 
@@ -32,5 +33,6 @@ pub mod member;
 pub mod membership;
 pub mod mesh;
 pub mod resources;
+pub mod supervision;
 pub mod window;
 pub mod wire;

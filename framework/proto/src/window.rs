@@ -15,12 +15,23 @@
 //! up its attempts within milliseconds; a batch whose worker was removed is
 //! sent again at once. No new batch is sent while a retry waits.
 //!
+//! Attempts count the sends that failed in a way that may be the batch's
+//! doing (an error answer, a deadline). A send lost with its worker (the
+//! worker died holding it, or was removed) is sent again without counting
+//! ([`Window::lose`]), up to [`LOST_SENDS_PER_ATTEMPT`] times the attempts:
+//! a worker that crashes takes its queued batches with it, and they were
+//! not the cause.
+//!
 //! The window does not own the batches: callers keep them by [`BatchId`]
 //! and feed results back. Results are accepted once per batch, from the
 //! worker the batch was last sent to; anything else is reported stale.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
+
+/// How many sends of a batch may be lost with their workers, per allowed
+/// attempt, before the window gives up on it anyway.
+pub const LOST_SENDS_PER_ATTEMPT: u32 = 4;
 
 /// A batch's stable identity within a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -57,7 +68,8 @@ pub struct Dispatch<W> {
     pub batch: BatchId,
     /// The worker to send it to.
     pub worker: W,
-    /// 1 for the first send, 2 for the first retry, ...
+    /// 1 for the first send, 2 for the second, ... (every send counted,
+    /// lost ones too: it tells the sends of a batch apart).
     pub attempt: u32,
 }
 
@@ -86,6 +98,8 @@ struct Retry<W> {
     batch: BatchId,
     /// Sends made so far.
     attempts: u32,
+    /// Of which lost with their worker.
+    lost: u32,
     /// The worker it failed on, which the retry avoids when it can.
     failed_on: Option<W>,
     /// When it may go; `None`: at once.
@@ -96,6 +110,8 @@ struct Retry<W> {
 struct Flight<W> {
     worker: W,
     attempt: u32,
+    /// Earlier sends lost with their worker.
+    lost: u32,
     deadline: Instant,
 }
 
@@ -132,18 +148,19 @@ impl<W: Ord + Clone> Window<W> {
         if self.load.remove(worker).is_none() {
             return;
         }
-        let mut lost: Vec<(BatchId, u32)> = self
+        let mut lost: Vec<(BatchId, u32, u32)> = self
             .flights
             .iter()
             .filter(|(_, f)| &f.worker == worker)
-            .map(|(b, f)| (*b, f.attempt))
+            .map(|(b, f)| (*b, f.attempt, f.lost))
             .collect();
         lost.sort();
-        for (batch, attempts) in lost {
+        for (batch, attempts, lost) in lost {
             self.flights.remove(&batch);
             self.requeue(Retry {
                 batch,
                 attempts,
+                lost: lost + 1,
                 failed_on: None,
                 due: None,
             });
@@ -151,7 +168,8 @@ impl<W: Ord + Clone> Window<W> {
     }
 
     fn requeue(&mut self, retry: Retry<W>) {
-        if retry.attempts >= self.config.max_attempts {
+        let max = self.config.max_attempts;
+        if retry.attempts - retry.lost >= max || retry.lost > max * LOST_SENDS_PER_ATTEMPT {
             self.abandoned.push(Abandoned::GaveUp(retry.batch));
         } else {
             self.retry.push_back(retry);
@@ -195,13 +213,21 @@ impl<W: Ord + Clone> Window<W> {
             .map(|(w, _)| w.clone())
     }
 
-    fn send(&mut self, now: Instant, batch: BatchId, attempt: u32, worker: W) -> Dispatch<W> {
+    fn send(
+        &mut self,
+        now: Instant,
+        batch: BatchId,
+        attempt: u32,
+        lost: u32,
+        worker: W,
+    ) -> Dispatch<W> {
         *self.load.get_mut(&worker).expect("picked from load") += 1;
         self.flights.insert(
             batch,
             Flight {
                 worker: worker.clone(),
                 attempt,
+                lost,
                 deadline: now + self.config.deadline,
             },
         );
@@ -223,6 +249,7 @@ impl<W: Ord + Clone> Window<W> {
         let Retry {
             batch,
             attempts,
+            lost,
             failed_on,
             ..
         } = self.retry.remove(at)?;
@@ -238,7 +265,7 @@ impl<W: Ord + Clone> Window<W> {
                 .unwrap_or(worker),
             _ => worker,
         };
-        Some(self.send(now, batch, attempts + 1, worker))
+        Some(self.send(now, batch, attempts + 1, lost, worker))
     }
 
     /// Whether [`Window::dispatch_new`] would accept a new batch now.
@@ -253,7 +280,7 @@ impl<W: Ord + Clone> Window<W> {
             return Err(batch);
         }
         match self.pick() {
-            Some(worker) => Ok(self.send(now, batch, 1, worker)),
+            Some(worker) => Ok(self.send(now, batch, 1, 0, worker)),
             None => Err(batch),
         }
     }
@@ -292,12 +319,25 @@ impl<W: Ord + Clone> Window<W> {
     /// A send of `batch` failed at `now` (worker error, lost answer): send
     /// it again elsewhere after its backoff, within `max_attempts`.
     pub fn fail(&mut self, now: Instant, batch: BatchId, from: &W) -> Outcome {
+        self.fail_or_lose(now, batch, from, false)
+    }
+
+    /// A send of `batch` was lost with its worker at `now` (it died holding
+    /// it, or the send never left): send it again elsewhere after its
+    /// backoff, without counting an attempt.
+    pub fn lose(&mut self, now: Instant, batch: BatchId, from: &W) -> Outcome {
+        self.fail_or_lose(now, batch, from, true)
+    }
+
+    fn fail_or_lose(&mut self, now: Instant, batch: BatchId, from: &W, lost: bool) -> Outcome {
         match self.land(batch, from) {
             Some(f) => {
-                let due = now + self.config.backoff(f.attempt);
+                let counted = f.attempt - f.lost - u32::from(lost);
+                let due = now + self.config.backoff(counted.max(1));
                 self.requeue(Retry {
                     batch,
                     attempts: f.attempt,
+                    lost: f.lost + u32::from(lost),
                     failed_on: Some(f.worker),
                     due: Some(due),
                 });
@@ -445,6 +485,49 @@ mod tests {
     }
 
     #[test]
+    fn sends_lost_with_their_worker_do_not_count_as_attempts_up_to_a_bound() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.add_worker("b");
+        w.dispatch_new(t, BatchId(0)).unwrap();
+        let mut t = t;
+        let mut sends = 1;
+        // Lost with its worker again and again: sent again every time,
+        // until the bound.
+        loop {
+            let (worker, _) = w.flight_of(BatchId(0)).unwrap();
+            let worker = *worker;
+            w.lose(t, BatchId(0), &worker);
+            t += Duration::from_secs(11);
+            match w.poll_retry(t) {
+                Some(d) => {
+                    sends += 1;
+                    assert_eq!(d.attempt, sends);
+                }
+                None => break,
+            }
+        }
+        assert_eq!(sends, 3 * LOST_SENDS_PER_ATTEMPT + 1);
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(0))]);
+        // Lost twice, then failed three times: given up after the third
+        // counted failure.
+        w.dispatch_new(t, BatchId(1)).unwrap();
+        for (i, lose) in [true, true, false, false, false].into_iter().enumerate() {
+            let (worker, _) = w.flight_of(BatchId(1)).unwrap();
+            let worker = *worker;
+            if lose {
+                w.lose(t, BatchId(1), &worker);
+            } else {
+                w.fail(t, BatchId(1), &worker);
+            }
+            t += Duration::from_secs(11);
+            assert_eq!(w.poll_retry(t).is_some(), i < 4, "send {i}");
+        }
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(1))]);
+    }
+
+    #[test]
     fn a_batch_of_a_removed_worker_is_sent_again_at_once() {
         let t = Instant::now();
         let mut w = Window::new(config());
@@ -548,7 +631,7 @@ mod tests {
                             };
                             prop_assert_eq!(Some(w.load_of(&d.worker).unwrap() - 1), min, "least loaded");
                             last_worker.insert(d.batch.0, d.worker);
-                            prop_assert!(d.attempt <= cfg.max_attempts);
+                            prop_assert!(d.attempt <= cfg.max_attempts * (1 + LOST_SENDS_PER_ATTEMPT) + 1);
                             let prev = model.insert(d.batch.0, State::InFlight(d.worker, d.attempt));
                             prop_assert!(prev.is_none() || prev == Some(State::Retry), "{:?} was {:?}", d, prev);
                         }
@@ -565,7 +648,9 @@ mod tests {
                             _ => {
                                 model.insert(b, State::Retry);
                                 let State::InFlight(_, attempt) = model_attempt else { unreachable!() };
-                                due.insert(b, now + cfg.backoff(attempt));
+                                let _ = attempt;
+                                // At least the first wait (later ones are longer).
+                                due.insert(b, now + cfg.backoff(1));
                                 w.fail(now, BatchId(b), &worker)
                             }
                         };

@@ -29,16 +29,19 @@ mod backlog;
 pub mod builder;
 pub mod bulk;
 pub mod call;
+pub mod checkpoint;
 mod clock;
 pub mod config;
 mod control;
 mod counters;
+pub mod failpoints;
 mod gate;
 mod head;
 mod identity;
 pub mod member;
 mod mesh;
 pub mod node;
+pub mod object_url;
 pub mod outbound;
 pub mod pipeline;
 mod pool;
@@ -47,6 +50,7 @@ mod router;
 mod sessions;
 pub mod spawner;
 pub mod status;
+pub mod supervisor;
 pub mod table;
 mod tasks;
 pub mod wire;
@@ -59,8 +63,11 @@ pub use identity::RecordError;
 pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
 pub use outbound::Outbound;
 pub use status::query_status;
+pub use supervisor::{Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
 pub use table::Table;
 
+/// The fail crate, for `fail_point!` in actors (see [`failpoints`]).
+pub use fail;
 /// The ractor crate, as used by this runtime.
 pub use ractor;
 /// The ractor_cluster crate, for `RactorClusterMessage`.

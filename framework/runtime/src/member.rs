@@ -232,6 +232,8 @@ impl Member {
             Input::Reply(Some(Err(e))) => self.lost(&e.to_string()),
             Input::Reply(None) => self.lost("the head closed the control stream"),
             Input::Time => {
+                // Fault injection: `node::heartbeat=pause` wedges this loop.
+                fail::fail_point!("node::heartbeat");
                 self.link.set_actors(self.hosted.count());
                 self.link.handle_timeout(now());
             }

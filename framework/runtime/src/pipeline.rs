@@ -252,6 +252,18 @@ impl<S: Stage> Pipeline<S> {
         self.workers.values().map(|w| w.node.as_str())
     }
 
+    /// Removes the worker `key` (its actor exited): its batches in flight
+    /// are sent to the others. Returns whether it was there.
+    pub fn remove_worker(&mut self, key: WorkerKey) -> bool {
+        if self.workers.remove(&key).is_none() {
+            return false;
+        }
+        self.stats.redispatches += self.window.load_of(&key).unwrap_or(0) as u64;
+        self.window.remove_worker(&key);
+        self.drop_stale_sends();
+        true
+    }
+
     /// Removes every worker on `node` (down or gone): their batches in
     /// flight are sent to the others. Returns how many workers went.
     pub fn remove_node(&mut self, node: &str) -> usize {
@@ -434,6 +446,10 @@ impl<S: Stage> Pipeline<S> {
                 self.stats.stale += 1;
                 continue;
             }
+            // A send that never left, or that its worker dropped unanswered
+            // (it died holding it), was lost with the worker: not counted
+            // as one of the batch's attempts.
+            let lost = result.is_err();
             let verdict = match result {
                 Ok(reply) => match self.flights.get(&id) {
                     Some(f) => self.stage.judge(id, &f.batch, reply),
@@ -469,7 +485,11 @@ impl<S: Stage> Pipeline<S> {
                         .map(|w| w.node.as_str())
                         .unwrap_or("");
                     tracing::warn!(batch = id.0, node, %reason, "batch failed; sending it again");
-                    self.window.fail(now(), id, &worker);
+                    if lost {
+                        self.window.lose(now(), id, &worker);
+                    } else {
+                        self.window.fail(now(), id, &worker);
+                    }
                     self.drop_stale_sends();
                 }
             }

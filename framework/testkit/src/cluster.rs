@@ -92,8 +92,24 @@ impl Scratch {
         certs: &Path,
         extra: &[&str],
     ) -> Proc {
+        self.spawn_env(role, name, listen, head, certs, extra, &[])
+    }
+
+    /// [`Scratch::spawn_with`] with environment variables set (failpoints).
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn_env(
+        &self,
+        role: &str,
+        name: &str,
+        listen: SocketAddr,
+        head: Option<SocketAddr>,
+        certs: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
         let mut cmd = Command::new(&self.binary);
+        cmd.envs(env.iter().copied());
         cmd.arg(role)
             .args(["--name", name, "--listen", &listen.to_string()])
             .args(["--certs", certs.to_str().unwrap()])

@@ -106,6 +106,14 @@ pub struct EmbedArgs {
     /// (comma-separated; the text column may be one).
     #[arg(long, value_delimiter = ',')]
     pub output_columns: Vec<String>,
+    /// Restarts allowed per embedding actor within --restart-window-s (a
+    /// panicking actor is restarted with its model reloaded, after a wait
+    /// from 100 ms doubling to 10 s); one more and the job stops.
+    #[arg(long, default_value_t = 5)]
+    pub max_restarts: u32,
+    /// The window of --max-restarts, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub restart_window_s: u64,
 }
 
 /// `--format` values.
@@ -145,6 +153,10 @@ impl EmbedArgs {
                 cookie: self.cookie,
             }),
             progress_bar: !self.no_progress_bar && std::io::stderr().is_terminal(),
+            restart_limit: flotilla::supervisor::Intensity {
+                max_restarts: self.max_restarts,
+                within: std::time::Duration::from_secs(self.restart_window_s.max(1)),
+            },
         }
     }
 }

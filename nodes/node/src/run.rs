@@ -25,6 +25,10 @@ pub fn main(extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    if let Err(e) = flotilla::failpoints::configure_from_env() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberView, Node, NodeConfig, Resources};
 
-use super::driver::{Workers, drive, embedder_args};
+use flotilla::supervisor::{Child, ChildSpec, Exit, RemoteChild, RestartType};
+
+use super::driver::{Workers, drive, embedder_args, supervise};
 use super::{
     ClusterConfig, ClusterError, JobConfig, JobError, Summary, WorkerFailure, WorkerStartError,
 };
@@ -74,16 +76,31 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
                 })?,
         );
     let result = match start_workers(&config, &node, reference).await {
-        Ok(workers) => {
-            drive(
-                &config,
-                started,
-                &workers,
-                node.outbound(),
-                Some(node.watch_members()),
-            )
-            .await
-        }
+        Ok(mut workers) => match supervise(
+            &config,
+            remote_children(&config, &node, &workers),
+            Some(node.watch_members()),
+        )
+        .await
+        {
+            Ok(s) => {
+                workers.supervision = Some(s);
+                let result = drive(
+                    &config,
+                    started,
+                    &workers,
+                    node.outbound(),
+                    Some(node.watch_members()),
+                )
+                .await;
+                if let Some(s) = &workers.supervision {
+                    // The workers stop the actors when the driver leaves.
+                    s.supervisor.stop(None);
+                }
+                result
+            }
+            Err(e) => Err(e.into()),
+        },
         Err(e) => Err(e),
     };
     match Arc::try_unwrap(node) {
@@ -91,6 +108,46 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
         Err(_) => tracing::warn!("driver node still in use; not leaving cleanly"),
     }
     result
+}
+
+/// The job's actors as children of its supervisor: each restarted on its
+/// own node (a restart elsewhere would crowd another worker) after a
+/// failure; one whose node is lost is not restarted (the job gives that
+/// node's batches to the others).
+fn remote_children(config: &JobConfig, node: &Arc<Node>, workers: &Workers) -> Vec<Child> {
+    let args = embedder_args(config);
+    workers
+        .actors
+        .iter()
+        .enumerate()
+        .map(|(i, (on, actor))| {
+            let name = actor
+                .get_name()
+                .unwrap_or_else(|| format!("flotilla.embed.{on}.{i}"));
+            let home = on.clone();
+            let place = move |t: &flotilla::Table| {
+                t.get(&home)
+                    .filter(|m| m.state == flotilla::MemberState::Up)
+                    .map(|m| m.name.clone())
+            };
+            let start = RemoteChild::<EmbedMsg, _>::new(
+                Arc::clone(node),
+                KIND,
+                name.clone(),
+                args.clone(),
+                place,
+                SPAWN_TIMEOUT,
+            )
+            .on_node_lost(Exit::Shutdown)
+            .adopt(on.clone(), actor.clone());
+            let spec = ChildSpec {
+                id: name,
+                restart: RestartType::Transient,
+                shutdown: Duration::from_secs(5),
+            };
+            Child::new(spec, start)
+        })
+        .collect()
 }
 
 /// Worker nodes: up, not the head, not this driver, offering CPUs or GPUs.

@@ -45,6 +45,9 @@ pub struct JobConfig {
     pub cluster: Option<ClusterConfig>,
     /// Show a progress bar (on a terminal); otherwise log progress lines.
     pub progress_bar: bool,
+    /// How often one embedding actor may be restarted (after a panic or a
+    /// failure) before the job stops.
+    pub restart_limit: flotilla::supervisor::Intensity,
 }
 
 impl JobConfig {
@@ -70,6 +73,7 @@ impl JobConfig {
             job_id: None,
             cluster: None,
             progress_bar: false,
+            restart_limit: flotilla::supervisor::Intensity::default(),
         }
     }
 }

@@ -13,12 +13,17 @@
 //! read ahead, a 16-byte digest per id, a fixed-size latency histogram and
 //! at most a megabyte of refused rows before they stream out.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla::pipeline::{BatchId, Event, Pipeline, PipelineConfig};
-use flotilla::ractor::ActorRef;
+use flotilla::pipeline::{BatchId, Event, Pipeline, PipelineConfig, WorkerKey};
+use flotilla::ractor::{Actor, ActorRef};
+use flotilla::supervisor::{
+    Backoff, Child, Strategy, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg,
+    SupervisorSpec,
+};
+use tokio::sync::mpsc;
 
 use super::input::Input;
 use super::sink::{ErrorLog, Manifest, RowError, Rows, Sink};
@@ -34,6 +39,55 @@ pub(crate) struct Workers {
     pub(crate) actors: Vec<(String, ActorRef<EmbedMsg>)>,
     /// The model every actor loaded.
     pub(crate) info: ModelInfo,
+    /// The job's supervisor, whose children the actors are (their ids are
+    /// the actors' names, in the same order), and what it reports.
+    pub(crate) supervision: Option<Supervision>,
+}
+
+/// The job's supervisor and the events it sends.
+pub(crate) struct Supervision {
+    /// The supervisor.
+    pub(crate) supervisor: ActorRef<SupervisorMsg>,
+    /// Child ids, in the order of [`Workers::actors`].
+    pub(crate) ids: Vec<String>,
+    /// Starts, exits and escalation.
+    pub(crate) events: tokio::sync::Mutex<mpsc::UnboundedReceiver<SupervisorEvent>>,
+}
+
+/// Starts the job's supervisor over `children` (the running actors
+/// adopted as their first start): one for one, the job's restart limit
+/// for each actor, a wait from 100 ms doubling to 10 s before each
+/// restart.
+pub(crate) async fn supervise(
+    config: &JobConfig,
+    children: Vec<Child>,
+    members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
+) -> Result<Supervision, super::ActorError> {
+    let ids = children.iter().map(|c| c.spec.id.clone()).collect();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let args = SupervisorArgs {
+        spec: SupervisorSpec {
+            strategy: Strategy::OneForOne,
+            intensity: config.restart_limit,
+            per_child: true,
+            backoff: Backoff::default(),
+        },
+        children,
+        events: Some(tx),
+        members,
+        seed,
+    };
+    let (supervisor, _) = Actor::spawn(None, Supervisor, args)
+        .await
+        .map_err(super::ActorError::Spawn)?;
+    Ok(Supervision {
+        supervisor,
+        ids,
+        events: tokio::sync::Mutex::new(rx),
+    })
 }
 
 impl Workers {
@@ -48,13 +102,31 @@ impl Workers {
             load_ms: infos.iter().map(|i| i.load_ms).max().unwrap_or(0),
             ..first
         };
-        Some(Self { actors, info })
+        Some(Self {
+            actors,
+            info,
+            supervision: None,
+        })
     }
 
-    /// Stops every actor.
-    pub(crate) fn stop(&self) {
-        for (_, a) in &self.actors {
-            a.stop(None);
+    /// Stops every actor: through the supervisor (the last first, each
+    /// given its shutdown time), or directly before there is one.
+    pub(crate) async fn stop(&self) {
+        match &self.supervision {
+            Some(s) => {
+                let within = Duration::from_secs(10);
+                if flotilla::call::call(&s.supervisor, SupervisorMsg::Shutdown, within)
+                    .await
+                    .is_err()
+                {
+                    s.supervisor.stop(None);
+                }
+            }
+            None => {
+                for (_, a) in &self.actors {
+                    a.stop(None);
+                }
+            }
         }
     }
 }
@@ -160,6 +232,55 @@ fn drop_lost_workers(
         let actors = pipeline.remove_node(&node);
         tracing::warn!(%node, actors, in_flight = pipeline.in_flight(), "worker node lost; its batches go to the other workers");
     }
+}
+
+/// Applies what the job's supervisor reports to the pipeline: an actor
+/// that exited leaves it (its batches go to the others at once), a
+/// restarted one joins it, an escalation ends the job.
+fn on_supervision(
+    event: SupervisorEvent,
+    pipeline: &mut Pipeline<EmbedStage>,
+    keys: &mut HashMap<String, WorkerKey>,
+    restarting: &mut BTreeSet<String>,
+    summary: &mut Summary,
+) -> Result<(), flotilla::supervisor::Escalation> {
+    match event {
+        SupervisorEvent::Exited {
+            child,
+            exit,
+            restarting: again,
+        } => {
+            if let Some(key) = keys.remove(&child)
+                && pipeline.remove_worker(key)
+            {
+                tracing::warn!(actor = %child, ?exit, restart = again, in_flight = pipeline.in_flight(),
+                    "embedding actor exited; its batches go to the other actors");
+            }
+            if again {
+                restarting.insert(child);
+            } else {
+                restarting.remove(&child);
+            }
+        }
+        SupervisorEvent::Started {
+            child,
+            running,
+            restarts,
+        } => {
+            restarting.remove(&child);
+            if restarts > 0 {
+                let node = running
+                    .node
+                    .as_ref()
+                    .map_or_else(|| "local".to_owned(), |(n, _)| n.clone());
+                let key = pipeline.add_worker(&node, ActorRef::from(running.cell));
+                keys.insert(child, key);
+                summary.restarts += 1;
+            }
+        }
+        SupervisorEvent::Escalated(e) => return Err(e),
+    }
+    Ok(())
 }
 
 /// Output column names the job itself writes.
@@ -306,9 +427,20 @@ pub(crate) async fn drive(
         pipeline_config(workers.actors.len(), config),
         outbound,
     );
-    for (node, actor) in &workers.actors {
-        pipeline.add_worker(node, actor.clone());
+    // Which worker each supervised actor is.
+    let mut keys: HashMap<String, WorkerKey> = HashMap::new();
+    for (i, (node, actor)) in workers.actors.iter().enumerate() {
+        let key = pipeline.add_worker(node, actor.clone());
+        if let Some(s) = &workers.supervision {
+            keys.insert(s.ids[i].clone(), key);
+        }
     }
+    // Actors that exited and are being restarted.
+    let mut restarting: BTreeSet<String> = BTreeSet::new();
+    let mut events = match &workers.supervision {
+        Some(s) => Some(s.events.lock().await),
+        None => None,
+    };
 
     let mut summary = Summary {
         job_id,
@@ -340,31 +472,51 @@ pub(crate) async fn drive(
         if batcher.exhausted && pipeline.is_idle() {
             break;
         }
-        let event = match members.as_mut() {
-            None => pipeline.next().await,
-            Some(rx) => {
-                let grace_ends = lost_workers.next_deadline();
-                let grace = async {
-                    match grace_ends {
-                        Some(at) => tokio::time::sleep_until(at.into()).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    e = pipeline.next() => e,
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            members = None;
-                            continue;
-                        }
+        let grace_ends = lost_workers.next_deadline();
+        let grace = async {
+            match grace_ends {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let table_changed = async {
+            match members.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let supervised = async {
+            match events.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        // With every worker restarting, wait for them rather than give up.
+        let serving = pipeline.workers() > 0 || restarting.is_empty();
+        let event = tokio::select! {
+            e = pipeline.next(), if serving => e,
+            open = table_changed => {
+                match members.as_mut() {
+                    Some(rx) if open => {
                         drop_lost_workers(&mut pipeline, &mut lost_workers, &rx.borrow_and_update());
-                        continue;
                     }
-                    () = grace => {
-                        drop_lost_workers(&mut pipeline, &mut lost_workers, &rx.borrow());
-                        continue;
-                    }
+                    _ => members = None,
                 }
+                continue;
+            }
+            () = grace => {
+                if let Some(rx) = &members {
+                    drop_lost_workers(&mut pipeline, &mut lost_workers, &rx.borrow());
+                }
+                continue;
+            }
+            event = supervised => {
+                match event {
+                    Some(event) => on_supervision(event, &mut pipeline, &mut keys, &mut restarting, &mut summary)
+                        .map_err(JobError::RestartLimit)?,
+                    None => events = None,
+                }
+                continue;
             }
         };
         match event.map_err(JobError::NoWorkers)? {

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use flotilla::ractor::{Actor, ActorRef, call_t};
 
-use super::driver::{Workers, drive, embedder_args};
+use flotilla::supervisor::{Child, ChildSpec, LocalChild};
+
+use super::driver::{Workers, drive, embedder_args, supervise};
 use super::{ActorError, JobConfig, JobError, Summary};
 use crate::actor::{EmbedMsg, Embedder, ModelInfo};
 use crate::model_folder::ModelFolder;
@@ -55,7 +57,27 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         stop(&actors);
         return Err(ActorError::Revisions(first.revision.clone(), other.revision.clone()).into());
     }
-    let workers = Workers::new(actors, &infos).expect("at least one actor");
+    let mut workers = Workers::new(actors, &infos).expect("at least one actor");
+    // The actors become children of the job's supervisor, which restarts
+    // one that fails (its model reloaded) within the job's limit.
+    let children = workers
+        .actors
+        .iter()
+        .enumerate()
+        .map(|(i, (_, actor))| {
+            let args = embedder_args(&config);
+            let start =
+                LocalChild::new(move || (Embedder::default(), args.clone())).adopt(actor.clone());
+            Child::new(ChildSpec::permanent(format!("local.{i}")), start)
+        })
+        .collect();
+    match supervise(&config, children, None).await {
+        Ok(s) => workers.supervision = Some(s),
+        Err(e) => {
+            workers.stop().await;
+            return Err(e.into());
+        }
+    }
     let result = drive(
         &config,
         started,
@@ -64,6 +86,6 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         None,
     )
     .await;
-    workers.stop();
+    workers.stop().await;
     result
 }

@@ -84,6 +84,12 @@ pub enum JobError {
     /// Batches failed on every attempt.
     #[error("{0} batches failed on every attempt; rerun to retry them")]
     Incomplete(u64),
+    /// An embedding actor failed more often than its restart limit allows.
+    #[error(
+        "embedding actor {}: more than {} restarts within {:?} (--max-restarts, --restart-window-s); the job stopped: rerun to resume (completed batches are kept)",
+        .0.child, .0.max_restarts, .0.within
+    )]
+    RestartLimit(flotilla::supervisor::Escalation),
 }
 
 /// Why the embedding actors of a local job did not start.

@@ -25,6 +25,8 @@ pub struct Summary {
     pub retries: u64,
     /// Batches moved off a worker that went down.
     pub redispatches: u64,
+    /// Embedding actors restarted after a failure.
+    pub restarts: u64,
     /// Embedding actors used.
     pub actors: usize,
     /// Wall time of the run.
@@ -51,7 +53,7 @@ impl std::fmt::Display for Summary {
             .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
         write!(
             f,
-            "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {:.1} s, {:.1} texts/s, first batch after {}, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
+            "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {:.1} texts/s, first batch after {}, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
             self.job_id,
             self.texts,
             self.batches,
@@ -60,6 +62,7 @@ impl std::fmt::Display for Summary {
             self.rejected_rows,
             self.retries,
             self.redispatches,
+            self.restarts,
             self.elapsed.as_secs_f64(),
             rate,
             first,
