@@ -813,3 +813,115 @@ fn bulk_frames_for_actors_that_are_not_remote_are_dropped_and_counted() {
             .is_some_and(|st| all_up(&st, &["head", "w2"]))
     );
 }
+
+/// What a node sent to the notification socket at `path` until `until`,
+/// each with when it came.
+fn notifications(
+    socket: &std::os::unix::net::UnixDatagram,
+    until: Instant,
+) -> Vec<(Instant, String)> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while Instant::now() < until {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        socket.set_read_timeout(Some(left)).unwrap();
+        if let Ok(n) = socket.recv(&mut buf) {
+            got.push((
+                Instant::now(),
+                String::from_utf8_lossy(&buf[..n]).trim().to_owned(),
+            ));
+        }
+    }
+    got
+}
+
+/// A notification socket for `name` in the scratch folder, and the
+/// environment that points a node at it with a watchdog of `watchdog`.
+fn notify_socket(
+    s: &Scratch,
+    name: &str,
+    watchdog: Duration,
+) -> (std::os::unix::net::UnixDatagram, [(String, String); 2]) {
+    let path = s.dir.join(format!("{name}.notify"));
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    let env = [
+        (
+            "NOTIFY_SOCKET".to_owned(),
+            path.to_string_lossy().into_owned(),
+        ),
+        ("WATCHDOG_USEC".to_owned(), watchdog.as_micros().to_string()),
+    ];
+    (socket, env)
+}
+
+/// Clause "systemd: notify and watchdog": a member under a notification
+/// socket sends READY=1 once joined, WATCHDOG=1 every half watchdog
+/// interval while its heartbeat loop runs, and STOPPING=1 on SIGTERM.
+#[test]
+fn systemd_hears_ready_then_watchdog_feeds_then_stopping() {
+    let s = Scratch::new("sd-notify", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    s.issue("w1");
+    let (socket, env) = notify_socket(&s, "w1", Duration::from_millis(600));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let w1 = s.spawn_env(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &[],
+        &env,
+    );
+    let got = notifications(&socket, Instant::now() + Duration::from_secs(4));
+    let states: Vec<&str> = got.iter().map(|(_, m)| m.as_str()).collect();
+    assert_eq!(states.first(), Some(&"READY=1"), "{states:?}");
+    let feeds = states.iter().filter(|m| **m == "WATCHDOG=1").count();
+    assert!(feeds >= 4, "fed every 300 ms: {states:?}");
+    assert!(
+        s.status(head.addr).is_some_and(|st| all_up(&st, &["w1"])),
+        "ready means joined"
+    );
+    w1.signal("-TERM");
+    let got = notifications(&socket, Instant::now() + Duration::from_secs(3));
+    assert!(got.iter().any(|(_, m)| m == "STOPPING=1"), "{got:?}");
+}
+
+/// Clause "systemd: notify and watchdog": while the heartbeat loop is
+/// wedged (failpoint `node::heartbeat=pause`, after its first passes), the
+/// watchdog is not fed.
+#[test]
+fn a_wedged_heartbeat_loop_stops_feeding_the_watchdog() {
+    let s = Scratch::new("sd-watchdog", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    s.issue("w1");
+    let (socket, env) = notify_socket(&s, "w1", Duration::from_millis(600));
+    let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.push(("FLOTILLA_FAILPOINTS", "node::heartbeat=6*off->pause"));
+    let _w1 = s.spawn_env(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &["--heartbeat-ms", "200"],
+        &env,
+    );
+    let got = notifications(&socket, Instant::now() + Duration::from_secs(6));
+    let feeds: Vec<Instant> = got
+        .iter()
+        .filter(|(_, m)| m == "WATCHDOG=1")
+        .map(|(at, _)| *at)
+        .collect();
+    assert!(got.iter().any(|(_, m)| m == "READY=1"), "{got:?}");
+    assert!(!feeds.is_empty(), "fed while the loop ran: {got:?}");
+    let last = *feeds.last().unwrap();
+    assert!(
+        last.elapsed() >= Duration::from_secs(3),
+        "no feed in the last 3 s of the pause: {got:?}"
+    );
+}

@@ -201,6 +201,7 @@ impl NodeBuilder {
         let pool = Arc::new(Pool::new(endpoint.clone(), router_tx));
         let hosted = Hosted::default();
 
+        let (pulse, pulse_rx) = watch::channel(0u64);
         let (head, member) = match config.head {
             None => {
                 let head = Arc::new(HeadService::new(
@@ -256,6 +257,7 @@ impl NodeBuilder {
             view.clone(),
         );
         let node = Node {
+            pulse: pulse_rx,
             identity: Arc::clone(&identity),
             view: view.clone(),
             sessions: sessions.clone(),
@@ -296,9 +298,12 @@ impl NodeBuilder {
         match (head, member) {
             (Some(head), _) => {
                 let idle = config.detector.heartbeat_interval;
-                tasks.spawn_graceful(|stop| async move { head.run_detector(stop, idle).await });
+                tasks.spawn_graceful(
+                    |stop| async move { head.run_detector(stop, idle, pulse).await },
+                );
             }
             (None, Some(mut member)) => {
+                member.pulse = pulse;
                 if let Err(e) = member.join(config.join_timeout).await {
                     node.shutdown().await;
                     return Err(e.into());

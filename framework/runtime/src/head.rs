@@ -72,9 +72,17 @@ impl HeadService {
     }
 
     /// Marks silent members down at the failure detector's deadlines, until
-    /// `stop`.
-    pub(crate) async fn run_detector(&self, stop: CancellationToken, idle: Duration) {
+    /// `stop`, waking at least every `idle`; each pass ticks `pulse`.
+    pub(crate) async fn run_detector(
+        &self,
+        stop: CancellationToken,
+        idle: Duration,
+        pulse: watch::Sender<u64>,
+    ) {
         loop {
+            // Fault injection: `node::heartbeat=pause` wedges this loop.
+            fail::fail_point!("node::heartbeat");
+            pulse.send_modify(|n| *n = n.wrapping_add(1));
             let (deadline, downed) = self.with(|m| {
                 let downed = m.poll_down(now());
                 (m.poll_timeout(), downed)
@@ -125,7 +133,10 @@ mod tests {
         let stop = CancellationToken::new();
         let detector = tokio::spawn({
             let (head, stop) = (std::sync::Arc::clone(&head), stop.clone());
-            async move { head.run_detector(stop, config.heartbeat_interval).await }
+            async move {
+                head.run_detector(stop, config.heartbeat_interval, watch::channel(0).0)
+                    .await
+            }
         });
         let started = tokio::time::Instant::now();
         view.wait_for(|t| t.get("n1").is_some_and(|m| m.state == MemberState::Down))

@@ -77,6 +77,8 @@ pub(crate) struct Member {
     pub(crate) view: watch::Sender<Table>,
     pub(crate) hosted: Hosted,
     pub(crate) link: MemberLink,
+    /// Ticked by every pass of the heartbeat loop.
+    pub(crate) pulse: watch::Sender<u64>,
     stream: Option<Stream>,
     /// Why the last connect failed, for a join that gives up.
     last_error: Option<JoinError>,
@@ -121,6 +123,7 @@ impl Member {
             view,
             hosted,
             link,
+            pulse: watch::channel(0).0,
             stream: None,
             last_error: None,
             leaving: false,
@@ -234,6 +237,7 @@ impl Member {
             Input::Time => {
                 // Fault injection: `node::heartbeat=pause` wedges this loop.
                 fail::fail_point!("node::heartbeat");
+                self.pulse.send_modify(|n| *n = n.wrapping_add(1));
                 self.link.set_actors(self.hosted.count());
                 self.link.handle_timeout(now());
             }

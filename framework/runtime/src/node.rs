@@ -175,6 +175,7 @@ pub enum StopUnavailable {
 /// # Ok(()) }
 /// ```
 pub struct Node {
+    pub(crate) pulse: watch::Receiver<u64>,
     pub(crate) identity: Arc<Identity>,
     pub(crate) view: watch::Receiver<Table>,
     pub(crate) sessions: Sessions,
@@ -216,6 +217,13 @@ impl Node {
     /// The member table as this node knows it.
     pub fn members(&self) -> Table {
         self.view.borrow().clone()
+    }
+
+    /// Ticks at every pass of the node's heartbeat loop (a member's
+    /// heartbeats to the head, the head's failure detector), at least once
+    /// per heartbeat interval while the loop runs: what a watchdog watches.
+    pub fn pulse(&self) -> watch::Receiver<u64> {
+        self.pulse.clone()
     }
 
     /// A receiver of the member table, updated on every change.

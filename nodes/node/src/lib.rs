@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub mod run;
+pub mod systemd;
 
 use clap::{Args, Parser, Subcommand};
 use flotilla::NodeConfig;

@@ -149,7 +149,14 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(code);
         }
     };
+    crate::systemd::ready();
+    let watchdog = crate::systemd::watchdog_interval()
+        .map(|interval| tokio::spawn(crate::systemd::feed_watchdog(interval, node.pulse())));
     wait_for_stop().await;
+    crate::systemd::stopping();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     node.shutdown().await;
     ExitCode::SUCCESS
 }
