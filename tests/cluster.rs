@@ -925,3 +925,130 @@ fn a_wedged_heartbeat_loop_stops_feeding_the_watchdog() {
         "no feed in the last 3 s of the pause: {got:?}"
     );
 }
+
+/// The supervisor `tree` of `node` in a `node status --json` document.
+fn supervisor_of<'a>(
+    st: &'a serde_json::Value,
+    node: &str,
+    tree: &str,
+) -> Option<&'a serde_json::Value> {
+    st["nodes"].as_array()?.iter().find(|n| n["name"] == node)?["supervisors"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == tree)
+}
+
+/// Clauses "supervision: trees in config" and "supervision: restart
+/// elsewhere from a checkpoint": node `sup` declares in its node.toml a
+/// supervisor whose permanent child, a checkpointing ticker, may run on w1
+/// or w2. It starts on w1 (node status lists it there); w1 is frozen, its
+/// newest snapshot corrupted, then it is killed with kill -9. Within
+/// down_after + 3 s of going silent the child runs on w2, which skipped the
+/// corrupt snapshot and restored the one before it.
+#[test]
+fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() {
+    let s = Scratch::new("tree", NODE);
+    let fast = ["--heartbeat-ms", "500", "--down-after-ms", "2000"];
+    let down_after = Duration::from_secs(2);
+    s.issue("head");
+    let head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &fast);
+    let mut workers = Vec::new();
+    for w in ["w1", "w2"] {
+        s.issue(w);
+        workers.push(s.spawn_with("join", w, free_addr(), Some(head.addr), &s.certs(), &fast));
+    }
+    let ckpt = s.dir.join("ckpt");
+    let config = s.dir.join("sup.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[supervisor]]\nname = \"tickers\"\n\n[[supervisor.child]]\nkind = \"flotilla.ticker\"\nname = \"ticker-1\"\nnodes = [\"w1\", \"w2\"]\ncheckpoint = {:?}\n[supervisor.child.args]\ntick_ms = 20\nevery = 10\n",
+            ckpt.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    s.issue("sup");
+    let mut args = fast.to_vec();
+    args.extend(["--config", config.to_str().unwrap()]);
+    let _sup = s.spawn_with(
+        "join",
+        "sup",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &args,
+    );
+    let (st, _) = eventually(Duration::from_secs(30), || {
+        s.status_with_supervisors(head.addr).filter(|st| {
+            supervisor_of(st, "sup", "tickers").is_some_and(|t| {
+                t["children"][0]["node"] == "w1" && t["children"][0]["running"] == true
+            })
+        })
+    });
+    assert_eq!(
+        supervisor_of(&st, "sup", "tickers").unwrap()["strategy"],
+        "one_for_one"
+    );
+    let snapshots = |dir: &std::path::Path| -> Vec<u64> {
+        let mut seqs: Vec<u64> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| {
+                    e.ok()?
+                        .file_name()
+                        .to_str()?
+                        .strip_suffix(".ckpt")?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        seqs.sort_unstable();
+        seqs
+    };
+    let folder = ckpt.join("ticker-1");
+    eventually(Duration::from_secs(20), || {
+        (snapshots(&folder).len() >= 3).then_some(())
+    });
+
+    // Freeze w1, corrupt its newest snapshot, kill it.
+    let w1 = workers.remove(0);
+    w1.signal("-STOP");
+    let silent = Instant::now();
+    std::thread::sleep(Duration::from_millis(100));
+    let seqs = snapshots(&folder);
+    let (newest, previous) = (seqs[seqs.len() - 1], seqs[seqs.len() - 2]);
+    let path = folder.join(format!("{newest:020}.ckpt"));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    w1.signal("-KILL");
+    drop(w1);
+
+    let (st, _) = eventually(Duration::from_secs(20), || {
+        s.status_with_supervisors(head.addr).filter(|st| {
+            supervisor_of(st, "sup", "tickers").is_some_and(|t| {
+                t["children"][0]["node"] == "w2" && t["children"][0]["running"] == true
+            })
+        })
+    });
+    let took = silent.elapsed();
+    let child = &supervisor_of(&st, "sup", "tickers").unwrap()["children"][0];
+    assert_eq!(child["restarts"], 1, "{st}");
+    let w2_log = std::fs::read_to_string(s.dir.join("w2.log")).unwrap();
+    assert!(
+        w2_log.contains("NODE-CKPT-002"),
+        "the corrupt snapshot was skipped: {w2_log}"
+    );
+    assert!(
+        w2_log.contains(&format!("count={previous}")) && w2_log.contains("ticker restored"),
+        "restored {previous}, the snapshot before the corrupt {newest}: {w2_log}"
+    );
+    // Counted from when w1 went silent to when node status showed it.
+    eprintln!("restarted on w2, seen {took:?} after w1 went silent");
+    assert!(
+        took <= down_after + Duration::from_secs(3),
+        "restarted {took:?} after w1 went silent"
+    );
+}

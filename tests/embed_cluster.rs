@@ -384,3 +384,77 @@ fn a_cluster_job_with_panicking_actors_completes_exactly_once() {
         assert!(log.contains("actor spawned"), "{w}: {log}");
     }
 }
+
+/// Clause "supervision: restart limit" on a cluster: three workers whose
+/// embedding actors panic on every batch after their second. The driver's
+/// supervisor restarts each on its node until one passes --max-restarts;
+/// the job then stops within a minute with the error naming that actor,
+/// and exits non-zero. The workers restarted without the failpoint, the
+/// same command completes without recomputing a part written before.
+#[test]
+fn a_cluster_job_past_an_actors_restart_limit_stops_and_a_rerun_resumes() {
+    let s = Scratch::new("cluster-limit", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let names = ["q1", "q2", "q3"];
+    let start = |env: &[(&str, &str)]| -> Vec<Proc> {
+        names
+            .iter()
+            .map(|w| {
+                s.spawn_env(
+                    "join",
+                    w,
+                    free_addr(),
+                    Some(head.addr),
+                    &s.certs(),
+                    &[],
+                    env,
+                )
+            })
+            .collect()
+    };
+    for w in names {
+        s.issue(w);
+    }
+    let all = ["head", "q1", "q2", "q3"];
+    let workers = start(&[("FLOTILLA_FAILPOINTS", "embedder::encode=2*off->panic")]);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &all))
+    });
+    let (input, ids) = corpus(&s.dir, 640);
+    let out = s.dir.join("out");
+    let started = std::time::Instant::now();
+    let limit = ["--max-restarts", "2"];
+    let (ok, _) = finish(
+        &s,
+        driver(&s, &head, &input, &out, "limit", &limit),
+        "limit",
+    );
+    assert!(!ok, "the job should have stopped");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    let log = std::fs::read_to_string(s.dir.join("driver-limit.log")).unwrap();
+    assert!(
+        log.contains("embedding actor flotilla.embed.")
+            && log.contains("more than 2 restarts within 60s"),
+        "{log}"
+    );
+    let written = parts(&out);
+    drop(workers);
+    let _workers = start(&[]);
+    eventually(Duration::from_secs(30), || {
+        s.status(head.addr).filter(|st| all_up(st, &all))
+    });
+    let (ok, summary) = finish(&s, driver(&s, &head, &input, &out, "rerun", &[]), "rerun");
+    assert!(ok, "{summary}");
+    let skipped = format!("({} skipped as done)", written.len());
+    assert!(summary.contains(&skipped), "{summary} should say {skipped}");
+    let after = parts(&out);
+    for (name, modified) in &written {
+        assert_eq!(after.get(name), Some(modified), "{name} was recomputed");
+    }
+    assert_exactly_once(&out, &ids);
+}

@@ -175,11 +175,11 @@ async fn main() -> anyhow::Result<()> {
         key: "counter".into(),
         every: 5,
     };
-    let child = RemoteChild::<CounterMsg, _>::new(
+    let child = RemoteChild::new::<CounterMsg, _>(
         Arc::clone(&node),
         "counter",
         "counter",
-        args,
+        &args,
         place,
         Duration::from_secs(10),
     );
@@ -193,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
             events: Some(tx),
             members: Some(node.watch_members()),
             seed: 7,
+            report: Some(("counters".into(), node.board())),
         },
     )
     .await?;

@@ -54,6 +54,35 @@ pub enum ControlRequest {
         /// The actor's name.
         name: String,
     },
+    /// The receiving node's supervisors and their children; served by any
+    /// node.
+    Supervisors,
+}
+
+/// One supervisor of a node, as `node status` shows it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SupervisorReport {
+    /// The supervisor's name.
+    pub name: String,
+    /// Its strategy (`one_for_one`, …).
+    pub strategy: String,
+    /// Whether it gave up (past its restart intensity).
+    pub gave_up: bool,
+    /// Its children, in start order.
+    pub children: Vec<ChildReport>,
+}
+
+/// One child of a supervisor.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ChildReport {
+    /// The child's id.
+    pub id: String,
+    /// Whether it runs.
+    pub running: bool,
+    /// Its restarts so far.
+    pub restarts: u32,
+    /// The node it runs on, when it runs on another one.
+    pub node: Option<String>,
 }
 
 /// What became of a stop request.
@@ -101,4 +130,6 @@ pub enum ControlReply {
     Rejoin,
     /// The answer to a stop request.
     Stop(StopOutcome),
+    /// The node's supervisors.
+    Supervisors(Vec<SupervisorReport>),
 }

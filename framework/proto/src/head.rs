@@ -102,7 +102,7 @@ impl HeadSession {
         match request {
             ControlRequest::Status => (Some(members_reply(&self.head, m)), Noted::Nothing),
             // Served by the node's control service, which owns its actors.
-            ControlRequest::Stop { .. } => (None, Noted::Nothing),
+            ControlRequest::Stop { .. } | ControlRequest::Supervisors => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let name = req.name.clone();
                 let incarnation = req.incarnation;

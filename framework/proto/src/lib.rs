@@ -17,6 +17,7 @@
 //! head        the head's side of a control stream
 //! member      a member's side of its control stream: join, heartbeat, leave
 //! mesh        which ractor sessions a node dials, re-dials and closes
+//! placement   where a placement group's bundles go: PACK, SPREAD, STRICT_*
 //! resources   what a node offers: CPUs, memory, GPUs, labels
 //! supervision restart policy: intensity, backoff, strategies, shutdown timeouts
 //! window      the batch pipeline's credit window: routing, deadlines, retries
@@ -32,6 +33,7 @@ pub mod incarnation;
 pub mod member;
 pub mod membership;
 pub mod mesh;
+pub mod placement;
 pub mod resources;
 pub mod supervision;
 pub mod window;

@@ -27,8 +27,10 @@ use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
 use tokio::sync::{mpsc, watch};
 
 use crate::backlog::Backlog;
+use crate::board::Board;
 use crate::bulk::Lane;
 use crate::config::{NodeConfig, detect_resources};
+use crate::config_args::ConfigKind;
 use crate::control::ControlService;
 use crate::head::HeadService;
 use crate::identity::{Identity, IncarnationRecord};
@@ -42,7 +44,7 @@ use crate::sessions::Sessions;
 use crate::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members, spawner_group};
 use crate::table::Table;
 use crate::tasks::Tasks;
-use crate::wire::Decode;
+use crate::wire::{Decode, Encode};
 
 /// Why a node could not start. Each is fatal: the `node` binary exits
 /// non-zero with the message. Sorted by what the operator should do.
@@ -88,6 +90,7 @@ pub enum StartError {
 pub struct NodeBuilder {
     config: NodeConfig,
     kinds: HashMap<String, Arc<dyn Kind>>,
+    configurable: HashMap<String, ConfigKind>,
 }
 
 impl Node {
@@ -96,6 +99,7 @@ impl Node {
         NodeBuilder {
             config,
             kinds: HashMap::new(),
+            configurable: HashMap::new(),
         }
     }
 }
@@ -118,6 +122,21 @@ impl NodeBuilder {
             }),
         );
         self
+    }
+
+    /// Registers `kind` as [`NodeBuilder::register`] does, and lets its
+    /// arguments also be written in configuration (a `node.toml`
+    /// supervision tree): they are read with serde from a JSON value
+    /// ([`Node::config_args`]).
+    pub fn register_configurable<A, F>(mut self, kind: &str, factory: F) -> Self
+    where
+        A: Actor,
+        A::Arguments: Decode + Encode + serde::de::DeserializeOwned,
+        F: Fn() -> A + Send + Sync + 'static,
+    {
+        self.configurable
+            .insert(kind.to_owned(), ConfigKind::of::<A::Msg, A::Arguments>());
+        self.register(kind, factory)
     }
 
     /// Starts the node: loads certificates, binds the QUIC endpoints,
@@ -244,10 +263,12 @@ impl NodeBuilder {
                 return Err(StartError::ActorSystem(e));
             }
         };
+        let board = Board::default();
         let control = ControlService {
             head: head.clone(),
             view: view.clone(),
             spawner: spawner.clone(),
+            board: board.clone(),
         };
         let outbound = Outbound::new(
             Arc::clone(&identity),
@@ -257,6 +278,8 @@ impl NodeBuilder {
             view.clone(),
         );
         let node = Node {
+            configurable: Arc::new(self.configurable),
+            board,
             pulse: pulse_rx,
             identity: Arc::clone(&identity),
             view: view.clone(),

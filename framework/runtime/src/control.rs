@@ -22,6 +22,7 @@ use quinn::{RecvStream, SendStream};
 use ractor::ActorRef;
 use tokio::sync::watch;
 
+use crate::board::Board;
 use crate::call::call;
 use crate::clock::{now, sleep_until};
 use crate::head::HeadService;
@@ -37,6 +38,8 @@ pub(crate) struct ControlService {
     pub(crate) view: watch::Receiver<Table>,
     /// This node's spawner, for stop requests.
     pub(crate) spawner: ActorRef<SpawnerMsg>,
+    /// This node's supervisors, for status requests.
+    pub(crate) board: Board,
 }
 
 /// How long the spawner may take to answer a stop request.
@@ -65,6 +68,9 @@ impl ControlService {
                 while let Some(request) = requests.next().await {
                     let reply = match request? {
                         ControlRequest::Status => members_reply(&self.view.borrow()),
+                        ControlRequest::Supervisors => {
+                            ControlReply::Supervisors(self.board.reports())
+                        }
                         ControlRequest::Leave { .. } => ControlReply::Ack,
                         ControlRequest::Stop { name } => match self.stop(&peer, name).await {
                             Some(reply) => reply,
@@ -91,6 +97,11 @@ impl ControlService {
                                 let Some(reply) = self.stop(&peer, name).await else {
                                     return Ok(());
                                 };
+                                send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
+                                continue;
+                            }
+                            if request == ControlRequest::Supervisors {
+                                let reply = ControlReply::Supervisors(self.board.reports());
                                 send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                                 continue;
                             }

@@ -26,12 +26,14 @@
 //! delivery, membership `up → down | left` per incarnation.
 
 mod backlog;
+pub mod board;
 pub mod builder;
 pub mod bulk;
 pub mod call;
 pub mod checkpoint;
 mod clock;
 pub mod config;
+pub mod config_args;
 mod control;
 mod counters;
 pub mod failpoints;
@@ -62,7 +64,7 @@ pub use flotilla_proto::resources::Resources;
 pub use identity::RecordError;
 pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
 pub use outbound::Outbound;
-pub use status::query_status;
+pub use status::{query_status, query_supervisors};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
 pub use table::Table;
 

@@ -15,8 +15,10 @@ use ractor::{ActorRef, Message};
 use ractor_cluster::NodeServerMessage;
 use tokio::sync::watch;
 
+use crate::board::Board;
 use crate::bulk::Lane;
 use crate::call::{CallError, call};
+use crate::config_args::{ConfigArgsError, ConfigKinds, archive};
 use crate::identity::Identity;
 use crate::outbound::Outbound;
 use crate::pool::Pool;
@@ -175,6 +177,8 @@ pub enum StopUnavailable {
 /// # Ok(()) }
 /// ```
 pub struct Node {
+    pub(crate) configurable: ConfigKinds,
+    pub(crate) board: Board,
     pub(crate) pulse: watch::Receiver<u64>,
     pub(crate) identity: Arc<Identity>,
     pub(crate) view: watch::Receiver<Table>,
@@ -217,6 +221,24 @@ impl Node {
     /// The member table as this node knows it.
     pub fn members(&self) -> Table {
         self.view.borrow().clone()
+    }
+
+    /// The archived arguments of the configurable kind `kind` (registered
+    /// with [`crate::NodeBuilder::register_configurable`] on this node)
+    /// for `value`, and the message type its actors take: what
+    /// [`Node::spawn_on_raw`] sends.
+    pub fn config_args(
+        &self,
+        kind: &str,
+        value: serde_json::Value,
+    ) -> Result<(Vec<u8>, &'static str), ConfigArgsError> {
+        archive(&self.configurable, kind, value)
+    }
+
+    /// This node's supervision board: supervisors given it report there,
+    /// and `node status` lists them.
+    pub fn board(&self) -> Board {
+        self.board.clone()
     }
 
     /// Ticks at every pass of the node's heartbeat loop (a member's
@@ -277,6 +299,32 @@ impl Node {
         args: &A,
         timeout: Duration,
     ) -> Result<ActorRef<M>, SpawnError> {
+        let cell = self
+            .spawn_on_raw(
+                node,
+                kind,
+                name,
+                encode(args),
+                std::any::type_name::<M>(),
+                timeout,
+            )
+            .await?;
+        Ok(cell.into())
+    }
+
+    /// [`Node::spawn_on`] with the arguments already archived and the
+    /// message type the caller will send named (`std::any::type_name`; the
+    /// kind's must be the same): what configured children use
+    /// ([`Node::config_args`]).
+    pub async fn spawn_on_raw(
+        &self,
+        node: &str,
+        kind: &str,
+        name: &str,
+        args: Vec<u8>,
+        message_type: &str,
+        timeout: Duration,
+    ) -> Result<ractor::ActorCell, SpawnError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let spawner: ActorRef<SpawnerMsg> = if node == self.identity.name {
             self.spawner.clone()
@@ -294,10 +342,10 @@ impl Node {
         let req = SpawnRequest {
             kind: kind.to_owned(),
             name: name.to_owned(),
-            args: encode(args),
+            args,
             owner: self.identity.name.clone(),
             owner_incarnation: self.identity.incarnation(),
-            message_type: std::any::type_name::<M>().to_owned(),
+            message_type: message_type.to_owned(),
         };
         let unavailable = |why| SpawnError::Unavailable {
             node: node.to_owned(),
@@ -318,7 +366,7 @@ impl Node {
         }
         let deadline = deadline.max(tokio::time::Instant::now());
         loop {
-            if let Some(a) = self.lookup_on(node, name) {
+            if let Some(a) = self.cell_on(node, name) {
                 return Ok(a);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -410,11 +458,10 @@ impl Node {
     }
 
     /// The actor named `name` on the node `node`, if visible from here.
-    fn lookup_on<M: Message>(&self, node: &str, name: &str) -> Option<ActorRef<M>> {
+    fn cell_on(&self, node: &str, name: &str) -> Option<ractor::ActorCell> {
         ractor::pg::get_members(&name.to_owned())
             .into_iter()
             .find(|c| self.node_of(c).as_deref() == Some(node))
-            .map(|c| c.into())
     }
 
     /// Looks up a named actor anywhere in the cluster: this node's own

@@ -1,9 +1,10 @@
-//! `node status`: asks any node for its member table, as the operator's
-//! `admin` identity (or any member identity).
+//! `node status`: asks any node for its member table, or for its
+//! supervisors, as the operator's `admin` identity (or any member
+//! identity).
 
 use std::net::SocketAddr;
 
-use flotilla_proto::control::{ControlReply, ControlRequest};
+use flotilla_proto::control::{ControlReply, ControlRequest, SupervisorReport};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::{Hello, Purpose};
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
@@ -54,6 +55,43 @@ pub async fn query_status(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
 ) -> Result<Table, StatusError> {
+    match ask(addr, identity, ControlRequest::Status).await? {
+        ControlReply::Members {
+            version,
+            head,
+            members,
+        } => Ok(Table {
+            version,
+            head,
+            members,
+        }),
+        other => Err(StatusError::Unexpected {
+            addr,
+            reply: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Asks the node at `addr` for its supervisors and their children.
+pub async fn query_supervisors(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+) -> Result<Vec<SupervisorReport>, StatusError> {
+    match ask(addr, identity, ControlRequest::Supervisors).await? {
+        ControlReply::Supervisors(reports) => Ok(reports),
+        other => Err(StatusError::Unexpected {
+            addr,
+            reply: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Sends `request` on a control stream to the node at `addr`; its answer.
+async fn ask(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+    request: ControlRequest,
+) -> Result<ControlReply, StatusError> {
     let name = identity.name.clone();
     let cookie = identity
         .cookie
@@ -72,7 +110,7 @@ pub async fn query_status(
         let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello)
             .await
             .map_err(stream)?;
-        send_msg(&mut send, &ControlRequest::Status, DEFAULT_MAX_FRAME)
+        send_msg(&mut send, &request, DEFAULT_MAX_FRAME)
             .await
             .map_err(stream)?;
         let reply = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME)
@@ -80,21 +118,7 @@ pub async fn query_status(
             .map_err(stream)?;
         let _ = send.finish();
         pc.connection.close(quinn::VarInt::from_u32(0), b"done");
-        match reply {
-            ControlReply::Members {
-                version,
-                head,
-                members,
-            } => Ok(Table {
-                version,
-                head,
-                members,
-            }),
-            other => Err(StatusError::Unexpected {
-                addr,
-                reply: format!("{other:?}"),
-            }),
-        }
+        Ok(reply)
     }
     .await;
     endpoint.wait_idle().await;

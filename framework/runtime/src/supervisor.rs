@@ -34,6 +34,7 @@ pub use flotilla_proto::supervision::{
     Backoff, ChildSpec, Escalation, Exit, Intensity, RestartType, Strategy, SupervisorSpec,
 };
 
+use crate::board::{Board, ChildReport, SupervisorReport};
 use crate::clock::now;
 use crate::node::{Node, SpawnError};
 use crate::table::Table;
@@ -153,27 +154,52 @@ pub type Place = dyn Fn(&Table) -> Option<String> + Send + Sync;
 
 /// An actor of a registered kind, spawned with [`Node::spawn_on`] on the
 /// node `place` picks from the member table (`None`: no node can host it
-/// now, which counts as a failed start), under a fixed name, and
-/// monitored through its proxy. Stopped with [`Node::stop_on`].
-pub struct RemoteChild<M: ractor::Message, A> {
+/// now; the start waits for one, within its timeout, then fails), under a
+/// fixed name, and monitored through its proxy. Stopped with
+/// [`Node::stop_on`].
+pub struct RemoteChild {
     node: Arc<Node>,
     kind: String,
     name: String,
-    args: A,
-    place: Box<Place>,
+    args: Vec<u8>,
+    message_type: String,
+    place: Arc<Place>,
     timeout: Duration,
     on_node_lost: Exit,
-    first: Mutex<Option<(String, ActorRef<M>)>>,
+    first: Mutex<Option<(String, ActorCell)>>,
 }
 
-impl<M: ractor::Message, A: Encode + Clone + Send + Sync + 'static> RemoteChild<M, A> {
-    /// A child of kind `kind` named `name` with `args`, placed by `place`,
-    /// each spawn given `timeout`. A lost node counts as a failure.
-    pub fn new(
+impl RemoteChild {
+    /// A child of kind `kind` named `name` with `args`, whose actors take
+    /// `M`, placed by `place`, each spawn given `timeout`. A lost node
+    /// counts as a failure.
+    pub fn new<M: ractor::Message, A: Encode>(
         node: Arc<Node>,
         kind: impl Into<String>,
         name: impl Into<String>,
-        args: A,
+        args: &A,
+        place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
+        timeout: Duration,
+    ) -> Self {
+        Self::raw(
+            node,
+            kind,
+            name,
+            crate::wire::encode(args),
+            std::any::type_name::<M>(),
+            place,
+            timeout,
+        )
+    }
+
+    /// [`RemoteChild::new`] with the arguments archived already and the
+    /// message type named (as [`Node::config_args`] gives them).
+    pub fn raw(
+        node: Arc<Node>,
+        kind: impl Into<String>,
+        name: impl Into<String>,
+        args: Vec<u8>,
+        message_type: impl Into<String>,
         place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
         timeout: Duration,
     ) -> Self {
@@ -182,7 +208,8 @@ impl<M: ractor::Message, A: Encode + Clone + Send + Sync + 'static> RemoteChild<
             kind: kind.into(),
             name: name.into(),
             args,
-            place: Box::new(place),
+            message_type: message_type.into(),
+            place: Arc::new(place),
             timeout,
             on_node_lost: Exit::Failure,
             first: Mutex::new(None),
@@ -197,15 +224,13 @@ impl<M: ractor::Message, A: Encode + Clone + Send + Sync + 'static> RemoteChild<
     }
 
     /// Takes `actor`, already spawned on `on`, as the first start.
-    pub fn adopt(self, on: impl Into<String>, actor: ActorRef<M>) -> Self {
+    pub fn adopt(self, on: impl Into<String>, actor: ActorCell) -> Self {
         *self.first.lock().unwrap_or_else(|p| p.into_inner()) = Some((on.into(), actor));
         self
     }
 }
 
-impl<M: ractor::Message, A: Encode + Clone + Send + Sync + 'static> ChildStart
-    for RemoteChild<M, A>
-{
+impl ChildStart for RemoteChild {
     fn start(&self, supervisor: ActorCell) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let node = Arc::clone(&self.node);
         let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -213,16 +238,37 @@ impl<M: ractor::Message, A: Encode + Clone + Send + Sync + 'static> ChildStart
             .as_ref()
             .map(|(on, _)| on.clone())
             .or_else(|| (self.place)(&node.members()));
-        let (kind, name, args, timeout) = (
+        // No node for it now: wait for the table to offer one, within the
+        // spawn's time.
+        let waiting = target.is_none().then(|| {
+            let place = Arc::clone(&self.place);
+            let mut view = node.watch_members();
+            async move {
+                view.wait_for(|t| place(t).is_some())
+                    .await
+                    .ok()
+                    .and_then(|t| place(&t))
+            }
+        });
+        let (kind, name, args, message_type, timeout) = (
             self.kind.clone(),
             self.name.clone(),
             self.args.clone(),
+            self.message_type.clone(),
             self.timeout,
         );
         Box::pin(async move {
-            let target = target.ok_or(StartChildError::NoNode)?;
-            let actor: ActorRef<M> = match first {
-                Some((_, actor)) => actor,
+            let target = match (target, waiting) {
+                (Some(t), _) => t,
+                (None, Some(wait)) => tokio::time::timeout(timeout, wait)
+                    .await
+                    .ok()
+                    .flatten()
+                    .ok_or(StartChildError::NoNode)?,
+                (None, None) => return Err(StartChildError::NoNode),
+            };
+            let cell = match first {
+                Some((_, cell)) => cell,
                 None => {
                     // The proxy of an earlier run whose node was lost with
                     // its session still holds the name here: let it go.
@@ -233,13 +279,14 @@ impl<M: ractor::Message, A: Encode + Clone + Send + Sync + 'static> ChildStart
                             .stop_and_wait(None, Some(Duration::from_secs(1)))
                             .await;
                     }
-                    node.spawn_on(&target, &kind, &name, &args, timeout).await?
+                    node.spawn_on_raw(&target, &kind, &name, args, &message_type, timeout)
+                        .await?
                 }
             };
             let incarnation = node.members().get(&target).map_or(0, |m| m.incarnation);
-            supervisor.monitor(actor.get_cell());
+            supervisor.monitor(cell.clone());
             Ok(Running {
-                cell: actor.get_cell(),
+                cell,
                 node: Some((target, incarnation)),
             })
         })
@@ -350,6 +397,9 @@ pub struct SupervisorArgs {
     pub members: Option<watch::Receiver<Table>>,
     /// The jitter's seed.
     pub seed: u64,
+    /// The name it reports its children under on a node's board
+    /// ([`Node::board`]: `node status` lists them), if it reports.
+    pub report: Option<(String, Board)>,
 }
 
 /// A supervisor actor. Start it with [`Actor::spawn`] (a root) or
@@ -368,9 +418,49 @@ pub struct SupervisorState {
     /// Shutdown requests waiting for the children to stop.
     shutdown: Vec<RpcReplyPort<()>>,
     relay: Option<tokio::task::JoinHandle<()>>,
+    report: Option<(String, Board)>,
+    strategy: Strategy,
 }
 
 impl SupervisorState {
+    /// Its children as `node status` shows them.
+    fn status(&self) -> Vec<ChildStatus> {
+        self.policy
+            .children()
+            .map(|id| ChildStatus {
+                id: id.to_owned(),
+                running: self.policy.is_running(id),
+                restarts: self.policy.restarts_of(id).unwrap_or(0),
+                node: self
+                    .running
+                    .get(id)
+                    .and_then(|r| r.node.as_ref().map(|(n, _)| n.clone())),
+            })
+            .collect()
+    }
+
+    /// Posts the children's state on the board, if it reports.
+    fn post(&self, gave_up: bool) {
+        let Some((name, board)) = &self.report else {
+            return;
+        };
+        board.post(SupervisorReport {
+            name: name.clone(),
+            strategy: self.strategy.as_str().to_owned(),
+            gave_up,
+            children: self
+                .status()
+                .into_iter()
+                .map(|c| ChildReport {
+                    id: c.id,
+                    running: c.running,
+                    restarts: c.restarts,
+                    node: c.node,
+                })
+                .collect(),
+        });
+    }
+
     fn emit(&self, event: SupervisorEvent) {
         if let Some(tx) = &self.events {
             let _ = tx.send(event);
@@ -445,6 +535,7 @@ impl SupervisorState {
                 }
                 Some(Action::Escalate(e)) => {
                     tracing::error!(error = %e, "supervisor gives up");
+                    self.post(true);
                     self.emit(SupervisorEvent::Escalated(e.clone()));
                     return Err(Box::new(e));
                 }
@@ -457,6 +548,7 @@ impl SupervisorState {
             }
         }
         self.schedule(myself);
+        self.post(false);
         Ok(())
     }
 
@@ -522,6 +614,8 @@ impl Actor for Supervisor {
             })
         });
         Ok(SupervisorState {
+            report: args.report,
+            strategy: args.spec.strategy,
             policy: Supervision::new(args.spec, specs, args.seed),
             starts,
             running: HashMap::new(),
@@ -549,6 +643,9 @@ impl Actor for Supervisor {
     ) -> Result<(), ActorProcessingErr> {
         if let Some(relay) = state.relay.take() {
             relay.abort();
+        }
+        if let Some((name, board)) = &state.report {
+            board.remove(name);
         }
         Ok(())
     }
@@ -587,20 +684,7 @@ impl Actor for Supervisor {
                 }
             }
             SupervisorMsg::Status(port) => {
-                let status = state
-                    .policy
-                    .children()
-                    .map(|id| ChildStatus {
-                        id: id.to_owned(),
-                        running: state.policy.is_running(id),
-                        restarts: state.policy.restarts_of(id).unwrap_or(0),
-                        node: state
-                            .running
-                            .get(id)
-                            .and_then(|r| r.node.as_ref().map(|(n, _)| n.clone())),
-                    })
-                    .collect();
-                let _ = port.send(status);
+                let _ = port.send(state.status());
             }
             SupervisorMsg::Shutdown(port) => {
                 state.shutdown.push(port);
@@ -755,6 +839,7 @@ mod tests {
             events: Some(tx),
             members: None,
             seed: 1,
+            report: None,
         };
         let (sup, handle) = Actor::spawn(None, Supervisor, args).await.unwrap();
         (sup, rx, handle)
@@ -860,6 +945,7 @@ mod tests {
                     events: None,
                     members: None,
                     seed: 2,
+                    report: None,
                 };
                 (Supervisor, args)
             }),

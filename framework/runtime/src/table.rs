@@ -1,6 +1,13 @@
 //! The member table as a node knows it, and its JSON form for `node status`.
 
+use std::collections::BTreeMap;
+
+use flotilla_proto::control::SupervisorReport;
 use flotilla_proto::membership::{MemberState, MemberView};
+
+/// Each node's supervisors as `node status` asked them: the reports, or
+/// why the node did not answer.
+pub type Supervisors = BTreeMap<String, Result<Vec<SupervisorReport>, String>>;
 use serde::Serialize;
 
 /// The member table as last known by a node: authoritative on the head,
@@ -52,6 +59,54 @@ impl Table {
 
     /// The status document printed by `node status --json`.
     pub fn to_json(&self) -> String {
+        self.to_json_with(&BTreeMap::new())
+    }
+
+    /// The status document with each node's supervisors, as far as they
+    /// were asked (`Err`: why the node did not answer).
+    pub fn to_json_with(&self, supervisors: &Supervisors) -> String {
+        #[derive(Serialize)]
+        struct Child<'a> {
+            id: &'a str,
+            running: bool,
+            restarts: u32,
+            node: Option<&'a str>,
+        }
+        #[derive(Serialize)]
+        struct Sup<'a> {
+            name: &'a str,
+            strategy: &'a str,
+            gave_up: bool,
+            children: Vec<Child<'a>>,
+        }
+        let sups = |name: &str| -> (Option<Vec<Sup<'_>>>, Option<String>) {
+            match supervisors.get(name) {
+                None => (None, None),
+                Some(Err(e)) => (None, Some(e.clone())),
+                Some(Ok(list)) => (
+                    Some(
+                        list.iter()
+                            .map(|s| Sup {
+                                name: &s.name,
+                                strategy: &s.strategy,
+                                gave_up: s.gave_up,
+                                children: s
+                                    .children
+                                    .iter()
+                                    .map(|c| Child {
+                                        id: &c.id,
+                                        running: c.running,
+                                        restarts: c.restarts,
+                                        node: c.node.as_deref(),
+                                    })
+                                    .collect(),
+                            })
+                            .collect(),
+                    ),
+                    None,
+                ),
+            }
+        };
         #[derive(Serialize)]
         struct Resources<'a> {
             cpus: u32,
@@ -68,6 +123,10 @@ impl Table {
             incarnation: u64,
             resources: Resources<'a>,
             actors: u32,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            supervisors: Option<Vec<Sup<'a>>>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            supervisors_error: Option<String>,
         }
         #[derive(Serialize)]
         struct Doc<'a> {
@@ -81,23 +140,60 @@ impl Table {
             nodes: self
                 .members
                 .iter()
-                .map(|m| Node {
-                    name: &m.name,
-                    addr: &m.addr,
-                    bulk_addr: &m.bulk_addr,
-                    state: m.state.as_str(),
-                    incarnation: m.incarnation,
-                    resources: Resources {
-                        cpus: m.resources.cpus,
-                        memory_bytes: m.resources.memory_bytes,
-                        gpus: m.resources.gpus,
-                        labels: &m.resources.labels,
-                    },
-                    actors: m.actors,
+                .map(|m| {
+                    let (supervisors, supervisors_error) = sups(&m.name);
+                    Node {
+                        supervisors,
+                        supervisors_error,
+                        name: &m.name,
+                        addr: &m.addr,
+                        bulk_addr: &m.bulk_addr,
+                        state: m.state.as_str(),
+                        incarnation: m.incarnation,
+                        resources: Resources {
+                            cpus: m.resources.cpus,
+                            memory_bytes: m.resources.memory_bytes,
+                            gpus: m.resources.gpus,
+                            labels: &m.resources.labels,
+                        },
+                        actors: m.actors,
+                    }
                 })
                 .collect(),
         };
         serde_json::to_string(&doc).expect("status document serializes")
+    }
+
+    /// The supervisors part of `node status`: one line per child.
+    pub fn supervisors_text(supervisors: &Supervisors) -> String {
+        let mut out = String::new();
+        for (node, answer) in supervisors {
+            match answer {
+                Err(e) => out.push_str(&format!("{node}: supervisors unknown: {e}\n")),
+                Ok(list) => {
+                    for s in list {
+                        let state = if s.gave_up { "gave up" } else { "running" };
+                        out.push_str(&format!(
+                            "{node}: supervisor {} ({}, {state})\n",
+                            s.name, s.strategy
+                        ));
+                        for c in &s.children {
+                            out.push_str(&format!(
+                                "  {:<24} {:<8} restarts {:>3}{}\n",
+                                c.id,
+                                if c.running { "running" } else { "stopped" },
+                                c.restarts,
+                                c.node
+                                    .as_deref()
+                                    .map(|n| format!("  on {n}"))
+                                    .unwrap_or_default()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// A human-readable table for `node status`.

@@ -126,8 +126,18 @@ impl Scratch {
         }
     }
 
-    /// `node status --json` against `addr`, if it answers.
+    /// `node status --json --no-supervisors` against `addr` (the member
+    /// table alone, which is quick to poll), if it answers.
     pub fn status(&self, addr: SocketAddr) -> Option<Value> {
+        self.status_with(addr, &["--no-supervisors"])
+    }
+
+    /// `node status --json` against `addr`, with every node's supervisors.
+    pub fn status_with_supervisors(&self, addr: SocketAddr) -> Option<Value> {
+        self.status_with(addr, &[])
+    }
+
+    fn status_with(&self, addr: SocketAddr, extra: &[&str]) -> Option<Value> {
         let out = Command::new(&self.binary)
             .args([
                 "status",
@@ -137,6 +147,7 @@ impl Scratch {
                 "--certs",
                 self.certs().to_str().unwrap(),
             ])
+            .args(extra)
             .output()
             .ok()?;
         if !out.status.success() {

@@ -14,6 +14,8 @@ use flotilla::rkyv::{Archive, Deserialize, Serialize};
 pub const ECHO: &str = "flotilla.echo";
 /// Kind name of [`Relay`].
 pub const RELAY: &str = "flotilla.relay";
+/// Kind name of [`Ticker`].
+pub const TICKER: &str = "flotilla.ticker";
 
 /// An opaque payload.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -184,5 +186,103 @@ impl Actor for Relay {
 
 /// Registers the probe kinds on a node builder.
 pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
-    builder.register(ECHO, || Echo).register(RELAY, || Relay)
+    builder
+        .register(ECHO, || Echo)
+        .register(RELAY, || Relay)
+        .register_configurable(TICKER, || Ticker)
+}
+
+/// A [`Ticker`]'s arguments, written in `node.toml` as the child's `args`
+/// (with `checkpoint` set from the child's `checkpoint`).
+#[derive(Archive, Serialize, Deserialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct TickerArgs {
+    /// Where its snapshots go (a folder or an object store URL).
+    pub checkpoint: String,
+    /// Milliseconds between ticks.
+    pub tick_ms: u64,
+    /// Ticks between snapshots.
+    pub every: u64,
+}
+
+/// What a [`Ticker`] answers: its count.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct Ticks(pub u64);
+
+flotilla::remote_type!(TickerArgs, Ticks);
+
+/// Messages of [`Ticker`].
+#[derive(RactorClusterMessage)]
+pub enum TickerMsg {
+    /// One tick (sent by itself).
+    Tick,
+    /// Its count.
+    #[rpc]
+    Count(RpcReplyPort<Ticks>),
+}
+
+/// A checkpointing counter that counts its own ticks: on start it
+/// restores its newest snapshot (logging `ticker restored` with the count)
+/// and saves one every `every` ticks, under its actor name.
+pub struct Ticker;
+
+/// A [`Ticker`]'s state.
+pub struct TickerState {
+    store: flotilla::checkpoint::CheckpointStore,
+    key: String,
+    every: u64,
+    n: u64,
+}
+
+impl Actor for Ticker {
+    type Msg = TickerMsg;
+    type State = TickerState;
+    type Arguments = TickerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TickerMsg>,
+        args: TickerArgs,
+    ) -> Result<TickerState, ActorProcessingErr> {
+        let store = flotilla::checkpoint::CheckpointStore::open(&args.checkpoint, 3)?;
+        let key = myself.get_name().unwrap_or_else(|| "ticker".to_owned());
+        let n = match store.restore::<Ticks>(&key).await? {
+            Some((_, Ticks(n))) => n,
+            None => 0,
+        };
+        tracing::info!(name = %key, count = n, "ticker restored");
+        myself.send_interval(Duration::from_millis(args.tick_ms.max(1)), || {
+            TickerMsg::Tick
+        });
+        Ok(TickerState {
+            store,
+            key,
+            every: args.every.max(1),
+            n,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<TickerMsg>,
+        msg: TickerMsg,
+        state: &mut TickerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            TickerMsg::Tick => {
+                state.n += 1;
+                if state.n.is_multiple_of(state.every) {
+                    state
+                        .store
+                        .save(&state.key, state.n, &Ticks(state.n))
+                        .await?;
+                }
+            }
+            TickerMsg::Count(reply) => {
+                let _ = reply.send(Ticks(state.n));
+            }
+        }
+        Ok(())
+    }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 pub mod run;
 pub mod systemd;
+pub mod trees;
 
 use clap::{Args, Parser, Subcommand};
 use flotilla::NodeConfig;
@@ -260,6 +261,11 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Leave out each node's supervisors (asked of every up node, each
+    /// given 1 s: a node that is up in the table but not answering delays
+    /// the answer by that much).
+    #[arg(long)]
+    pub no_supervisors: bool,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -287,6 +293,144 @@ pub struct FileConfig {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     model: Option<PathBuf>,
+    /// Supervision trees this node starts once joined.
+    #[serde(default)]
+    supervisor: Vec<TreeFile>,
+}
+
+/// A `[[supervisor]]` table: a supervisor and its children.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TreeFile {
+    /// The supervisor's name (what `node status` lists).
+    pub name: String,
+    /// `one_for_one` (default), `one_for_all` or `rest_for_one`.
+    pub strategy: Option<String>,
+    /// Restarts allowed within `restart_window_s` (default 5).
+    pub max_restarts: Option<u32>,
+    /// The window, in seconds (default 60).
+    pub restart_window_s: Option<u64>,
+    /// Count restarts per child instead of for the whole supervisor.
+    #[serde(default)]
+    pub per_child: bool,
+    /// The first wait before a restart, in milliseconds (default 100,
+    /// doubling to 10 s).
+    pub backoff_ms: Option<u64>,
+    /// Its children, in start order.
+    #[serde(default, rename = "child")]
+    pub children: Vec<ChildFile>,
+}
+
+/// A `[[supervisor.child]]` table.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChildFile {
+    /// A kind registered (as configurable) on this node and on the nodes
+    /// it may run on.
+    pub kind: String,
+    /// The actor's name, unique in the cluster; also the child's id.
+    pub name: String,
+    /// `permanent` (default), `transient` or `temporary`.
+    pub restart: Option<String>,
+    /// Nodes it may run on, the first up one first (default: this node).
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Where it checkpoints (a folder or URL), passed in its arguments as
+    /// `checkpoint`.
+    pub checkpoint: Option<String>,
+    /// How long it has to stop before it is killed, in milliseconds
+    /// (default 5000).
+    pub shutdown_ms: Option<u64>,
+    /// The kind's arguments.
+    #[serde(default)]
+    pub args: toml::Table,
+}
+
+/// A supervision tree as the node starts it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tree {
+    /// The supervisor's name.
+    pub name: String,
+    /// Strategy, intensity, backoff.
+    pub spec: flotilla::supervisor::SupervisorSpec,
+    /// Its children, in start order.
+    pub children: Vec<TreeChild>,
+}
+
+/// One configured child.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeChild {
+    /// Id (the actor's name), restart type, shutdown time.
+    pub spec: flotilla::supervisor::ChildSpec,
+    /// The registered kind.
+    pub kind: String,
+    /// Where it may run, in order; empty: this node.
+    pub nodes: Vec<String>,
+    /// Its arguments as JSON (with `checkpoint` set when configured).
+    pub args: serde_json::Value,
+}
+
+impl TreeFile {
+    /// The tree this table declares, checked.
+    pub fn tree(self) -> Result<Tree, ConfigError> {
+        use flotilla::supervisor::{Backoff, ChildSpec, Intensity, RestartType, Strategy};
+        let invalid = |why: String| ConfigError::Tree(self.name.clone(), why);
+        let strategy: Strategy = self
+            .strategy
+            .as_deref()
+            .unwrap_or("one_for_one")
+            .parse()
+            .map_err(invalid)?;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut children = Vec::new();
+        for c in &self.children {
+            if !seen.insert(c.name.clone()) {
+                return Err(invalid(format!("child {:?} is named twice", c.name)));
+            }
+            let restart: RestartType = c
+                .restart
+                .as_deref()
+                .unwrap_or("permanent")
+                .parse()
+                .map_err(|e: String| invalid(format!("child {:?}: {e}", c.name)))?;
+            let mut args = serde_json::to_value(&c.args)
+                .map_err(|e| invalid(format!("child {:?}: args: {e}", c.name)))?;
+            if let (Some(url), Some(map)) = (&c.checkpoint, args.as_object_mut()) {
+                map.insert("checkpoint".into(), serde_json::Value::String(url.clone()));
+            }
+            children.push(TreeChild {
+                spec: ChildSpec {
+                    id: c.name.clone(),
+                    restart,
+                    shutdown: Duration::from_millis(c.shutdown_ms.unwrap_or(5_000)),
+                },
+                kind: c.kind.clone(),
+                nodes: c.nodes.clone(),
+                args,
+            });
+        }
+        if children.is_empty() {
+            return Err(invalid("it has no [[supervisor.child]]".into()));
+        }
+        let initial = Duration::from_millis(self.backoff_ms.unwrap_or(100));
+        Ok(Tree {
+            name: self.name.clone(),
+            spec: flotilla::supervisor::SupervisorSpec {
+                strategy,
+                intensity: Intensity {
+                    max_restarts: self.max_restarts.unwrap_or(5),
+                    within: Duration::from_secs(self.restart_window_s.unwrap_or(60).max(1)),
+                },
+                per_child: self.per_child,
+                backoff: Backoff {
+                    initial,
+                    max: Duration::from_secs(10).max(initial),
+                    ..Backoff::default()
+                },
+            },
+            children,
+        })
+    }
 }
 
 /// Everything `node head` / `node join` run with.
@@ -298,6 +442,8 @@ pub struct NodeSettings {
     pub model: Option<PathBuf>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Supervision trees to start once joined.
+    pub trees: Vec<Tree>,
 }
 
 /// A configuration problem: the node does not start.
@@ -326,6 +472,9 @@ pub enum ConfigError {
     /// A setting is out of range.
     #[error("NODE-CONFIG-004: {0}")]
     Invalid(String),
+    /// A supervision tree is not well formed.
+    #[error("NODE-CONFIG-007: supervisor {0:?}: {1}")]
+    Tree(String, String),
 }
 
 /// Reads and parses a node TOML file.
@@ -393,10 +542,19 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
     }
     config.labels = file.labels;
     config.labels.extend(args.labels);
+    let mut trees: Vec<Tree> = Vec::new();
+    for t in file.supervisor {
+        let tree = t.tree()?;
+        if trees.iter().any(|o| o.name == tree.name) {
+            return Err(ConfigError::Tree(tree.name, "declared twice".into()));
+        }
+        trees.push(tree);
+    }
     Ok(NodeSettings {
         config,
         model: args.model.or(file.model),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        trees,
     })
 }
 
@@ -436,6 +594,77 @@ mod tests {
         assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
         assert_eq!(c.labels.get("rack").map(String::as_str), Some("2"));
         std::fs::remove_file(path).unwrap();
+    }
+
+    fn tree(toml_text: &str) -> Result<Vec<Tree>, ConfigError> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("flotilla-tree-{}-{n}.toml", std::process::id()));
+        std::fs::write(&path, toml_text).unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        let result = node_config(a, true).map(|s| s.trees);
+        std::fs::remove_file(path).unwrap();
+        result
+    }
+
+    #[test]
+    fn supervision_trees_are_read_with_their_defaults() {
+        let trees = tree(
+            "[[supervisor]]\nname = \"t\"\nstrategy = \"rest_for_one\"\nmax_restarts = 2\n\
+             [[supervisor.child]]\nkind = \"k\"\nname = \"a\"\ncheckpoint = \"s3://b/c\"\n\
+             [supervisor.child.args]\nevery = 3\n\
+             [[supervisor.child]]\nkind = \"k\"\nname = \"b\"\nrestart = \"transient\"\nnodes = [\"w1\"]\n",
+        )
+        .unwrap();
+        assert_eq!(trees.len(), 1);
+        let t = &trees[0];
+        assert_eq!(t.spec.strategy, flotilla::supervisor::Strategy::RestForOne);
+        assert_eq!(t.spec.intensity.max_restarts, 2);
+        assert_eq!(t.spec.intensity.within, Duration::from_secs(60));
+        assert_eq!(
+            t.children[0].args,
+            serde_json::json!({"every": 3, "checkpoint": "s3://b/c"})
+        );
+        assert_eq!(
+            t.children[0].spec.restart,
+            flotilla::supervisor::RestartType::Permanent
+        );
+        assert!(t.children[0].nodes.is_empty(), "this node by default");
+        assert_eq!(
+            t.children[1].spec.restart,
+            flotilla::supervisor::RestartType::Transient
+        );
+        assert_eq!(t.children[1].nodes, ["w1"]);
+    }
+
+    #[test]
+    fn malformed_trees_are_refused_with_what_is_wrong() {
+        for (text, says) in [
+            (
+                "[[supervisor]]\nname = \"t\"\nstrategy = \"all_for_one\"\n[[supervisor.child]]\nkind = \"k\"\nname = \"a\"\n",
+                "unknown strategy",
+            ),
+            (
+                "[[supervisor]]\nname = \"t\"\n[[supervisor.child]]\nkind = \"k\"\nname = \"a\"\nrestart = \"sometimes\"\n",
+                "unknown restart type",
+            ),
+            (
+                "[[supervisor]]\nname = \"t\"\n[[supervisor.child]]\nkind = \"k\"\nname = \"a\"\n[[supervisor.child]]\nkind = \"k\"\nname = \"a\"\n",
+                "named twice",
+            ),
+            ("[[supervisor]]\nname = \"t\"\n", "no [[supervisor.child]]"),
+            (
+                "[[supervisor]]\nname = \"t\"\n[[supervisor.child]]\nkind = \"k\"\nname = \"a\"\n[[supervisor]]\nname = \"t\"\n[[supervisor.child]]\nkind = \"k\"\nname = \"b\"\n",
+                "declared twice",
+            ),
+        ] {
+            let e = tree(text).unwrap_err().to_string();
+            assert!(e.starts_with("NODE-CONFIG-007") && e.contains(says), "{e}");
+        }
+        let e = tree("[[supervisor]]\nname = \"t\"\nbogus = 1\n").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
     }
 
     #[test]

@@ -87,12 +87,18 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match flotilla::query_status(args.head, identity).await {
+            match flotilla::query_status(args.head, identity.clone()).await {
                 Ok(table) => {
+                    let supervisors = if args.no_supervisors {
+                        flotilla::table::Supervisors::new()
+                    } else {
+                        supervisors_of(&table, &identity).await
+                    };
                     if args.json {
-                        println!("{}", table.to_json());
+                        println!("{}", table.to_json_with(&supervisors));
                     } else {
                         print!("{}", table.to_text());
+                        print!("{}", flotilla::Table::supervisors_text(&supervisors));
                     }
                     ExitCode::SUCCESS
                 }
@@ -126,6 +132,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         tracing::info!(%addr, "serving metrics on /metrics");
     }
     let builder = extra(Node::builder(settings.config));
+    let settings_trees = settings.trees;
     let node = match flotilla_embed::actor::register(builder, settings.model)
         .start()
         .await
@@ -149,16 +156,63 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(code);
         }
     };
+    let node = std::sync::Arc::new(node);
+    let mut trees = match crate::trees::start(&node, settings_trees).await {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{e}");
+            if let Ok(node) = std::sync::Arc::try_unwrap(node) {
+                node.shutdown().await;
+            }
+            return ExitCode::from(2);
+        }
+    };
     crate::systemd::ready();
     let watchdog = crate::systemd::watchdog_interval()
         .map(|interval| tokio::spawn(crate::systemd::feed_watchdog(interval, node.pulse())));
-    wait_for_stop().await;
+    let code = tokio::select! {
+        () = wait_for_stop() => 0,
+        (tree, e) = trees.escalated() => {
+            eprintln!("NODE-TREE-001: supervisor {tree:?} gave up: {e}");
+            5
+        }
+    };
     crate::systemd::stopping();
     if let Some(w) = watchdog {
         w.abort();
     }
-    node.shutdown().await;
-    ExitCode::SUCCESS
+    trees.stop().await;
+    match std::sync::Arc::try_unwrap(node) {
+        Ok(node) => node.shutdown().await,
+        Err(_) => tracing::warn!("node still in use; not leaving cleanly"),
+    }
+    ExitCode::from(code)
+}
+
+/// Asks every up member of `table` for its supervisors, all at once.
+async fn supervisors_of(
+    table: &flotilla::Table,
+    identity: &flotilla_transport::Identity,
+) -> flotilla::table::Supervisors {
+    let asks = table.up().map(|m| {
+        let (name, addr, identity) = (m.name.clone(), m.addr.clone(), identity.clone());
+        async move {
+            const WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+            let answer = match addr.parse() {
+                Ok(addr) => {
+                    match tokio::time::timeout(WITHIN, flotilla::query_supervisors(addr, identity))
+                        .await
+                    {
+                        Ok(answer) => answer.map_err(|e| e.to_string()),
+                        Err(_) => Err(format!("no answer within {WITHIN:?}")),
+                    }
+                }
+                Err(_) => Err(format!("address {addr:?} is not a socket address")),
+            };
+            (name, answer)
+        }
+    });
+    futures::future::join_all(asks).await.into_iter().collect()
 }
 
 /// Waits for SIGTERM or Ctrl-C.

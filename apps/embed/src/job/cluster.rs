@@ -130,16 +130,16 @@ fn remote_children(config: &JobConfig, node: &Arc<Node>, workers: &Workers) -> V
                     .filter(|m| m.state == flotilla::MemberState::Up)
                     .map(|m| m.name.clone())
             };
-            let start = RemoteChild::<EmbedMsg, _>::new(
+            let start = RemoteChild::new::<EmbedMsg, _>(
                 Arc::clone(node),
                 KIND,
                 name.clone(),
-                args.clone(),
+                &args,
                 place,
                 SPAWN_TIMEOUT,
             )
             .on_node_lost(Exit::Shutdown)
-            .adopt(on.clone(), actor.clone());
+            .adopt(on.clone(), actor.get_cell());
             let spec = ChildSpec {
                 id: name,
                 restart: RestartType::Transient,

@@ -79,6 +79,7 @@ pub(crate) async fn supervise(
         events: Some(tx),
         members,
         seed,
+        report: None,
     };
     let (supervisor, _) = Actor::spawn(None, Supervisor, args)
         .await
