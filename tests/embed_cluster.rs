@@ -329,6 +329,24 @@ fn a_job_completes_through_a_head_killed_and_restarted() {
     );
 }
 
+/// Worker processes `names` joining `head`, with `env` set.
+fn workers_with(s: &Scratch, head: &Proc, names: &[&str], env: &[(&str, &str)]) -> Vec<Proc> {
+    names
+        .iter()
+        .map(|w| {
+            s.spawn_env(
+                "join",
+                w,
+                free_addr(),
+                Some(head.addr),
+                &s.certs(),
+                &[],
+                env,
+            )
+        })
+        .collect()
+}
+
 /// Clause "supervision: a panicking embedding actor" on a cluster: three
 /// workers whose model threads panic on their second batch and then on 3 %
 /// of them (failpoint `embedder::encode`, set in each worker's
@@ -345,21 +363,10 @@ fn a_cluster_job_with_panicking_actors_completes_exactly_once() {
         "embedder::encode=1*off->1*panic->3%panic",
     )];
     let names = ["p1", "p2", "p3"];
-    let _workers: Vec<Proc> = names
-        .iter()
-        .map(|w| {
-            s.issue(w);
-            s.spawn_env(
-                "join",
-                w,
-                free_addr(),
-                Some(head.addr),
-                &s.certs(),
-                &[],
-                &points,
-            )
-        })
-        .collect();
+    for w in names {
+        s.issue(w);
+    }
+    let _workers = workers_with(&s, &head, &names, &points);
     eventually(Duration::from_secs(20), || {
         s.status(head.addr)
             .filter(|st| all_up(st, &["head", "p1", "p2", "p3"]))
@@ -397,22 +404,7 @@ fn a_cluster_job_past_an_actors_restart_limit_stops_and_a_rerun_resumes() {
     s.issue("head");
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
     let names = ["q1", "q2", "q3"];
-    let start = |env: &[(&str, &str)]| -> Vec<Proc> {
-        names
-            .iter()
-            .map(|w| {
-                s.spawn_env(
-                    "join",
-                    w,
-                    free_addr(),
-                    Some(head.addr),
-                    &s.certs(),
-                    &[],
-                    env,
-                )
-            })
-            .collect()
-    };
+    let start = |env: &[(&str, &str)]| workers_with(&s, &head, &names, env);
     for w in names {
         s.issue(w);
     }

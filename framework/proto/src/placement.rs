@@ -400,12 +400,7 @@ fn exact(bundles: &[Resources], left: &[Resources], spread: bool) -> Option<Opti
             true
         }
     }
-    let mut order: Vec<usize> = (0..bundles.len()).collect();
-    order.sort_by(|a, b| {
-        weight(&bundles[*b])
-            .total_cmp(&weight(&bundles[*a]))
-            .then(a.cmp(b))
-    });
+    let order = largest_first(bundles);
     let mut s = Search {
         bundles,
         order,
@@ -422,15 +417,21 @@ fn exact(bundles: &[Resources], left: &[Resources], spread: bool) -> Option<Opti
     Some(s.best.map(|(_, a)| a))
 }
 
-/// First fit by decreasing size, on the nodes already used first.
-fn greedy_pack(bundles: &[Resources], left: &[Resources]) -> Option<Vec<usize>> {
-    let mut left = left.to_vec();
+/// Bundle indices, the largest first (ties in bundle order).
+fn largest_first(bundles: &[Resources]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..bundles.len()).collect();
     order.sort_by(|a, b| {
         weight(&bundles[*b])
             .total_cmp(&weight(&bundles[*a]))
             .then(a.cmp(b))
     });
+    order
+}
+
+/// First fit by decreasing size, on the nodes already used first.
+fn greedy_pack(bundles: &[Resources], left: &[Resources]) -> Option<Vec<usize>> {
+    let mut left = left.to_vec();
+    let order = largest_first(bundles);
     let mut used: Vec<bool> = vec![false; left.len()];
     let mut out = vec![0; bundles.len()];
     for b in order {
@@ -449,12 +450,7 @@ fn greedy_pack(bundles: &[Resources], left: &[Resources]) -> Option<Vec<usize>> 
 /// bundles so far (then the most available).
 fn greedy_spread(bundles: &[Resources], left: &[Resources]) -> Option<Vec<usize>> {
     let mut left = left.to_vec();
-    let mut order: Vec<usize> = (0..bundles.len()).collect();
-    order.sort_by(|a, b| {
-        weight(&bundles[*b])
-            .total_cmp(&weight(&bundles[*a]))
-            .then(a.cmp(b))
-    });
+    let order = largest_first(bundles);
     let mut count = vec![0usize; left.len()];
     let mut out = vec![0; bundles.len()];
     for b in order {
