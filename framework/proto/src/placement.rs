@@ -319,6 +319,13 @@ fn strict_spread(bundles: &[Resources], left: &[Resources]) -> Option<Vec<usize>
         false
     }
     for b in 0..bundles.len() {
+        // A free node that fits first; a path that frees one otherwise.
+        if let Some(n) =
+            (0..left.len()).find(|n| owner[*n].is_none() && fits(&bundles[b], &left[*n]))
+        {
+            owner[n] = Some(b);
+            continue;
+        }
         let mut seen = vec![false; left.len()];
         if !augment(b, bundles, left, &mut seen, &mut owner) {
             return None;
@@ -346,6 +353,8 @@ fn exact(bundles: &[Resources], left: &[Resources], spread: bool) -> Option<Opti
         best: Option<(usize, Vec<usize>)>,
         spread: bool,
         steps: usize,
+        /// A placement with this many distinct nodes cannot be beaten.
+        goal: usize,
     }
     impl Search<'_> {
         fn distinct(&self) -> usize {
@@ -353,6 +362,9 @@ fn exact(bundles: &[Resources], left: &[Resources], spread: bool) -> Option<Opti
         }
         /// False once out of budget.
         fn go(&mut self, k: usize) -> bool {
+            if self.best.as_ref().is_some_and(|(b, _)| *b == self.goal) {
+                return true;
+            }
             let used = self.distinct();
             if let Some((best, _)) = &self.best {
                 let remaining = self.order.len() - k;
@@ -401,6 +413,11 @@ fn exact(bundles: &[Resources], left: &[Resources], spread: bool) -> Option<Opti
         }
     }
     let order = largest_first(bundles);
+    let goal = if spread {
+        bundles.len().min(left.len())
+    } else {
+        fewest_nodes_possible(bundles, left)
+    };
     let mut s = Search {
         bundles,
         order,
@@ -410,11 +427,37 @@ fn exact(bundles: &[Resources], left: &[Resources], spread: bool) -> Option<Opti
         best: None,
         spread,
         steps: 0,
+        goal,
     };
     if !s.go(0) {
         return None;
     }
     Some(s.best.map(|(_, a)| a))
+}
+
+/// A lower bound on the nodes any placement needs: for each resource, the
+/// fewest nodes whose largest amounts add up to the bundles' total.
+fn fewest_nodes_possible(bundles: &[Resources], left: &[Resources]) -> usize {
+    let need = total(bundles);
+    let mut bound = 1;
+    for (r, n) in &need {
+        let mut have: Vec<f64> = left
+            .iter()
+            .map(|l| l.get(r).copied().unwrap_or(0.0))
+            .collect();
+        have.sort_by(|a, b| b.total_cmp(a));
+        let mut sum = 0.0;
+        let mut k = 0;
+        for h in have {
+            if sum + EPS >= *n {
+                break;
+            }
+            sum += h;
+            k += 1;
+        }
+        bound = bound.max(k);
+    }
+    bound
 }
 
 /// Bundle indices, the largest first (ties in bundle order).

@@ -270,15 +270,6 @@ impl ChildStart for RemoteChild {
             let cell = match first {
                 Some((_, cell)) => cell,
                 None => {
-                    // The proxy of an earlier run whose node was lost with
-                    // its session still holds the name here: let it go.
-                    if let Some(stale) = ractor::registry::where_is(name.clone())
-                        && !stale.get_id().is_local()
-                    {
-                        let _ = stale
-                            .stop_and_wait(None, Some(Duration::from_secs(1)))
-                            .await;
-                    }
                     node.spawn_on_raw(&target, &kind, &name, args, &message_type, timeout)
                         .await?
                 }
