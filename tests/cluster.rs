@@ -1052,3 +1052,75 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
         "restarted {took:?} after w1 went silent"
     );
 }
+
+/// Clause "membership: resources": a node offers what it declares
+/// (`--resource`, replacing detection, fractions for custom names), a head
+/// offers nothing unless it declares something, `node status` shows both,
+/// and a declaration that cannot hold stops the node with a configuration
+/// error.
+#[test]
+fn declared_resources_are_what_a_node_offers() {
+    let s = Scratch::new("resources", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    s.issue("w1");
+    let declared = [
+        "--resource",
+        "cpu=2",
+        "--resource",
+        "ssd=1.5",
+        "--resource",
+        "memory_mb=512",
+    ];
+    let _w1 = s.spawn_with(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &declared,
+    );
+    let (st, _) = eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+    let node = |name: &str| {
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .unwrap()["resources"]
+            .clone()
+    };
+    let w1 = node("w1");
+    assert_eq!(w1["cpus"], 2, "{w1}");
+    assert_eq!(w1["memory_bytes"], 512u64 << 20, "{w1}");
+    assert_eq!(w1["custom"]["ssd"], 1.5, "{w1}");
+    let h = node("head");
+    assert_eq!(
+        (h["cpus"].as_u64(), h["gpus"].as_u64()),
+        (Some(0), Some(0)),
+        "{h}"
+    );
+    s.issue("bad");
+    let out = Command::new(NODE)
+        .args([
+            "join",
+            "--name",
+            "bad",
+            "--listen",
+            &free_addr().to_string(),
+        ])
+        .args([
+            "--head",
+            &head.addr.to_string(),
+            "--certs",
+            s.certs().to_str().unwrap(),
+        ])
+        .args(["--resource", "gpu=0.5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gpu is a whole number"), "{err}");
+}

@@ -78,6 +78,9 @@ pub enum StartError {
     /// The bulk lane could not start.
     #[error(transparent)]
     Lane(#[from] crate::bulk::LaneError),
+    /// A declared resource cannot hold.
+    #[error("NODE-CONFIG-008: {0}")]
+    Resource(#[from] flotilla_proto::resources::BadResource),
     /// The ractor node server or the spawner could not start.
     #[error("NODE-START-001: cannot start the actor system: {0}")]
     ActorSystem(#[source] ractor::SpawnErr),
@@ -198,6 +201,9 @@ impl NodeBuilder {
             }
         });
         resources.labels.extend(config.labels.clone());
+        for (name, amount) in &config.declared {
+            resources.declare(name, *amount)?;
+        }
         let state_dir = config.state_dir.as_ref().unwrap_or(&config.certs);
         let identity = match Identity::new(
             config.name.clone(),

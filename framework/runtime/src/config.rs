@@ -36,6 +36,9 @@ pub struct NodeConfig {
     pub resources: Option<Resources>,
     /// Custom labels added to the resources.
     pub labels: BTreeMap<String, String>,
+    /// Resources declared in configuration (`cpu`, `gpu`, `memory_mb` or
+    /// custom names), replacing what is detected.
+    pub declared: BTreeMap<String, f64>,
     /// Largest cluster frame accepted from a peer, in bytes.
     pub max_frame_bytes: u64,
     /// How long joining may take before the node gives up.
@@ -60,6 +63,7 @@ impl NodeConfig {
             state_dir: None,
             detector: DetectorConfig::default(),
             resources: None,
+            declared: BTreeMap::new(),
             labels: BTreeMap::new(),
             max_frame_bytes: 64 << 20,
             join_timeout: Duration::from_secs(10),
@@ -108,5 +112,6 @@ pub fn detect_resources() -> Resources {
         memory_bytes,
         gpus,
         labels: BTreeMap::new(),
+        custom: BTreeMap::new(),
     }
 }

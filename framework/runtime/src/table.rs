@@ -113,6 +113,7 @@ impl Table {
             memory_bytes: u64,
             gpus: u32,
             labels: &'a std::collections::BTreeMap<String, String>,
+            custom: &'a std::collections::BTreeMap<String, f64>,
         }
         #[derive(Serialize)]
         struct Node<'a> {
@@ -155,6 +156,7 @@ impl Table {
                             memory_bytes: m.resources.memory_bytes,
                             gpus: m.resources.gpus,
                             labels: &m.resources.labels,
+                            custom: &m.resources.custom,
                         },
                         actors: m.actors,
                     }
@@ -199,12 +201,12 @@ impl Table {
     /// A human-readable table for `node status`.
     pub fn to_text(&self) -> String {
         let mut out = format!(
-            "{:<16} {:<22} {:<5} {:>5} {:>9} {:>4} {:>6}  {}\n",
-            "NAME", "ADDR", "STATE", "CPUS", "MEM GiB", "GPUS", "ACTORS", "INCARNATION"
+            "{:<16} {:<22} {:<5} {:>5} {:>9} {:>4} {:>6}  {:<18} {}\n",
+            "NAME", "ADDR", "STATE", "CPUS", "MEM GiB", "GPUS", "ACTORS", "INCARNATION", "OTHER"
         );
         for m in &self.members {
             out.push_str(&format!(
-                "{:<16} {:<22} {:<5} {:>5} {:>9.1} {:>4} {:>6}  {}\n",
+                "{:<16} {:<22} {:<5} {:>5} {:>9.1} {:>4} {:>6}  {:<18} {}\n",
                 m.name,
                 m.addr,
                 m.state.as_str(),
@@ -212,7 +214,13 @@ impl Table {
                 m.resources.memory_bytes as f64 / (1u64 << 30) as f64,
                 m.resources.gpus,
                 m.actors,
-                m.incarnation
+                m.incarnation,
+                m.resources
+                    .custom
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
             ));
         }
         out

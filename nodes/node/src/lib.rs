@@ -239,6 +239,12 @@ pub struct NodeArgs {
     /// Custom resource label, `KEY=VALUE`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// A resource this node offers, `NAME=AMOUNT`, replacing what is
+    /// detected: `cpu` and `gpu` (whole numbers), `memory_mb`, or any
+    /// custom name (fractions allowed); repeatable. A head offers none
+    /// unless it declares some.
+    #[arg(long = "resource", value_parser = parse_resource)]
+    pub resources: Vec<(String, f64)>,
     /// This node's embedding model folder: its embedding actors load it
     /// whatever folder a job names (default: the job's `--model` path as
     /// seen on this node).
@@ -268,6 +274,21 @@ pub struct StatusArgs {
     pub no_supervisors: bool,
 }
 
+fn parse_resource(s: &str) -> Result<(String, f64), String> {
+    let (name, amount) = s
+        .split_once('=')
+        .ok_or_else(|| format!("resource {s:?} is not NAME=AMOUNT"))?;
+    let amount: f64 = amount
+        .trim()
+        .parse()
+        .map_err(|_| format!("resource {s:?}: {amount:?} is not a number"))?;
+    let mut check = flotilla::Resources::default();
+    check
+        .declare(name.trim(), amount)
+        .map_err(|e| e.to_string())?;
+    Ok((name.trim().to_owned(), amount))
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -293,6 +314,9 @@ pub struct FileConfig {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     model: Option<PathBuf>,
+    /// Resources offered, by name (flags win, name by name).
+    #[serde(default)]
+    resources: BTreeMap<String, f64>,
     /// Supervision trees this node starts once joined.
     #[serde(default)]
     supervisor: Vec<TreeFile>,
@@ -542,6 +566,14 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
     }
     config.labels = file.labels;
     config.labels.extend(args.labels);
+    config.declared = file.resources;
+    config.declared.extend(args.resources);
+    let mut check = flotilla::Resources::default();
+    for (name, amount) in &config.declared {
+        check
+            .declare(name, *amount)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    }
     let mut trees: Vec<Tree> = Vec::new();
     for t in file.supervisor {
         let tree = t.tree()?;
@@ -665,6 +697,39 @@ mod tests {
         }
         let e = tree("[[supervisor]]\nname = \"t\"\nbogus = 1\n").unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn resources_come_from_the_file_and_flags_win_name_by_name() {
+        let path = std::env::temp_dir().join(format!("flotilla-res-{}.toml", std::process::id()));
+        std::fs::write(&path, "[resources]\ncpu = 4\nssd = 1.5\n").unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        a.resources = vec![
+            parse_resource("cpu=2").unwrap(),
+            parse_resource("tpu=0.5").unwrap(),
+        ];
+        let c = node_config(a, true).unwrap().config;
+        let want: BTreeMap<String, f64> = [
+            ("cpu".into(), 2.0),
+            ("ssd".into(), 1.5),
+            ("tpu".into(), 0.5),
+        ]
+        .into();
+        assert_eq!(c.declared, want);
+        std::fs::write(&path, "[resources]\ngpu = 0.5\n").unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        let e = node_config(a, true).unwrap_err().to_string();
+        assert!(e.contains("gpu is a whole number"), "{e}");
+        assert!(parse_resource("cpu").unwrap_err().contains("NAME=AMOUNT"));
+        assert!(
+            parse_resource("cpu=lots")
+                .unwrap_err()
+                .contains("not a number")
+        );
+        assert!(parse_resource("ssd=-1").is_err());
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

@@ -148,6 +148,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
                     | flotilla::StartError::Tls(_)
                     | flotilla::StartError::NoCookie(_)
                     | flotilla::StartError::State(_)
+                    | flotilla::StartError::Resource(_)
             ) {
                 2
             } else {

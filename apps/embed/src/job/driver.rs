@@ -235,6 +235,22 @@ fn drop_lost_workers(
     }
 }
 
+/// An escalation the job's supervisor sent or is about to send (it follows
+/// the exit that caused it within the same moment), if any.
+async fn escalation(
+    events: Option<&mut tokio::sync::MutexGuard<'_, mpsc::UnboundedReceiver<SupervisorEvent>>>,
+) -> Option<flotilla::supervisor::Escalation> {
+    let events = events?;
+    let within = tokio::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        match tokio::time::timeout_at(within, events.recv()).await {
+            Ok(Some(SupervisorEvent::Escalated(e))) => return Some(e),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return None,
+        }
+    }
+}
+
 /// Applies what the job's supervisor reports to the pipeline: an actor
 /// that exited leaves it (its batches go to the others at once), a
 /// restarted one joins it, an escalation ends the job.
@@ -520,7 +536,18 @@ pub(crate) async fn drive(
                 continue;
             }
         };
-        match event.map_err(JobError::NoWorkers)? {
+        let event = match event {
+            Ok(event) => event,
+            // The last actor's exit reaches the pipeline before the
+            // supervisor's escalation that caused it: say which it was.
+            Err(e) => {
+                return Err(match escalation(events.as_mut()).await {
+                    Some(esc) => JobError::RestartLimit(esc),
+                    None => JobError::NoWorkers(e),
+                });
+            }
+        };
+        match event {
             None => {}
             Some(Event::Done {
                 id,
