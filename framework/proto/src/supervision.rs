@@ -323,6 +323,8 @@ pub struct Supervision {
     /// Children to stop, one at a time, in this order.
     stop_queue: VecDeque<usize>,
     after: After,
+    /// Decided when the intensity was passed.
+    escalation: Option<Escalation>,
     started: bool,
     finished: bool,
     actions: VecDeque<Action>,
@@ -355,6 +357,7 @@ impl Supervision {
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
             stop_queue: VecDeque::new(),
             after: After::Nothing,
+            escalation: None,
             started: false,
             finished: false,
             actions: VecDeque::new(),
@@ -484,6 +487,18 @@ impl Supervision {
         self.finished
     }
 
+    /// The escalation, from the moment the policy decides to give up (its
+    /// children may still be stopping; [`Action::Escalate`] follows once
+    /// they are).
+    pub fn escalation(&self) -> Option<&Escalation> {
+        self.escalation.as_ref()
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.spec.strategy
+    }
+
     /// The children's ids, in start order.
     pub fn children(&self) -> impl Iterator<Item = &str> {
         self.children.iter().map(|c| c.spec.id.as_str())
@@ -529,11 +544,13 @@ impl Supervision {
             }
             self.stop_queue.clear();
             self.queue_stops((0..self.children.len()).collect());
-            self.after = After::Escalate(Escalation {
+            let escalation = Escalation {
                 child: self.children[i].spec.id.clone(),
                 max_restarts: self.spec.intensity.max_restarts,
                 within,
-            });
+            };
+            self.escalation = Some(escalation.clone());
+            self.after = After::Escalate(escalation);
             self.advance(now);
             return;
         }
@@ -977,6 +994,19 @@ mod tests {
         assert!(units.iter().all(|u| (0.0..1.0).contains(u)));
         let mean = units.iter().sum::<f64>() / 1000.0;
         assert!((0.4..0.6).contains(&mean), "{mean}");
+    }
+
+    #[test]
+    fn the_escalation_is_known_as_soon_as_it_is_decided() {
+        let mut sim = Sim::new(
+            Strategy::OneForOne,
+            0,
+            &[("a", Permanent), ("b", Permanent)],
+        );
+        sim.hangs.insert("b".into());
+        assert_eq!(sim.exit("a", Failure), [stop("b")]);
+        assert!(!sim.s.is_finished(), "b is still stopping");
+        assert_eq!(sim.s.escalation().map(|e| e.child.as_str()), Some("a"));
     }
 
     #[test]

@@ -348,19 +348,6 @@ pub enum SupervisorEvent {
     Escalated(Escalation),
 }
 
-/// A child as [`SupervisorMsg::Status`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChildStatus {
-    /// Its id.
-    pub id: String,
-    /// Whether it runs.
-    pub running: bool,
-    /// Its restarts so far.
-    pub restarts: u32,
-    /// The node it runs on, for a remote child that runs.
-    pub node: Option<String>,
-}
-
 /// Messages of a [`Supervisor`] (local only).
 pub enum SupervisorMsg {
     /// Time to look at the policy's timers.
@@ -368,7 +355,7 @@ pub enum SupervisorMsg {
     /// The member table changed.
     Members(Table),
     /// Its children and their restarts.
-    Status(RpcReplyPort<Vec<ChildStatus>>),
+    Status(RpcReplyPort<Vec<ChildReport>>),
     /// Stop every child (the last first), then the supervisor; answered
     /// once done.
     Shutdown(RpcReplyPort<()>),
@@ -410,15 +397,16 @@ pub struct SupervisorState {
     shutdown: Vec<RpcReplyPort<()>>,
     relay: Option<tokio::task::JoinHandle<()>>,
     report: Option<(String, Board)>,
-    strategy: Strategy,
+    /// Whether the owner was told of the escalation.
+    told_escalation: bool,
 }
 
 impl SupervisorState {
     /// Its children as `node status` shows them.
-    fn status(&self) -> Vec<ChildStatus> {
+    fn status(&self) -> Vec<ChildReport> {
         self.policy
             .children()
-            .map(|id| ChildStatus {
+            .map(|id| ChildReport {
                 id: id.to_owned(),
                 running: self.policy.is_running(id),
                 restarts: self.policy.restarts_of(id).unwrap_or(0),
@@ -437,18 +425,9 @@ impl SupervisorState {
         };
         board.post(SupervisorReport {
             name: name.clone(),
-            strategy: self.strategy.as_str().to_owned(),
+            strategy: self.policy.strategy().as_str().to_owned(),
             gave_up,
-            children: self
-                .status()
-                .into_iter()
-                .map(|c| ChildReport {
-                    id: c.id,
-                    running: c.running,
-                    restarts: c.restarts,
-                    node: c.node,
-                })
-                .collect(),
+            children: self.status(),
         });
     }
 
@@ -520,14 +499,15 @@ impl SupervisorState {
                         tracing::warn!(child = %id, "child ignored its stop; killing it");
                         if !self.starts[&id].kill(&r) {
                             self.forget(&r.cell.get_id());
-                            self.policy.handle_exit(now(), &id, Exit::Shutdown);
+                            myself.get_cell().unmonitor(r.cell.clone());
+                            self.exited(id, Exit::Shutdown);
                         }
                     }
                 }
                 Some(Action::Escalate(e)) => {
                     tracing::error!(error = %e, "supervisor gives up");
                     self.post(true);
-                    self.emit(SupervisorEvent::Escalated(e.clone()));
+                    self.tell_escalation();
                     return Err(Box::new(e));
                 }
                 Some(Action::Stopped) => {
@@ -565,9 +545,23 @@ impl SupervisorState {
         Some((id, running))
     }
 
+    /// Tells the owner the supervisor gives up, once: as soon as the
+    /// policy decides, before the exits of the children it stops, so an
+    /// owner never mistakes them for an ordinary loss.
+    fn tell_escalation(&mut self) {
+        if self.told_escalation {
+            return;
+        }
+        if let Some(e) = self.policy.escalation() {
+            self.told_escalation = true;
+            self.emit(SupervisorEvent::Escalated(e.clone()));
+        }
+    }
+
     fn exited(&mut self, id: String, exit: Exit) {
         tracing::info!(child = %id, ?exit, "child exited");
         self.policy.handle_exit(now(), &id, exit);
+        self.tell_escalation();
         let restarting = self.policy.is_restarting(&id);
         self.emit(SupervisorEvent::Exited {
             child: id,
@@ -606,7 +600,7 @@ impl Actor for Supervisor {
         });
         Ok(SupervisorState {
             report: args.report,
-            strategy: args.spec.strategy,
+            told_escalation: false,
             policy: Supervision::new(args.spec, specs, args.seed),
             starts,
             running: HashMap::new(),
@@ -653,18 +647,21 @@ impl Actor for Supervisor {
                 state.policy.handle_timeout(now());
             }
             SupervisorMsg::Members(table) => {
-                let lost: Vec<(ActorId, String)> = state
-                    .running
-                    .iter()
-                    .filter_map(|(id, r)| {
-                        let (on, incarnation) = r.node.as_ref()?;
-                        let up = table.get(on).is_some_and(|m| {
-                            m.state == MemberState::Up && m.incarnation <= *incarnation
-                        });
-                        let gone = table.get(on).is_some() && !up;
-                        gone.then(|| (r.cell.get_id(), id.clone()))
-                    })
-                    .collect();
+                let mut lost: Vec<(ActorId, String)> = Vec::new();
+                for (id, r) in &mut state.running {
+                    let Some((on, incarnation)) = r.node.as_mut() else {
+                        continue;
+                    };
+                    // Absent (a restarted head's table filling): not lost.
+                    let Some(m) = table.get(on) else { continue };
+                    if *incarnation == 0 && m.state == MemberState::Up {
+                        // Not in the table when the child started.
+                        *incarnation = m.incarnation;
+                    }
+                    if m.state != MemberState::Up || m.incarnation > *incarnation {
+                        lost.push((r.cell.get_id(), id.clone()));
+                    }
+                }
                 for (cell, id) in lost {
                     let exit = state.starts[&id].on_node_lost();
                     if let Some((_, r)) = state.forget(&cell) {
@@ -876,7 +873,7 @@ mod tests {
         let status = flotilla_call(&sup).await;
         assert_eq!(
             status,
-            [ChildStatus {
+            [ChildReport {
                 id: "a".into(),
                 running: true,
                 restarts: 1,
@@ -885,7 +882,7 @@ mod tests {
         );
     }
 
-    async fn flotilla_call(sup: &ActorRef<SupervisorMsg>) -> Vec<ChildStatus> {
+    async fn flotilla_call(sup: &ActorRef<SupervisorMsg>) -> Vec<ChildReport> {
         crate::call::call(sup, SupervisorMsg::Status, Duration::from_secs(1))
             .await
             .unwrap()

@@ -83,7 +83,7 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
         )
         .await
         {
-            Ok(s) => {
+            Ok((s, events)) => {
                 workers.supervision = Some(s);
                 let result = drive(
                     &config,
@@ -91,6 +91,7 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
                     &workers,
                     node.outbound(),
                     Some(node.watch_members()),
+                    Some(events),
                 )
                 .await;
                 if let Some(s) = &workers.supervision {

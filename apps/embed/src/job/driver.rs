@@ -44,15 +44,16 @@ pub(crate) struct Workers {
     pub(crate) supervision: Option<Supervision>,
 }
 
-/// The job's supervisor and the events it sends.
+/// The job's supervisor.
 pub(crate) struct Supervision {
     /// The supervisor.
     pub(crate) supervisor: ActorRef<SupervisorMsg>,
     /// Child ids, in the order of [`Workers::actors`].
     pub(crate) ids: Vec<String>,
-    /// Starts, exits and escalation.
-    pub(crate) events: tokio::sync::Mutex<mpsc::UnboundedReceiver<SupervisorEvent>>,
 }
+
+/// What the job's supervisor reports: starts, exits and escalation.
+pub(crate) type SupervisorEvents = mpsc::UnboundedReceiver<SupervisorEvent>;
 
 /// Starts the job's supervisor over `children` (the running actors
 /// adopted as their first start): one for one, the job's restart limit
@@ -62,7 +63,7 @@ pub(crate) async fn supervise(
     config: &JobConfig,
     children: Vec<Child>,
     members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
-) -> Result<Supervision, super::ActorError> {
+) -> Result<(Supervision, SupervisorEvents), super::ActorError> {
     let ids = children.iter().map(|c| c.spec.id.clone()).collect();
     let (tx, rx) = mpsc::unbounded_channel();
     let seed = std::time::SystemTime::now()
@@ -84,11 +85,7 @@ pub(crate) async fn supervise(
     let (supervisor, _) = Actor::spawn(None, Supervisor, args)
         .await
         .map_err(super::ActorError::Spawn)?;
-    Ok(Supervision {
-        supervisor,
-        ids,
-        events: tokio::sync::Mutex::new(rx),
-    })
+    Ok((Supervision { supervisor, ids }, rx))
 }
 
 impl Workers {
@@ -235,22 +232,6 @@ fn drop_lost_workers(
     }
 }
 
-/// An escalation the job's supervisor sent or is about to send (it follows
-/// the exit that caused it within the same moment), if any.
-async fn escalation(
-    events: Option<&mut tokio::sync::MutexGuard<'_, mpsc::UnboundedReceiver<SupervisorEvent>>>,
-) -> Option<flotilla::supervisor::Escalation> {
-    let events = events?;
-    let within = tokio::time::Instant::now() + Duration::from_secs(1);
-    loop {
-        match tokio::time::timeout_at(within, events.recv()).await {
-            Ok(Some(SupervisorEvent::Escalated(e))) => return Some(e),
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => return None,
-        }
-    }
-}
-
 /// Applies what the job's supervisor reports to the pipeline: an actor
 /// that exited leaves it (its batches go to the others at once), a
 /// restarted one joins it, an escalation ends the job.
@@ -369,6 +350,7 @@ pub(crate) async fn drive(
     workers: &Workers,
     outbound: flotilla::Outbound,
     mut members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
+    mut events: Option<SupervisorEvents>,
 ) -> Result<Summary, JobError> {
     // Every actor has its model: what follows is the job itself.
     let ready_after = started.elapsed();
@@ -454,10 +436,6 @@ pub(crate) async fn drive(
     }
     // Actors that exited and are being restarted.
     let mut restarting: BTreeSet<String> = BTreeSet::new();
-    let mut events = match &workers.supervision {
-        Some(s) => Some(s.events.lock().await),
-        None => None,
-    };
 
     let mut summary = Summary {
         job_id,
@@ -536,18 +514,9 @@ pub(crate) async fn drive(
                 continue;
             }
         };
-        let event = match event {
-            Ok(event) => event,
-            // The last actor's exit reaches the pipeline before the
-            // supervisor's escalation that caused it: say which it was.
-            Err(e) => {
-                return Err(match escalation(events.as_mut()).await {
-                    Some(esc) => JobError::RestartLimit(esc),
-                    None => JobError::NoWorkers(e),
-                });
-            }
-        };
-        match event {
+        // A supervisor that gives up says so before the exits it causes, so
+        // an escalation ends the job above before its last worker leaves.
+        match event.map_err(JobError::NoWorkers)? {
             None => {}
             Some(Event::Done {
                 id,

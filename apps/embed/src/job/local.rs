@@ -71,19 +71,23 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
             Child::new(ChildSpec::permanent(format!("local.{i}")), start)
         })
         .collect();
-    match supervise(&config, children, None).await {
-        Ok(s) => workers.supervision = Some(s),
+    let events = match supervise(&config, children, None).await {
+        Ok((s, events)) => {
+            workers.supervision = Some(s);
+            events
+        }
         Err(e) => {
             workers.stop().await;
             return Err(e.into());
         }
-    }
+    };
     let result = drive(
         &config,
         started,
         &workers,
         flotilla::Outbound::local(),
         None,
+        Some(events),
     )
     .await;
     workers.stop().await;
