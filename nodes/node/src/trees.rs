@@ -94,9 +94,14 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
         let (root, _) = Actor::spawn(None, Supervisor, args)
             .await
             .map_err(|e| TreeError::Spawn(tree.name.clone(), e))?;
-        // Answered once its first starts are done.
-        let _ = flotilla::call::call(&root, SupervisorMsg::Status, SPAWN_TIMEOUT).await;
-        tracing::info!(supervisor = %tree.name, "supervision tree started");
+        // Answered once its first starts are done; no answer means it gave
+        // up already, which its escalation (below) reports.
+        match flotilla::call::call(&root, SupervisorMsg::Status, SPAWN_TIMEOUT).await {
+            Ok(_) => tracing::info!(supervisor = %tree.name, "supervision tree started"),
+            Err(e) => {
+                tracing::warn!(supervisor = %tree.name, error = %e, "supervision tree did not answer once started")
+            }
+        }
         let (tx, name) = (tx.clone(), tree.name.clone());
         tokio::spawn(async move {
             while let Some(event) = events.recv().await {
