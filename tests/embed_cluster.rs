@@ -450,3 +450,159 @@ fn a_cluster_job_past_an_actors_restart_limit_stops_and_a_rerun_resumes() {
     }
     assert_exactly_once(&out, &ids);
 }
+
+/// The nodes of a summary's placement line (`placement: group G (s): 0→a 1→b`).
+fn placed_nodes(summary: &str) -> Vec<String> {
+    let line = summary
+        .lines()
+        .find(|l| l.starts_with("placement: "))
+        .unwrap_or_else(|| panic!("no placement line in {summary}"));
+    line.split(": ")
+        .nth(2)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|p| p.split('→').nth(1).unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn distinct(nodes: &[String]) -> usize {
+    nodes
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
+/// What the head has reserved on every node, from `node status --json`.
+fn reserved_total(s: &Scratch, head: &Proc) -> Option<f64> {
+    let st = s.status(head.addr)?;
+    Some(
+        st["nodes"]
+            .as_array()?
+            .iter()
+            .filter_map(|n| n["reserved"].as_object())
+            .flat_map(|r| r.values().filter_map(|v| v.as_f64()))
+            .sum(),
+    )
+}
+
+/// Clause "placement" with the embed job: a head and four workers that
+/// each declare `--resource cpu=2`. PACK puts four one-cpu actors on two
+/// workers, STRICT_SPREAD on four, STRICT_PACK two on one; a STRICT_SPREAD
+/// of five fails within its timeout naming the shortage; a worker killed
+/// with SIGKILL mid-job has its bundle placed on another worker, where its
+/// actor is restarted, and the job completes exactly once; after every job
+/// the head has nothing reserved.
+#[test]
+fn embed_jobs_place_their_actors_by_strategy_and_survive_a_lost_worker() {
+    let s = Scratch::new("embed-placement", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let names = ["p1", "p2", "p3", "p4"];
+    let mut workers: Vec<Proc> = names
+        .iter()
+        .map(|w| {
+            s.issue(w);
+            s.spawn_env(
+                "join",
+                w,
+                free_addr(),
+                Some(head.addr),
+                &s.certs(),
+                &["--resource", "cpu=2"],
+                &[],
+            )
+        })
+        .collect();
+    eventually(Duration::from_secs(60), || {
+        s.status(head.addr)
+            .filter(|st| all_up(st, &names))
+            .map(|_| ())
+    });
+    let (small, small_ids) = corpus(&s.dir, 160);
+    let job = |tag: &str, extra: &[&str]| {
+        let out = s.dir.join(format!("out-{tag}"));
+        let mut args = vec!["--actor-resources", "cpu=1"];
+        args.extend_from_slice(extra);
+        let r = finish(&s, driver(&s, &head, &small, &out, tag, &args), tag);
+        (r, out)
+    };
+
+    let ((ok, summary), out) = job("pack", &["--actors", "4", "--placement", "pack"]);
+    assert!(ok, "{summary}");
+    let nodes = placed_nodes(&summary);
+    assert_eq!((nodes.len(), distinct(&nodes)), (4, 2), "{summary}");
+    assert_exactly_once(&out, &small_ids);
+
+    let ((ok, summary), _) = job(
+        "sspread",
+        &["--actors", "4", "--placement", "strict-spread"],
+    );
+    assert!(ok, "{summary}");
+    assert_eq!(distinct(&placed_nodes(&summary)), 4, "{summary}");
+
+    let ((ok, summary), _) = job("spack", &["--actors", "2", "--placement", "strict-pack"]);
+    assert!(ok, "{summary}");
+    assert_eq!(distinct(&placed_nodes(&summary)), 1, "{summary}");
+
+    let started = std::time::Instant::now();
+    let ((ok, _), _) = job(
+        "too-wide",
+        &[
+            "--actors",
+            "5",
+            "--placement",
+            "strict-spread",
+            "--placement-timeout-s",
+            "2",
+        ],
+    );
+    assert!(!ok, "five strict-spread bundles on four workers");
+    let log = std::fs::read_to_string(s.dir.join("driver-too-wide.log")).unwrap();
+    assert!(
+        log.contains("NODE-PG-002") && log.contains("needs 5 distinct nodes"),
+        "{log}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    // A worker killed mid-job: its bundle moves, its actor restarts there.
+    let (input, ids) = corpus(&s.dir, 4000);
+    let out = s.dir.join("out-killed");
+    let running = driver(
+        &s,
+        &head,
+        &input,
+        &out,
+        "killed",
+        &["--actors", "4", "--actor-resources", "cpu=1"],
+    );
+    eventually(Duration::from_secs(120), || {
+        (parts(&out).len() >= 4).then_some(())
+    });
+    let victim = workers.remove(2);
+    victim.signal("-KILL");
+    let moved = |st: &serde_json::Value| {
+        let g = st["groups"].as_array()?.first()?.clone();
+        let nodes: Vec<&str> = g["bundles"]
+            .as_array()?
+            .iter()
+            .filter_map(|b| b["node"].as_str())
+            .collect();
+        (g["state"] == "ready" && nodes.len() == 4 && !nodes.contains(&"p3")).then_some(())
+    };
+    eventually(Duration::from_secs(60), || {
+        s.status(head.addr).as_ref().and_then(moved)
+    });
+    assert!(
+        parts(&out).len() < ids.len().div_ceil(32),
+        "the job finished before its bundle moved"
+    );
+    let (ok, summary) = finish(&s, running, "killed");
+    assert!(ok, "{summary}");
+    assert!(summary.contains("1 actor restarts"), "{summary}");
+    assert_exactly_once(&out, &ids);
+    drop(victim);
+
+    eventually(Duration::from_secs(20), || {
+        (reserved_total(&s, &head) == Some(0.0)).then_some(())
+    });
+}

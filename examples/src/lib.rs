@@ -55,10 +55,20 @@ pub fn worker_args() -> Option<(String, SocketAddr, PathBuf)> {
 pub async fn serve_if_worker(
     register: impl FnOnce(flotilla::NodeBuilder) -> flotilla::NodeBuilder,
 ) -> anyhow::Result<bool> {
+    serve_if_worker_with(|_| {}, register).await
+}
+
+/// [`serve_if_worker`] with the worker's configuration adjusted by
+/// `configure` first (declared resources, labels).
+pub async fn serve_if_worker_with(
+    configure: impl FnOnce(&mut flotilla::NodeConfig),
+    register: impl FnOnce(flotilla::NodeBuilder) -> flotilla::NodeBuilder,
+) -> anyhow::Result<bool> {
     let Some((name, head, certs)) = worker_args() else {
         return Ok(false);
     };
-    let config = flotilla::NodeConfig::new(&name, free_addr(), certs).join(head);
+    let mut config = flotilla::NodeConfig::new(&name, free_addr(), certs).join(head);
+    configure(&mut config);
     let node = register(flotilla::Node::builder(config)).start().await?;
     tokio::signal::ctrl_c().await?;
     node.shutdown().await;

@@ -11,6 +11,11 @@
 //!
 //! owner or head ── Stop{name} ──► the node hosting `name`
 //!               ◄─ Stop(outcome)
+//!
+//! any node ── Placement(create, wait, remove, …) ──► head
+//!          ◄─ Placement(reply)
+//! head ── Ledger(prepare, commit, release) ──► a member
+//!      ◄─ Ledger(reply)
 //! ```
 
 // rkyv's derive emits undocumented public helper items for enums with
@@ -19,7 +24,9 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::groups::{GroupSpec, GroupView, NodeAccount};
 use crate::hello::Refusal;
+use crate::ledger::{LedgerOp, LedgerReply};
 use crate::membership::{JoinRequest, MemberView};
 
 /// A request on a control stream.
@@ -57,6 +64,67 @@ pub enum ControlRequest {
     /// The receiving node's supervisors and their children; served by any
     /// node.
     Supervisors,
+    /// A placement-group request, served by the head.
+    Placement(PlacementRequest),
+    /// An operation on the receiving node's reservations; only the head
+    /// may send it.
+    Ledger(LedgerOp),
+}
+
+/// A request about placement groups.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum PlacementRequest {
+    /// Create a group owned by the sender (at `incarnation`).
+    Create {
+        /// What to create.
+        spec: GroupSpec,
+        /// The sender's incarnation.
+        incarnation: u64,
+    },
+    /// Remove a group.
+    Remove {
+        /// Its id.
+        id: String,
+    },
+    /// A group as it is now.
+    Get {
+        /// Its id.
+        id: String,
+    },
+    /// A group once it is ready at a revision above `after_revision` (any,
+    /// when `None`), failed, or removed; or as it is at the timeout.
+    Wait {
+        /// Its id.
+        id: String,
+        /// The revision the caller already knows.
+        after_revision: Option<u64>,
+        /// How long to wait, in milliseconds.
+        timeout_ms: u64,
+    },
+    /// Every group, and every node's capacity and reservations.
+    List,
+}
+
+/// The head's answer to a [`PlacementRequest`].
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum PlacementReply {
+    /// The group's id.
+    Created(String),
+    /// The spec cannot be created (why).
+    Invalid(String),
+    /// Whether a group was removed.
+    Removed(bool),
+    /// The group, if it exists.
+    Group(Option<GroupView>),
+    /// Every group and every node's account.
+    Groups {
+        /// The groups, in creation order.
+        groups: Vec<GroupView>,
+        /// The up nodes.
+        nodes: Vec<NodeAccount>,
+    },
+    /// The receiving node is not the head.
+    NotHead,
 }
 
 /// One supervisor of a node, as `node status` shows it.
@@ -132,4 +200,8 @@ pub enum ControlReply {
     Stop(StopOutcome),
     /// The node's supervisors.
     Supervisors(Vec<SupervisorReport>),
+    /// The answer to a placement request.
+    Placement(PlacementReply),
+    /// The answer to a ledger operation.
+    Ledger(LedgerReply),
 }

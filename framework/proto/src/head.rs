@@ -102,7 +102,10 @@ impl HeadSession {
         match request {
             ControlRequest::Status => (Some(members_reply(&self.head, m)), Noted::Nothing),
             // Served by the node's control service, which owns its actors.
-            ControlRequest::Stop { .. } | ControlRequest::Supervisors => (None, Noted::Nothing),
+            ControlRequest::Stop { .. }
+            | ControlRequest::Supervisors
+            | ControlRequest::Placement(_)
+            | ControlRequest::Ledger(_) => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let name = req.name.clone();
                 let incarnation = req.incarnation;
@@ -202,6 +205,7 @@ mod tests {
             bulk_addr: "127.0.0.1:2".into(),
             incarnation,
             resources: Resources::default(),
+            held: Vec::new(),
         })
     }
 

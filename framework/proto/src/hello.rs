@@ -20,7 +20,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// Version of the hello exchange and of the control messages.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// The certificate name of operators' tools: `node status`, and `node embed`
 /// drivers, which join as members that offer no resources.

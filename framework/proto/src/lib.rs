@@ -10,9 +10,11 @@
 //! bulk        large messages on their own stream
 //! control     join, heartbeats and status requests to the head
 //! frame       length prefixes checked against a limit before any allocation
+//! groups      the head's placement groups: two-phase reservation, pending, re-placement
 //! wire        rkyv archives, validated (bytecheck) before they are read
 //! hello       the first frame of every connection: who speaks, and why
 //! incarnation the generation a node runs under, increasing across restarts
+//! ledger      a node's reservations for the bundles of placement groups
 //! membership  the member table, incarnations and the failure detector
 //! head        the head's side of a control stream
 //! member      a member's side of its control stream: join, heartbeat, leave
@@ -27,9 +29,11 @@ pub mod authority;
 pub mod bulk;
 pub mod control;
 pub mod frame;
+pub mod groups;
 pub mod head;
 pub mod hello;
 pub mod incarnation;
+pub mod ledger;
 pub mod member;
 pub mod membership;
 pub mod mesh;

@@ -126,6 +126,11 @@ impl MemberLink {
         self.join.incarnation = incarnation;
     }
 
+    /// Sets the placement-group bundles the next join reports.
+    pub fn set_held(&mut self, held: Vec<crate::ledger::Held>) {
+        self.join.held = held;
+    }
+
     /// Sets the actor count the next heartbeats report.
     pub fn set_actors(&mut self, actors: u32) {
         self.actors = actors;
@@ -334,6 +339,7 @@ mod tests {
             bulk_addr: "127.0.0.1:2".into(),
             incarnation,
             resources: Resources::default(),
+            held: Vec::new(),
         }
     }
 

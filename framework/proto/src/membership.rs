@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::hello::Refusal;
+use crate::ledger::Held;
 use crate::resources::Resources;
 
 /// Failure-detector timing.
@@ -96,6 +97,8 @@ pub struct JoinRequest {
     pub incarnation: u64,
     /// What the node offers.
     pub resources: Resources,
+    /// The placement-group bundles it holds (see [`crate::groups`]).
+    pub held: Vec<Held>,
 }
 
 /// Checks a join request against the name proven by the joiner's
@@ -383,6 +386,7 @@ mod tests {
             bulk_addr: format!("127.0.0.1:{}", 8000 + incarnation),
             incarnation,
             resources: Resources::default(),
+            held: Vec::new(),
         }
     }
 
@@ -405,6 +409,7 @@ mod tests {
                 cpus,
                 ..Resources::default()
             },
+            held: Vec::new(),
         };
         assert_eq!(check_join(&join("admin", 0), "admin"), Ok(()));
         assert_eq!(

@@ -246,10 +246,17 @@ pub fn place(nodes: &[Candidate], group: &Group) -> Result<Vec<String>, Infeasib
             strict_spread(&group.bundles, &left)
                 .map(names)
                 .ok_or_else(|| {
+                    let fit: Vec<&str> = eligible
+                        .iter()
+                        .filter(|n| group.bundles.iter().any(|b| fits(b, &n.available)))
+                        .map(|n| n.name.as_str())
+                        .collect();
                     does_not_fit(format!(
-                        "it needs {} distinct nodes each fitting its bundle; {} nodes match",
+                        "it needs {} distinct nodes each fitting its bundle; {} of the {} matching nodes fit one ({})",
                         group.bundles.len(),
-                        eligible.len()
+                        fit.len(),
+                        eligible.len(),
+                        fit.join(", ")
                     ))
                 })
         }

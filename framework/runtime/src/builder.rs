@@ -18,6 +18,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use flotilla_proto::groups::GroupsConfig;
 use flotilla_proto::member::MemberConfig;
 use flotilla_proto::mesh::{Mesh, MeshConfig};
 use flotilla_proto::resources::Resources;
@@ -33,12 +34,15 @@ use crate::config::{NodeConfig, detect_resources};
 use crate::config_args::ConfigKind;
 use crate::control::ControlService;
 use crate::head::HeadService;
+use crate::head_client::HeadClient;
 use crate::identity::{Identity, IncarnationRecord};
 use crate::member::{JoinError, Member};
 use crate::mesh::MeshShell;
 use crate::node::Node;
 use crate::outbound::Outbound;
+use crate::placement::PlacementService;
 use crate::pool::Pool;
+use crate::reservations::Reservations;
 use crate::router::Router;
 use crate::sessions::Sessions;
 use crate::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members, spawner_group};
@@ -226,6 +230,7 @@ impl NodeBuilder {
         let pool = Arc::new(Pool::new(endpoint.clone(), router_tx));
         let hosted = Hosted::default();
 
+        let ledger = Reservations::new(identity.join_request().resources.amounts());
         let (pulse, pulse_rx) = watch::channel(0u64);
         let (head, member) = match config.head {
             None => {
@@ -243,6 +248,7 @@ impl NodeBuilder {
                     addr,
                     view_tx,
                     hosted.clone(),
+                    ledger.clone(),
                     MemberConfig {
                         heartbeat_interval: config.detector.heartbeat_interval,
                         ..MemberConfig::default()
@@ -270,12 +276,33 @@ impl NodeBuilder {
             }
         };
         let board = Board::default();
+        let placement = head.as_ref().map(|_| {
+            PlacementService::new(
+                Arc::clone(&identity),
+                Arc::clone(&pool),
+                view.clone(),
+                ledger.clone(),
+                GroupsConfig {
+                    confirm_grace: config.detector.down_after * 2,
+                    ..GroupsConfig::default()
+                },
+            )
+        });
+        let (placement, placement_handle) = match placement {
+            Some((service, handle)) => (Some(service), Some(handle)),
+            None => (None, None),
+        };
         let control = ControlService {
             head: head.clone(),
             view: view.clone(),
             spawner: spawner.clone(),
             board: board.clone(),
+            ledger: ledger.clone(),
+            placement: placement_handle.clone(),
         };
+        if let Some(service) = placement {
+            tasks.spawn_graceful(|stop| service.run(stop));
+        }
         let outbound = Outbound::new(
             Arc::clone(&identity),
             Arc::clone(&backlog),
@@ -298,6 +325,9 @@ impl NodeBuilder {
             pool: Arc::clone(&pool),
             outbound,
             tasks: tasks.clone(),
+            placement: placement_handle,
+            head_client: HeadClient::new(Arc::clone(&identity), Arc::clone(&pool), config.head),
+            ledger,
         };
 
         tasks.spawn(relay_members(view.clone(), spawner));

@@ -13,10 +13,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_proto::control::{ControlReply, ControlRequest};
+use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::head::{HeadSession, Noted};
 use flotilla_proto::hello::Refusal;
+use flotilla_proto::ledger::LedgerReply;
 use flotilla_transport::handshake::{Frames, StreamError, send_msg};
 use quinn::{RecvStream, SendStream};
 use ractor::ActorRef;
@@ -26,6 +27,8 @@ use crate::board::Board;
 use crate::call::call;
 use crate::clock::{now, sleep_until};
 use crate::head::HeadService;
+use crate::placement::PlacementHandle;
+use crate::reservations::Reservations;
 use crate::spawner::{LocalStop, SpawnerMsg, StopReply};
 use crate::table::Table;
 
@@ -40,6 +43,10 @@ pub(crate) struct ControlService {
     pub(crate) spawner: ActorRef<SpawnerMsg>,
     /// This node's supervisors, for status requests.
     pub(crate) board: Board,
+    /// This node's reservations, which the head changes.
+    pub(crate) ledger: Reservations,
+    /// The placement service, on the head.
+    pub(crate) placement: Option<PlacementHandle>,
 }
 
 /// How long the spawner may take to answer a stop request.
@@ -79,6 +86,12 @@ impl ControlService {
                         ControlRequest::Join(_) | ControlRequest::Heartbeat { .. } => {
                             ControlReply::Refused(Refusal::NotHead)
                         }
+                        ControlRequest::Placement(_) => {
+                            ControlReply::Placement(PlacementReply::NotHead)
+                        }
+                        ControlRequest::Ledger(op) => {
+                            ControlReply::Ledger(self.ledger_op(&peer, op))
+                        }
                     };
                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                 }
@@ -100,12 +113,38 @@ impl ControlService {
                                 send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                                 continue;
                             }
-                            if request == ControlRequest::Supervisors {
-                                let reply = ControlReply::Supervisors(self.board.reports());
-                                send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                                continue;
-                            }
+                            let request = match request {
+                                ControlRequest::Supervisors => {
+                                    let reply = ControlReply::Supervisors(self.board.reports());
+                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
+                                    continue;
+                                }
+                                ControlRequest::Placement(request) => {
+                                    let reply = match &self.placement {
+                                        Some(p) => p.request(&peer, request).await,
+                                        None => PlacementReply::NotHead,
+                                    };
+                                    send_msg(&mut send, &ControlReply::Placement(reply), DEFAULT_MAX_FRAME).await?;
+                                    continue;
+                                }
+                                ControlRequest::Ledger(_) => {
+                                    // The head's own ledger is changed in-process only.
+                                    let reply = ControlReply::Ledger(LedgerReply::NotHead);
+                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
+                                    continue;
+                                }
+                                request => request,
+                            };
+                            let held = match &request {
+                                ControlRequest::Join(j) => Some(j.held.clone()),
+                                _ => None,
+                            };
                             let (reply, noted) = head.with(|m| session.handle_request(now(), request, m));
+                            if let (Noted::Joined(node, incarnation), Some(held), Some(p)) =
+                                (&noted, held, &self.placement)
+                            {
+                                p.report(node.clone(), *incarnation, held);
+                            }
                             log(&noted);
                             if let Some(reply) = reply {
                                 send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
@@ -128,6 +167,17 @@ impl ControlService {
 }
 
 impl ControlService {
+    /// Applies an operation of the head on this node's reservations;
+    /// refused from anyone else.
+    fn ledger_op(&self, peer: &str, op: flotilla_proto::ledger::LedgerOp) -> LedgerReply {
+        if peer != self.view.borrow().head {
+            crate::counters::authority_refused("ledger");
+            tracing::warn!(%peer, "refused a reservation change from a node that is not the head");
+            return LedgerReply::NotHead;
+        }
+        self.ledger.apply(op)
+    }
+
     /// Passes a stop request from `peer` to the spawner; `None` when the
     /// spawner does not answer (the node is stopping), which ends the
     /// stream.

@@ -115,6 +115,7 @@ mod tests {
             bulk_addr: "127.0.0.1:2".into(),
             incarnation: 1,
             resources: Resources::default(),
+            held: Vec::new(),
         }
     }
 

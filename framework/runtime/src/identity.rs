@@ -158,6 +158,7 @@ impl Identity {
             bulk_addr: self.bulk_addr.to_string(),
             incarnation: self.incarnation(),
             resources: self.resources.clone(),
+            held: Vec::new(),
         }
     }
 }

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::now;
 use crate::identity::Identity;
 use crate::pool::Pool;
+use crate::reservations::Reservations;
 use crate::spawner::Hosted;
 use crate::table::Table;
 
@@ -77,6 +78,8 @@ pub(crate) struct Member {
     pub(crate) view: watch::Sender<Table>,
     pub(crate) hosted: Hosted,
     pub(crate) link: MemberLink,
+    /// This node's reservations, reported on every join.
+    pub(crate) ledger: Reservations,
     /// Ticked by every pass of the heartbeat loop.
     pub(crate) pulse: watch::Sender<u64>,
     stream: Option<Stream>,
@@ -113,6 +116,7 @@ impl Member {
         head: SocketAddr,
         view: watch::Sender<Table>,
         hosted: Hosted,
+        ledger: Reservations,
         config: MemberConfig,
     ) -> Self {
         let link = MemberLink::new(now(), config, identity.join_request());
@@ -123,6 +127,7 @@ impl Member {
             view,
             hosted,
             link,
+            ledger,
             pulse: watch::channel(0).0,
             stream: None,
             last_error: None,
@@ -289,6 +294,7 @@ impl Member {
             Ok(stream) => {
                 self.stream = Some(stream);
                 self.last_error = None;
+                self.link.set_held(self.ledger.rejoin());
                 self.link.handle_connected(now());
             }
             Err(e) => {

@@ -19,9 +19,12 @@ use crate::board::Board;
 use crate::bulk::Lane;
 use crate::call::{CallError, call};
 use crate::config_args::{ConfigArgsError, ConfigKinds, archive};
+use crate::head_client::HeadClient;
 use crate::identity::Identity;
 use crate::outbound::Outbound;
+use crate::placement::PlacementHandle;
 use crate::pool::Pool;
+use crate::reservations::Reservations;
 use crate::sessions::{Sessions, ractor_name};
 use crate::spawner::{
     Hosted, LocalStop, SpawnReply, SpawnRequest, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
@@ -191,6 +194,12 @@ pub struct Node {
     pub(crate) pool: Arc<Pool>,
     pub(crate) outbound: Outbound,
     pub(crate) tasks: Tasks,
+    /// The placement service, on the head.
+    pub(crate) placement: Option<PlacementHandle>,
+    /// Calls to the head, from a member.
+    pub(crate) head_client: HeadClient,
+    /// This node's reservations.
+    pub(crate) ledger: Reservations,
 }
 
 impl std::fmt::Debug for Node {

@@ -4,13 +4,15 @@
 
 use std::net::SocketAddr;
 
-use flotilla_proto::control::{ControlReply, ControlRequest, SupervisorReport};
+use flotilla_proto::control::{
+    ControlReply, ControlRequest, PlacementReply, PlacementRequest, SupervisorReport,
+};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::{Hello, Purpose};
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use flotilla_transport::{BindError, ConnectError};
 
-use crate::table::Table;
+use crate::table::{PlacementStatus, Table};
 
 /// Why the status query failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +81,24 @@ pub async fn query_supervisors(
 ) -> Result<Vec<SupervisorReport>, StatusError> {
     match ask(addr, identity, ControlRequest::Supervisors).await? {
         ControlReply::Supervisors(reports) => Ok(reports),
+        other => Err(StatusError::Unexpected {
+            addr,
+            reply: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Asks the head at `addr` for its placement groups and every node's
+/// capacity and reservations.
+pub async fn query_placement(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+) -> Result<PlacementStatus, StatusError> {
+    let request = ControlRequest::Placement(PlacementRequest::List);
+    match ask(addr, identity, request).await? {
+        ControlReply::Placement(PlacementReply::Groups { groups, nodes }) => {
+            Ok(PlacementStatus { groups, nodes })
+        }
         other => Err(StatusError::Unexpected {
             addr,
             reply: format!("{other:?}"),

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flotilla_proto::groups::GroupState;
 use flotilla_proto::membership::MemberState;
 use flotilla_proto::supervision::{Action, Supervision};
 use futures::future::BoxFuture;
@@ -63,6 +64,9 @@ pub enum StartChildError {
     /// No up node can host it.
     #[error("no up node can host the child")]
     NoNode,
+    /// Its placement-group bundle is not ready, or does not exist.
+    #[error("its placement group: {0}")]
+    Placement(String),
 }
 
 /// How to start and stop one child.
@@ -89,6 +93,10 @@ pub trait ChildStart: Send + Sync + 'static {
         Exit::Failure
     }
 }
+
+/// How long a start in a bundle waits for a session to the bundle's node
+/// before it waits for the bundle to move instead.
+const SESSION_WAIT: Duration = Duration::from_secs(2);
 
 /// The reason a supervisor gives the children it stops.
 pub const STOP_REASON: &str = "supervisor: shutdown";
@@ -167,6 +175,8 @@ pub struct RemoteChild {
     timeout: Duration,
     on_node_lost: Exit,
     first: Mutex<Option<(String, ActorCell)>>,
+    /// The placement-group bundle it runs in, instead of `place`.
+    bundle: Option<(String, usize)>,
 }
 
 impl RemoteChild {
@@ -213,7 +223,18 @@ impl RemoteChild {
             timeout,
             on_node_lost: Exit::Failure,
             first: Mutex::new(None),
+            bundle: None,
         }
+    }
+
+    /// Runs the child in bundle `bundle` of the placement group `group`
+    /// instead of where `place` says: each start waits (within its
+    /// timeout) for the group to be ready and spawns on the bundle's node,
+    /// so after the node is lost the restart follows the bundle to the
+    /// node the head placed it on again.
+    pub fn in_bundle(mut self, group: impl Into<String>, bundle: usize) -> Self {
+        self.bundle = Some((group.into(), bundle));
+        self
     }
 
     /// Counts the loss of the child's node as `exit` instead (a transient
@@ -230,10 +251,103 @@ impl RemoteChild {
     }
 }
 
+impl RemoteChild {
+    /// What a spawn of this child needs, owned.
+    fn spawn(&self) -> Spawn {
+        Spawn {
+            node: Arc::clone(&self.node),
+            kind: self.kind.clone(),
+            name: self.name.clone(),
+            args: self.args.clone(),
+            message_type: self.message_type.clone(),
+        }
+    }
+
+    fn start_in_bundle(
+        &self,
+        supervisor: ActorCell,
+        group: String,
+        bundle: usize,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>> {
+        let node = Arc::clone(&self.node);
+        let (spawn, timeout) = (self.spawn(), self.timeout);
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+            let mut view = node
+                .wait_group(&group, timeout)
+                .await
+                .map_err(|e| StartChildError::Placement(e.to_string()))?;
+            // The head may not have seen the loss yet: wait for the bundle
+            // to move off a node this node no longer sees up.
+            loop {
+                let Some(target) = view.nodes.get(bundle).cloned() else {
+                    return Err(StartChildError::Placement(format!(
+                        "placement group {group} has no bundle {bundle}"
+                    )));
+                };
+                let up = node.members().up().any(|m| m.name == target);
+                if up && node.wait_session(&target, SESSION_WAIT.min(left())).await {
+                    break;
+                }
+                view = node
+                    .watch_group(&group, Some(view.revision), left())
+                    .await
+                    .map_err(|e| StartChildError::Placement(e.to_string()))?
+                    .filter(|v| v.state == GroupState::Ready)
+                    .ok_or(StartChildError::NoNode)?;
+            }
+            let target = view.nodes[bundle].clone();
+            let cell = spawn
+                .on(&target, left().max(Duration::from_secs(1)))
+                .await?;
+            Ok(monitored(&node, &supervisor, target, cell))
+        })
+    }
+}
+
+/// A remote child's spawn, with what it needs owned.
+struct Spawn {
+    node: Arc<Node>,
+    kind: String,
+    name: String,
+    args: Vec<u8>,
+    message_type: String,
+}
+
+impl Spawn {
+    /// Spawns the child on `target`.
+    async fn on(self, target: &str, timeout: Duration) -> Result<ActorCell, SpawnError> {
+        self.node
+            .spawn_on_raw(
+                target,
+                &self.kind,
+                &self.name,
+                self.args,
+                &self.message_type,
+                timeout,
+            )
+            .await
+    }
+}
+
+/// A remote child running as `cell` on `target`, monitored by `supervisor`.
+fn monitored(node: &Node, supervisor: &ActorCell, target: String, cell: ActorCell) -> Running {
+    let incarnation = node.members().get(&target).map_or(0, |m| m.incarnation);
+    supervisor.monitor(cell.clone());
+    Running {
+        cell,
+        node: Some((target, incarnation)),
+    }
+}
+
 impl ChildStart for RemoteChild {
     fn start(&self, supervisor: ActorCell) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let node = Arc::clone(&self.node);
         let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let (Some((group, bundle)), None) = (self.bundle.clone(), &first) {
+            return self.start_in_bundle(supervisor, group, bundle);
+        }
         let target = first
             .as_ref()
             .map(|(on, _)| on.clone())
@@ -250,13 +364,7 @@ impl ChildStart for RemoteChild {
                     .and_then(|t| place(&t))
             }
         });
-        let (kind, name, args, message_type, timeout) = (
-            self.kind.clone(),
-            self.name.clone(),
-            self.args.clone(),
-            self.message_type.clone(),
-            self.timeout,
-        );
+        let (spawn, timeout) = (self.spawn(), self.timeout);
         Box::pin(async move {
             let target = match (target, waiting) {
                 (Some(t), _) => t,
@@ -269,17 +377,9 @@ impl ChildStart for RemoteChild {
             };
             let cell = match first {
                 Some((_, cell)) => cell,
-                None => {
-                    node.spawn_on_raw(&target, &kind, &name, args, &message_type, timeout)
-                        .await?
-                }
+                None => spawn.on(&target, timeout).await?,
             };
-            let incarnation = node.members().get(&target).map_or(0, |m| m.incarnation);
-            supervisor.monitor(cell.clone());
-            Ok(Running {
-                cell,
-                node: Some((target, incarnation)),
-            })
+            Ok(monitored(&node, &supervisor, target, cell))
         })
     }
 

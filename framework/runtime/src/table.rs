@@ -10,6 +10,16 @@ use flotilla_proto::membership::{MemberState, MemberView};
 pub type Supervisors = BTreeMap<String, Result<Vec<SupervisorReport>, String>>;
 use serde::Serialize;
 
+/// What the head accounts for placement: every group and every up node's
+/// capacity and reservations.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PlacementStatus {
+    /// The groups, in creation order.
+    pub groups: Vec<flotilla_proto::groups::GroupView>,
+    /// The up nodes' accounts.
+    pub nodes: Vec<flotilla_proto::groups::NodeAccount>,
+}
+
 /// The member table as last known by a node: authoritative on the head,
 /// pushed by the head to every member.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -65,6 +75,65 @@ impl Table {
     /// The status document with each node's supervisors, as far as they
     /// were asked (`Err`: why the node did not answer).
     pub fn to_json_with(&self, supervisors: &Supervisors) -> String {
+        self.to_json_full(supervisors, None)
+    }
+
+    /// The status document with each node's supervisors and, when the
+    /// head answered, each node's `capacity`, `reserved` and `available`
+    /// resources and the placement groups.
+    pub fn to_json_full(
+        &self,
+        supervisors: &Supervisors,
+        placement: Option<&PlacementStatus>,
+    ) -> String {
+        type Amounts = std::collections::BTreeMap<String, f64>;
+        let account = |name: &str| -> (Option<Amounts>, Option<Amounts>, Option<Amounts>) {
+            let Some(a) = placement.and_then(|p| p.nodes.iter().find(|a| a.name == name)) else {
+                return (None, None, None);
+            };
+            (
+                Some(a.capacity.clone()),
+                Some(a.reserved.clone()),
+                Some(a.available()),
+            )
+        };
+        #[derive(Serialize)]
+        struct Bundle<'a> {
+            resources: &'a Amounts,
+            node: Option<&'a str>,
+        }
+        #[derive(Serialize)]
+        struct Group<'a> {
+            id: &'a str,
+            state: &'static str,
+            strategy: &'a str,
+            revision: u64,
+            owner: Option<&'a str>,
+            why: Option<&'a str>,
+            bundles: Vec<Bundle<'a>>,
+        }
+        let groups = placement.map(|p| {
+            p.groups
+                .iter()
+                .map(|g| Group {
+                    id: &g.id,
+                    state: g.state.as_str(),
+                    strategy: &g.strategy,
+                    revision: g.revision,
+                    owner: g.owner.as_deref(),
+                    why: g.why.as_deref(),
+                    bundles: g
+                        .bundles
+                        .iter()
+                        .zip(&g.nodes)
+                        .map(|(r, n)| Bundle {
+                            resources: r,
+                            node: (!n.is_empty()).then_some(n.as_str()),
+                        })
+                        .collect(),
+                })
+                .collect::<Vec<_>>()
+        });
         #[derive(Serialize)]
         struct Child<'a> {
             id: &'a str,
@@ -128,12 +197,20 @@ impl Table {
             supervisors: Option<Vec<Sup<'a>>>,
             #[serde(skip_serializing_if = "Option::is_none")]
             supervisors_error: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            capacity: Option<Amounts>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            reserved: Option<Amounts>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            available: Option<Amounts>,
         }
         #[derive(Serialize)]
         struct Doc<'a> {
             head: &'a str,
             version: u64,
             nodes: Vec<Node<'a>>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            groups: Option<Vec<Group<'a>>>,
         }
         let doc = Doc {
             head: &self.head,
@@ -143,9 +220,13 @@ impl Table {
                 .iter()
                 .map(|m| {
                     let (supervisors, supervisors_error) = sups(&m.name);
+                    let (capacity, reserved, available) = account(&m.name);
                     Node {
                         supervisors,
                         supervisors_error,
+                        capacity,
+                        reserved,
+                        available,
                         name: &m.name,
                         addr: &m.addr,
                         bulk_addr: &m.bulk_addr,
@@ -162,8 +243,63 @@ impl Table {
                     }
                 })
                 .collect(),
+            groups,
         };
         serde_json::to_string(&doc).expect("status document serializes")
+    }
+
+    /// The placement part of `node status`: each node's capacity,
+    /// reserved and available resources, then each group with the node of
+    /// every bundle.
+    pub fn placement_text(placement: &PlacementStatus) -> String {
+        let amounts = |r: &std::collections::BTreeMap<String, f64>| {
+            let s: Vec<String> = r
+                .iter()
+                .filter(|(_, v)| v.abs() > 1e-9)
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            if s.is_empty() {
+                "-".to_owned()
+            } else {
+                s.join(",")
+            }
+        };
+        let mut out = format!(
+            "{:<16} {:<28} {:<20} {}\n",
+            "NODE", "CAPACITY", "RESERVED", "AVAILABLE"
+        );
+        for a in &placement.nodes {
+            let available = a.available();
+            out.push_str(&format!(
+                "{:<16} {:<28} {:<20} {}\n",
+                a.name,
+                amounts(&a.capacity),
+                amounts(&a.reserved),
+                amounts(&available)
+            ));
+        }
+        for g in &placement.groups {
+            out.push_str(&format!(
+                "group {} {} {} revision {}{}{}\n",
+                g.id,
+                g.strategy,
+                g.state.as_str(),
+                g.revision,
+                g.owner
+                    .as_deref()
+                    .map(|o| format!(" owner {o}"))
+                    .unwrap_or_default(),
+                g.why
+                    .as_deref()
+                    .map(|w| format!(": {w}"))
+                    .unwrap_or_default()
+            ));
+            for (i, (r, n)) in g.bundles.iter().zip(&g.nodes).enumerate() {
+                let node = if n.is_empty() { "(none)" } else { n.as_str() };
+                out.push_str(&format!("  bundle {i:<3} {:<20} on {node}\n", amounts(r)));
+            }
+        }
+        out
     }
 
     /// The supervisors part of `node status`: one line per child.

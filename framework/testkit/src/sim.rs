@@ -648,6 +648,7 @@ fn join_request(name: &str, incarnation: u64) -> JoinRequest {
         bulk_addr: format!("{name}:7421"),
         incarnation,
         resources: Resources::default(),
+        held: Vec::new(),
     }
 }
 

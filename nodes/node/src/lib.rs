@@ -72,6 +72,24 @@ pub struct EmbedArgs {
     /// the CPUs; on a cluster, one per GPU a worker reports, else its CPUs).
     #[arg(long)]
     pub actors_per_node: Option<usize>,
+    /// Embedding actors in all (default: locally the CPUs; on a cluster
+    /// one per GPU of every worker with GPUs, else one per CPU, or
+    /// --actors-per-node on each worker).
+    #[arg(long)]
+    pub actors: Option<usize>,
+    /// What each actor's placement-group bundle reserves on a cluster, as
+    /// NAME=AMOUNT[,NAME=AMOUNT…] (default `cpu=1`, or `gpu=1` when every
+    /// worker has GPUs).
+    #[arg(long, value_parser = parse_bundle)]
+    pub actor_resources: Option<flotilla::placement_groups::Resources>,
+    /// How the actors' bundles are spread over the workers: pack, spread,
+    /// strict-pack or strict-spread.
+    #[arg(long, default_value = "spread")]
+    pub placement: flotilla::placement_groups::Strategy,
+    /// How long the actors' placement group may wait for resources before
+    /// the job fails, naming what is short where.
+    #[arg(long, default_value_t = 30)]
+    pub placement_timeout_s: u64,
     /// Bytes of batches in flight at most, in MiB.
     #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_MEMORY_BUDGET >> 20)]
     pub memory_budget_mb: usize,
@@ -144,6 +162,10 @@ impl EmbedArgs {
             output_columns: self.output_columns,
             batch_size: self.batch_size,
             actors_per_node: self.actors_per_node,
+            actors: self.actors,
+            actor_resources: self.actor_resources,
+            placement: self.placement,
+            placement_timeout: std::time::Duration::from_secs(self.placement_timeout_s),
             max_in_flight: self.max_in_flight,
             memory_budget: self.memory_budget_mb.max(1) << 20,
             job_id: self.job_id,
@@ -250,6 +272,28 @@ pub struct NodeArgs {
     /// seen on this node).
     #[arg(long)]
     pub model: Option<PathBuf>,
+}
+
+/// A bundle's resources from `NAME=AMOUNT[,NAME=AMOUNT…]`.
+fn parse_bundle(s: &str) -> Result<flotilla::placement_groups::Resources, String> {
+    let mut out = flotilla::placement_groups::Resources::new();
+    for pair in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (name, amount) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not NAME=AMOUNT"))?;
+        let amount: f64 = amount
+            .trim()
+            .parse()
+            .map_err(|_| format!("{pair:?}: the amount is not a number"))?;
+        if !amount.is_finite() || amount < 0.0 {
+            return Err(format!("{pair:?}: amounts are finite and not negative"));
+        }
+        out.insert(name.trim().to_owned(), amount);
+    }
+    if out.is_empty() {
+        return Err("no resource given".into());
+    }
+    Ok(out)
 }
 
 /// Flags of `node status`.

@@ -94,10 +94,17 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                     } else {
                         supervisors_of(&table, &identity).await
                     };
+                    // The head accounts placement; any other node says so.
+                    let placement = flotilla::query_placement(args.head, identity.clone())
+                        .await
+                        .ok();
                     if args.json {
-                        println!("{}", table.to_json_with(&supervisors));
+                        println!("{}", table.to_json_full(&supervisors, placement.as_ref()));
                     } else {
                         print!("{}", table.to_text());
+                        if let Some(p) = &placement {
+                            print!("{}", flotilla::Table::placement_text(p));
+                        }
                         print!("{}", flotilla::Table::supervisors_text(&supervisors));
                     }
                     ExitCode::SUCCESS

@@ -1,17 +1,21 @@
 //! Cluster mode: the driver joins the cluster as a node that offers no
-//! resources, spawns embedding actors on every worker, keeps those whose
-//! model revision is the job's, and drives the same pipeline over QUIC.
-//! Workers that go down or leave are dropped and their batches sent to the
-//! others.
+//! resources, places its embedding actors with a placement group (one
+//! bundle per actor), spawns one in each bundle, keeps those whose model
+//! revision is the job's, and drives the same pipeline over QUIC. The
+//! batches of an actor that is lost go to the others at once; the actor
+//! is restarted in its bundle, which the head places again when its node
+//! is lost.
 //!
 //! ```text
-//! driver (node, no resources) ── spawn_on(worker, "flotilla.embedder") ──► Embedder × N per worker
+//! driver (node, no resources) ── create_group(N × bundle, strategy) ──► head
+//!        ── spawn_on(bundle's node, "flotilla.embedder") ──► Embedder in each bundle
 //!        └─ pipeline ── EmbedRequest / EmbedReply over the QUIC mesh ──┘
 //! ```
 //!
 //! The actors are owned by the driver's node: when it leaves or goes down,
 //! the workers stop them.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +23,8 @@ use std::time::{Duration, Instant};
 use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberView, Node, NodeConfig, Resources};
 
-use flotilla::supervisor::{Child, ChildSpec, Exit, RemoteChild, RestartType};
+use flotilla::placement_groups::{GroupSpec, bundle};
+use flotilla::supervisor::{Child, ChildSpec, RemoteChild, RestartType};
 
 use super::driver::{Workers, drive, embedder_args, supervise};
 use super::{
@@ -76,9 +81,9 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
                 })?,
         );
     let result = match start_workers(&config, &node, reference).await {
-        Ok(mut workers) => match supervise(
+        Ok((mut workers, group)) => match supervise(
             &config,
-            remote_children(&config, &node, &workers),
+            remote_children(&config, &node, &workers, &group),
             Some(node.watch_members()),
         )
         .await
@@ -98,6 +103,14 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
                     // The workers stop the actors when the driver leaves.
                     s.supervisor.stop(None);
                 }
+                let result = result.map(|mut s| {
+                    s.placement = workers.placement.clone();
+                    s
+                });
+                // Removed with the driver's node anyway; at once here.
+                if let Err(e) = node.remove_group(&group).await {
+                    tracing::warn!(%group, error = %e, "cannot remove the job's placement group");
+                }
                 result
             }
             Err(e) => Err(e.into()),
@@ -111,35 +124,36 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
     result
 }
 
-/// The job's actors as children of its supervisor: each restarted on its
-/// own node (a restart elsewhere would crowd another worker) after a
-/// failure; one whose node is lost is not restarted (the job gives that
-/// node's batches to the others).
-fn remote_children(config: &JobConfig, node: &Arc<Node>, workers: &Workers) -> Vec<Child> {
+/// The job's actors as children of its supervisor, each in its bundle of
+/// the job's placement group: after a failure it is restarted there; when
+/// its node is lost, the head places the bundle again and the actor is
+/// restarted on the bundle's new node (waiting while the group has no room
+/// for it, so a worker that returns is used again).
+fn remote_children(
+    config: &JobConfig,
+    node: &Arc<Node>,
+    workers: &Workers,
+    group: &str,
+) -> Vec<Child> {
     let args = embedder_args(config);
     workers
         .actors
         .iter()
+        .zip(&workers.bundles)
         .enumerate()
-        .map(|(i, (on, actor))| {
+        .map(|(i, ((on, actor), bundle))| {
             let name = actor
                 .get_name()
                 .unwrap_or_else(|| format!("flotilla.embed.{on}.{i}"));
-            let home = on.clone();
-            let place = move |t: &flotilla::Table| {
-                t.get(&home)
-                    .filter(|m| m.state == flotilla::MemberState::Up)
-                    .map(|m| m.name.clone())
-            };
             let start = RemoteChild::new::<EmbedMsg, _>(
                 Arc::clone(node),
                 KIND,
                 name.clone(),
                 &args,
-                place,
+                |_: &flotilla::Table| None,
                 SPAWN_TIMEOUT,
             )
-            .on_node_lost(Exit::Shutdown)
+            .in_bundle(group, *bundle)
             .adopt(on.clone(), actor.get_cell());
             let spec = ChildSpec {
                 id: name,
@@ -162,36 +176,90 @@ fn worker_nodes(node: &Node) -> Vec<MemberView> {
         .collect()
 }
 
-/// Spawns the embedding actors on every worker and keeps those whose model
-/// is the job's.
+/// The job's placement group: `--actors` bundles of `--actor-resources`
+/// under `--placement`; by default one bundle per GPU of every worker
+/// that has GPUs (`gpu=1`), else per CPU (`cpu=1`), or `actors_per_node`
+/// on each worker, spread.
+fn group_spec(config: &JobConfig, workers: &[MemberView]) -> GroupSpec {
+    let gpus = workers.iter().all(|m| m.resources.gpus > 0);
+    let per_node = |m: &MemberView| {
+        config.actors_per_node.unwrap_or(if gpus {
+            m.resources.gpus as usize
+        } else {
+            m.resources.cpus as usize
+        })
+    };
+    let count = config
+        .actors
+        .unwrap_or_else(|| workers.iter().map(per_node).sum())
+        .max(1);
+    let one = config.actor_resources.clone().unwrap_or_else(|| {
+        if gpus {
+            bundle(&[("gpu", 1.0)])
+        } else {
+            // More actors than CPUs on a node share them.
+            let fewest = workers.iter().map(|m| m.resources.cpus).min().unwrap_or(1);
+            let share = config
+                .actors_per_node
+                .map_or(1.0, |n| (f64::from(fewest) / n.max(1) as f64).min(1.0));
+            bundle(&[("cpu", share)])
+        }
+    });
+    GroupSpec::new(config.placement, vec![one; count]).with_timeout(config.placement_timeout)
+}
+
+/// Places the job's actors with a placement group, spawns one in each
+/// bundle, and keeps those whose model is the job's.
 async fn start_workers(
     config: &JobConfig,
     node: &Arc<Node>,
     reference: Option<String>,
-) -> Result<Workers, JobError> {
+) -> Result<(Workers, String), JobError> {
     let members = worker_nodes(node);
     if members.is_empty() {
         return Err(ClusterError::NoWorkerUp.into());
     }
+    let spec = group_spec(config, &members);
+    let group = node
+        .create_group(spec)
+        .await
+        .map_err(ClusterError::Placement)?;
+    let wait = config.placement_timeout + Duration::from_secs(5);
+    let view = match node.wait_group(&group, wait).await {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = node.remove_group(&group).await;
+            return Err(ClusterError::Placement(e).into());
+        }
+    };
+    tracing::info!(%group, strategy = %view.strategy, nodes = ?view.nodes, "embedding actors placed");
+    let placed = format!(
+        "group {group} ({}): {}",
+        view.strategy,
+        view.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{i}→{n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let args = embedder_args(config);
     let tag = format!("{}-{}", node.name(), node.incarnation());
+    // Actors on one node start one after another (the node's spawner
+    // loads one model at a time); nodes start in parallel.
+    let mut per_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (b, n) in view.nodes.iter().enumerate() {
+        per_node.entry(n.clone()).or_default().push(b);
+    }
     let mut tasks = tokio::task::JoinSet::new();
-    for m in &members {
-        let per_node = config.actors_per_node.unwrap_or(if m.resources.gpus > 0 {
-            m.resources.gpus as usize
-        } else {
-            m.resources.cpus as usize
-        });
-        // Actors on one node start one after another (the node's spawner
-        // loads one model at a time); nodes start in parallel.
+    for (name, bundles) in per_node {
         let node = Arc::clone(node);
-        let name = m.name.clone();
         let args = args.clone();
         let tag = tag.clone();
         tasks.spawn(async move {
             let mut out = Vec::new();
-            for i in 0..per_node.max(1) {
-                let actor_name = format!("flotilla.embed.{tag}.{name}.{i}");
+            for b in bundles {
+                let actor_name = format!("flotilla.embed.{tag}.{b}");
                 let spawned: Result<(ActorRef<EmbedMsg>, ModelInfo), WorkerStartError> = async {
                     let actor: ActorRef<EmbedMsg> = node
                         .spawn_on(&name, KIND, &actor_name, &args, SPAWN_TIMEOUT)
@@ -202,7 +270,7 @@ async fn start_workers(
                 }
                 .await;
                 let failed = spawned.is_err();
-                out.push((name.clone(), spawned));
+                out.push((name.clone(), b, spawned));
                 if failed {
                     break;
                 }
@@ -210,16 +278,16 @@ async fn start_workers(
             out
         });
     }
-    let mut started: Vec<(String, ActorRef<EmbedMsg>, ModelInfo)> = Vec::new();
+    let mut started: Vec<(String, usize, ActorRef<EmbedMsg>, ModelInfo)> = Vec::new();
     let mut failures: Vec<WorkerFailure> = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         let results = match joined {
             Ok(results) => results,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
-        for (name, r) in results {
+        for (name, b, r) in results {
             match r {
-                Ok((actor, info)) => started.push((name, actor, info)),
+                Ok((actor, info)) => started.push((name, b, actor, info)),
                 Err(why) => {
                     tracing::warn!(node = %name, error = %why, "no embedding actor on this worker");
                     failures.push(WorkerFailure { node: name, why });
@@ -227,16 +295,19 @@ async fn start_workers(
             }
         }
     }
-    started.sort_by(|a, b| a.0.cmp(&b.0));
+    started.sort_by_key(|s| s.1);
     if started.is_empty() {
+        let _ = node.remove_group(&group).await;
         return Err(ClusterError::NoActorStarted(failures).into());
     }
-    let revision = reference.unwrap_or_else(|| started[0].2.revision.clone());
+    let revision = reference.unwrap_or_else(|| started[0].3.revision.clone());
     let mut actors = Vec::new();
+    let mut bundles = Vec::new();
     let mut infos: Vec<ModelInfo> = Vec::new();
-    for (name, actor, info) in started {
+    for (name, b, actor, info) in started {
         if info.revision == revision {
             actors.push((name, actor));
+            bundles.push(b);
             infos.push(info);
         } else {
             // Not used; it stops when the driver leaves.
@@ -246,8 +317,12 @@ async fn start_workers(
     }
     let mut nodes: Vec<String> = actors.iter().map(|(n, _)| n.clone()).collect();
     nodes.dedup();
-    let workers = Workers::new(actors, &infos)
-        .ok_or_else(|| ClusterError::NoMatchingRevision(revision.clone()))?;
+    let Some(mut workers) = Workers::new(actors, &infos) else {
+        let _ = node.remove_group(&group).await;
+        return Err(ClusterError::NoMatchingRevision(revision.clone()).into());
+    };
+    workers.bundles = bundles;
+    workers.placement = Some(placed);
     tracing::info!(actors = workers.actors.len(), nodes = ?nodes, %revision, "embedding actors ready");
-    Ok(workers)
+    Ok((workers, group))
 }

@@ -34,6 +34,18 @@ pub struct JobConfig {
     /// this machine's CPUs locally; on a cluster one per GPU a worker
     /// reports, else one per CPU).
     pub actors_per_node: Option<usize>,
+    /// Embedding actors in all (default: locally, `actors_per_node`; on a
+    /// cluster, one per GPU or else per CPU of every worker, or
+    /// `actors_per_node` on each).
+    pub actors: Option<usize>,
+    /// What each actor's bundle reserves on a cluster (default `cpu=1`, or
+    /// `gpu=1` when every worker has GPUs).
+    pub actor_resources: Option<flotilla::placement_groups::Resources>,
+    /// How the actors' bundles are spread over the workers.
+    pub placement: flotilla::placement_groups::Strategy,
+    /// How long the actors' placement group may stay pending before the
+    /// job fails.
+    pub placement_timeout: std::time::Duration,
     /// Batches in flight at most (default: 2 per actor).
     pub max_in_flight: Option<usize>,
     /// Bytes of batches in flight at most (texts and vectors).
@@ -68,6 +80,10 @@ impl JobConfig {
             output_columns: Vec::new(),
             batch_size: DEFAULT_BATCH_SIZE,
             actors_per_node: None,
+            actors: None,
+            actor_resources: None,
+            placement: flotilla::placement_groups::Strategy::Spread,
+            placement_timeout: std::time::Duration::from_secs(30),
             max_in_flight: None,
             memory_budget: DEFAULT_MEMORY_BUDGET,
             job_id: None,

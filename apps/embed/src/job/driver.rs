@@ -39,6 +39,10 @@ pub(crate) struct Workers {
     pub(crate) actors: Vec<(String, ActorRef<EmbedMsg>)>,
     /// The model every actor loaded.
     pub(crate) info: ModelInfo,
+    /// On a cluster, the placement-group bundle of each actor.
+    pub(crate) bundles: Vec<usize>,
+    /// On a cluster, where the bundles were placed (for the summary).
+    pub(crate) placement: Option<String>,
     /// The job's supervisor, whose children the actors are (their ids are
     /// the actors' names, in the same order), and what it reports.
     pub(crate) supervision: Option<Supervision>,
@@ -103,6 +107,8 @@ impl Workers {
         Some(Self {
             actors,
             info,
+            bundles: Vec::new(),
+            placement: None,
             supervision: None,
         })
     }

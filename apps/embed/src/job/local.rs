@@ -25,7 +25,11 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
     // The actors load the model; the revision and width of the job are what
     // they report, so the weights are read and hashed once per actor only.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let count = config.actors_per_node.unwrap_or(cpus).max(1);
+    let count = config
+        .actors
+        .or(config.actors_per_node)
+        .unwrap_or(cpus)
+        .max(1);
     let mut actors: Vec<(String, ActorRef<EmbedMsg>)> = Vec::with_capacity(count);
     let mut infos: Vec<ModelInfo> = Vec::with_capacity(count);
     let stop = |actors: &[(String, ActorRef<EmbedMsg>)]| {

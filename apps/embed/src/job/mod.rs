@@ -120,6 +120,9 @@ pub enum ClusterError {
     /// No worker has the job's model revision.
     #[error("cluster: no worker has model revision {0}")]
     NoMatchingRevision(String),
+    /// The actors' placement group could not be placed.
+    #[error("cluster: the embedding actors cannot be placed: {0}")]
+    Placement(#[from] flotilla::placement_groups::PlacementError),
 }
 
 /// One worker's embedding actor that did not start.

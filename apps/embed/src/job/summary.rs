@@ -43,6 +43,9 @@ pub struct Summary {
     pub batch_p95: Duration,
     /// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
     pub peak_rss: u64,
+    /// On a cluster, where the actors' bundles were first placed
+    /// (`group G (spread): 0→w1 1→w2 …`).
+    pub placement: Option<String>,
 }
 
 impl std::fmt::Display for Summary {
@@ -71,6 +74,9 @@ impl std::fmt::Display for Summary {
             self.model_load.as_secs_f64(),
             self.peak_rss >> 20
         )?;
+        if let Some(p) = &self.placement {
+            write!(f, "\nplacement: {p}")?;
+        }
         if let Some(format) = self.format {
             let out = self.output.trim_end_matches('/');
             write!(f, "\noutput: {out}/parts/ (one file per batch)")?;

@@ -1,0 +1,1614 @@
+//! The head's placement groups: what each node has reserved, and the
+//! lifecycle of every group, from creation to removal.
+//!
+//! ```text
+//!           create                       every prepare ok
+//!  ──────► Pending ── placed ──► Preparing ───────────► Committing ── every commit ok ──► Ready
+//!            ▲  │ timeout          │ a prepare refused      │ a commit failed              │
+//!            │  ▼                  │ or a node lost:        │ (its bundles are             │
+//!            │ Failed              │ rollback (release)     │  placed again)               │
+//!            └─────────────────────┴────────────────────────┘                              │
+//!            └────────────── a node holding bundles is lost: those are placed again ◄──────┘
+//!  remove (any state): every bundle released; the owner gone: removed
+//! ```
+//!
+//! Reservation is all-or-nothing: bundles are prepared on every node of a
+//! placement (each node's [`Ledger`](crate::ledger::Ledger) refuses what
+//! does not fit), committed only when every node said yes, and released on
+//! every node otherwise. A group that cannot be placed waits, pending,
+//! until resources appear or its timeout passes, then fails with the
+//! solver's reason (which resource is short on which nodes). When a node
+//! holding bundles is lost, only those bundles are placed again, under the
+//! same strategy (STRICT_SPREAD avoids the nodes the others hold, STRICT_PACK
+//! stays on the node of the others), with no timeout: the group is
+//! `Rescheduling` until then.
+//!
+//! A node joining reports what it holds ([`Held`]): a head that restarted
+//! rebuilds its groups from these reports, and a node that was taken for
+//! lost gets its bundles back if they were not placed elsewhere meanwhile
+//! (otherwise it is told to release them). A bundle counts against its node
+//! once, whoever reports it: a rebuilt group's bundles not reported within
+//! the confirmation grace are placed again.
+//!
+//! The machine sends nothing itself: it returns [`Action`]s (ledger
+//! operations for nodes, groups whose view changed) and is told each
+//! operation's reply.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
+use crate::membership::{MemberState, MemberView};
+use crate::placement::{self, Candidate, Resources, Strategy};
+
+/// A tolerance for fractional amounts.
+const EPS: f64 = 1e-9;
+
+/// Where a group is in its lifecycle, as its users see it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupState {
+    /// Waiting for resources (never placed yet).
+    Pending,
+    /// Being reserved on its nodes.
+    Reserving,
+    /// Every bundle is reserved.
+    Ready,
+    /// Some bundles lost their node and wait to be placed again.
+    Rescheduling,
+    /// It could not be placed within its timeout.
+    Failed,
+}
+
+impl GroupState {
+    /// Its name in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Reserving => "reserving",
+            Self::Ready => "ready",
+            Self::Rescheduling => "rescheduling",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// A group as its users see it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct GroupView {
+    /// Its id.
+    pub id: String,
+    /// Its state.
+    pub state: GroupState,
+    /// Grows each time a bundle is placed anew.
+    pub revision: u64,
+    /// Its strategy (`pack`, …).
+    pub strategy: String,
+    /// What each bundle holds.
+    pub bundles: Vec<Resources>,
+    /// The node of each bundle (empty while it has none).
+    pub nodes: Vec<String>,
+    /// The node that created it, if it dies with it.
+    pub owner: Option<String>,
+    /// Why it is not ready (the solver's or a node's reason), if it is not.
+    pub why: Option<String>,
+}
+
+/// What a node has and has reserved, as the head accounts it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct NodeAccount {
+    /// The node.
+    pub name: String,
+    /// What it offers.
+    pub capacity: Resources,
+    /// What placement groups hold of it.
+    pub reserved: Resources,
+}
+
+impl NodeAccount {
+    /// Its capacity less what is reserved.
+    pub fn available(&self) -> Resources {
+        let mut left = self.capacity.clone();
+        for (k, v) in &self.reserved {
+            *left.entry(k.clone()).or_insert(0.0) -= v;
+        }
+        left
+    }
+}
+
+/// What a user asks for.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct GroupSpec {
+    /// What each bundle needs.
+    pub bundles: Vec<Resources>,
+    /// The strategy (`pack`, `spread`, `strict-pack`, `strict-spread`).
+    pub strategy: String,
+    /// Labels a node must have.
+    pub selector: BTreeMap<String, String>,
+    /// How long it may stay pending before it fails, in milliseconds.
+    pub timeout_ms: u64,
+    /// Whether it outlives the node that created it.
+    pub detached: bool,
+}
+
+/// A bundle from `(resource, amount)` pairs.
+pub fn bundle(pairs: &[(&str, f64)]) -> Resources {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+impl GroupSpec {
+    /// A group of `bundles` under `strategy`, failing if still pending
+    /// after 30 s, owned by its creator.
+    pub fn new(strategy: Strategy, bundles: Vec<Resources>) -> Self {
+        Self {
+            bundles,
+            strategy: strategy.as_str().to_owned(),
+            selector: BTreeMap::new(),
+            timeout_ms: 30_000,
+            detached: false,
+        }
+    }
+
+    /// Fails if still pending after `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Only on nodes with the label `key = value`.
+    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.selector.insert(key.into(), value.into());
+        self
+    }
+
+    /// Outlives the node that created it (removed only when asked).
+    pub fn detached(mut self) -> Self {
+        self.detached = true;
+        self
+    }
+}
+
+/// Why a group cannot be created.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BadSpec {
+    /// No bundle.
+    #[error("a placement group needs at least one bundle")]
+    Empty,
+    /// An unknown strategy.
+    #[error("{0}")]
+    Strategy(String),
+    /// A negative or non-finite amount.
+    #[error("bundle {bundle}: {resource}={amount} is not a finite amount >= 0")]
+    Amount {
+        /// The bundle.
+        bundle: usize,
+        /// The resource.
+        resource: String,
+        /// The amount.
+        amount: f64,
+    },
+}
+
+/// Something for the shell to do.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // made and consumed at once, never stored
+pub enum Action {
+    /// Send `op` to the ledger of `node`, then pass its reply (or the
+    /// failure to deliver it) to [`Groups::replied`] with `tag`.
+    Send {
+        /// The node.
+        node: String,
+        /// The operation.
+        op: LedgerOp,
+        /// What the reply answers.
+        tag: Tag,
+    },
+    /// The view of this group changed (wake whoever waits on it).
+    Changed(String),
+    /// The group was removed (its owner is gone, or it was asked to).
+    Removed(String),
+}
+
+/// What a ledger reply answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tag {
+    /// A prepare of this attempt of the group.
+    Prepare(String, u64),
+    /// A commit of this attempt of the group.
+    Commit(String, u64),
+    /// A release: its reply changes nothing.
+    Release,
+}
+
+/// Tunables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupsConfig {
+    /// How long a rebuilt group waits for its bundles' nodes to report
+    /// before placing the missing ones again.
+    pub confirm_grace: Duration,
+    /// How long a group waits to try again after a node refused a prepare.
+    pub retry_after: Duration,
+}
+
+impl Default for GroupsConfig {
+    fn default() -> Self {
+        Self {
+            confirm_grace: Duration::from_secs(10),
+            retry_after: Duration::from_millis(50),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    /// Waiting to place the bundles without a node.
+    Waiting,
+    /// Prepares sent; `waiting` for their replies.
+    Preparing {
+        attempt: u64,
+        plan: Vec<(u32, String)>,
+        waiting: BTreeSet<String>,
+        refused: Option<String>,
+    },
+    /// Commits sent.
+    Committing {
+        attempt: u64,
+        plan: Vec<(u32, String)>,
+        waiting: BTreeSet<String>,
+        failed: BTreeSet<String>,
+    },
+    /// Every bundle has a node.
+    Ready,
+    /// Timed out.
+    Failed,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    spec: GroupSpec,
+    strategy: Strategy,
+    owner: Option<(String, u64)>,
+    revision: u64,
+    /// The confirmed node of each bundle.
+    nodes: Vec<Option<String>>,
+    /// Where a rebuilt group's unconfirmed bundles were, and until when
+    /// their nodes may report them.
+    unconfirmed: BTreeMap<u32, String>,
+    confirm_by: Option<Instant>,
+    phase: Phase,
+    /// Whether it was ever ready (no timeout applies then).
+    was_ready: bool,
+    deadline: Instant,
+    not_before: Option<Instant>,
+    why: Option<String>,
+    seq: u64,
+}
+
+impl Entry {
+    fn in_flight(&self) -> Option<&[(u32, String)]> {
+        match &self.phase {
+            Phase::Preparing { plan, .. } | Phase::Committing { plan, .. } => Some(plan),
+            _ => None,
+        }
+    }
+
+    fn state(&self) -> GroupState {
+        match &self.phase {
+            Phase::Ready => GroupState::Ready,
+            Phase::Failed => GroupState::Failed,
+            _ if self.was_ready => GroupState::Rescheduling,
+            Phase::Waiting => GroupState::Pending,
+            Phase::Preparing { .. } | Phase::Committing { .. } => GroupState::Reserving,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct NodeInfo {
+    incarnation: u64,
+    capacity: Resources,
+    labels: BTreeMap<String, String>,
+}
+
+/// The head's placement groups and every node's reservations.
+#[derive(Debug, Clone)]
+pub struct Groups {
+    config: GroupsConfig,
+    /// A prefix that makes ids unique across head restarts.
+    prefix: String,
+    next_id: u64,
+    next_attempt: u64,
+    groups: BTreeMap<String, Entry>,
+    /// Up nodes.
+    nodes: BTreeMap<String, NodeInfo>,
+    /// What each node has reserved (confirmed and in flight).
+    reserved: BTreeMap<String, Resources>,
+    /// Whether resources appeared since the last placement pass.
+    dirty: bool,
+    /// Groups created since the last pass.
+    fresh: Vec<String>,
+    /// Removed groups of earlier heads (rebuilt here, then removed), so
+    /// that a late report does not bring them back.
+    removed: BTreeSet<String>,
+}
+
+fn add(into: &mut Resources, r: &Resources) {
+    for (k, v) in r {
+        *into.entry(k.clone()).or_insert(0.0) += v;
+    }
+}
+
+fn sub(from: &mut Resources, r: &Resources) {
+    for (k, v) in r {
+        if let Some(have) = from.get_mut(k) {
+            *have -= v;
+            if have.abs() < EPS {
+                from.remove(k);
+            }
+        }
+    }
+}
+
+/// Checks a spec; its strategy.
+pub fn check_spec(spec: &GroupSpec) -> Result<Strategy, BadSpec> {
+    if spec.bundles.is_empty() {
+        return Err(BadSpec::Empty);
+    }
+    for (bundle, b) in spec.bundles.iter().enumerate() {
+        if let Some((resource, amount)) = b.iter().find(|(_, n)| !n.is_finite() || **n < 0.0) {
+            return Err(BadSpec::Amount {
+                bundle,
+                resource: resource.clone(),
+                amount: *amount,
+            });
+        }
+    }
+    spec.strategy.parse().map_err(BadSpec::Strategy)
+}
+
+impl Groups {
+    /// No groups; ids start with `prefix` (unique per head incarnation).
+    pub fn new(prefix: impl Into<String>, config: GroupsConfig) -> Self {
+        Self {
+            config,
+            prefix: prefix.into(),
+            next_id: 1,
+            next_attempt: 1,
+            groups: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            dirty: false,
+            fresh: Vec::new(),
+            removed: BTreeSet::new(),
+        }
+    }
+
+    /// Creates a group owned by `owner` (a node and its incarnation);
+    /// returns its id. It is placed by the next [`Groups::step`].
+    pub fn create(
+        &mut self,
+        now: Instant,
+        spec: GroupSpec,
+        owner: Option<(String, u64)>,
+    ) -> Result<String, BadSpec> {
+        let strategy = check_spec(&spec)?;
+        let id = format!("{}-{}", self.prefix, self.next_id);
+        self.next_id += 1;
+        let owner = if spec.detached { None } else { owner };
+        let entry = Entry {
+            deadline: now + Duration::from_millis(spec.timeout_ms),
+            nodes: vec![None; spec.bundles.len()],
+            spec,
+            strategy,
+            owner,
+            revision: 0,
+            unconfirmed: BTreeMap::new(),
+            confirm_by: None,
+            phase: Phase::Waiting,
+            was_ready: false,
+            not_before: None,
+            why: None,
+            seq: self.next_id,
+        };
+        self.groups.insert(id.clone(), entry);
+        self.fresh.push(id.clone());
+        Ok(id)
+    }
+
+    /// The group `id` as its users see it.
+    pub fn view(&self, id: &str) -> Option<GroupView> {
+        let e = self.groups.get(id)?;
+        let mut nodes: Vec<String> = e
+            .nodes
+            .iter()
+            .map(|n| n.clone().unwrap_or_default())
+            .collect();
+        if let Some(plan) = e.in_flight() {
+            for (b, n) in plan {
+                nodes[*b as usize] = n.clone();
+            }
+        }
+        Some(GroupView {
+            id: id.to_owned(),
+            state: e.state(),
+            revision: e.revision,
+            strategy: e.strategy.as_str().to_owned(),
+            bundles: e.spec.bundles.clone(),
+            nodes,
+            owner: e.owner.as_ref().map(|(n, _)| n.clone()),
+            why: if matches!(e.phase, Phase::Ready) {
+                None
+            } else {
+                e.why.clone()
+            },
+        })
+    }
+
+    /// Every group, in creation order.
+    pub fn views(&self) -> Vec<GroupView> {
+        let mut ids: Vec<(&u64, &String)> =
+            self.groups.iter().map(|(id, e)| (&e.seq, id)).collect();
+        ids.sort();
+        ids.into_iter()
+            .filter_map(|(_, id)| self.view(id))
+            .collect()
+    }
+
+    /// Every up node's capacity and reservations, in name order.
+    pub fn accounts(&self) -> Vec<NodeAccount> {
+        self.nodes
+            .iter()
+            .map(|(name, info)| NodeAccount {
+                name: name.clone(),
+                capacity: info.capacity.clone(),
+                reserved: self.reserved(name),
+            })
+            .collect()
+    }
+
+    /// What `node` has reserved.
+    pub fn reserved(&self, node: &str) -> Resources {
+        self.reserved.get(node).cloned().unwrap_or_default()
+    }
+
+    /// Number of groups.
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Whether there is no group.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Whether `id` was made by this head (not rebuilt from a report).
+    fn is_ours(&self, id: &str) -> bool {
+        id.strip_prefix(self.prefix.as_str())
+            .is_some_and(|rest| rest.starts_with('-'))
+    }
+
+    fn reserve(&mut self, node: &str, r: &Resources) {
+        add(self.reserved.entry(node.to_owned()).or_default(), r);
+    }
+
+    fn unreserve(&mut self, node: &str, r: &Resources) {
+        if let Some(have) = self.reserved.get_mut(node) {
+            sub(have, r);
+            if have.is_empty() {
+                self.reserved.remove(node);
+            }
+        }
+        self.dirty = true;
+    }
+
+    /// Removes the group `id`, releasing every bundle; false if unknown.
+    pub fn remove(&mut self, id: &str, out: &mut Vec<Action>) -> bool {
+        let Some(e) = self.groups.remove(id) else {
+            return false;
+        };
+        if !self.is_ours(id) {
+            self.removed.insert(id.to_owned());
+        }
+        let mut held: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (b, n) in e.nodes.iter().enumerate() {
+            if let Some(n) = n {
+                held.entry(n.clone()).or_default().push(b as u32);
+            }
+        }
+        if let Some(plan) = e.in_flight() {
+            for (b, n) in plan {
+                held.entry(n.clone()).or_default().push(*b);
+            }
+        }
+        for (node, bundles) in held {
+            for b in &bundles {
+                self.unreserve(&node, &e.spec.bundles[*b as usize]);
+            }
+            out.push(Action::Send {
+                node,
+                op: LedgerOp::Release {
+                    group: id.to_owned(),
+                    bundles,
+                },
+                tag: Tag::Release,
+            });
+        }
+        out.push(Action::Removed(id.to_owned()));
+        true
+    }
+
+    /// The member table changed: nodes up take part, nodes down or
+    /// restarted lose their bundles, groups of owners gone are removed.
+    /// Members absent from the table are left as they are.
+    pub fn set_members(&mut self, members: &[MemberView], out: &mut Vec<Action>) {
+        for m in members {
+            let known = self.nodes.get(&m.name).map(|n| n.incarnation);
+            let up = m.state == MemberState::Up;
+            if known.is_some_and(|i| i < m.incarnation || (i == m.incarnation && !up)) {
+                self.node_lost(&m.name, out);
+            }
+            if up {
+                let info = NodeInfo {
+                    incarnation: m.incarnation,
+                    capacity: m.resources.amounts(),
+                    labels: m.resources.labels.clone(),
+                };
+                let changed = self.nodes.get(&m.name).is_none_or(|n| {
+                    n.incarnation != info.incarnation
+                        || n.capacity != info.capacity
+                        || n.labels != info.labels
+                });
+                if changed {
+                    self.nodes.insert(m.name.clone(), info);
+                    self.membership_changed();
+                }
+            }
+        }
+        let gone: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|(_, e)| {
+                e.owner.as_ref().is_some_and(|(o, inc)| {
+                    members.iter().any(|m| {
+                        m.name == *o
+                            && (m.incarnation > *inc
+                                || (m.incarnation == *inc && m.state != MemberState::Up))
+                    })
+                })
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            self.remove(&id, out);
+        }
+    }
+
+    /// Nodes came or went: every waiting group is tried again at once.
+    fn membership_changed(&mut self) {
+        self.dirty = true;
+        for e in self.groups.values_mut() {
+            e.not_before = None;
+        }
+    }
+
+    /// `node` is lost (down, or restarted with an empty ledger): its
+    /// bundles are placed again.
+    fn node_lost(&mut self, node: &str, out: &mut Vec<Action>) {
+        self.nodes.remove(node);
+        self.reserved.remove(node);
+        self.membership_changed();
+        for (id, e) in self.groups.iter_mut() {
+            let mut touched = false;
+            for n in e.nodes.iter_mut() {
+                if n.as_deref() == Some(node) {
+                    *n = None;
+                    touched = true;
+                }
+            }
+            e.unconfirmed.retain(|_, n| n != node);
+            match &mut e.phase {
+                Phase::Preparing {
+                    waiting, refused, ..
+                } if waiting.contains(node) => {
+                    waiting.remove(node);
+                    refused.get_or_insert_with(|| format!("node {node} was lost"));
+                }
+                Phase::Committing {
+                    waiting, failed, ..
+                } if waiting.contains(node) => {
+                    waiting.remove(node);
+                    failed.insert(node.to_owned());
+                }
+                Phase::Preparing { plan, .. } | Phase::Committing { plan, .. }
+                    if plan.iter().any(|(_, n)| n == node) =>
+                {
+                    touched = true;
+                }
+                Phase::Ready if touched => e.phase = Phase::Waiting,
+                _ => {}
+            }
+            if touched {
+                out.push(Action::Changed(id.clone()));
+            }
+        }
+        // Phases whose last awaited reply was the lost node's.
+        let ids: Vec<String> = self.groups.keys().cloned().collect();
+        for id in ids {
+            self.settle(&id, None, out);
+        }
+    }
+
+    /// What a node reports on joining (it holds these bundles): a rebuilt
+    /// head adopts them, a head that placed them elsewhere releases them.
+    pub fn report(
+        &mut self,
+        now: Instant,
+        node: &str,
+        incarnation: u64,
+        held: Vec<Held>,
+        out: &mut Vec<Action>,
+    ) {
+        if self
+            .nodes
+            .get(node)
+            .is_some_and(|n| n.incarnation < incarnation)
+        {
+            self.node_lost(node, out);
+        }
+        for h in held {
+            let id = h.record.id.clone();
+            if !self.groups.contains_key(&id) && (self.is_ours(&id) || self.removed.contains(&id)) {
+                // Removed while the node could not be told.
+                out.push(Action::Send {
+                    node: node.to_owned(),
+                    op: LedgerOp::Release {
+                        group: id,
+                        bundles: Vec::new(),
+                    },
+                    tag: Tag::Release,
+                });
+                continue;
+            }
+            if !self.groups.contains_key(&id) {
+                let Ok(strategy) = h.record.strategy.parse::<Strategy>() else {
+                    continue;
+                };
+                if h.record.bundles.is_empty() {
+                    continue;
+                }
+                let unconfirmed = h
+                    .record
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| !n.is_empty())
+                    .map(|(b, n)| (b as u32, n.clone()))
+                    .collect();
+                self.next_id += 1;
+                self.groups.insert(
+                    id.clone(),
+                    Entry {
+                        spec: GroupSpec {
+                            bundles: h.record.bundles.clone(),
+                            strategy: h.record.strategy.clone(),
+                            selector: h.record.selector.clone(),
+                            timeout_ms: 0,
+                            detached: h.record.owner.is_none(),
+                        },
+                        strategy,
+                        owner: h.record.owner.clone(),
+                        revision: h.record.revision,
+                        nodes: vec![None; h.record.bundles.len()],
+                        unconfirmed,
+                        confirm_by: Some(now + self.config.confirm_grace),
+                        phase: Phase::Waiting,
+                        was_ready: true,
+                        deadline: now,
+                        not_before: None,
+                        why: Some("rebuilt: waiting for its nodes to report".into()),
+                        seq: self.next_id,
+                    },
+                );
+            }
+            let Some(e) = self.groups.get_mut(&id) else {
+                continue;
+            };
+            if e.confirm_by.is_some() && h.record.revision > e.revision {
+                e.revision = h.record.revision;
+                for (b, n) in h.record.nodes.iter().enumerate() {
+                    if e.nodes.get(b).is_some_and(Option::is_none) && !n.is_empty() {
+                        e.unconfirmed.insert(b as u32, n.clone());
+                    }
+                }
+            }
+            let in_plan: BTreeSet<u32> = e
+                .in_flight()
+                .map(|p| p.iter().map(|(b, _)| *b).collect())
+                .unwrap_or_default();
+            let mut release = Vec::new();
+            let mut adopt = Vec::new();
+            for b in h.bundles {
+                let i = b as usize;
+                match e.nodes.get(i) {
+                    Some(Some(n)) if n == node => {}
+                    Some(None) if !in_plan.contains(&b) => adopt.push(b),
+                    _ => release.push(b),
+                }
+            }
+            for b in &adopt {
+                e.nodes[*b as usize] = Some(node.to_owned());
+                e.unconfirmed.remove(b);
+            }
+            let bundles: Vec<Resources> = adopt
+                .iter()
+                .map(|b| e.spec.bundles[*b as usize].clone())
+                .collect();
+            if !adopt.is_empty() {
+                if e.nodes.iter().all(Option::is_some) {
+                    e.phase = Phase::Ready;
+                    e.confirm_by = None;
+                    e.unconfirmed.clear();
+                }
+                out.push(Action::Changed(id.clone()));
+            }
+            for r in &bundles {
+                self.reserve(node, r);
+            }
+            if !release.is_empty() {
+                out.push(Action::Send {
+                    node: node.to_owned(),
+                    op: LedgerOp::Release {
+                        group: id.clone(),
+                        bundles: release,
+                    },
+                    tag: Tag::Release,
+                });
+            }
+        }
+    }
+
+    /// A node's reply to an operation sent with `tag` (`Err`: it could
+    /// not be delivered or answered).
+    pub fn replied(
+        &mut self,
+        now: Instant,
+        node: &str,
+        tag: Tag,
+        reply: Result<LedgerReply, String>,
+        out: &mut Vec<Action>,
+    ) {
+        let (id, want) = match &tag {
+            Tag::Release => return,
+            Tag::Prepare(id, a) | Tag::Commit(id, a) => (id.clone(), *a),
+        };
+        let Some(e) = self.groups.get_mut(&id) else {
+            return;
+        };
+        match (&mut e.phase, &tag) {
+            (
+                Phase::Preparing {
+                    attempt,
+                    waiting,
+                    refused,
+                    ..
+                },
+                Tag::Prepare(..),
+            ) if *attempt == want && waiting.contains(node) => {
+                waiting.remove(node);
+                match reply {
+                    Ok(LedgerReply::Done) => {}
+                    Ok(other) => {
+                        refused.get_or_insert_with(|| format!("node {node} refused: {other}"));
+                    }
+                    Err(why) => {
+                        refused.get_or_insert_with(|| format!("node {node}: {why}"));
+                    }
+                }
+            }
+            (
+                Phase::Committing {
+                    attempt,
+                    waiting,
+                    failed,
+                    ..
+                },
+                Tag::Commit(..),
+            ) if *attempt == want && waiting.contains(node) => {
+                waiting.remove(node);
+                if reply != Ok(LedgerReply::Done) {
+                    failed.insert(node.to_owned());
+                }
+            }
+            _ => return,
+        }
+        self.settle(&id, Some(now), out);
+    }
+
+    /// Moves a group on once every reply of its phase is in.
+    fn settle(&mut self, id: &str, now: Option<Instant>, out: &mut Vec<Action>) {
+        let Some(e) = self.groups.get_mut(id) else {
+            return;
+        };
+        match &mut e.phase {
+            Phase::Preparing {
+                attempt,
+                plan,
+                waiting,
+                refused,
+            } if waiting.is_empty() => {
+                let (attempt, plan) = (*attempt, std::mem::take(plan));
+                if let Some(why) = refused.take() {
+                    // Roll back on every node of the plan.
+                    e.phase = Phase::Waiting;
+                    e.why = Some(why);
+                    e.not_before = now.map(|t| t + self.config.retry_after);
+                    let mut per: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+                    for (b, n) in &plan {
+                        per.entry(n.clone()).or_default().push(*b);
+                    }
+                    let bundles = e.spec.bundles.clone();
+                    for (node, bs) in per {
+                        for b in &bs {
+                            self.unreserve(&node, &bundles[*b as usize]);
+                        }
+                        if self.nodes.contains_key(&node) {
+                            out.push(Action::Send {
+                                node,
+                                op: LedgerOp::Release {
+                                    group: id.to_owned(),
+                                    bundles: bs,
+                                },
+                                tag: Tag::Release,
+                            });
+                        }
+                    }
+                    out.push(Action::Changed(id.to_owned()));
+                } else {
+                    let nodes: BTreeSet<String> = plan.iter().map(|(_, n)| n.clone()).collect();
+                    for node in &nodes {
+                        out.push(Action::Send {
+                            node: node.clone(),
+                            op: LedgerOp::Commit {
+                                group: id.to_owned(),
+                                revision: e.revision,
+                            },
+                            tag: Tag::Commit(id.to_owned(), attempt),
+                        });
+                    }
+                    e.phase = Phase::Committing {
+                        attempt,
+                        plan,
+                        waiting: nodes,
+                        failed: BTreeSet::new(),
+                    };
+                }
+            }
+            Phase::Committing {
+                plan,
+                waiting,
+                failed,
+                ..
+            } if waiting.is_empty() => {
+                let (plan, failed) = (std::mem::take(plan), std::mem::take(failed));
+                let bundles = e.spec.bundles.clone();
+                let mut lost = Vec::new();
+                for (b, n) in plan {
+                    if failed.contains(&n) {
+                        lost.push((b, n));
+                    } else {
+                        e.nodes[b as usize] = Some(n);
+                    }
+                }
+                if e.nodes.iter().all(Option::is_some) {
+                    e.phase = Phase::Ready;
+                    e.was_ready = true;
+                    e.why = None;
+                } else {
+                    e.phase = Phase::Waiting;
+                    e.why = Some(format!(
+                        "a commit failed on {}",
+                        failed.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                for (b, n) in lost {
+                    self.unreserve(&n, &bundles[b as usize]);
+                }
+                out.push(Action::Changed(id.to_owned()));
+            }
+            _ => {}
+        }
+    }
+
+    /// Places what can be placed, fails pending groups past their
+    /// timeout, and places again the unconfirmed bundles of rebuilt
+    /// groups past their grace.
+    pub fn step(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let ids: Vec<String> = if self.dirty || self.groups.values().any(|e| due(e, now)) {
+            let mut all: Vec<(u64, String)> = self
+                .groups
+                .iter()
+                .map(|(id, e)| (e.seq, id.clone()))
+                .collect();
+            all.sort();
+            all.into_iter().map(|(_, id)| id).collect()
+        } else {
+            std::mem::take(&mut self.fresh)
+        };
+        self.dirty = false;
+        self.fresh.clear();
+        for id in ids {
+            self.try_place(now, &id, out);
+        }
+    }
+
+    fn try_place(&mut self, now: Instant, id: &str, out: &mut Vec<Action>) {
+        let Some(e) = self.groups.get_mut(id) else {
+            return;
+        };
+        if !matches!(e.phase, Phase::Waiting) {
+            return;
+        }
+        if e.confirm_by.is_some_and(|t| now < t) {
+            return;
+        }
+        if e.confirm_by.take().is_some() {
+            e.unconfirmed.clear();
+        }
+        if e.not_before.is_some_and(|t| now < t) {
+            return;
+        }
+        e.not_before = None;
+        let missing: Vec<u32> = (0..e.nodes.len() as u32)
+            .filter(|b| e.nodes[*b as usize].is_none())
+            .collect();
+        if missing.is_empty() {
+            e.phase = Phase::Ready;
+            e.was_ready = true;
+            out.push(Action::Changed(id.to_owned()));
+            return;
+        }
+        let kept: BTreeSet<&str> = e.nodes.iter().flatten().map(String::as_str).collect();
+        let candidates: Vec<Candidate> = self
+            .nodes
+            .iter()
+            .filter(|(name, _)| match e.strategy {
+                Strategy::StrictSpread => !kept.contains(name.as_str()),
+                Strategy::StrictPack => kept.is_empty() || kept.contains(name.as_str()),
+                _ => true,
+            })
+            .map(|(name, info)| {
+                let mut available = info.capacity.clone();
+                if let Some(r) = self.reserved.get(name) {
+                    sub(&mut available, r);
+                }
+                Candidate {
+                    name: name.clone(),
+                    available,
+                    labels: info.labels.clone(),
+                }
+            })
+            .collect();
+        let sub_group = placement::Group {
+            bundles: missing
+                .iter()
+                .map(|b| e.spec.bundles[*b as usize].clone())
+                .collect(),
+            strategy: e.strategy,
+            selector: e.spec.selector.clone(),
+        };
+        let placed = if candidates.is_empty() {
+            Err(placement::Infeasible::NoMatchingNode(
+                e.spec.selector.clone(),
+            ))
+        } else {
+            placement::place(&candidates, &sub_group)
+        };
+        match placed {
+            Err(why) => {
+                let why = why.to_string();
+                let changed = e.why.as_deref() != Some(why.as_str());
+                e.why = Some(why);
+                if !e.was_ready && now >= e.deadline {
+                    e.phase = Phase::Failed;
+                    out.push(Action::Changed(id.to_owned()));
+                } else if changed {
+                    out.push(Action::Changed(id.to_owned()));
+                }
+            }
+            Ok(to) => {
+                let attempt = self.next_attempt;
+                self.next_attempt += 1;
+                e.revision += 1;
+                let plan: Vec<(u32, String)> = missing.into_iter().zip(to).collect();
+                let mut nodes: Vec<String> = e
+                    .nodes
+                    .iter()
+                    .map(|n| n.clone().unwrap_or_default())
+                    .collect();
+                for (b, n) in &plan {
+                    nodes[*b as usize] = n.clone();
+                }
+                let record = GroupRecord {
+                    id: id.to_owned(),
+                    revision: e.revision,
+                    strategy: e.strategy.as_str().to_owned(),
+                    bundles: e.spec.bundles.clone(),
+                    nodes,
+                    selector: e.spec.selector.clone(),
+                    owner: e.owner.clone(),
+                };
+                let mut per: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+                for (b, n) in &plan {
+                    per.entry(n.clone()).or_default().push(*b);
+                }
+                let bundles = e.spec.bundles.clone();
+                e.phase = Phase::Preparing {
+                    attempt,
+                    plan: plan.clone(),
+                    waiting: per.keys().cloned().collect(),
+                    refused: None,
+                };
+                for (b, n) in &plan {
+                    self.reserve(n, &bundles[*b as usize]);
+                }
+                for (node, bs) in per {
+                    out.push(Action::Send {
+                        node,
+                        op: LedgerOp::Prepare {
+                            record: record.clone(),
+                            bundles: bs,
+                        },
+                        tag: Tag::Prepare(id.to_owned(), attempt),
+                    });
+                }
+                out.push(Action::Changed(id.to_owned()));
+            }
+        }
+    }
+
+    /// When [`Groups::step`] next has something to do on its own (a
+    /// timeout, a grace or a retry), if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.groups
+            .values()
+            .filter(|e| matches!(e.phase, Phase::Waiting))
+            .filter_map(|e| {
+                [
+                    (!e.was_ready).then_some(e.deadline),
+                    e.confirm_by,
+                    e.not_before,
+                ]
+                .into_iter()
+                .flatten()
+                .min()
+            })
+            .min()
+    }
+}
+
+/// Whether a waiting group has a time-driven step due at `now`.
+fn due(e: &Entry, now: Instant) -> bool {
+    matches!(e.phase, Phase::Waiting)
+        && ((!e.was_ready && now >= e.deadline)
+            || e.confirm_by.is_some_and(|t| now >= t)
+            || e.not_before.is_some_and(|t| now >= t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Ledger;
+    use crate::resources::Resources as Offer;
+    use proptest::prelude::{ProptestConfig, prop_assert, prop_assert_eq, prop_oneof, proptest};
+    use proptest::strategy::Strategy as _;
+
+    fn res(pairs: &[(&str, f64)]) -> Resources {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+    }
+
+    fn member(name: &str, incarnation: u64, cpus: u32, up: bool) -> MemberView {
+        MemberView {
+            name: name.into(),
+            addr: String::new(),
+            bulk_addr: String::new(),
+            incarnation,
+            state: if up {
+                MemberState::Up
+            } else {
+                MemberState::Down
+            },
+            resources: Offer {
+                cpus,
+                ..Offer::default()
+            },
+            actors: 0,
+        }
+    }
+
+    fn spec(strategy: &str, bundles: usize, cpu: f64, timeout_ms: u64) -> GroupSpec {
+        GroupSpec {
+            bundles: vec![res(&[("cpu", cpu)]); bundles],
+            strategy: strategy.into(),
+            selector: BTreeMap::new(),
+            timeout_ms,
+            detached: false,
+        }
+    }
+
+    /// A head and the ledgers of its nodes, delivering every operation at
+    /// once (or losing those to nodes in `unreachable`).
+    struct Cluster {
+        groups: Groups,
+        ledgers: BTreeMap<String, Ledger>,
+        members: Vec<MemberView>,
+        unreachable: BTreeSet<String>,
+        changed: Vec<String>,
+        now: Instant,
+    }
+
+    impl Cluster {
+        fn new(nodes: &[(&str, u32)]) -> Self {
+            let mut c = Self {
+                groups: Groups::new("h1", GroupsConfig::default()),
+                ledgers: BTreeMap::new(),
+                members: Vec::new(),
+                unreachable: BTreeSet::new(),
+                changed: Vec::new(),
+                now: Instant::now(),
+            };
+            for (n, cpus) in nodes {
+                c.join(n, 1, *cpus);
+            }
+            c
+        }
+
+        fn join(&mut self, name: &str, incarnation: u64, cpus: u32) {
+            let m = member(name, incarnation, cpus, true);
+            self.ledgers
+                .entry(name.to_owned())
+                .or_insert_with(|| Ledger::new(m.resources.amounts()));
+            self.members.retain(|x| x.name != name);
+            self.members.push(m);
+            self.sync();
+        }
+
+        fn down(&mut self, name: &str) {
+            for m in &mut self.members {
+                if m.name == name {
+                    m.state = MemberState::Down;
+                }
+            }
+            self.sync();
+        }
+
+        fn sync(&mut self) {
+            let mut out = Vec::new();
+            self.groups.set_members(&self.members, &mut out);
+            self.run(out);
+        }
+
+        fn run(&mut self, mut out: Vec<Action>) {
+            loop {
+                self.groups.step(self.now, &mut out);
+                if out.is_empty() {
+                    return;
+                }
+                for a in std::mem::take(&mut out) {
+                    match a {
+                        Action::Send { node, op, tag } => {
+                            let reply = match self.ledgers.get_mut(&node) {
+                                Some(l) if !self.unreachable.contains(&node) => Ok(l.apply(op)),
+                                _ => Err("unreachable".to_owned()),
+                            };
+                            self.groups.replied(self.now, &node, tag, reply, &mut out);
+                        }
+                        Action::Changed(id) | Action::Removed(id) => self.changed.push(id),
+                    }
+                }
+            }
+        }
+
+        fn create(&mut self, spec: GroupSpec) -> String {
+            let id = self
+                .groups
+                .create(self.now, spec, Some(("driver".into(), 1)))
+                .unwrap();
+            self.run(Vec::new());
+            id
+        }
+
+        fn advance(&mut self, by: Duration) {
+            self.now += by;
+            self.run(Vec::new());
+        }
+
+        fn state(&self, id: &str) -> GroupState {
+            self.groups.view(id).unwrap().state
+        }
+
+        /// The head's accounts agree with every ledger.
+        fn check_accounts(&self) {
+            for (name, l) in &self.ledgers {
+                if self
+                    .members
+                    .iter()
+                    .any(|m| m.name == *name && m.state == MemberState::Up)
+                {
+                    let head = self.groups.reserved(name);
+                    let node: Resources = l
+                        .reserved()
+                        .into_iter()
+                        .filter(|(_, v)| v.abs() > EPS)
+                        .collect();
+                    assert_eq!(head, node, "{name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_group_is_prepared_on_every_node_then_committed() {
+        let mut c = Cluster::new(&[("a", 2), ("b", 2)]);
+        let id = c
+            .groups
+            .create(c.now, spec("strict-spread", 2, 1.0, 1000), None)
+            .unwrap();
+        let mut out = Vec::new();
+        c.groups.step(c.now, &mut out);
+        let prepares: Vec<&Action> = out
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::Send {
+                        op: LedgerOp::Prepare { .. },
+                        ..
+                    }
+                )
+            })
+            .collect();
+        assert_eq!(prepares.len(), 2);
+        assert_eq!(c.state(&id), GroupState::Reserving);
+        assert_eq!(
+            c.groups.reserved("a"),
+            res(&[("cpu", 1.0)]),
+            "in flight counts"
+        );
+        c.run(out);
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Ready);
+        assert_eq!(v.nodes, vec!["a", "b"]);
+        assert_eq!(c.ledgers["a"].held().len(), 1, "committed on the node");
+        c.check_accounts();
+    }
+
+    #[test]
+    fn a_refused_prepare_rolls_back_every_node_and_retries() {
+        let mut c = Cluster::new(&[("a", 2), ("b", 2)]);
+        // b's ledger has less than b reported: its prepare is refused.
+        c.ledgers
+            .insert("b".into(), Ledger::new(res(&[("cpu", 0.0)])));
+        let id = c.create(spec("strict-spread", 2, 1.0, 10_000));
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Pending);
+        assert!(
+            v.why.as_deref().unwrap().contains("node b refused"),
+            "{v:?}"
+        );
+        assert!(
+            c.ledgers["a"].reserved().values().all(|v| *v == 0.0),
+            "rolled back on a"
+        );
+        assert!(c.groups.reserved("a").is_empty());
+        c.ledgers
+            .insert("b".into(), Ledger::new(res(&[("cpu", 2.0)])));
+        c.advance(Duration::from_millis(10));
+        assert_eq!(
+            c.state(&id),
+            GroupState::Pending,
+            "not before the retry delay"
+        );
+        c.advance(Duration::from_millis(50));
+        assert_eq!(c.state(&id), GroupState::Ready);
+        c.check_accounts();
+    }
+
+    #[test]
+    fn an_unreachable_node_during_commit_gets_its_bundles_placed_again() {
+        let mut c = Cluster::new(&[("a", 1), ("b", 1), ("c", 1)]);
+        let id = c
+            .groups
+            .create(c.now, spec("spread", 2, 1.0, 10_000), None)
+            .unwrap();
+        let mut out = Vec::new();
+        c.groups.step(c.now, &mut out);
+        // Deliver the prepares, then make b unreachable for the commit.
+        let mut next = Vec::new();
+        for a in out {
+            if let Action::Send { node, op, tag } = a {
+                let reply = c.ledgers.get_mut(&node).unwrap().apply(op);
+                c.groups.replied(c.now, &node, tag, Ok(reply), &mut next);
+            }
+        }
+        c.unreachable.insert("b".into());
+        c.run(next);
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Pending, "{v:?}");
+        assert_eq!(v.nodes, vec!["a", ""], "a's commit stands");
+        assert!(v.why.unwrap().contains("node b"));
+        // b is still up in the table: tried again after the delay, in vain.
+        c.advance(Duration::from_millis(60));
+        assert_eq!(c.state(&id), GroupState::Pending);
+        c.down("b");
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(
+            (v.state, v.nodes),
+            (GroupState::Ready, vec!["a".into(), "c".into()])
+        );
+        c.check_accounts();
+    }
+
+    #[test]
+    fn a_pending_group_is_placed_when_a_node_joins_and_fails_at_its_timeout_otherwise() {
+        let mut c = Cluster::new(&[("a", 2)]);
+        let waits = c.create(spec("strict-spread", 2, 1.0, 5_000));
+        let fails = c.create(spec("strict-spread", 3, 1.0, 5_000));
+        assert_eq!(c.state(&waits), GroupState::Pending);
+        let why = c.groups.view(&fails).unwrap().why.unwrap();
+        assert!(why.contains("3 distinct nodes"), "{why}");
+        assert_eq!(
+            c.groups.poll_timeout(),
+            Some(c.now + Duration::from_secs(5))
+        );
+        c.advance(Duration::from_secs(1));
+        c.join("b", 1, 2);
+        assert_eq!(c.state(&waits), GroupState::Ready);
+        assert_eq!(c.state(&fails), GroupState::Pending);
+        c.advance(Duration::from_secs(4));
+        let v = c.groups.view(&fails).unwrap();
+        assert_eq!(v.state, GroupState::Failed);
+        assert!(v.why.unwrap().contains("strict-spread group of 3 bundles"));
+        // A node joining later does not revive a failed group.
+        c.join("c", 1, 2);
+        assert_eq!(c.state(&fails), GroupState::Failed);
+        c.check_accounts();
+    }
+
+    #[test]
+    fn bundles_of_a_lost_node_are_placed_again_under_the_strategy() {
+        let mut c = Cluster::new(&[("a", 1), ("b", 1), ("c", 1), ("d", 1)]);
+        let id = c.create(spec("strict-spread", 3, 1.0, 1000));
+        let before = c.groups.view(&id).unwrap();
+        assert_eq!(before.nodes, vec!["a", "b", "c"]);
+        c.changed.clear();
+        c.down("b");
+        let after = c.groups.view(&id).unwrap();
+        assert_eq!(after.state, GroupState::Ready);
+        assert_eq!(after.nodes, vec!["a", "d", "c"], "only b's bundle moved");
+        assert!(after.revision > before.revision);
+        assert!(c.changed.contains(&id), "the owner is told");
+        // Nowhere left to go: rescheduling, with no timeout.
+        c.down("d");
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Rescheduling);
+        assert!(v.why.is_some());
+        c.advance(Duration::from_secs(60));
+        assert_eq!(c.state(&id), GroupState::Rescheduling);
+        // b comes back restarted (an empty ledger): used again.
+        c.ledgers
+            .insert("b".into(), Ledger::new(res(&[("cpu", 1.0)])));
+        c.join("b", 2, 1);
+        assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "b", "c"]);
+        c.check_accounts();
+    }
+
+    #[test]
+    fn strict_pack_stays_on_the_node_of_the_bundles_it_kept() {
+        let mut c = Cluster::new(&[("a", 4), ("b", 4)]);
+        let id = c.create(spec("strict-pack", 2, 1.0, 1000));
+        assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "a"]);
+        c.down("a");
+        assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["b", "b"]);
+        c.check_accounts();
+    }
+
+    #[test]
+    fn removing_a_group_releases_it_everywhere_and_an_owner_gone_removes_its_groups() {
+        let mut c = Cluster::new(&[("a", 2), ("b", 2), ("driver", 0)]);
+        let one = c.create(spec("spread", 2, 1.0, 1000));
+        let two = c.create(spec("pack", 1, 1.0, 1000));
+        let mut out = Vec::new();
+        assert!(c.groups.remove(&one, &mut out));
+        assert!(!c.groups.remove(&one, &mut out), "once");
+        c.run(out);
+        c.check_accounts();
+        assert_eq!(c.groups.view(&two).unwrap().state, GroupState::Ready);
+        c.join("driver", 2, 0);
+        assert!(c.groups.view(&two).is_none(), "its owner restarted");
+        c.check_accounts();
+        assert!(c.ledgers.values().all(|l| l.held().is_empty()));
+        assert!(c.groups.reserved("a").is_empty() && c.groups.reserved("b").is_empty());
+    }
+
+    #[test]
+    fn a_restarted_head_rebuilds_groups_from_reports_without_counting_twice() {
+        let mut c = Cluster::new(&[("a", 2), ("b", 2), ("c", 2)]);
+        let id = c.create(spec("spread", 3, 1.0, 1000));
+        let pack = c.create(spec("pack", 2, 0.5, 1000));
+        c.check_accounts();
+        let before = c.groups.view(&id).unwrap();
+        // The head restarts: a fresh machine, the nodes rejoin one by one.
+        c.groups = Groups::new("h2", GroupsConfig::default());
+        for (n, inc) in [("a", 1), ("b", 1)] {
+            let held = c.ledgers.get_mut(n).unwrap().rejoin();
+            let mut out = Vec::new();
+            c.groups.report(c.now, n, inc, held.clone(), &mut out);
+            // A repeated report changes nothing.
+            c.groups.report(c.now, n, inc, held, &mut out);
+            c.run(out);
+        }
+        let mut out = Vec::new();
+        c.groups.set_members(&c.members[..2], &mut out);
+        c.run(out);
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Rescheduling, "c has not reported yet");
+        assert_eq!(c.groups.reserved("a"), c.ledgers["a"].reserved());
+        let held = c.ledgers.get_mut("c").unwrap().rejoin();
+        let mut out = Vec::new();
+        c.groups.report(c.now, "c", 1, held, &mut out);
+        c.run(out);
+        c.sync();
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(
+            (v.state, v.nodes.clone()),
+            (GroupState::Ready, before.nodes)
+        );
+        assert_eq!(c.state(&pack), GroupState::Ready);
+        c.check_accounts();
+    }
+
+    #[test]
+    fn a_rebuilt_groups_unreported_bundles_are_placed_again_after_the_grace() {
+        let mut c = Cluster::new(&[("a", 1), ("b", 1), ("c", 1)]);
+        let id = c.create(spec("strict-spread", 2, 1.0, 1000));
+        assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "b"]);
+        c.groups = Groups::new("h2", GroupsConfig::default());
+        let held = c.ledgers.get_mut("a").unwrap().rejoin();
+        let mut out = Vec::new();
+        c.groups.report(c.now, "a", 1, held, &mut out);
+        c.members.retain(|m| m.name != "b");
+        c.ledgers.remove("b");
+        c.groups.set_members(&c.members, &mut out);
+        c.run(out);
+        assert_eq!(c.state(&id), GroupState::Rescheduling);
+        c.advance(GroupsConfig::default().confirm_grace);
+        assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "c"]);
+        c.check_accounts();
+    }
+
+    #[test]
+    fn a_node_taken_for_lost_gets_back_what_was_not_placed_elsewhere() {
+        let mut c = Cluster::new(&[("a", 1), ("b", 1)]);
+        let id = c.create(spec("strict-spread", 2, 1.0, 1000));
+        c.down("b");
+        assert_eq!(c.state(&id), GroupState::Rescheduling);
+        // b was only partitioned: it rejoins with its ledger and reports.
+        let held = c.ledgers.get_mut("b").unwrap().rejoin();
+        let mut out = Vec::new();
+        c.groups.report(c.now, "b", 1, held, &mut out);
+        c.run(out);
+        c.join("b", 1, 1);
+        assert_eq!(c.state(&id), GroupState::Ready);
+        c.check_accounts();
+        // A group removed while b was away is released when b reports it.
+        c.down("b");
+        let mut out = Vec::new();
+        c.groups.remove(&id, &mut out);
+        c.run(out);
+        assert_eq!(c.ledgers["b"].held().len(), 1, "b could not be told");
+        let held = c.ledgers.get_mut("b").unwrap().rejoin();
+        let mut out = Vec::new();
+        c.groups.report(c.now, "b", 1, held, &mut out);
+        c.run(out);
+        assert!(c.ledgers["b"].held().is_empty());
+        assert!(c.groups.is_empty());
+    }
+
+    #[test]
+    fn bad_specs_are_refused() {
+        let mut g = Groups::new("h", GroupsConfig::default());
+        let now = Instant::now();
+        assert_eq!(
+            g.create(now, spec("pack", 0, 1.0, 0), None),
+            Err(BadSpec::Empty)
+        );
+        assert!(matches!(
+            g.create(now, spec("tight", 1, 1.0, 0), None),
+            Err(BadSpec::Strategy(_))
+        ));
+        assert!(matches!(
+            g.create(now, spec("pack", 1, -1.0, 0), None),
+            Err(BadSpec::Amount { .. })
+        ));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Create(u8, u8, u8),
+        Remove(u8),
+        Down(u8),
+        Restart(u8),
+        Advance(u16),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..4, 1u8..4, 1u8..3).prop_map(|(s, n, c)| Op::Create(s, n, c)),
+            (0u8..8).prop_map(Op::Remove),
+            (0u8..4).prop_map(Op::Down),
+            (0u8..4).prop_map(Op::Restart),
+            (0u16..3000).prop_map(Op::Advance),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Whatever happens, the head's accounts equal the nodes' ledgers,
+        /// no ledger holds more than its capacity, and every ready group
+        /// keeps its strategy's promise.
+        #[test]
+        fn accounts_match_the_ledgers_and_ready_groups_keep_their_strategy(
+            ops in proptest::collection::vec(op(), 1..30)
+        ) {
+            let names = ["a", "b", "c", "d"];
+            let mut c = Cluster::new(&[("a", 2), ("b", 2), ("c", 2), ("d", 2)]);
+            let mut incarnations = [1u64; 4];
+            let mut ids = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Create(s, n, cpu) => {
+                        let strategy = ["pack", "spread", "strict-pack", "strict-spread"][s as usize];
+                        ids.push(c.create(spec(strategy, n as usize, f64::from(cpu), 2000)));
+                    }
+                    Op::Remove(i) => {
+                        if let Some(id) = ids.get(i as usize) {
+                            let mut out = Vec::new();
+                            c.groups.remove(id, &mut out);
+                            c.run(out);
+                        }
+                    }
+                    Op::Down(n) => c.down(names[n as usize]),
+                    Op::Restart(n) => {
+                        let i = n as usize;
+                        incarnations[i] += 1;
+                        c.ledgers.insert(names[i].into(), Ledger::new(res(&[("cpu", 2.0)])));
+                        c.join(names[i], incarnations[i], 2);
+                    }
+                    Op::Advance(ms) => c.advance(Duration::from_millis(u64::from(ms))),
+                }
+                c.check_accounts();
+                for l in c.ledgers.values() {
+                    prop_assert!(l.reserved().get("cpu").copied().unwrap_or(0.0) <= 2.0 + EPS);
+                }
+                for v in c.groups.views() {
+                    if v.state != GroupState::Ready {
+                        continue;
+                    }
+                    let distinct: BTreeSet<&String> = v.nodes.iter().collect();
+                    prop_assert!(v.nodes.iter().all(|n| !n.is_empty()));
+                    match v.strategy.as_str() {
+                        "strict-pack" => prop_assert_eq!(distinct.len(), 1),
+                        "strict-spread" => prop_assert_eq!(distinct.len(), v.nodes.len()),
+                        _ => {}
+                    }
+                    for n in &v.nodes {
+                        let up = c.members.iter().any(|m| m.name == *n && m.state == MemberState::Up);
+                        prop_assert!(up, "{} on {} which is not up", v.id, n);
+                    }
+                }
+            }
+        }
+    }
+}
