@@ -485,20 +485,12 @@ fn reserved_total(s: &Scratch, head: &Proc) -> Option<f64> {
     )
 }
 
-/// Clause "placement" with the embed job: a head and four workers that
-/// each declare `--resource cpu=2`. PACK puts four one-cpu actors on two
-/// workers, STRICT_SPREAD on four, STRICT_PACK two on one; a STRICT_SPREAD
-/// of five fails within its timeout naming the shortage; a worker killed
-/// with SIGKILL mid-job has its bundle placed on another worker, where its
-/// actor is restarted, and the job completes exactly once; after every job
-/// the head has nothing reserved.
-#[test]
-fn embed_jobs_place_their_actors_by_strategy_and_survive_a_lost_worker() {
-    let s = Scratch::new("embed-placement", NODE);
+/// A head and `names` as workers that each declare `--resource cpu=2`,
+/// all up.
+fn two_cpu_cluster(s: &Scratch, names: &[&str]) -> (Proc, Vec<Proc>) {
     s.issue("head");
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    let names = ["p1", "p2", "p3", "p4"];
-    let mut workers: Vec<Proc> = names
+    let workers = names
         .iter()
         .map(|w| {
             s.issue(w);
@@ -515,9 +507,23 @@ fn embed_jobs_place_their_actors_by_strategy_and_survive_a_lost_worker() {
         .collect();
     eventually(Duration::from_secs(60), || {
         s.status(head.addr)
-            .filter(|st| all_up(st, &names))
+            .filter(|st| all_up(st, names))
             .map(|_| ())
     });
+    (head, workers)
+}
+
+/// Clause "placement" with the embed job: a head and four workers that
+/// each declare `--resource cpu=2`. PACK puts four one-cpu actors on two
+/// workers, STRICT_SPREAD on four, STRICT_PACK two on one; a STRICT_SPREAD
+/// of five fails within its timeout naming the shortage; a worker killed
+/// with SIGKILL mid-job has its bundle placed on another worker, where its
+/// actor is restarted, and the job completes exactly once; after every job
+/// the head has nothing reserved.
+#[test]
+fn embed_jobs_place_their_actors_by_strategy_and_survive_a_lost_worker() {
+    let s = Scratch::new("embed-placement", NODE);
+    let (head, mut workers) = two_cpu_cluster(&s, &["p1", "p2", "p3", "p4"]);
     let (small, small_ids) = corpus(&s.dir, 160);
     let job = |tag: &str, extra: &[&str]| {
         let out = s.dir.join(format!("out-{tag}"));
@@ -605,4 +611,94 @@ fn embed_jobs_place_their_actors_by_strategy_and_survive_a_lost_worker() {
     eventually(Duration::from_secs(20), || {
         (reserved_total(&s, &head) == Some(0.0)).then_some(())
     });
+}
+
+/// `node jobs --json` of the head, if it answers.
+fn jobs_json(s: &Scratch, head: &Proc) -> Option<serde_json::Value> {
+    let out = Command::new(NODE)
+        .args(["jobs", "--json", "--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+/// Clause "placement: detached jobs": `node embed --detach` submits the
+/// job and exits; its driver runs on a worker in a bundle of its own,
+/// supervised by the head. The worker running the driver is killed with
+/// SIGKILL mid-job: the head places the driver's bundle on another worker
+/// and starts the driver there, which resumes from the manifest. `node
+/// jobs wait` exits 0; every id is written exactly once; no part written
+/// before the kill is rewritten; nothing stays reserved.
+#[test]
+fn a_detached_job_survives_the_death_of_its_drivers_node() {
+    let s = Scratch::new("embed-detached", NODE);
+    let names = ["d1", "d2", "d3", "d4"];
+    let (head, procs) = two_cpu_cluster(&s, &names);
+    let mut workers: Vec<(String, Proc)> =
+        names.iter().map(|n| (*n).to_owned()).zip(procs).collect();
+    let (input, ids) = corpus(&s.dir, 4000);
+    let out = s.dir.join("out-detached");
+    let submit = driver(
+        &s,
+        &head,
+        &input,
+        &out,
+        "detach",
+        &["--detach", "--actors", "3", "--actor-resources", "cpu=1"],
+    );
+    let (ok, printed) = finish(&s, submit, "detach");
+    assert!(ok, "{printed}");
+    let id = printed.trim().to_owned();
+    assert!(id.starts_with("job-"), "{printed}");
+
+    // Running, with parts written: kill the driver's node.
+    let (driver_node, _) = eventually(Duration::from_secs(120), || {
+        let j = jobs_json(&s, &head)?;
+        let job = j["jobs"].as_array()?.first()?.clone();
+        let node = job["node"].as_str()?.to_owned();
+        (job["state"] == "running" && parts(&out).len() >= 4).then_some(node)
+    });
+    let i = workers.iter().position(|(n, _)| *n == driver_node).unwrap();
+    let (_, victim) = workers.remove(i);
+    victim.signal("-KILL");
+    std::thread::sleep(Duration::from_millis(200));
+    let before = parts(&out);
+    assert!(
+        before.len() < ids.len().div_ceil(32),
+        "the job finished before its driver's node was killed"
+    );
+    // Its driver moves to another node.
+    eventually(Duration::from_secs(60), || {
+        let j = jobs_json(&s, &head)?;
+        let job = j["jobs"].as_array()?.first()?.clone();
+        let on = job["node"].as_str()?;
+        (on != driver_node && job["restarts"].as_u64()? >= 1).then_some(())
+    });
+    let waited = Command::new(NODE)
+        .args(["jobs", "wait", &id, "--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap(), "--timeout-s", "300"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&waited.stdout).into_owned();
+    assert!(waited.status.success(), "{said}");
+    assert!(
+        said.contains("succeeded") && said.contains("skipped as done"),
+        "{said}"
+    );
+    assert_exactly_once(&out, &ids);
+    let after = parts(&out);
+    for (name, modified) in &before {
+        assert_eq!(after.get(name), Some(modified), "{name} was rewritten");
+    }
+    drop(victim);
+    eventually(Duration::from_secs(30), || {
+        (reserved_total(&s, &head) == Some(0.0)).then_some(())
+    });
+    let j = jobs_json(&s, &head).unwrap();
+    assert_eq!(j["jobs"][0]["state"], "succeeded", "{j}");
+    assert_eq!(j["jobs"][0]["done"], 4000, "{j}");
 }

@@ -26,6 +26,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::groups::{GroupSpec, GroupView, NodeAccount};
 use crate::hello::Refusal;
+use crate::jobs::{JobsReply, JobsRequest};
 use crate::ledger::{LedgerOp, LedgerReply};
 use crate::membership::{JoinRequest, MemberView};
 
@@ -69,6 +70,8 @@ pub enum ControlRequest {
     /// An operation on the receiving node's reservations; only the head
     /// may send it.
     Ledger(LedgerOp),
+    /// A request about detached jobs, served by the head.
+    Jobs(JobsRequest),
 }
 
 /// A request about placement groups.
@@ -204,4 +207,6 @@ pub enum ControlReply {
     Placement(PlacementReply),
     /// The answer to a ledger operation.
     Ledger(LedgerReply),
+    /// The answer to a jobs request.
+    Jobs(JobsReply),
 }

@@ -105,7 +105,8 @@ impl HeadSession {
             ControlRequest::Stop { .. }
             | ControlRequest::Supervisors
             | ControlRequest::Placement(_)
-            | ControlRequest::Ledger(_) => (None, Noted::Nothing),
+            | ControlRequest::Ledger(_)
+            | ControlRequest::Jobs(_) => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let name = req.name.clone();
                 let incarnation = req.incarnation;

@@ -14,6 +14,7 @@
 //! wire        rkyv archives, validated (bytecheck) before they are read
 //! hello       the first frame of every connection: who speaks, and why
 //! incarnation the generation a node runs under, increasing across restarts
+//! jobs        detached jobs: an actor the head runs in a bundle of its own
 //! ledger      a node's reservations for the bundles of placement groups
 //! membership  the member table, incarnations and the failure detector
 //! head        the head's side of a control stream
@@ -33,6 +34,7 @@ pub mod groups;
 pub mod head;
 pub mod hello;
 pub mod incarnation;
+pub mod jobs;
 pub mod ledger;
 pub mod member;
 pub mod membership;

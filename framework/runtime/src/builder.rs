@@ -36,6 +36,7 @@ use crate::control::ControlService;
 use crate::head::HeadService;
 use crate::head_client::HeadClient;
 use crate::identity::{Identity, IncarnationRecord};
+use crate::jobs_slot::JobsSlot;
 use crate::member::{JoinError, Member};
 use crate::mesh::MeshShell;
 use crate::node::Node;
@@ -98,6 +99,22 @@ pub struct NodeBuilder {
     config: NodeConfig,
     kinds: HashMap<String, Arc<dyn Kind>>,
     configurable: HashMap<String, ConfigKind>,
+    handle: NodeHandle,
+}
+
+/// The node an actor runs on, for actors that use the node's API (place
+/// groups, spawn, send through its outbound): given to a kind's factory
+/// before the node exists, it yields the node once
+/// [`NodeBuilder::start_shared`] has started it, and nothing after the
+/// node is dropped.
+#[derive(Clone, Default)]
+pub struct NodeHandle(Arc<std::sync::OnceLock<std::sync::Weak<Node>>>);
+
+impl NodeHandle {
+    /// The node, once started and while it lives.
+    pub fn get(&self) -> Option<Arc<Node>> {
+        self.0.get().and_then(std::sync::Weak::upgrade)
+    }
 }
 
 impl Node {
@@ -107,11 +124,25 @@ impl Node {
             config,
             kinds: HashMap::new(),
             configurable: HashMap::new(),
+            handle: NodeHandle::default(),
         }
     }
 }
 
 impl NodeBuilder {
+    /// The handle that will yield this node (see [`NodeHandle`]).
+    pub fn node_handle(&self) -> NodeHandle {
+        self.handle.clone()
+    }
+
+    /// [`NodeBuilder::start`], shared, and its [`NodeHandle`] filled.
+    pub async fn start_shared(self) -> Result<Arc<Node>, StartError> {
+        let handle = self.handle.clone();
+        let node = Arc::new(self.start().await?);
+        let _ = handle.0.set(Arc::downgrade(&node));
+        Ok(node)
+    }
+
     /// Registers an actor kind that other nodes may spawn here by name.
     /// `factory` makes the actor value; its `Arguments` travel as an rkyv
     /// archive and are validated before use.
@@ -276,6 +307,7 @@ impl NodeBuilder {
             }
         };
         let board = Board::default();
+        let jobs = JobsSlot::default();
         let placement = head.as_ref().map(|_| {
             PlacementService::new(
                 Arc::clone(&identity),
@@ -299,6 +331,7 @@ impl NodeBuilder {
             board: board.clone(),
             ledger: ledger.clone(),
             placement: placement_handle.clone(),
+            jobs: jobs.clone(),
         };
         if let Some(service) = placement {
             tasks.spawn_graceful(|stop| service.run(stop));
@@ -328,6 +361,7 @@ impl NodeBuilder {
             placement: placement_handle,
             head_client: HeadClient::new(Arc::clone(&identity), Arc::clone(&pool), config.head),
             ledger,
+            jobs: jobs.clone(),
         };
 
         tasks.spawn(relay_members(view.clone(), spawner));

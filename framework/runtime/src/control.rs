@@ -17,6 +17,7 @@ use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::head::{HeadSession, Noted};
 use flotilla_proto::hello::Refusal;
+use flotilla_proto::jobs::JobsReply;
 use flotilla_proto::ledger::LedgerReply;
 use flotilla_transport::handshake::{Frames, StreamError, send_msg};
 use quinn::{RecvStream, SendStream};
@@ -27,6 +28,7 @@ use crate::board::Board;
 use crate::call::call;
 use crate::clock::{now, sleep_until};
 use crate::head::HeadService;
+use crate::jobs_slot::JobsSlot;
 use crate::placement::PlacementHandle;
 use crate::reservations::Reservations;
 use crate::spawner::{LocalStop, SpawnerMsg, StopReply};
@@ -47,6 +49,8 @@ pub(crate) struct ControlService {
     pub(crate) ledger: Reservations,
     /// The placement service, on the head.
     pub(crate) placement: Option<PlacementHandle>,
+    /// The jobs service, once the head serves jobs.
+    pub(crate) jobs: JobsSlot,
 }
 
 /// How long the spawner may take to answer a stop request.
@@ -92,6 +96,7 @@ impl ControlService {
                         ControlRequest::Ledger(op) => {
                             ControlReply::Ledger(self.ledger_op(&peer, op))
                         }
+                        ControlRequest::Jobs(_) => ControlReply::Jobs(JobsReply::NotServed),
                     };
                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                 }
@@ -125,6 +130,11 @@ impl ControlService {
                                         None => PlacementReply::NotHead,
                                     };
                                     send_msg(&mut send, &ControlReply::Placement(reply), DEFAULT_MAX_FRAME).await?;
+                                    continue;
+                                }
+                                ControlRequest::Jobs(request) => {
+                                    let reply = ControlReply::Jobs(self.jobs.request(request).await);
+                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                                     continue;
                                 }
                                 ControlRequest::Ledger(_) => {

@@ -41,6 +41,8 @@ mod gate;
 mod head;
 mod head_client;
 mod identity;
+pub mod jobs;
+mod jobs_slot;
 pub mod member;
 mod mesh;
 pub mod node;
@@ -61,14 +63,14 @@ pub mod table;
 mod tasks;
 pub mod wire;
 
-pub use builder::{NodeBuilder, StartError};
+pub use builder::{NodeBuilder, NodeHandle, StartError};
 pub use config::NodeConfig;
 pub use flotilla_proto::membership::{MemberState, MemberView};
 pub use flotilla_proto::resources::Resources;
 pub use identity::RecordError;
 pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
 pub use outbound::Outbound;
-pub use status::{query_placement, query_status, query_supervisors};
+pub use status::{query_jobs, query_placement, query_status, query_supervisors};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
 pub use table::Table;
 

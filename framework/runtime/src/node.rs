@@ -21,6 +21,7 @@ use crate::call::{CallError, call};
 use crate::config_args::{ConfigArgsError, ConfigKinds, archive};
 use crate::head_client::HeadClient;
 use crate::identity::Identity;
+use crate::jobs_slot::JobsSlot;
 use crate::outbound::Outbound;
 use crate::placement::PlacementHandle;
 use crate::pool::Pool;
@@ -200,6 +201,8 @@ pub struct Node {
     pub(crate) head_client: HeadClient,
     /// This node's reservations.
     pub(crate) ledger: Reservations,
+    /// The jobs service, once the head serves jobs.
+    pub(crate) jobs: JobsSlot,
 }
 
 impl std::fmt::Debug for Node {

@@ -9,6 +9,7 @@ use flotilla_proto::control::{
 };
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::{Hello, Purpose};
+use flotilla_proto::jobs::{JobsReply, JobsRequest};
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use flotilla_transport::{BindError, ConnectError};
 
@@ -99,6 +100,21 @@ pub async fn query_placement(
         ControlReply::Placement(PlacementReply::Groups { groups, nodes }) => {
             Ok(PlacementStatus { groups, nodes })
         }
+        other => Err(StatusError::Unexpected {
+            addr,
+            reply: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Sends a jobs request to the head at `addr`; its answer.
+pub async fn query_jobs(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+    request: JobsRequest,
+) -> Result<JobsReply, StatusError> {
+    match ask(addr, identity, ControlRequest::Jobs(request)).await? {
+        ControlReply::Jobs(reply) => Ok(reply),
         other => Err(StatusError::Unexpected {
             addr,
             reply: format!("{other:?}"),

@@ -20,6 +20,49 @@ pub struct PlacementStatus {
     pub nodes: Vec<flotilla_proto::groups::NodeAccount>,
 }
 
+/// A placement group as `node status --json` (and `node jobs --json`)
+/// show it: `{id, state, strategy, revision, owner, why, bundles:
+/// [{resources, node}]}`.
+#[derive(Debug, Serialize)]
+pub struct GroupJson<'a> {
+    id: &'a str,
+    state: &'static str,
+    strategy: &'a str,
+    revision: u64,
+    owner: Option<&'a str>,
+    why: Option<&'a str>,
+    bundles: Vec<BundleJson<'a>>,
+}
+
+/// One bundle of a [`GroupJson`].
+#[derive(Debug, Serialize)]
+pub struct BundleJson<'a> {
+    resources: &'a BTreeMap<String, f64>,
+    node: Option<&'a str>,
+}
+
+impl<'a> From<&'a flotilla_proto::groups::GroupView> for GroupJson<'a> {
+    fn from(g: &'a flotilla_proto::groups::GroupView) -> Self {
+        Self {
+            id: &g.id,
+            state: g.state.as_str(),
+            strategy: &g.strategy,
+            revision: g.revision,
+            owner: g.owner.as_deref(),
+            why: g.why.as_deref(),
+            bundles: g
+                .bundles
+                .iter()
+                .zip(&g.nodes)
+                .map(|(r, n)| BundleJson {
+                    resources: r,
+                    node: (!n.is_empty()).then_some(n.as_str()),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// The member table as last known by a node: authoritative on the head,
 /// pushed by the head to every member.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -97,43 +140,7 @@ impl Table {
                 Some(a.available()),
             )
         };
-        #[derive(Serialize)]
-        struct Bundle<'a> {
-            resources: &'a Amounts,
-            node: Option<&'a str>,
-        }
-        #[derive(Serialize)]
-        struct Group<'a> {
-            id: &'a str,
-            state: &'static str,
-            strategy: &'a str,
-            revision: u64,
-            owner: Option<&'a str>,
-            why: Option<&'a str>,
-            bundles: Vec<Bundle<'a>>,
-        }
-        let groups = placement.map(|p| {
-            p.groups
-                .iter()
-                .map(|g| Group {
-                    id: &g.id,
-                    state: g.state.as_str(),
-                    strategy: &g.strategy,
-                    revision: g.revision,
-                    owner: g.owner.as_deref(),
-                    why: g.why.as_deref(),
-                    bundles: g
-                        .bundles
-                        .iter()
-                        .zip(&g.nodes)
-                        .map(|(r, n)| Bundle {
-                            resources: r,
-                            node: (!n.is_empty()).then_some(n.as_str()),
-                        })
-                        .collect(),
-                })
-                .collect::<Vec<_>>()
-        });
+        let groups = placement.map(|p| p.groups.iter().map(GroupJson::from).collect::<Vec<_>>());
         #[derive(Serialize)]
         struct Child<'a> {
             id: &'a str,
@@ -210,7 +217,7 @@ impl Table {
             version: u64,
             nodes: Vec<Node<'a>>,
             #[serde(skip_serializing_if = "Option::is_none")]
-            groups: Option<Vec<Group<'a>>>,
+            groups: Option<Vec<GroupJson<'a>>>,
         }
         let doc = Doc {
             head: &self.head,

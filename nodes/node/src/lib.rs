@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod jobs;
 pub mod run;
 pub mod systemd;
 pub mod trees;
@@ -41,6 +42,46 @@ pub enum Command {
     /// Embed a JSONL or Parquet corpus with resident model actors, in this
     /// process or (with --head) on every worker of a cluster.
     Embed(EmbedArgs),
+    /// List the cluster's detached jobs, wait for one, or stop one.
+    Jobs(JobsArgs),
+}
+
+/// Flags of `node jobs`.
+#[derive(Debug, Args)]
+pub struct JobsArgs {
+    /// Address of the head.
+    #[arg(long, global = true)]
+    pub head: Option<SocketAddr>,
+    /// Folder with ca.crt and the identity's certificate.
+    #[arg(long, global = true, default_value = "certs")]
+    pub certs: PathBuf,
+    /// Identity to use.
+    #[arg(long, global = true, default_value = "admin")]
+    pub name: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do (default: list every job).
+    #[command(subcommand)]
+    pub op: Option<JobsOp>,
+}
+
+/// Operations of `node jobs`.
+#[derive(Debug, Subcommand)]
+pub enum JobsOp {
+    /// Wait until the job ends: exit 0 if it succeeded, 1 if it failed.
+    Wait {
+        /// The job's id.
+        id: String,
+        /// Give up (exit 3) after this many seconds.
+        #[arg(long, default_value_t = 24 * 3600)]
+        timeout_s: u64,
+    },
+    /// Stop the job (it ends failed).
+    Stop {
+        /// The job's id.
+        id: String,
+    },
 }
 
 /// Flags of `node embed`.
@@ -113,6 +154,13 @@ pub struct EmbedArgs {
     /// Log progress lines instead of drawing a bar, even on a terminal.
     #[arg(long)]
     pub no_progress_bar: bool,
+    /// With --head: submit the job to the cluster and print its id; its
+    /// driver runs on a node of the cluster, supervised by the head, and
+    /// survives this process and the node it runs on (`node jobs`).
+    /// Input, output and model must be readable there: paths every node
+    /// sees, or object-store URLs.
+    #[arg(long, requires = "head")]
+    pub detach: bool,
     /// Job id (default: from the input's content, batch size and model).
     #[arg(long)]
     pub job_id: Option<String>,
@@ -181,6 +229,7 @@ impl EmbedArgs {
                 max_restarts: self.max_restarts,
                 within: std::time::Duration::from_secs(self.restart_window_s.max(1)),
             },
+            progress_to: None,
         }
     }
 }

@@ -67,6 +67,8 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                 }
             }
         }
+        Command::Embed(args) if args.detach => submit(args).await,
+        Command::Jobs(args) => crate::jobs::run(args).await,
         Command::Embed(args) => match flotilla_embed::job::run(args.job()).await {
             Ok(summary) => {
                 println!("{summary}");
@@ -118,6 +120,50 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
     }
 }
 
+/// `node embed --detach`: submits the job to the head and prints its id.
+async fn submit(args: crate::EmbedArgs) -> ExitCode {
+    let (head, certs, name) = (args.head, args.certs.clone(), args.name.clone());
+    let Some(head) = head else {
+        eprintln!("--detach needs --head");
+        return ExitCode::from(2);
+    };
+    let mut config = args.job();
+    // The driver runs elsewhere: local paths are made absolute here.
+    for path in [&mut config.input, &mut config.output] {
+        if !path.contains("://")
+            && let Ok(abs) = std::path::absolute(&*path)
+        {
+            *path = abs.to_string_lossy().into_owned();
+        }
+    }
+    if let Ok(abs) = std::path::absolute(&config.model) {
+        config.model = abs;
+    }
+    let job = flotilla_embed::job::detached::DetachedJob::of(&config);
+    let identity = match flotilla_transport::Identity::load(&certs, &name) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let request = flotilla::jobs::JobsRequest::Submit(job.spec());
+    match flotilla::query_jobs(head, identity, request).await {
+        Ok(flotilla::jobs::JobsReply::Submitted(id)) => {
+            println!("{id}");
+            ExitCode::SUCCESS
+        }
+        Ok(other) => {
+            eprintln!("NODE-JOB-001: the head did not take the job: {other:?}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(4)
+        }
+    }
+}
+
 async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
     let settings = match node_config(args, join) {
         Ok(c) => c,
@@ -139,9 +185,10 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         tracing::info!(%addr, "serving metrics on /metrics");
     }
     let builder = extra(Node::builder(settings.config));
+    let builder = flotilla_embed::job::detached::register(builder);
     let settings_trees = settings.trees;
     let node = match flotilla_embed::actor::register(builder, settings.model)
-        .start()
+        .start_shared()
         .await
     {
         Ok(n) => n,
@@ -164,7 +211,6 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(code);
         }
     };
-    let node = std::sync::Arc::new(node);
     let mut trees = match crate::trees::start(&node, settings_trees).await {
         Ok(t) => t,
         Err(e) => {
@@ -175,6 +221,8 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(2);
         }
     };
+    // The head supervises detached jobs.
+    let jobs = node.serve_jobs();
     crate::systemd::ready();
     let watchdog = crate::systemd::watchdog_interval()
         .map(|interval| tokio::spawn(crate::systemd::feed_watchdog(interval, node.pulse())));
@@ -190,6 +238,9 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         w.abort();
     }
     trees.stop().await;
+    if let Some(jobs) = jobs {
+        jobs.stop().await;
+    }
     match std::sync::Arc::try_unwrap(node) {
         Ok(node) => node.shutdown().await,
         Err(_) => tracing::warn!("node still in use; not leaving cleanly"),

@@ -24,7 +24,7 @@ use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberView, Node, NodeConfig, Resources};
 
 use flotilla::placement_groups::{GroupSpec, bundle};
-use flotilla::supervisor::{Child, ChildSpec, RemoteChild, RestartType};
+use flotilla::supervisor::{Child, ChildSpec, RemoteChild, RestartType, SupervisorMsg};
 
 use super::driver::{Workers, drive, embedder_args, supervise};
 use super::{
@@ -53,11 +53,7 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
     let started = Instant::now();
     // The driver's own copy of the model, when it has one, is the reference
     // every worker must match; otherwise the first worker's is.
-    let reference = if config.model.exists() {
-        Some(ModelFolder::open(&config.model)?.revision()?.to_string())
-    } else {
-        None
-    };
+    let reference = reference_revision(&config).await?;
     let mut node_config = NodeConfig::new(
         cluster.name.clone(),
         cluster.listen.unwrap_or_else(|| route_to(cluster.head)),
@@ -80,48 +76,137 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
                     source,
                 })?,
         );
-    let result = match start_workers(&config, &node, reference).await {
-        Ok((mut workers, group)) => match supervise(
-            &config,
-            remote_children(&config, &node, &workers, &group),
-            Some(node.watch_members()),
-        )
-        .await
-        {
-            Ok((s, events)) => {
-                workers.supervision = Some(s);
-                let result = drive(
-                    &config,
-                    started,
-                    &workers,
-                    node.outbound(),
-                    Some(node.watch_members()),
-                    Some(events),
-                )
-                .await;
-                if let Some(s) = &workers.supervision {
-                    // The workers stop the actors when the driver leaves.
-                    s.supervisor.stop(None);
-                }
-                let result = result.map(|mut s| {
-                    s.placement = workers.placement.clone();
-                    s
-                });
-                // Removed with the driver's node anyway; at once here.
-                if let Err(e) = node.remove_group(&group).await {
-                    tracing::warn!(%group, error = %e, "cannot remove the job's placement group");
-                }
-                result
-            }
-            Err(e) => Err(e.into()),
-        },
-        Err(e) => Err(e),
-    };
+    let result = run_on(&config, &node, started, reference).await;
     match Arc::try_unwrap(node) {
         Ok(node) => node.shutdown().await,
         Err(_) => tracing::warn!("driver node still in use; not leaving cleanly"),
     }
     result
+}
+
+/// The model revision of the driver's own copy of the model, when it has
+/// one: the reference every worker must match (otherwise the first
+/// worker's is).
+async fn reference_revision(config: &JobConfig) -> Result<Option<String>, JobError> {
+    if config.model.exists() {
+        Ok(Some(
+            ModelFolder::open(&config.model)?.revision()?.to_string(),
+        ))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Runs the job with `node` as its driver: a node of the cluster already
+/// (this process's own, or the node a detached job runs on).
+pub(crate) async fn run_detached(
+    config: &JobConfig,
+    node: &Arc<Node>,
+) -> Result<Summary, JobError> {
+    let started = Instant::now();
+    let reference = reference_revision(config).await?;
+    run_on(config, node, started, reference).await
+}
+
+async fn run_on(
+    config: &JobConfig,
+    node: &Arc<Node>,
+    started: Instant,
+    reference: Option<String>,
+) -> Result<Summary, JobError> {
+    let (mut workers, group) = start_workers(config, node, reference).await?;
+    let mut teardown = Teardown(Some(Parts {
+        node: Arc::clone(node),
+        group: group.clone(),
+        supervisor: None,
+        actors: workers
+            .actors
+            .iter()
+            .filter_map(|(on, a)| Some((on.clone(), a.get_name()?)))
+            .collect(),
+    }));
+    let (s, events) = supervise(
+        config,
+        remote_children(config, node, &workers, &group),
+        Some(node.watch_members()),
+    )
+    .await?;
+    if let Some(parts) = teardown.0.as_mut() {
+        parts.supervisor = Some(s.supervisor.clone());
+    }
+    workers.supervision = Some(s);
+    let result = drive(
+        config,
+        started,
+        &workers,
+        node.outbound(),
+        Some(node.watch_members()),
+        Some(events),
+    )
+    .await;
+    teardown.finish().await;
+    result.map(|mut s| {
+        s.placement = workers.placement.clone();
+        s
+    })
+}
+
+/// What ends with the job: its actors (through their supervisor once it
+/// runs) and its placement group.
+struct Parts {
+    node: Arc<Node>,
+    group: String,
+    supervisor: Option<ActorRef<SupervisorMsg>>,
+    /// `(node, name)` of the first actors, stopped directly before the
+    /// supervisor runs.
+    actors: Vec<(String, String)>,
+}
+
+impl Parts {
+    async fn stop(self) {
+        match self.supervisor {
+            Some(s) => {
+                let within = Duration::from_secs(15);
+                if flotilla::call::call(&s, SupervisorMsg::Shutdown, within)
+                    .await
+                    .is_err()
+                {
+                    s.stop(None);
+                }
+            }
+            None => {
+                for (on, name) in &self.actors {
+                    let _ = self.node.stop_on(on, name, Duration::from_secs(5)).await;
+                }
+            }
+        }
+        if let Err(e) = self.node.remove_group(&self.group).await {
+            tracing::warn!(group = %self.group, error = %e, "cannot remove the job's placement group");
+        }
+    }
+}
+
+/// Stops the job's [`Parts`] when the job ends, and also when the job's
+/// future is dropped mid-way (a detached driver stopped or restarted): the
+/// actors and their group do not outlive it.
+struct Teardown(Option<Parts>);
+
+impl Teardown {
+    async fn finish(&mut self) {
+        if let Some(parts) = self.0.take() {
+            parts.stop().await;
+        }
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if let Some(parts) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(parts.stop());
+        }
+    }
 }
 
 /// The job's actors as children of its supervisor, each in its bundle of
@@ -165,12 +250,13 @@ fn remote_children(
         .collect()
 }
 
-/// Worker nodes: up, not the head, not this driver, offering CPUs or GPUs.
+/// Worker nodes: up, not the head, offering CPUs or GPUs (a driver that
+/// joined for the job offers none; a detached job's node may be one).
 fn worker_nodes(node: &Node) -> Vec<MemberView> {
     let table = node.members();
     table
         .up()
-        .filter(|m| m.name != node.name() && m.name != table.head)
+        .filter(|m| m.name != table.head)
         .filter(|m| m.resources.cpus > 0 || m.resources.gpus > 0)
         .cloned()
         .collect()
@@ -223,13 +309,13 @@ async fn start_workers(
     let group = node
         .create_group(spec)
         .await
-        .map_err(ClusterError::Placement)?;
+        .map_err(|e| ClusterError::Placement(Box::new(e)))?;
     let wait = config.placement_timeout + Duration::from_secs(5);
     let view = match node.wait_group(&group, wait).await {
         Ok(v) => v,
         Err(e) => {
             let _ = node.remove_group(&group).await;
-            return Err(ClusterError::Placement(e).into());
+            return Err(ClusterError::Placement(Box::new(e)).into());
         }
     };
     tracing::info!(%group, strategy = %view.strategy, nodes = ?view.nodes, "embedding actors placed");

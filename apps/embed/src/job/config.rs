@@ -60,6 +60,9 @@ pub struct JobConfig {
     /// How often one embedding actor may be restarted (after a panic or a
     /// failure) before the job stops.
     pub restart_limit: flotilla::supervisor::Intensity,
+    /// Where to publish `(texts done, texts in all)` as the job goes (all
+    /// known once the input is scanned; 0 before).
+    pub progress_to: Option<tokio::sync::watch::Sender<(u64, u64)>>,
 }
 
 impl JobConfig {
@@ -90,6 +93,7 @@ impl JobConfig {
             cluster: None,
             progress_bar: false,
             restart_limit: flotilla::supervisor::Intensity::default(),
+            progress_to: None,
         }
     }
 }

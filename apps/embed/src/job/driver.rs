@@ -452,7 +452,8 @@ pub(crate) async fn drive(
         ready_after,
         ..Summary::default()
     };
-    let mut progress = super::progress::Progress::new(config.progress_bar, scan.rows);
+    let mut progress =
+        super::progress::Progress::new(config.progress_bar, scan.rows, config.progress_to.clone());
     let mut latencies = Latencies::new();
     let mut gave_up = 0u64;
     let mut lost_workers = LostWorkers::default();

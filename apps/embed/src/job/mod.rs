@@ -16,6 +16,7 @@
 
 mod cluster;
 mod config;
+pub mod detached;
 mod driver;
 pub mod input;
 mod local;
@@ -122,7 +123,7 @@ pub enum ClusterError {
     NoMatchingRevision(String),
     /// The actors' placement group could not be placed.
     #[error("cluster: the embedding actors cannot be placed: {0}")]
-    Placement(#[from] flotilla::placement_groups::PlacementError),
+    Placement(Box<flotilla::placement_groups::PlacementError>),
 }
 
 /// One worker's embedding actor that did not start.

@@ -18,12 +18,18 @@ pub(crate) struct Progress {
     /// Rows of batches skipped as already done.
     skipped: u64,
     total: Option<u64>,
+    /// Where `(done, total)` is published.
+    report: Option<tokio::sync::watch::Sender<(u64, u64)>>,
 }
 
 impl Progress {
     /// Progress over `total` rows (when known); with `bar`, drawn on the
     /// terminal.
-    pub(crate) fn new(bar: bool, total: Option<u64>) -> Self {
+    pub(crate) fn new(
+        bar: bool,
+        total: Option<u64>,
+        report: Option<tokio::sync::watch::Sender<(u64, u64)>>,
+    ) -> Self {
         let bar = bar.then(|| {
             let b = ProgressBar::new(total.unwrap_or(0));
             let template = if total.is_some() {
@@ -36,13 +42,22 @@ impl Progress {
             }
             b
         });
-        Self {
+        let p = Self {
             bar,
             started: Instant::now(),
             last_log: Instant::now(),
             rows: 0,
             skipped: 0,
             total,
+            report,
+        };
+        p.publish();
+        p
+    }
+
+    fn publish(&self) {
+        if let Some(r) = &self.report {
+            let _ = r.send((self.rows + self.skipped, self.total.unwrap_or(0)));
         }
     }
 
@@ -53,6 +68,7 @@ impl Progress {
     /// Rows of a batch found complete.
     pub(crate) fn skipped(&mut self, rows: usize) {
         self.skipped += rows as u64;
+        self.publish();
         if let Some(b) = &self.bar {
             b.inc(rows as u64);
         }
@@ -61,6 +77,7 @@ impl Progress {
     /// Rows of a batch finished.
     pub(crate) fn done(&mut self, rows: usize) {
         self.rows += rows as u64;
+        self.publish();
         let rate = self.rate();
         match &self.bar {
             Some(b) => {

@@ -1,0 +1,256 @@
+//! Detached embed jobs: the job's driver as a job actor
+//! ([`flotilla::jobs`]) that the head runs in a bundle of its own on some
+//! node of the cluster, so the job survives the machine it was submitted
+//! from and the one its driver runs on. The driver uses the node it runs
+//! on (no node of its own); restarted on another node, it resumes from
+//! the manifest in the output store: batches already written are skipped,
+//! never recomputed.
+//!
+//! ```text
+//! node embed --detach ─► head: Jobs(Submit{kind: flotilla.embed.job, args: DetachedJob})
+//! head ─► JobDriver on a node ─► the cluster job (its actors in their own group)
+//!      ◄─ JobMsg::Progress: texts done / in all, then its end
+//! ```
+//!
+//! The input, output and model must be readable where the driver lands: a
+//! path every node sees, or an object-store URL. A driver that cannot open
+//! its input fails the job with an error naming its node and the input.
+
+use std::sync::{Arc, Mutex};
+
+use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobSpec, JobState};
+use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
+use flotilla::rkyv::{Archive, Deserialize, Serialize};
+use flotilla::{Node, NodeHandle};
+
+use super::{Format, JobConfig};
+
+/// The registered kind of the embed job's driver.
+pub const JOB_KIND: &str = "flotilla.embed.job";
+
+/// A detached embed job's settings, as they travel to its driver.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct DetachedJob {
+    /// See [`JobConfig::input`].
+    pub input: String,
+    /// See [`JobConfig::output`].
+    pub output: String,
+    /// `parquet` or `jsonl`.
+    pub format: String,
+    /// See [`JobConfig::model`].
+    pub model: String,
+    /// See [`JobConfig::id_field`].
+    pub id_field: String,
+    /// See [`JobConfig::text_field`].
+    pub text_field: String,
+    /// See [`JobConfig::output_columns`].
+    pub output_columns: Vec<String>,
+    /// See [`JobConfig::batch_size`].
+    pub batch_size: u64,
+    /// See [`JobConfig::actors_per_node`].
+    pub actors_per_node: Option<u64>,
+    /// See [`JobConfig::actors`].
+    pub actors: Option<u64>,
+    /// See [`JobConfig::actor_resources`].
+    pub actor_resources: Option<Vec<(String, f64)>>,
+    /// See [`JobConfig::placement`].
+    pub placement: String,
+    /// See [`JobConfig::placement_timeout`], in seconds.
+    pub placement_timeout_s: u64,
+    /// See [`JobConfig::max_in_flight`].
+    pub max_in_flight: Option<u64>,
+    /// See [`JobConfig::memory_budget`].
+    pub memory_budget: u64,
+    /// See [`JobConfig::job_id`].
+    pub job_id: Option<String>,
+    /// See [`JobConfig::restart_limit`].
+    pub max_restarts: u32,
+    /// See [`JobConfig::restart_limit`], in seconds.
+    pub restart_window_s: u64,
+}
+
+flotilla::remote_type!(DetachedJob);
+
+impl DetachedJob {
+    /// The settings of `config` (its cluster part aside).
+    pub fn of(config: &JobConfig) -> Self {
+        Self {
+            input: config.input.clone(),
+            output: config.output.clone(),
+            format: match config.format {
+                Format::Parquet => "parquet".into(),
+                Format::Jsonl => "jsonl".into(),
+            },
+            model: config.model.to_string_lossy().into_owned(),
+            id_field: config.id_field.clone(),
+            text_field: config.text_field.clone(),
+            output_columns: config.output_columns.clone(),
+            batch_size: config.batch_size as u64,
+            actors_per_node: config.actors_per_node.map(|n| n as u64),
+            actors: config.actors.map(|n| n as u64),
+            actor_resources: config
+                .actor_resources
+                .as_ref()
+                .map(|r| r.iter().map(|(k, v)| (k.clone(), *v)).collect()),
+            placement: config.placement.as_str().to_owned(),
+            placement_timeout_s: config.placement_timeout.as_secs(),
+            max_in_flight: config.max_in_flight.map(|n| n as u64),
+            memory_budget: config.memory_budget as u64,
+            job_id: config.job_id.clone(),
+            max_restarts: config.restart_limit.max_restarts,
+            restart_window_s: config.restart_limit.within.as_secs(),
+        }
+    }
+
+    /// The job's configuration, for its driver.
+    pub fn config(&self) -> JobConfig {
+        let mut c = JobConfig::new(&self.input, &self.output, &self.model);
+        c.format = if self.format == "jsonl" {
+            Format::Jsonl
+        } else {
+            Format::Parquet
+        };
+        c.id_field = self.id_field.clone();
+        c.text_field = self.text_field.clone();
+        c.output_columns = self.output_columns.clone();
+        c.batch_size = self.batch_size as usize;
+        c.actors_per_node = self.actors_per_node.map(|n| n as usize);
+        c.actors = self.actors.map(|n| n as usize);
+        c.actor_resources = self
+            .actor_resources
+            .as_ref()
+            .map(|r| r.iter().cloned().collect());
+        c.placement = self.placement.parse().unwrap_or(c.placement);
+        c.placement_timeout = std::time::Duration::from_secs(self.placement_timeout_s);
+        c.max_in_flight = self.max_in_flight.map(|n| n as usize);
+        c.memory_budget = self.memory_budget as usize;
+        c.job_id = self.job_id.clone();
+        c.restart_limit = flotilla::supervisor::Intensity {
+            max_restarts: self.max_restarts,
+            within: std::time::Duration::from_secs(self.restart_window_s.max(1)),
+        };
+        c
+    }
+
+    /// The job to submit: its driver in a bundle reserving `memory_mb=256`
+    /// (so it lands on a worker, not on a head that offers nothing), three
+    /// restarts a minute.
+    pub fn spec(&self) -> JobSpec {
+        JobSpec {
+            kind: JOB_KIND.to_owned(),
+            args: flotilla::wire::encode(self),
+            message_type: std::any::type_name::<JobMsg>().to_owned(),
+            resources: [("memory_mb".to_owned(), 256.0)].into_iter().collect(),
+            description: format!("embed {} -> {}", self.input, self.output),
+            max_restarts: 3,
+        }
+    }
+}
+
+/// Registers the detached job's driver kind; it drives the job from the
+/// node `builder` starts (see [`flotilla::NodeBuilder::start_shared`]).
+pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
+    let handle = builder.node_handle();
+    builder.register(JOB_KIND, move || JobDriver {
+        node: handle.clone(),
+    })
+}
+
+/// The driver of a detached job.
+pub struct JobDriver {
+    node: NodeHandle,
+}
+
+/// The driver's state: what it reports, and its job.
+pub struct DriverState {
+    report: Arc<Mutex<JobProgress>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Actor for JobDriver {
+    type Msg = JobMsg;
+    type State = DriverState;
+    type Arguments = DetachedJob;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<JobMsg>,
+        job: DetachedJob,
+    ) -> Result<DriverState, ActorProcessingErr> {
+        let node: Arc<Node> = self
+            .node
+            .get()
+            .ok_or("this node was not started to host detached jobs")?;
+        let report = Arc::new(Mutex::new(JobProgress {
+            state: JobState::Running,
+            done: 0,
+            total: 0,
+            detail: String::new(),
+        }));
+        let (tx, mut rx) = tokio::sync::watch::channel((0, 0));
+        let mut config = job.config();
+        config.progress_to = Some(tx);
+        let task = tokio::spawn({
+            let report = Arc::clone(&report);
+            async move {
+                let follow = {
+                    let report = Arc::clone(&report);
+                    async move {
+                        while rx.changed().await.is_ok() {
+                            let (done, total) = *rx.borrow_and_update();
+                            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                            r.done = done;
+                            r.total = total;
+                        }
+                        std::future::pending::<()>().await;
+                    }
+                };
+                let outcome = tokio::select! {
+                    r = super::cluster::run_detached(&config, &node) => r,
+                    () = follow => unreachable!("the follower never ends"),
+                };
+                let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                match outcome {
+                    Ok(summary) => {
+                        r.state = JobState::Succeeded;
+                        r.detail = summary.to_string();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "detached embed job failed");
+                        r.state = JobState::Failed;
+                        r.detail = format!("on node {}: {e}", node.name());
+                    }
+                }
+            }
+        });
+        Ok(DriverState { report, task })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<JobMsg>,
+        state: &mut DriverState,
+    ) -> Result<(), ActorProcessingErr> {
+        // The job's actors stop with their placement group's owner gone,
+        // or with this task: a driver started again resumes the output.
+        state.task.abort();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<JobMsg>,
+        msg: JobMsg,
+        state: &mut DriverState,
+    ) -> Result<(), ActorProcessingErr> {
+        let JobMsg::Progress(_, reply) = msg;
+        let r = state
+            .report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let _ = reply.send(JobReport(r));
+        Ok(())
+    }
+}

@@ -1,0 +1,282 @@
+//! Detached jobs: an actor of a registered kind that the head runs in a
+//! placement-group bundle of its own, under a supervisor on the head, so
+//! the job outlives the node that submitted it and the node it runs on.
+//! The head asks the job's actor for its progress; a job that reports an
+//! end (succeeded or failed) is stopped and its bundle released.
+//!
+//! ```text
+//!  submit ─► Pending ── actor started ──► Running ── reports an end ──► Succeeded | Failed
+//!               ▲                            │ its node lost / it failed
+//!               └──── restarted in its bundle (moved to another node) ◄┘
+//!  the supervisor gives up, or stop: Failed
+//! ```
+//!
+//! A [`JobRecord`] is the head's account of one job; its transitions take
+//! what the supervisor and the actor said, and never move out of an end.
+
+// rkyv's derive emits undocumented public helper items for enums with
+// struct variants; every type written here is documented by hand.
+#![allow(missing_docs)]
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::groups::GroupView;
+use crate::placement::Resources;
+
+/// Where a job is.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    /// Waiting for its bundle or its first start.
+    Pending,
+    /// Its actor runs.
+    Running,
+    /// It reported success.
+    Succeeded,
+    /// It reported failure, was stopped, or its supervisor gave up.
+    Failed,
+}
+
+impl JobState {
+    /// Its name in tables and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Whether the job is over.
+    pub fn is_end(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
+
+/// What a job actor says of itself.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct JobProgress {
+    /// `Running`, or its end.
+    pub state: JobState,
+    /// Units done (texts, for the embed job).
+    pub done: u64,
+    /// Units in all, when known (0 otherwise).
+    pub total: u64,
+    /// A summary of its end, or why it failed.
+    pub detail: String,
+}
+
+/// A job to submit.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    /// The registered kind of its actor (registered on every node it may
+    /// land on).
+    pub kind: String,
+    /// The actor's arguments, an rkyv archive of the kind's `Arguments`.
+    pub args: Vec<u8>,
+    /// The message type of the kind's actors (`std::any::type_name`).
+    pub message_type: String,
+    /// What its bundle reserves.
+    pub resources: Resources,
+    /// A line saying what it does, for `node jobs`.
+    pub description: String,
+    /// Restarts allowed within a minute before the job fails.
+    pub max_restarts: u32,
+}
+
+/// A job as `node jobs` shows it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct JobView {
+    /// Its id.
+    pub id: String,
+    /// What it does.
+    pub description: String,
+    /// Where it is.
+    pub state: JobState,
+    /// Units done.
+    pub done: u64,
+    /// Units in all (0: not known yet).
+    pub total: u64,
+    /// The node its actor runs on, while it runs.
+    pub node: Option<String>,
+    /// Its actor's restarts.
+    pub restarts: u32,
+    /// Its bundle's group.
+    pub group: Option<GroupView>,
+    /// Its end's summary, or why it failed.
+    pub detail: Option<String>,
+}
+
+/// A request about jobs, served by the head.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum JobsRequest {
+    /// Run a job.
+    Submit(JobSpec),
+    /// Every job.
+    List,
+    /// One job.
+    Get(String),
+    /// Stop a job (it fails, "stopped").
+    Stop(String),
+}
+
+/// The head's answer.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum JobsReply {
+    /// The new job's id.
+    Submitted(String),
+    /// Every job, oldest first.
+    Jobs(Vec<JobView>),
+    /// The job, if it exists.
+    Job(Option<Box<JobView>>),
+    /// Whether a job was stopped (false: unknown or over).
+    Stopped(bool),
+    /// The submission is refused (why).
+    Invalid(String),
+    /// The receiving node serves no jobs (it is not the head, or the head
+    /// runs none).
+    NotServed,
+}
+
+/// The head's account of one job: its view, without its group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord(JobView);
+
+impl std::ops::Deref for JobRecord {
+    type Target = JobView;
+
+    fn deref(&self) -> &JobView {
+        &self.0
+    }
+}
+
+impl JobRecord {
+    /// A job just submitted.
+    pub fn new(id: impl Into<String>, description: impl Into<String>) -> Self {
+        Self(JobView {
+            id: id.into(),
+            description: description.into(),
+            state: JobState::Pending,
+            done: 0,
+            total: 0,
+            node: None,
+            restarts: 0,
+            group: None,
+            detail: None,
+        })
+    }
+
+    /// Its actor started on `node` (after `restarts` restarts).
+    pub fn started(&mut self, node: &str, restarts: u32) {
+        let j = &mut self.0;
+        if !j.state.is_end() {
+            j.state = JobState::Running;
+            j.node = Some(node.to_owned());
+            j.restarts = restarts;
+        }
+    }
+
+    /// Its actor answered; true when that is the job's end (the caller
+    /// then stops the actor and releases its bundle).
+    pub fn progress(&mut self, p: JobProgress) -> bool {
+        let j = &mut self.0;
+        if j.state.is_end() {
+            return false;
+        }
+        // Progress never goes back: a restarted actor counts from what it
+        // finds done, which is at least what was reported.
+        j.done = j.done.max(p.done);
+        j.total = j.total.max(p.total);
+        if p.state.is_end() {
+            j.state = p.state;
+            j.detail = Some(p.detail);
+            j.node = None;
+            return true;
+        }
+        false
+    }
+
+    /// Its actor exited; `restarting` when the supervisor starts it again.
+    pub fn exited(&mut self, restarting: bool) {
+        let j = &mut self.0;
+        if !j.state.is_end() {
+            j.node = None;
+            if restarting {
+                j.state = JobState::Pending;
+            }
+        }
+    }
+
+    /// The job failed for good (its supervisor gave up, its bundle could
+    /// not be placed, or it was stopped).
+    pub fn failed(&mut self, why: impl Into<String>) {
+        let j = &mut self.0;
+        if !j.state.is_end() {
+            j.state = JobState::Failed;
+            j.detail = Some(why.into());
+            j.node = None;
+        }
+    }
+
+    /// As `node jobs` shows it, with its bundle's group.
+    pub fn view(&self, group: Option<GroupView>) -> JobView {
+        JobView {
+            group,
+            ..self.0.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(state: JobState, done: u64) -> JobProgress {
+        JobProgress {
+            state,
+            done,
+            total: 100,
+            detail: "d".into(),
+        }
+    }
+
+    #[test]
+    fn a_job_runs_moves_and_ends_once() {
+        let mut j = JobRecord::new("j1", "embed");
+        assert_eq!(j.state, JobState::Pending);
+        j.started("w1", 0);
+        assert_eq!(
+            (j.state, j.node.as_deref()),
+            (JobState::Running, Some("w1"))
+        );
+        assert!(!j.progress(progress(JobState::Running, 40)));
+        // Its node is lost: restarted elsewhere, progress kept.
+        j.exited(true);
+        assert_eq!((j.state, j.node.clone()), (JobState::Pending, None));
+        j.started("w2", 1);
+        assert!(!j.progress(progress(JobState::Running, 30)));
+        assert_eq!(j.done, 40, "never goes back");
+        assert!(j.progress(progress(JobState::Succeeded, 100)));
+        assert_eq!(j.state, JobState::Succeeded);
+        // Nothing moves it out of its end.
+        j.exited(true);
+        j.failed("late");
+        j.started("w3", 2);
+        assert!(!j.progress(progress(JobState::Failed, 100)));
+        assert_eq!(
+            (j.state, j.detail.as_deref()),
+            (JobState::Succeeded, Some("d"))
+        );
+    }
+
+    #[test]
+    fn a_supervisor_that_gives_up_fails_the_job() {
+        let mut j = JobRecord::new("j2", "embed");
+        j.started("w1", 0);
+        j.exited(false);
+        assert_eq!(j.state, JobState::Running, "an exit alone is not an end");
+        j.failed("restart limit");
+        assert_eq!(j.state, JobState::Failed);
+        assert_eq!(j.view(None).detail.as_deref(), Some("restart limit"));
+    }
+}

@@ -1,0 +1,429 @@
+//! Detached jobs on the head: each job's actor runs in a placement-group
+//! bundle of its own (a detached group, so it outlives whoever submitted
+//! it), as the one child of a supervisor on the head. When the actor's
+//! node is lost the head places the bundle on another node and the
+//! supervisor starts the actor there; the head asks each running job for
+//! its progress, and a job that reports its end is stopped and its bundle
+//! released. The states are [`JobRecord`]'s (proto).
+//!
+//! ```text
+//! Jobs(Submit) ─► detached group (1 bundle) ─► Supervisor ─► RemoteChild::in_bundle ─► job actor
+//!                                                 events ─► JobRecord      ▲
+//! every 500 ms: JobMsg::Progress ──────────────────────────────────────────┘
+//! ```
+//!
+//! A job actor is any registered kind whose message type is [`JobMsg`]:
+//! it answers `Progress` with where it is, and keeps answering with its
+//! end once it has one, until the head stops it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_proto::control::{ControlReply, ControlRequest};
+use flotilla_proto::jobs::JobRecord;
+use flotilla_proto::placement::Strategy;
+use flotilla_proto::supervision::{Backoff, ChildSpec, Intensity, RestartType, SupervisorSpec};
+use ractor::{Actor, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorClusterMessage;
+use rkyv::{Archive, Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use futures::future::BoxFuture;
+
+use crate::head_client::HeadUnavailable;
+use crate::jobs_slot::ServeJobs;
+use crate::node::Node;
+use crate::placement_groups::GroupSpec;
+use crate::supervisor::{
+    Child, RemoteChild, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg,
+};
+
+pub use flotilla_proto::jobs::{JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest};
+
+/// How often the head asks running jobs for their progress.
+const POLL: Duration = Duration::from_millis(500);
+/// How long one start of a job's actor may take.
+const START_WITHIN: Duration = Duration::from_secs(60);
+
+/// A progress question (no content).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgressAsk;
+
+/// A job actor's answer: where it is.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct JobReport(pub JobProgress);
+
+crate::remote_type!(ProgressAsk, JobReport);
+
+/// Messages every job actor takes.
+#[derive(RactorClusterMessage)]
+pub enum JobMsg {
+    /// Where the job is.
+    #[rpc]
+    Progress(ProgressAsk, RpcReplyPort<JobReport>),
+}
+
+/// Why a jobs call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobsError {
+    /// The head refused the submission.
+    #[error("NODE-JOB-001: invalid job: {0}")]
+    Invalid(String),
+    /// The head runs no jobs service.
+    #[error(
+        "NODE-JOB-002: the head serves no jobs (start it with the node binary, or call Node::serve_jobs)"
+    )]
+    NotServed,
+    /// The head did not answer.
+    #[error("NODE-JOB-003: {0}")]
+    Head(#[from] HeadUnavailable),
+    /// The head answered with something else.
+    #[error("NODE-JOB-003: the head answered a jobs request with {0}")]
+    Unexpected(String),
+}
+
+/// The jobs service's side of the node's [`crate::jobs_slot::JobsSlot`].
+struct JobsHandle {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl ServeJobs for JobsHandle {
+    fn request(&self, request: JobsRequest) -> BoxFuture<'_, JobsReply> {
+        Box::pin(async move {
+            let (reply, rx) = oneshot::channel();
+            if self.tx.send(Command::Request(request, reply)).is_err() {
+                return JobsReply::NotServed;
+            }
+            rx.await.unwrap_or(JobsReply::NotServed)
+        })
+    }
+}
+
+enum Command {
+    Request(JobsRequest, oneshot::Sender<JobsReply>),
+    Event(String, SupervisorEvent),
+    Progress(String, JobProgress),
+}
+
+/// The head's jobs service, running until [`Jobs::stop`].
+pub struct Jobs {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Jobs {
+    /// Stops every job's supervisor (the jobs' actors stop) and the
+    /// service.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+struct Entry {
+    record: JobRecord,
+    group: Option<String>,
+    supervisor: Option<ActorRef<SupervisorMsg>>,
+}
+
+struct Service {
+    node: Arc<Node>,
+    tx: mpsc::UnboundedSender<Command>,
+    jobs: BTreeMap<u64, Entry>,
+    next: u64,
+}
+
+impl Node {
+    /// Serves detached jobs from this node, the head (`None` elsewhere):
+    /// [`Node::submit_job`] from any node, and `node jobs`.
+    pub fn serve_jobs(self: &Arc<Self>) -> Option<Jobs> {
+        self.placement.as_ref()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        if !self.jobs.set(Arc::new(JobsHandle { tx: tx.clone() })) {
+            return None;
+        }
+        let stop = CancellationToken::new();
+        let service = Service {
+            node: Arc::clone(self),
+            tx,
+            jobs: BTreeMap::new(),
+            next: 1,
+        };
+        let task = tokio::spawn(service.run(rx, stop.clone()));
+        Some(Jobs { stop, task })
+    }
+
+    async fn jobs_request(&self, request: JobsRequest) -> Result<JobsReply, JobsError> {
+        let reply = if self.placement.is_some() {
+            self.jobs.request(request).await
+        } else {
+            let head = self.view.borrow().head.clone();
+            match self
+                .head_client
+                .call(
+                    &head,
+                    &ControlRequest::Jobs(request),
+                    Duration::from_secs(30),
+                )
+                .await?
+            {
+                ControlReply::Jobs(r) => r,
+                other => return Err(JobsError::Unexpected(format!("{other:?}"))),
+            }
+        };
+        match reply {
+            JobsReply::NotServed => Err(JobsError::NotServed),
+            JobsReply::Invalid(why) => Err(JobsError::Invalid(why)),
+            r => Ok(r),
+        }
+    }
+
+    /// Submits a detached job; its id.
+    pub async fn submit_job(&self, spec: JobSpec) -> Result<String, JobsError> {
+        match self.jobs_request(JobsRequest::Submit(spec)).await? {
+            JobsReply::Submitted(id) => Ok(id),
+            other => Err(JobsError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Every job the head knows, oldest first.
+    pub async fn jobs(&self) -> Result<Vec<JobView>, JobsError> {
+        match self.jobs_request(JobsRequest::List).await? {
+            JobsReply::Jobs(j) => Ok(j),
+            other => Err(JobsError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// One job, if the head knows it.
+    pub async fn job(&self, id: &str) -> Result<Option<JobView>, JobsError> {
+        match self.jobs_request(JobsRequest::Get(id.to_owned())).await? {
+            JobsReply::Job(j) => Ok(j.map(|j| *j)),
+            other => Err(JobsError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Stops a job (it ends failed, "stopped"); false if unknown or over.
+    pub async fn stop_job(&self, id: &str) -> Result<bool, JobsError> {
+        match self.jobs_request(JobsRequest::Stop(id.to_owned())).await? {
+            JobsReply::Stopped(b) => Ok(b),
+            other => Err(JobsError::Unexpected(format!("{other:?}"))),
+        }
+    }
+}
+
+impl Service {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>, stop: CancellationToken) {
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(Command::Request(r, reply)) => {
+                        let answer = self.request(r).await;
+                        let _ = reply.send(answer);
+                    }
+                    Some(Command::Event(id, e)) => self.event(&id, e).await,
+                    Some(Command::Progress(id, p)) => self.progress(&id, p).await,
+                    None => return,
+                },
+                _ = poll.tick() => self.poll(),
+                () = stop.cancelled() => {
+                    for e in self.jobs.values_mut() {
+                        if let Some(s) = e.supervisor.take() {
+                            let _ = crate::call::call(&s, SupervisorMsg::Shutdown, Duration::from_secs(10)).await;
+                            s.stop(None);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn find(&mut self, id: &str) -> Option<&mut Entry> {
+        self.jobs.values_mut().find(|e| e.record.id == id)
+    }
+
+    async fn view(&self, e: &Entry) -> JobView {
+        let group = match &e.group {
+            Some(g) => self.node.group(g).await.ok().flatten(),
+            None => None,
+        };
+        e.record.view(group)
+    }
+
+    async fn request(&mut self, r: JobsRequest) -> JobsReply {
+        match r {
+            JobsRequest::Submit(spec) => self.submit(spec).await,
+            JobsRequest::List => {
+                let mut out = Vec::new();
+                for e in self.jobs.values() {
+                    out.push(self.view(e).await);
+                }
+                JobsReply::Jobs(out)
+            }
+            JobsRequest::Get(id) => {
+                let e = self.jobs.values().find(|e| e.record.id == id);
+                match e {
+                    Some(e) => JobsReply::Job(Some(Box::new(self.view(e).await))),
+                    None => JobsReply::Job(None),
+                }
+            }
+            JobsRequest::Stop(id) => {
+                let Some(e) = self.find(&id) else {
+                    return JobsReply::Stopped(false);
+                };
+                if e.record.state.is_end() {
+                    return JobsReply::Stopped(false);
+                }
+                e.record.failed("stopped by request");
+                self.finish(&id).await;
+                JobsReply::Stopped(true)
+            }
+        }
+    }
+
+    async fn submit(&mut self, spec: JobSpec) -> JobsReply {
+        if spec.kind.is_empty() {
+            return JobsReply::Invalid("a job names the kind of its actor".into());
+        }
+        let n = self.next;
+        self.next += 1;
+        let id = format!("job-{:x}-{n}", self.node.incarnation());
+        let group = GroupSpec::new(Strategy::Pack, vec![spec.resources.clone()])
+            .with_timeout(Duration::from_secs(24 * 3600))
+            .detached();
+        let group = match self.node.create_group(group).await {
+            Ok(g) => g,
+            Err(e) => return JobsReply::Invalid(e.to_string()),
+        };
+        let child = RemoteChild::raw(
+            Arc::clone(&self.node),
+            spec.kind.clone(),
+            id.clone(),
+            spec.args.clone(),
+            spec.message_type.clone(),
+            |_: &crate::Table| None,
+            START_WITHIN,
+        )
+        .in_bundle(group.clone(), 0);
+        let (events, mut events_rx) = mpsc::unbounded_channel();
+        let args = SupervisorArgs {
+            spec: SupervisorSpec {
+                strategy: flotilla_proto::supervision::Strategy::OneForOne,
+                intensity: Intensity {
+                    max_restarts: spec.max_restarts,
+                    within: Duration::from_secs(60),
+                },
+                per_child: false,
+                backoff: Backoff::default(),
+            },
+            children: vec![Child::new(
+                ChildSpec {
+                    id: id.clone(),
+                    restart: RestartType::Transient,
+                    shutdown: Duration::from_secs(10),
+                },
+                child,
+            )],
+            events: Some(events),
+            members: Some(self.node.watch_members()),
+            seed: n,
+            report: Some((format!("job {id}"), self.node.board())),
+        };
+        let supervisor = match Actor::spawn(None, Supervisor, args).await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                let _ = self.node.remove_group(&group).await;
+                return JobsReply::Invalid(format!("cannot start its supervisor: {e}"));
+            }
+        };
+        let tx = self.tx.clone();
+        let job = id.clone();
+        tokio::spawn(async move {
+            while let Some(e) = events_rx.recv().await {
+                if tx.send(Command::Event(job.clone(), e)).is_err() {
+                    return;
+                }
+            }
+        });
+        tracing::info!(job = %id, kind = %spec.kind, %group, "job submitted");
+        self.jobs.insert(
+            n,
+            Entry {
+                record: JobRecord::new(id.clone(), spec.description.clone()),
+                group: Some(group),
+                supervisor: Some(supervisor),
+            },
+        );
+        JobsReply::Submitted(id)
+    }
+
+    async fn event(&mut self, id: &str, e: SupervisorEvent) {
+        let Some(entry) = self.find(id) else { return };
+        match e {
+            SupervisorEvent::Started {
+                running, restarts, ..
+            } => {
+                let on = running.node.map(|(n, _)| n).unwrap_or_default();
+                tracing::info!(job = %id, node = %on, restarts, "job actor started");
+                entry.record.started(&on, restarts);
+            }
+            SupervisorEvent::Exited { restarting, .. } => entry.record.exited(restarting),
+            SupervisorEvent::Escalated(e) => {
+                entry.record.failed(format!("its supervisor gave up: {e}"));
+                self.finish(id).await;
+            }
+        }
+    }
+
+    async fn progress(&mut self, id: &str, p: JobProgress) {
+        let Some(entry) = self.find(id) else { return };
+        if entry.record.progress(p) {
+            tracing::info!(job = %id, state = entry.record.state.as_str(), "job ended");
+            self.finish(id).await;
+        }
+    }
+
+    /// Stops an ended job's actor and releases its bundle.
+    async fn finish(&mut self, id: &str) {
+        let Some(entry) = self.find(id) else { return };
+        let (supervisor, group) = (entry.supervisor.take(), entry.group.clone());
+        if let Some(s) = supervisor {
+            let _ = crate::call::call(&s, SupervisorMsg::Shutdown, Duration::from_secs(15)).await;
+            s.stop(None);
+        }
+        if let Some(g) = group
+            && let Err(e) = self.node.remove_group(&g).await
+        {
+            tracing::warn!(job = %id, group = %g, error = %e, "cannot release a job's bundle");
+        }
+    }
+
+    /// Asks every running job where it is.
+    fn poll(&self) {
+        for e in self.jobs.values() {
+            if e.record.state != JobState::Running {
+                continue;
+            }
+            let (node, tx, id) = (Arc::clone(&self.node), self.tx.clone(), e.record.id.clone());
+            tokio::spawn(async move {
+                let Ok(actor) = node.lookup::<JobMsg>(&id) else {
+                    return;
+                };
+                let asked = crate::call::call(
+                    &actor,
+                    |port| JobMsg::Progress(ProgressAsk, port),
+                    Duration::from_secs(2),
+                )
+                .await;
+                if let Ok(JobReport(p)) = asked {
+                    let _ = tx.send(Command::Progress(id, p));
+                }
+            });
+        }
+    }
+}
