@@ -660,7 +660,17 @@ fn a_detached_job_survives_the_death_of_its_drivers_node() {
         let j = jobs_json(&s, &head)?;
         let job = j["jobs"].as_array()?.first()?.clone();
         let node = job["node"].as_str()?.to_owned();
-        (job["state"] == "running" && parts(&out).len() >= 4).then_some(node)
+        // Its driver's bundle and its three actors' bundles, each on a node.
+        let placed = |g: &serde_json::Value| {
+            g["bundles"]
+                .as_array()
+                .map(|b| b.iter().filter(|b| b["node"].is_string()).count())
+        };
+        let ok = job["state"] == "running"
+            && placed(&job["group"]) == Some(1)
+            && placed(&job["work"][0]) == Some(3)
+            && parts(&out).len() >= 4;
+        ok.then_some(node)
     });
     let i = workers.iter().position(|(n, _)| *n == driver_node).unwrap();
     let (_, victim) = workers.remove(i);

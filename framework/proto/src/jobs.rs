@@ -64,6 +64,9 @@ pub struct JobProgress {
     pub total: u64,
     /// A summary of its end, or why it failed.
     pub detail: String,
+    /// The placement groups the job's own work runs in (the embed job's
+    /// actors), by id.
+    pub groups: Vec<String>,
 }
 
 /// A job to submit.
@@ -101,8 +104,12 @@ pub struct JobView {
     pub node: Option<String>,
     /// Its actor's restarts.
     pub restarts: u32,
-    /// Its bundle's group.
+    /// The group of its own bundle (where its actor runs).
     pub group: Option<GroupView>,
+    /// The groups its work runs in (ids; see [`JobView::work`]).
+    pub work_groups: Vec<String>,
+    /// Those groups, with the node of each bundle, as the head has them.
+    pub work: Vec<GroupView>,
     /// Its end's summary, or why it failed.
     pub detail: Option<String>,
 }
@@ -162,6 +169,8 @@ impl JobRecord {
             node: None,
             restarts: 0,
             group: None,
+            work_groups: Vec::new(),
+            work: Vec::new(),
             detail: None,
         })
     }
@@ -187,6 +196,9 @@ impl JobRecord {
         // finds done, which is at least what was reported.
         j.done = j.done.max(p.done);
         j.total = j.total.max(p.total);
+        if !p.groups.is_empty() {
+            j.work_groups = p.groups;
+        }
         if p.state.is_end() {
             j.state = p.state;
             j.detail = Some(p.detail);
@@ -218,10 +230,12 @@ impl JobRecord {
         }
     }
 
-    /// As `node jobs` shows it, with its bundle's group.
-    pub fn view(&self, group: Option<GroupView>) -> JobView {
+    /// As `node jobs` shows it, with its bundle's group and those of its
+    /// work.
+    pub fn view(&self, group: Option<GroupView>, work: Vec<GroupView>) -> JobView {
         JobView {
             group,
+            work,
             ..self.0.clone()
         }
     }
@@ -237,6 +251,7 @@ mod tests {
             done,
             total: 100,
             detail: "d".into(),
+            groups: vec!["g".into()],
         }
     }
 
@@ -256,6 +271,7 @@ mod tests {
         j.started("w2", 1);
         assert!(!j.progress(progress(JobState::Running, 30)));
         assert_eq!(j.done, 40, "never goes back");
+        assert_eq!(j.work_groups, vec!["g".to_owned()]);
         assert!(j.progress(progress(JobState::Succeeded, 100)));
         assert_eq!(j.state, JobState::Succeeded);
         // Nothing moves it out of its end.
@@ -277,6 +293,9 @@ mod tests {
         assert_eq!(j.state, JobState::Running, "an exit alone is not an end");
         j.failed("restart limit");
         assert_eq!(j.state, JobState::Failed);
-        assert_eq!(j.view(None).detail.as_deref(), Some("restart limit"));
+        assert_eq!(
+            j.view(None, Vec::new()).detail.as_deref(),
+            Some("restart limit")
+        );
     }
 }

@@ -252,7 +252,13 @@ impl Service {
             Some(g) => self.node.group(g).await.ok().flatten(),
             None => None,
         };
-        e.record.view(group)
+        let mut work = Vec::new();
+        for g in &e.record.work_groups {
+            if let Ok(Some(v)) = self.node.group(g).await {
+                work.push(v);
+            }
+        }
+        e.record.view(group, work)
     }
 
     async fn request(&mut self, r: JobsRequest) -> JobsReply {

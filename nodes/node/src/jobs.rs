@@ -106,7 +106,9 @@ fn refused(reply: Result<JobsReply, flotilla::status::StatusError>) -> ExitCode 
 
 /// The jobs as JSON: `{"jobs": [{id, state, done, total, node, restarts,
 /// detail, group: {id, state, strategy, revision, owner, why, bundles:
-/// [{resources, node}]}}]}`.
+/// [{resources, node}]}, work: [groups of the same shape]}]}`: `group` is
+/// the job's own bundle, `work` the groups its work runs in (the embed
+/// job's actors).
 pub fn to_json(jobs: &[JobView]) -> String {
     #[derive(Serialize)]
     struct Job<'a> {
@@ -119,6 +121,7 @@ pub fn to_json(jobs: &[JobView]) -> String {
         restarts: u32,
         detail: Option<&'a str>,
         group: Option<flotilla::table::GroupJson<'a>>,
+        work: Vec<flotilla::table::GroupJson<'a>>,
     }
     #[derive(Serialize)]
     struct Doc<'a> {
@@ -137,6 +140,11 @@ pub fn to_json(jobs: &[JobView]) -> String {
                 restarts: j.restarts,
                 detail: j.detail.as_deref(),
                 group: j.group.as_ref().map(flotilla::table::GroupJson::from),
+                work: j
+                    .work
+                    .iter()
+                    .map(flotilla::table::GroupJson::from)
+                    .collect(),
             })
             .collect(),
     };
@@ -159,6 +167,20 @@ pub fn to_text(jobs: &[JobView]) -> String {
             j.restarts,
             j.description
         ));
+        for g in j.group.iter().chain(&j.work) {
+            out.push_str(&format!(
+                "  group {} ({}, {}): {}\n",
+                g.id,
+                g.strategy,
+                g.state.as_str(),
+                g.nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("{i}→{}", if n.is_empty() { "-" } else { n }))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+        }
         if let Some(d) = &j.detail {
             out.push_str(&format!("  {d}\n"));
         }

@@ -230,6 +230,7 @@ impl EmbedArgs {
                 within: std::time::Duration::from_secs(self.restart_window_s.max(1)),
             },
             progress_to: None,
+            group_to: None,
         }
     }
 }

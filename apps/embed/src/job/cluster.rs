@@ -310,6 +310,9 @@ async fn start_workers(
         .create_group(spec)
         .await
         .map_err(|e| ClusterError::Placement(Box::new(e)))?;
+    if let Some(to) = &config.group_to {
+        let _ = to.send(group.clone());
+    }
     let wait = config.placement_timeout + Duration::from_secs(5);
     let view = match node.wait_group(&group, wait).await {
         Ok(v) => v,

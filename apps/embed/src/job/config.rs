@@ -63,6 +63,9 @@ pub struct JobConfig {
     /// Where to publish `(texts done, texts in all)` as the job goes (all
     /// known once the input is scanned; 0 before).
     pub progress_to: Option<tokio::sync::watch::Sender<(u64, u64)>>,
+    /// Where to publish the id of the placement group the job's actors
+    /// run in, once created (cluster mode).
+    pub group_to: Option<tokio::sync::watch::Sender<String>>,
 }
 
 impl JobConfig {
@@ -94,6 +97,7 @@ impl JobConfig {
             progress_bar: false,
             restart_limit: flotilla::supervisor::Intensity::default(),
             progress_to: None,
+            group_to: None,
         }
     }
 }

@@ -187,21 +187,35 @@ impl Actor for JobDriver {
             done: 0,
             total: 0,
             detail: String::new(),
+            groups: Vec::new(),
         }));
         let (tx, mut rx) = tokio::sync::watch::channel((0, 0));
+        let (group_tx, mut group_rx) = tokio::sync::watch::channel(String::new());
         let mut config = job.config();
         config.progress_to = Some(tx);
+        config.group_to = Some(group_tx);
         let task = tokio::spawn({
             let report = Arc::clone(&report);
             async move {
                 let follow = {
                     let report = Arc::clone(&report);
                     async move {
-                        while rx.changed().await.is_ok() {
-                            let (done, total) = *rx.borrow_and_update();
-                            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                            r.done = done;
-                            r.total = total;
+                        loop {
+                            tokio::select! {
+                                c = rx.changed() => {
+                                    if c.is_err() { break; }
+                                    let (done, total) = *rx.borrow_and_update();
+                                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                                    r.done = done;
+                                    r.total = total;
+                                }
+                                c = group_rx.changed() => {
+                                    if c.is_err() { break; }
+                                    let g = group_rx.borrow_and_update().clone();
+                                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                                    r.groups = vec![g];
+                                }
+                            }
                         }
                         std::future::pending::<()>().await;
                     }
