@@ -770,3 +770,54 @@ fn an_actor_past_its_restart_limit_stops_the_job_and_a_rerun_resumes() {
     assert_exactly_once(&output, &ids);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Clause "embed job: length-sorted windows": a job killed with SIGKILL in
+/// the middle of a window and run again cuts the same batches from the
+/// same windows, so it skips exactly the parts already written and
+/// rewrites none; every id is written once.
+#[test]
+fn a_job_killed_mid_window_resumes_without_recomputing_a_batch() {
+    let dir = scratch("window-kill");
+    let (corpus, ids) = common::corpus(&dir, 3000);
+    let output = dir.join("out");
+    let args = [
+        "--actors-per-node",
+        "1",
+        "--format",
+        "jsonl",
+        "--batch-size",
+        "16",
+        "--sort-window",
+        "512",
+    ];
+    let mut first = Command::new(NODE)
+        .arg("embed")
+        .args(["--input", corpus.to_str().unwrap()])
+        .args(["--output", output.to_str().unwrap()])
+        .args(["--model", model().to_str().unwrap()])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed inside the first window of 32 batches.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while parts(&output).len() < 8 {
+        assert!(std::time::Instant::now() < deadline, "no parts written");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = first.kill();
+    let _ = first.wait();
+    let before = parts(&output);
+    assert!(before.len() < 32, "killed past the first window");
+    let (ok, stdout, stderr) = embed(&corpus, &output, &args);
+    assert!(ok, "{stderr}");
+    let skipped = format!("({} skipped as done)", before.len());
+    assert!(stdout.contains(&skipped), "{stdout} should say {skipped}");
+    let after = parts(&output);
+    for (name, modified) in &before {
+        assert_eq!(after.get(name), Some(modified), "{name} was rewritten");
+    }
+    assert_exactly_once(&output, &ids);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -109,6 +109,15 @@ pub struct EmbedArgs {
     /// Batches in flight at most (default: 2 per actor).
     #[arg(long)]
     pub max_in_flight: Option<usize>,
+    /// Rows read ahead and sorted by length before batches are cut from
+    /// them, so batches carry little padding (0: batches in input order,
+    /// as outputs written before windows; batch ids depend on it).
+    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_SORT_WINDOW)]
+    pub sort_window: usize,
+    /// Estimated tokens per batch at most, padding included (rows × the
+    /// longest row's 2 + bytes/4): long texts go in smaller batches.
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
     /// Embedding actors per node, one model and one core each (default:
     /// the CPUs; on a cluster, one per GPU a worker reports, else its CPUs).
     #[arg(long)]
@@ -209,6 +218,8 @@ impl EmbedArgs {
             text_field: self.text_column,
             output_columns: self.output_columns,
             batch_size: self.batch_size,
+            sort_window: self.sort_window,
+            max_batch_tokens: self.max_batch_tokens,
             actors_per_node: self.actors_per_node,
             actors: self.actors,
             actor_resources: self.actor_resources,

@@ -7,6 +7,8 @@ use super::sink::Format;
 
 /// Rows per batch unless told otherwise.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
+/// Rows of a length-sorted window unless told otherwise.
+pub const DEFAULT_SORT_WINDOW: usize = 4096;
 /// Bytes of batches in flight at most unless told otherwise: 512 MiB.
 pub const DEFAULT_MEMORY_BUDGET: usize = 512 << 20;
 
@@ -30,6 +32,14 @@ pub struct JobConfig {
     pub output_columns: Vec<String>,
     /// Rows per batch.
     pub batch_size: usize,
+    /// Rows read ahead and sorted by length before batches are cut from
+    /// them (so a batch carries little padding); 0 cuts batches in input
+    /// order. Batch ids depend on it.
+    pub sort_window: usize,
+    /// At most this many estimated tokens per batch, padding included
+    /// (rows × the longest row's estimate: 2 + its bytes / 4); a batch
+    /// closes early rather than pass it. Batch ids depend on it.
+    pub max_batch_tokens: Option<usize>,
     /// Embedding actors per node, one model and one thread each (default:
     /// this machine's CPUs locally; on a cluster one per GPU a worker
     /// reports, else one per CPU).
@@ -85,6 +95,8 @@ impl JobConfig {
             text_field: "text".into(),
             output_columns: Vec::new(),
             batch_size: DEFAULT_BATCH_SIZE,
+            sort_window: DEFAULT_SORT_WINDOW,
+            max_batch_tokens: None,
             actors_per_node: None,
             actors: None,
             actor_resources: None,

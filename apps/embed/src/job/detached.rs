@@ -48,6 +48,10 @@ pub struct DetachedJob {
     pub output_columns: Vec<String>,
     /// See [`JobConfig::batch_size`].
     pub batch_size: u64,
+    /// See [`JobConfig::sort_window`].
+    pub sort_window: u64,
+    /// See [`JobConfig::max_batch_tokens`].
+    pub max_batch_tokens: Option<u64>,
     /// See [`JobConfig::actors_per_node`].
     pub actors_per_node: Option<u64>,
     /// See [`JobConfig::actors`].
@@ -87,6 +91,8 @@ impl DetachedJob {
             text_field: config.text_field.clone(),
             output_columns: config.output_columns.clone(),
             batch_size: config.batch_size as u64,
+            sort_window: config.sort_window as u64,
+            max_batch_tokens: config.max_batch_tokens.map(|n| n as u64),
             actors_per_node: config.actors_per_node.map(|n| n as u64),
             actors: config.actors.map(|n| n as u64),
             actor_resources: config
@@ -115,6 +121,8 @@ impl DetachedJob {
         c.text_field = self.text_field.clone();
         c.output_columns = self.output_columns.clone();
         c.batch_size = self.batch_size as usize;
+        c.sort_window = self.sort_window as usize;
+        c.max_batch_tokens = self.max_batch_tokens.map(|n| n as usize);
         c.actors_per_node = self.actors_per_node.map(|n| n as usize);
         c.actors = self.actors.map(|n| n as usize);
         c.actor_resources = self

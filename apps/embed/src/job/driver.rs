@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 
 use super::input::Input;
 use super::sink::{ErrorLog, Manifest, RowError, Rows, Sink};
-use super::source::{Fields, Item, RowAt, Source};
+use super::source::{Cell, Fields, Item, RowAt, Source};
 use super::stage::{Batch, EmbedStage};
 use super::summary::{Latencies, Summary};
 use super::{JobConfig, JobError};
@@ -290,21 +290,116 @@ fn on_supervision(
 /// Output column names the job itself writes.
 const RESERVED: [&str; 2] = ["id", "embedding"];
 
-/// Cuts the input into batches of `size` rows with ids 0, 1, 2, … in input
-/// order. Invalid rows go to the errors file as they are read.
+/// Cuts the input into batches with ids 0, 1, 2, …: windows of rows read
+/// in input order, each sorted by length and cut into batches (see
+/// [`Cut`]). Invalid rows go to the errors file as they are read.
 struct Batcher {
     source: Source,
     input: Arc<Input>,
-    size: usize,
+    cut: Cut,
+    /// Batches cut from the current window, not yet handed out.
+    ready: std::collections::VecDeque<Batch>,
     next_id: u64,
     exhausted: bool,
 }
 
+/// How a window of rows becomes batches. Deterministic: the same input and
+/// settings give the same batches (so resume skips exactly the written
+/// ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cut {
+    /// Rows per batch at most.
+    size: usize,
+    /// Rows per window (0: a window is one batch, in input order).
+    window: usize,
+    /// Estimated tokens per batch at most, padding included.
+    max_tokens: Option<usize>,
+}
+
+/// Bytes of a window at most, whatever its row count: the driver's memory
+/// stays bounded on long texts.
+const WINDOW_BYTES: usize = 16 << 20;
+
+/// A row's tokens as the token budget estimates them: its two special
+/// tokens and one per four bytes.
+fn estimated_tokens(text: &str) -> usize {
+    2 + text.len() / 4
+}
+
+impl Cut {
+    /// Rows a window holds.
+    fn rows(&self) -> usize {
+        if self.window == 0 {
+            self.size
+        } else {
+            self.window.max(self.size)
+        }
+    }
+
+    /// The window's rows, sorted by length (stably: equal lengths keep
+    /// input order) unless windows are off, cut into batches of at most
+    /// `size` rows and `max_tokens` estimated tokens.
+    fn batches(&self, mut rows: Vec<Row>) -> Vec<Batch> {
+        if self.window > 0 {
+            rows.sort_by_key(|r| r.text.len());
+        }
+        let mut out = Vec::new();
+        let mut batch = Batch::default();
+        let mut longest = 0;
+        for row in rows {
+            let tokens = estimated_tokens(&row.text);
+            let would = (batch.len() + 1) * longest.max(tokens);
+            let over = self.max_tokens.is_some_and(|t| would > t);
+            if batch.len() == self.size || (over && batch.len() > 0) {
+                out.push(std::mem::take(&mut batch));
+                longest = 0;
+            }
+            longest = longest.max(tokens);
+            batch.ids.push(row.id);
+            batch.at.push(row.at);
+            batch.texts.push(row.text);
+            batch.extra.push(row.extra);
+        }
+        if batch.len() > 0 {
+            out.push(batch);
+        }
+        out
+    }
+}
+
+/// One valid input row.
+struct Row {
+    at: RowAt,
+    id: String,
+    text: String,
+    extra: Vec<Cell>,
+}
+
 impl Batcher {
+    /// Whether every batch has been handed out.
+    fn is_done(&self) -> bool {
+        self.exhausted && self.ready.is_empty()
+    }
+
     /// The next batch and its id, `None` at the end of the input.
     async fn next(&mut self, errors: &mut ErrorLog<'_>) -> Result<Option<(u64, Batch)>, JobError> {
-        let mut batch = Batch::default();
-        while !self.exhausted && batch.len() < self.size {
+        if self.ready.is_empty() && !self.exhausted {
+            let rows = self.window(errors).await?;
+            self.ready.extend(self.cut.batches(rows));
+        }
+        let Some(batch) = self.ready.pop_front() else {
+            return Ok(None);
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        Ok(Some((id, batch)))
+    }
+
+    /// Reads the next window of valid rows.
+    async fn window(&mut self, errors: &mut ErrorLog<'_>) -> Result<Vec<Row>, JobError> {
+        let (limit, mut bytes) = (self.cut.rows(), 0usize);
+        let mut rows = Vec::new();
+        while !self.exhausted && rows.len() < limit && bytes < WINDOW_BYTES {
             match self.source.next().await {
                 None => self.exhausted = true,
                 Some(Err(source)) => {
@@ -322,19 +417,17 @@ impl Batcher {
                     text,
                     extra,
                 })) => {
-                    batch.ids.push(id);
-                    batch.at.push(at);
-                    batch.texts.push(text);
-                    batch.extra.push(extra);
+                    bytes += text.len();
+                    rows.push(Row {
+                        at,
+                        id,
+                        text,
+                        extra,
+                    });
                 }
             }
         }
-        if batch.len() == 0 {
-            return Ok(None);
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        Ok(Some((id, batch)))
+        Ok(rows)
     }
 
     fn row_error(&self, at: RowAt, id: Option<String>, reason: String) -> RowError {
@@ -386,7 +479,14 @@ pub(crate) async fn drive(
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();
-            format!("{digest}-b{batch_size}-{}", revision.short())
+            let mut id = format!("{digest}-b{batch_size}");
+            if config.sort_window > 0 {
+                id.push_str(&format!("-w{}", config.sort_window));
+            }
+            if let Some(t) = config.max_batch_tokens {
+                id.push_str(&format!("-t{t}"));
+            }
+            format!("{id}-{}", revision.short())
         }
     };
     let fields = Fields {
@@ -413,13 +513,22 @@ pub(crate) async fn drive(
         batch_size: batch_size as u32,
         format: config.format,
         columns: config.output_columns.clone(),
+        sort_window: u32::try_from(config.sort_window).unwrap_or(u32::MAX),
+        max_batch_tokens: config
+            .max_batch_tokens
+            .map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX)),
     };
     let (sink, done) = Sink::open(&config.output, &manifest, columns).await?;
     let mut errors = sink.errors();
     let mut batcher = Batcher {
         source,
         input: Arc::clone(&input),
-        size: batch_size,
+        cut: Cut {
+            size: batch_size,
+            window: config.sort_window,
+            max_tokens: config.max_batch_tokens,
+        },
+        ready: std::collections::VecDeque::new(),
         next_id: 0,
         exhausted: false,
     };
@@ -460,7 +569,7 @@ pub(crate) async fn drive(
 
     loop {
         // Fill free credits with the next batches not already done.
-        while !batcher.exhausted && pipeline.has_credit() {
+        while !batcher.is_done() && pipeline.has_credit() {
             let Some((id, batch)) = batcher.next(&mut errors).await? else {
                 break;
             };
@@ -471,7 +580,7 @@ pub(crate) async fn drive(
             }
             pipeline.submit(BatchId(id), batch);
         }
-        if batcher.exhausted && pipeline.is_idle() {
+        if batcher.is_done() && pipeline.is_idle() {
             break;
         }
         let grace_ends = lost_workers.next_deadline();
@@ -578,6 +687,75 @@ pub(crate) async fn drive(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rows(texts: &[&str]) -> Vec<Row> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Row {
+                at: RowAt {
+                    shard: 0,
+                    line: i as u64,
+                },
+                id: format!("r{i}"),
+                text: (*t).to_owned(),
+                extra: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn ids(batches: &[Batch]) -> Vec<Vec<&str>> {
+        batches
+            .iter()
+            .map(|b| b.ids.iter().map(String::as_str).collect())
+            .collect()
+    }
+
+    #[test]
+    fn without_a_window_batches_keep_input_order() {
+        let cut = Cut {
+            size: 2,
+            window: 0,
+            max_tokens: None,
+        };
+        assert_eq!(cut.rows(), 2);
+        let b = cut.batches(rows(&["ccc", "a", "bb"]));
+        assert_eq!(ids(&b), [vec!["r0", "r1"], vec!["r2"]]);
+    }
+
+    #[test]
+    fn a_window_is_sorted_by_length_stably_and_cut_the_same_every_time() {
+        let cut = Cut {
+            size: 2,
+            window: 8,
+            max_tokens: None,
+        };
+        let texts = ["cccc", "a", "bb", "dd", "e", "ffffff"];
+        let b = cut.batches(rows(&texts));
+        assert_eq!(
+            ids(&b),
+            [vec!["r1", "r4"], vec!["r2", "r3"], vec!["r0", "r5"]],
+            "shortest first; equal lengths in input order"
+        );
+        assert_eq!(ids(&cut.batches(rows(&texts))), ids(&b), "deterministic");
+    }
+
+    #[test]
+    fn a_token_budget_closes_batches_early_and_a_long_row_goes_alone() {
+        let cut = Cut {
+            size: 8,
+            window: 8,
+            max_tokens: Some(12),
+        };
+        // Estimates: 2 + bytes / 4 → 3, 3, 4, 4, 27.
+        let long = "x".repeat(100);
+        let b = cut.batches(rows(&["aaaa", "bbbb", "cccccccc", "dddddddd", &long]));
+        assert_eq!(
+            ids(&b),
+            [vec!["r0", "r1", "r2"], vec!["r3"], vec!["r4"]],
+            "3 rows × 4 ≤ 12; a fourth would make 16; the long row alone"
+        );
+    }
 
     fn seen(up: &[&str], gone: &[&str]) -> impl Fn(&str) -> Seen {
         let (up, gone): (Vec<String>, Vec<String>) = (

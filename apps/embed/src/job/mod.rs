@@ -27,7 +27,9 @@ mod stage;
 mod store;
 mod summary;
 
-pub use config::{ClusterConfig, DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, JobConfig};
+pub use config::{
+    ClusterConfig, DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_SORT_WINDOW, JobConfig,
+};
 pub use input::{Input, InputError};
 pub use sink::{Format, SinkError};
 pub use source::SourceError;

@@ -52,14 +52,30 @@ pub struct Manifest {
     /// Input columns kept beside `id` and `embedding`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub columns: Vec<String>,
+    /// Rows of each length-sorted window batches were cut from (0: input
+    /// order, as outputs written before windows were).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sort_window: u32,
+    /// The token budget per batch (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_batch_tokens: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl std::fmt::Display for Manifest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "job {} (model {}, batch size {}, format {:?})",
-            self.job_id, self.model_revision, self.batch_size, self.format
+            "job {} (model {}, batch size {}, sort window {}, token budget {}, format {:?})",
+            self.job_id,
+            self.model_revision,
+            self.batch_size,
+            self.sort_window,
+            self.max_batch_tokens,
+            self.format
         )
     }
 }
@@ -559,6 +575,8 @@ mod tests {
             batch_size: 2,
             format: Format::Jsonl,
             columns: Vec::new(),
+            sort_window: 0,
+            max_batch_tokens: 0,
         }
     }
 
