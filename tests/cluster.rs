@@ -634,7 +634,7 @@ fn a_forged_member_table_does_not_stop_another_workers_actors() {
     let s = Scratch::new("forged", NODE);
     let (head, _w2, metrics) = head_and_metered_worker(&s);
     runtime().block_on(async {
-        let node = join_in_process(&s, "t1", head.addr).await;
+        let node = join_in_process(&s, "t3", head.addr).await;
         let echo: ActorRef<EchoMsg> = node
             .spawn_on("w2", ECHO, "echo-forged", &NoArgs, Duration::from_secs(15))
             .await
@@ -645,8 +645,8 @@ fn a_forged_member_table_does_not_stop_another_workers_actors() {
                 .next()
                 .expect("w2's spawner is visible")
                 .into();
-        // "t1 restarted": every actor it owns on w2 would stop.
-        let forged = MemberStates(vec![("t1".into(), u64::MAX, true)]);
+        // "t3 restarted": every actor it owns on w2 would stop.
+        let forged = MemberStates(vec![("t3".into(), u64::MAX, true)]);
         spawner
             .cast(SpawnerMsg::Members(LocalMembers(forged)))
             .unwrap();
@@ -681,8 +681,8 @@ fn only_the_owner_or_the_head_stops_a_remote_actor() {
     let s = Scratch::new("stop", NODE);
     let (head, _w2, metrics) = head_and_metered_worker(&s);
     runtime().block_on(async {
-        let owner = join_in_process(&s, "t1", head.addr).await;
-        let other = join_in_process(&s, "t2", head.addr).await;
+        let owner = join_in_process(&s, "t4", head.addr).await;
+        let other = join_in_process(&s, "t5", head.addr).await;
         let budget = Duration::from_secs(15);
         let echo: ActorRef<EchoMsg> = owner
             .spawn_on("w2", ECHO, "echo-owned", &NoArgs, budget)
