@@ -510,32 +510,43 @@ impl Groups {
         if !self.is_ours(id) {
             self.removed.insert(id.to_owned());
         }
-        let mut held: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-        for (b, n) in e.nodes.iter().enumerate() {
-            if let Some(n) = n {
-                held.entry(n.clone()).or_default().push(b as u32);
-            }
-        }
-        if let Some(plan) = e.in_flight() {
-            for (b, n) in plan {
-                held.entry(n.clone()).or_default().push(*b);
-            }
-        }
-        for (node, bundles) in held {
-            for b in &bundles {
-                self.unreserve(&node, &e.spec.bundles[*b as usize]);
-            }
-            out.push(Action::Send {
-                node,
-                op: LedgerOp::Release {
-                    group: id.to_owned(),
-                    bundles,
-                },
-                tag: Tag::Release,
-            });
-        }
+        let held = e
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(b, n)| Some((b as u32, n.as_ref()?)))
+            .chain(e.in_flight().into_iter().flatten().map(|(b, n)| (*b, n)));
+        let held = by_node(held);
+        self.release(id, &e.spec.bundles, held, out);
         out.push(Action::Removed(id.to_owned()));
         true
+    }
+
+    /// Gives back `held` (bundles of group `id` by node): unreserved here,
+    /// released on every node still up (one that is not releases them when
+    /// it reports them on rejoining).
+    fn release(
+        &mut self,
+        id: &str,
+        bundles: &[Resources],
+        held: BTreeMap<String, Vec<u32>>,
+        out: &mut Vec<Action>,
+    ) {
+        for (node, bs) in held {
+            for b in &bs {
+                self.unreserve(&node, &bundles[*b as usize]);
+            }
+            if self.nodes.contains_key(&node) {
+                out.push(Action::Send {
+                    node,
+                    op: LedgerOp::Release {
+                        group: id.to_owned(),
+                        bundles: bs,
+                    },
+                    tag: Tag::Release,
+                });
+            }
+        }
     }
 
     /// The member table changed: nodes up take part, nodes down or
@@ -843,26 +854,13 @@ impl Groups {
                     e.phase = Phase::Waiting;
                     e.why = Some(why);
                     e.not_before = now.map(|t| t + self.config.retry_after);
-                    let mut per: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-                    for (b, n) in &plan {
-                        per.entry(n.clone()).or_default().push(*b);
-                    }
                     let bundles = e.spec.bundles.clone();
-                    for (node, bs) in per {
-                        for b in &bs {
-                            self.unreserve(&node, &bundles[*b as usize]);
-                        }
-                        if self.nodes.contains_key(&node) {
-                            out.push(Action::Send {
-                                node,
-                                op: LedgerOp::Release {
-                                    group: id.to_owned(),
-                                    bundles: bs,
-                                },
-                                tag: Tag::Release,
-                            });
-                        }
-                    }
+                    self.release(
+                        id,
+                        &bundles,
+                        by_node(plan.iter().map(|(b, n)| (*b, n))),
+                        out,
+                    );
                     out.push(Action::Changed(id.to_owned()));
                 } else {
                     let nodes: BTreeSet<String> = plan.iter().map(|(_, n)| n.clone()).collect();
@@ -1038,10 +1036,7 @@ impl Groups {
                     selector: e.spec.selector.clone(),
                     owner: e.owner.clone(),
                 };
-                let mut per: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-                for (b, n) in &plan {
-                    per.entry(n.clone()).or_default().push(*b);
-                }
+                let per = by_node(plan.iter().map(|(b, n)| (*b, n)));
                 let bundles = e.spec.bundles.clone();
                 e.phase = Phase::Preparing {
                     attempt,
@@ -1085,6 +1080,15 @@ impl Groups {
             })
             .min()
     }
+}
+
+/// Bundles grouped by their node.
+fn by_node<'a>(bundles: impl Iterator<Item = (u32, &'a String)>) -> BTreeMap<String, Vec<u32>> {
+    let mut per: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (b, n) in bundles {
+        per.entry(n.clone()).or_default().push(b);
+    }
+    per
 }
 
 /// Whether a waiting group has a time-driven step due at `now`.

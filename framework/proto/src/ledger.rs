@@ -94,6 +94,9 @@ pub enum LedgerReply {
         /// Its capacity.
         capacity: f64,
     },
+    /// A prepare names a bundle the group does not have.
+    #[error("the group has no bundle {0}")]
+    NoSuchBundle(u32),
     /// A commit of bundles that are not prepared at that revision.
     #[error("nothing prepared for that group at that revision")]
     NotPrepared,
@@ -172,12 +175,7 @@ impl Ledger {
         let mut need = Resources::new();
         for b in &new {
             let Some(r) = record.bundles.get(*b as usize) else {
-                return LedgerReply::Short {
-                    resource: format!("bundle {b}"),
-                    need: 1.0,
-                    left: 0.0,
-                    capacity: 0.0,
-                };
+                return LedgerReply::NoSuchBundle(*b);
             };
             for (name, n) in r {
                 *need.entry(name.clone()).or_insert(0.0) += n;

@@ -339,17 +339,13 @@ pub struct NodeArgs {
 fn parse_bundle(s: &str) -> Result<flotilla::placement_groups::Resources, String> {
     let mut out = flotilla::placement_groups::Resources::new();
     for pair in s.split(',').filter(|p| !p.trim().is_empty()) {
-        let (name, amount) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("{pair:?} is not NAME=AMOUNT"))?;
-        let amount: f64 = amount
-            .trim()
-            .parse()
-            .map_err(|_| format!("{pair:?}: the amount is not a number"))?;
+        let (name, amount) = name_amount(pair)?;
         if !amount.is_finite() || amount < 0.0 {
-            return Err(format!("{pair:?}: amounts are finite and not negative"));
+            return Err(format!(
+                "resource {pair:?}: amounts are finite and not negative"
+            ));
         }
-        out.insert(name.trim().to_owned(), amount);
+        out.insert(name, amount);
     }
     if out.is_empty() {
         return Err("no resource given".into());
@@ -379,7 +375,8 @@ pub struct StatusArgs {
     pub no_supervisors: bool,
 }
 
-fn parse_resource(s: &str) -> Result<(String, f64), String> {
+/// `NAME=AMOUNT`, the amount a number.
+fn name_amount(s: &str) -> Result<(String, f64), String> {
     let (name, amount) = s
         .split_once('=')
         .ok_or_else(|| format!("resource {s:?} is not NAME=AMOUNT"))?;
@@ -387,11 +384,16 @@ fn parse_resource(s: &str) -> Result<(String, f64), String> {
         .trim()
         .parse()
         .map_err(|_| format!("resource {s:?}: {amount:?} is not a number"))?;
-    let mut check = flotilla::Resources::default();
-    check
-        .declare(name.trim(), amount)
-        .map_err(|e| e.to_string())?;
     Ok((name.trim().to_owned(), amount))
+}
+
+/// A node's resource declaration: checked as a node declares it (`cpu`
+/// and `gpu` whole; a bundle may ask for fractions of them).
+fn parse_resource(s: &str) -> Result<(String, f64), String> {
+    let (name, amount) = name_amount(s)?;
+    let mut check = flotilla::Resources::default();
+    check.declare(&name, amount).map_err(|e| e.to_string())?;
+    Ok((name, amount))
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
