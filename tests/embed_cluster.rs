@@ -119,6 +119,30 @@ fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
     }
     assert_exactly_once(&out1, &ids);
 
+    // Every batch went to its actor as an object of the driver's store,
+    // read in place: the workers share the driver's host, so nothing was
+    // pulled.
+    let st = s.status(head.addr).unwrap();
+    let objects = |w: &str, key: &str| {
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == w)
+            .and_then(|n| n["objects"][key].as_u64())
+            .unwrap_or_else(|| panic!("no objects.{key} for {w}: {st}"))
+    };
+    let workers_names = ["w1", "w2", "w3"];
+    let local: u64 = workers_names.iter().map(|w| objects(w, "local_gets")).sum();
+    let computed = (ids.len().div_ceil(32) - written_now.len()) as u64;
+    assert!(
+        local >= computed,
+        "{local} local gets for {computed} batches: {st}"
+    );
+    for w in workers_names {
+        assert_eq!(objects(w, "remote_pulls"), 0, "{w} pulled: {st}");
+    }
+
     // The killed driver's actors and the finished one's are stopped: the
     // workers end with none.
     eventually(Duration::from_secs(20), || {

@@ -32,8 +32,22 @@ pub const KIND: &str = "flotilla.embedder";
 pub struct EmbedRequest {
     /// Stable id of the batch within its job.
     pub batch_id: u64,
-    /// The texts, in order.
+    /// The texts, in order (empty when they are in `object`).
     pub texts: Vec<String>,
+    /// An object holding the texts as an archived `Vec<String>`, read in
+    /// place on the caller's host and pulled elsewhere, instead of `texts`.
+    pub object: Option<flotilla::ObjectRef>,
+}
+
+impl EmbedRequest {
+    /// A request carrying its texts.
+    pub fn new(batch_id: u64, texts: Vec<String>) -> Self {
+        Self {
+            batch_id,
+            texts,
+            object: None,
+        }
+    }
 }
 
 /// The answer to an [`EmbedRequest`].
@@ -107,14 +121,33 @@ pub enum EmbedMsg {
     Info(RpcReplyPort<ModelInfo>),
 }
 
-type Job = (EmbedRequest, oneshot::Sender<EmbedReply>);
+/// A batch's texts as the model thread reads them.
+enum Texts {
+    /// Carried in the request.
+    Owned(Vec<String>),
+    /// An archived `Vec<String>` in shared memory, read in place.
+    Object(flotilla::ObjectBytes),
+}
+
+type Job = (u64, Texts, oneshot::Sender<EmbedReply>);
 
 /// A resident embedding model.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Embedder {
     /// The node's own model folder: when set, it is loaded instead of the
     /// folder named in [`EmbedderArgs::model_dir`].
     pub model_dir: Option<PathBuf>,
+    /// The node the actor runs on, whose object store reads requests that
+    /// carry their texts as an object.
+    pub node: Option<flotilla::NodeHandle>,
+}
+
+impl std::fmt::Debug for Embedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedder")
+            .field("model_dir", &self.model_dir)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The embedder's state: the queue to its model thread.
@@ -125,17 +158,17 @@ pub struct EmbedderState {
 
 /// Embeds `texts` in length-sorted micro-batches, answering in input order:
 /// what an [`Embedder`] runs for each batch.
-pub fn embed_sorted(
+pub fn embed_sorted<S: AsRef<str>>(
     encoder: &SentenceEncoder,
-    texts: &[String],
+    texts: &[S],
     micro_batch: usize,
 ) -> Result<Vec<f32>, EncodeError> {
     let dim = encoder.dim();
     let mut order: Vec<usize> = (0..texts.len()).collect();
-    order.sort_by_key(|&i| texts[i].len());
+    order.sort_by_key(|&i| texts[i].as_ref().len());
     let mut values = vec![0.0f32; texts.len() * dim];
     for chunk in order.chunks(micro_batch.max(1)) {
-        let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
+        let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_ref()).collect();
         let out = encoder.encode(&refs)?;
         for (row, &i) in chunk.iter().enumerate() {
             values[i * dim..(i + 1) * dim].copy_from_slice(out.row(row));
@@ -152,11 +185,27 @@ fn model_thread(
 ) {
     let revision = encoder.revision().to_string();
     let dim = encoder.dim() as u32;
-    while let Ok((req, reply)) = jobs.recv() {
+    while let Ok((batch_id, texts, reply)) = jobs.recv() {
         // Fault injection: `embedder::encode=panic` kills this thread, and
         // with it the actor (see `Embedder::handle`).
         flotilla::fail::fail_point!("embedder::encode");
-        let outcome = match pool.install(|| embed_sorted(&encoder, &req.texts, micro_batch)) {
+        let embedded = match &texts {
+            Texts::Owned(texts) => pool.install(|| embed_sorted(&encoder, texts, micro_batch)),
+            Texts::Object(bytes) => match bytes.archive::<Vec<String>>() {
+                Ok(archived) => {
+                    let texts: Vec<&str> = archived.iter().map(|s| s.as_str()).collect();
+                    pool.install(|| embed_sorted(&encoder, &texts, micro_batch))
+                }
+                Err(e) => {
+                    let _ = reply.send(EmbedReply {
+                        batch_id,
+                        outcome: EmbedOutcome::BadInput(e.to_string()),
+                    });
+                    continue;
+                }
+            },
+        };
+        let outcome = match embedded {
             Ok(values) => EmbedOutcome::Embedded(Vectors {
                 revision: revision.clone(),
                 dim,
@@ -165,10 +214,19 @@ fn model_thread(
             Err(EncodeError::Tokenize(e)) => EmbedOutcome::BadInput(e.to_string()),
             Err(e) => EmbedOutcome::Failed(e.to_string()),
         };
-        let _ = reply.send(EmbedReply {
-            batch_id: req.batch_id,
-            outcome,
-        });
+        let _ = reply.send(EmbedReply { batch_id, outcome });
+    }
+}
+
+impl Embedder {
+    /// The bytes of a request's texts object, through this node's store.
+    async fn read(&self, object: &flotilla::ObjectRef) -> Result<flotilla::ObjectBytes, String> {
+        let node = self
+            .node
+            .as_ref()
+            .and_then(flotilla::NodeHandle::get)
+            .ok_or("this embedder runs outside a node: it cannot read objects")?;
+        node.objects().get(object).await.map_err(|e| e.to_string())
     }
 }
 
@@ -233,8 +291,23 @@ impl Actor for Embedder {
         match msg {
             EmbedMsg::Embed(req, reply) => {
                 let batch_id = req.batch_id;
+                let texts = match req.object {
+                    None => Texts::Owned(req.texts),
+                    Some(object) => match self.read(&object).await {
+                        Ok(bytes) => Texts::Object(bytes),
+                        Err(reason) => {
+                            // The driver may send it again (to another
+                            // actor, or once the owner is reachable).
+                            let _ = reply.send(EmbedReply {
+                                batch_id,
+                                outcome: EmbedOutcome::Failed(reason),
+                            });
+                            return Ok(());
+                        }
+                    },
+                };
                 let (tx, rx) = oneshot::channel();
-                if state.jobs.send((req, tx)).is_err() {
+                if state.jobs.send((batch_id, texts, tx)).is_err() {
                     return Err("model thread is gone".into());
                 }
                 // One batch at a time per actor: the caller's window decides
@@ -267,8 +340,10 @@ pub fn register(
     builder: flotilla::NodeBuilder,
     model_dir: Option<PathBuf>,
 ) -> flotilla::NodeBuilder {
+    let node = builder.node_handle();
     builder.register(KIND, move || Embedder {
         model_dir: model_dir.clone(),
+        node: Some(node.clone()),
     })
 }
 

@@ -44,10 +44,7 @@ async fn embedder_answers_in_request_order_with_its_revision() {
         embedder,
         EmbedMsg::Embed,
         60_000,
-        EmbedRequest {
-            batch_id: 42,
-            texts: texts.clone()
-        }
+        EmbedRequest::new(42, texts.clone())
     )
     .unwrap();
     assert_eq!(reply.batch_id, 42);
@@ -74,10 +71,7 @@ async fn embedder_answers_in_request_order_with_its_revision() {
         embedder,
         EmbedMsg::Embed,
         5_000,
-        EmbedRequest {
-            batch_id: 7,
-            texts: vec![]
-        }
+        EmbedRequest::new(7, vec![])
     )
     .unwrap();
     assert!(matches!(empty.outcome, EmbedOutcome::Embedded(ref v) if v.values.is_empty()));

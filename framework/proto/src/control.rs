@@ -29,6 +29,7 @@ use crate::hello::Refusal;
 use crate::jobs::{JobsReply, JobsRequest};
 use crate::ledger::{LedgerOp, LedgerReply};
 use crate::membership::{JoinRequest, MemberView};
+use crate::objects::ObjectStats;
 
 /// A request on a control stream.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -72,6 +73,8 @@ pub enum ControlRequest {
     Ledger(LedgerOp),
     /// A request about detached jobs, served by the head.
     Jobs(JobsRequest),
+    /// The receiving node's object-store counters; served by any node.
+    Objects,
 }
 
 /// A request about placement groups.
@@ -209,4 +212,6 @@ pub enum ControlReply {
     Ledger(LedgerReply),
     /// The answer to a jobs request.
     Jobs(JobsReply),
+    /// The node's object-store counters.
+    Objects(ObjectStats),
 }

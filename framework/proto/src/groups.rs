@@ -1116,6 +1116,7 @@ mod tests {
             name: name.into(),
             addr: String::new(),
             bulk_addr: String::new(),
+            host: String::new(),
             incarnation,
             state: if up {
                 MemberState::Up

@@ -106,7 +106,8 @@ impl HeadSession {
             | ControlRequest::Supervisors
             | ControlRequest::Placement(_)
             | ControlRequest::Ledger(_)
-            | ControlRequest::Jobs(_) => (None, Noted::Nothing),
+            | ControlRequest::Jobs(_)
+            | ControlRequest::Objects => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let name = req.name.clone();
                 let incarnation = req.incarnation;
@@ -204,6 +205,7 @@ mod tests {
             name: name.into(),
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
+            host: "h".into(),
             incarnation,
             resources: Resources::default(),
             held: Vec::new(),

@@ -20,7 +20,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// Version of the hello exchange and of the control messages.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// The certificate name of operators' tools: `node status`, and `node embed`
 /// drivers, which join as members that offer no resources.
@@ -36,6 +36,9 @@ pub enum Purpose {
     /// Large messages for actors on the acceptor, one after another, each a
     /// [`crate::bulk::BulkHeader`] frame followed by a payload frame.
     Bulk,
+    /// An object pulled from the acceptor's store (see [`crate::objects`]);
+    /// on the bulk lane.
+    Pull,
 }
 
 /// A digest (SHA-256) of the cluster cookie: what a hello carries instead

@@ -19,6 +19,7 @@
 //! membership  the member table, incarnations and the failure detector
 //! head        the head's side of a control stream
 //! member      a member's side of its control stream: join, heartbeat, leave
+//! objects     pulling an object from its owner; the object store's counters
 //! mesh        which ractor sessions a node dials, re-dials and closes
 //! placement   where a placement group's bundles go: PACK, SPREAD, STRICT_*
 //! resources   what a node offers: CPUs, memory, GPUs, labels
@@ -39,6 +40,7 @@ pub mod ledger;
 pub mod member;
 pub mod membership;
 pub mod mesh;
+pub mod objects;
 pub mod placement;
 pub mod resources;
 pub mod supervision;

@@ -337,6 +337,7 @@ mod tests {
             name: "n1".into(),
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
+            host: "h".into(),
             incarnation,
             resources: Resources::default(),
             held: Vec::new(),

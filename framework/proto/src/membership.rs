@@ -74,6 +74,9 @@ pub struct MemberView {
     /// Address of the node's bulk lane: its second endpoint, which carries
     /// large messages (see the runtime's `bulk` module).
     pub bulk_addr: String,
+    /// The node's host id: members with the same one share memory (see
+    /// the runtime's `objects` module).
+    pub host: String,
     /// Start counter of this node; larger is newer.
     pub incarnation: u64,
     /// Current state.
@@ -93,6 +96,8 @@ pub struct JoinRequest {
     pub addr: String,
     /// Address of the node's bulk lane.
     pub bulk_addr: String,
+    /// The node's host id.
+    pub host: String,
     /// Start counter of this node.
     pub incarnation: u64,
     /// What the node offers.
@@ -209,6 +214,7 @@ impl Membership {
             name: join.name.clone(),
             addr: join.addr,
             bulk_addr: join.bulk_addr,
+            host: join.host,
             incarnation: join.incarnation,
             state: MemberState::Up,
             resources: join.resources,
@@ -384,6 +390,7 @@ mod tests {
             name: name.into(),
             addr: format!("127.0.0.1:{}", 7000 + incarnation),
             bulk_addr: format!("127.0.0.1:{}", 8000 + incarnation),
+            host: "h".into(),
             incarnation,
             resources: Resources::default(),
             held: Vec::new(),
@@ -404,6 +411,7 @@ mod tests {
             name: name.into(),
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
+            host: "h".into(),
             incarnation: 1,
             resources: Resources {
                 cpus,

@@ -248,6 +248,7 @@ mod tests {
             name: name.into(),
             addr: format!("{name}:1"),
             bulk_addr: format!("{name}:2"),
+            host: "h".into(),
             incarnation,
             state,
             resources: Resources::default(),

@@ -18,6 +18,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use flotilla_objects::{Store, StoreConfig};
 use flotilla_proto::groups::GroupsConfig;
 use flotilla_proto::member::MemberConfig;
 use flotilla_proto::mesh::{Mesh, MeshConfig};
@@ -40,6 +41,7 @@ use crate::jobs_slot::JobsSlot;
 use crate::member::{JoinError, Member};
 use crate::mesh::MeshShell;
 use crate::node::Node;
+use crate::objects::Objects;
 use crate::outbound::Outbound;
 use crate::placement::PlacementService;
 use crate::pool::Pool;
@@ -240,20 +242,39 @@ impl NodeBuilder {
             resources.declare(name, *amount)?;
         }
         let state_dir = config.state_dir.as_ref().unwrap_or(&config.certs);
+        let host = config
+            .host_id
+            .clone()
+            .unwrap_or_else(crate::host::detect_host_id);
+        let cookie_digest = flotilla_transport::certs::cookie_digest(&cookie);
         let identity = match Identity::new(
             config.name.clone(),
             advertise,
             bulk_addr,
             resources,
-            flotilla_transport::certs::cookie_digest(&cookie),
+            cookie_digest,
             IncarnationRecord::new(state_dir, &config.name),
         ) {
-            Ok(identity) => Arc::new(identity),
+            Ok(identity) => Arc::new(identity.with_host(host.clone())),
             Err(e) => {
                 node_server.stop(None);
                 return Err(e.into());
             }
         };
+        let (store, swept) = Store::open(StoreConfig {
+            scope: u32::from_le_bytes(cookie_digest[..4].try_into().expect("4 bytes")),
+            owner: config.name.clone(),
+            host,
+            capacity: config
+                .object_store_bytes
+                .unwrap_or_else(crate::host::default_object_store_bytes),
+        });
+        if swept > 0 {
+            tracing::info!(
+                swept,
+                "removed the object segments of processes of this cluster that died"
+            );
+        }
         let tasks = Tasks::new();
         let backlog = Arc::new(Backlog::default());
         let (view_tx, view) = watch::channel(Table::default());
@@ -332,6 +353,7 @@ impl NodeBuilder {
             ledger: ledger.clone(),
             placement: placement_handle.clone(),
             jobs: jobs.clone(),
+            objects: store.clone(),
         };
         if let Some(service) = placement {
             tasks.spawn_graceful(|stop| service.run(stop));
@@ -362,10 +384,18 @@ impl NodeBuilder {
             head_client: HeadClient::new(Arc::clone(&identity), Arc::clone(&pool), config.head),
             ledger,
             jobs: jobs.clone(),
+            objects: Objects {
+                store: store.clone(),
+                lane: Arc::clone(&lane),
+                identity: Arc::clone(&identity),
+                view: view.clone(),
+                pulling: Arc::default(),
+                put_timeout: crate::objects::DEFAULT_PUT_TIMEOUT,
+            },
         };
 
         tasks.spawn(relay_members(view.clone(), spawner));
-        lane.serve(&tasks, Arc::clone(&identity), view.clone());
+        lane.serve(&tasks, Arc::clone(&identity), view.clone(), store);
         tasks.spawn(
             Router {
                 identity: Arc::clone(&identity),

@@ -27,6 +27,8 @@ use flotilla_proto::hello::Purpose;
 use flotilla_transport::{BindError, ConnectError, Endpoint, PeerConnection, Tuning, handshake};
 use tokio::sync::watch;
 
+use flotilla_objects::Store;
+
 use crate::identity::Identity;
 use crate::table::Table;
 use crate::tasks::Tasks;
@@ -41,6 +43,9 @@ type Open = Option<(u64, quinn::SendStream)>;
 /// One send stream per peer, opened on first use.
 type Streams = HashMap<String, Arc<tokio::sync::Mutex<Open>>>;
 
+/// A connection per peer for pulls, and the peer incarnation it is to.
+type Connections = HashMap<String, (u64, quinn::Connection)>;
+
 /// A node's bulk lane: its endpoint, the runtime that drives it and the
 /// open send streams.
 pub(crate) struct Lane {
@@ -49,6 +54,8 @@ pub(crate) struct Lane {
     /// The endpoint's bound address.
     addr: SocketAddr,
     streams: Mutex<Streams>,
+    /// Connections that pulls open streams on.
+    pulls: Mutex<Connections>,
     /// Payload bytes sent on the lane.
     sent: AtomicU64,
 }
@@ -105,6 +112,7 @@ impl Lane {
             endpoint,
             addr: bound,
             streams: Mutex::new(HashMap::new()),
+            pulls: Mutex::new(HashMap::new()),
             sent: AtomicU64::new(0),
         })
     }
@@ -126,6 +134,7 @@ impl Lane {
         tasks: &Tasks,
         identity: Arc<Identity>,
         view: watch::Receiver<Table>,
+        store: Store,
     ) {
         let Some(runtime) = self.runtime.as_ref() else {
             return;
@@ -134,7 +143,13 @@ impl Lane {
         let conns = tasks.clone();
         tasks.spawn_on(runtime.handle(), async move {
             while let Some(pc) = lane.endpoint.accept().await {
-                conns.spawn(serve_connection(Arc::clone(&identity), view.clone(), pc));
+                conns.spawn(serve_connection(
+                    Arc::clone(&identity),
+                    view.clone(),
+                    store.clone(),
+                    conns.clone(),
+                    pc,
+                ));
             }
         });
     }
@@ -205,6 +220,47 @@ impl Lane {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(peer);
+        self.pulls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(peer);
+    }
+
+    /// Opens a pull stream to `peer`'s lane: its hello answered, ready for
+    /// a [`flotilla_proto::objects::PullRequest`]. Pulls to one peer share
+    /// a connection, opened on first use and again after it fails.
+    pub(crate) async fn open_pull(
+        &self,
+        identity: &Identity,
+        view: &watch::Receiver<Table>,
+        peer: &str,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream), LaneSendError> {
+        let (incarnation, addr) = view
+            .borrow()
+            .get(peer)
+            .filter(|m| m.state == flotilla_proto::membership::MemberState::Up)
+            .and_then(|m| Some((m.incarnation, m.bulk_addr.parse::<SocketAddr>().ok()?)))
+            .ok_or_else(|| LaneSendError::NoLane(peer.to_owned()))?;
+        let cached = self
+            .pulls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(peer)
+            .filter(|(i, c)| *i == incarnation && c.close_reason().is_none())
+            .map(|(_, c)| c.clone());
+        let hello = identity.hello(Purpose::Pull);
+        if let Some(connection) = cached
+            && let Ok((send, recv, _, _)) = handshake::dial(&connection, &hello).await
+        {
+            return Ok((send, recv));
+        }
+        let pc = self.endpoint.connect(addr, Some(peer)).await?;
+        let (send, recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
+        self.pulls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer.to_owned(), (incarnation, pc.connection.clone()));
+        Ok((send, recv))
     }
 
     /// Closes the endpoint and every connection on it.
@@ -226,11 +282,22 @@ impl Drop for Lane {
 async fn serve_connection(
     identity: Arc<Identity>,
     view: watch::Receiver<Table>,
+    store: Store,
+    tasks: Tasks,
     pc: PeerConnection,
 ) {
     loop {
-        let accepted = gate::accept(&identity, &view, &pc, &[Purpose::Bulk]).await;
+        let accepted = gate::accept(&identity, &view, &pc, &[Purpose::Bulk, Purpose::Pull]).await;
         let (send, recv) = match accepted {
+            Ok((send, recv, hello)) if hello.purpose == Purpose::Pull => {
+                tasks.spawn(crate::pull_server::serve_pull(
+                    store.clone(),
+                    pc.peer.clone(),
+                    send,
+                    recv,
+                ));
+                continue;
+            }
             Ok((send, recv, _)) => (send, recv),
             Err(handshake::StreamError::Io(_)) => return,
             Err(e) => {

@@ -47,6 +47,14 @@ pub struct NodeConfig {
     /// address's IP with a port the OS picks. Members learn it from the
     /// member table.
     pub bulk_listen: Option<SocketAddr>,
+    /// The host id: nodes with the same one read each other's objects
+    /// through shared memory. `None` detects it (see [`crate::host`]);
+    /// set it to make nodes of one machine behave as if on different
+    /// hosts.
+    pub host_id: Option<String>,
+    /// Capacity of the node's object store in bytes; `None` is
+    /// [`crate::host::default_object_store_bytes`].
+    pub object_store_bytes: Option<u64>,
 }
 
 impl NodeConfig {
@@ -68,6 +76,8 @@ impl NodeConfig {
             max_frame_bytes: 64 << 20,
             join_timeout: Duration::from_secs(10),
             bulk_listen: None,
+            host_id: None,
+            object_store_bytes: None,
         }
     }
 

@@ -51,6 +51,8 @@ pub(crate) struct ControlService {
     pub(crate) placement: Option<PlacementHandle>,
     /// The jobs service, once the head serves jobs.
     pub(crate) jobs: JobsSlot,
+    /// This node's object store, for its counters.
+    pub(crate) objects: flotilla_objects::Store,
 }
 
 /// How long the spawner may take to answer a stop request.
@@ -97,6 +99,9 @@ impl ControlService {
                             ControlReply::Ledger(self.ledger_op(&peer, op))
                         }
                         ControlRequest::Jobs(_) => ControlReply::Jobs(JobsReply::NotServed),
+                        ControlRequest::Objects => {
+                            ControlReply::Objects(crate::objects::stats(&self.objects))
+                        }
                     };
                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                 }
@@ -121,6 +126,11 @@ impl ControlService {
                             let request = match request {
                                 ControlRequest::Supervisors => {
                                     let reply = ControlReply::Supervisors(self.board.reports());
+                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
+                                    continue;
+                                }
+                                ControlRequest::Objects => {
+                                    let reply = ControlReply::Objects(crate::objects::stats(&self.objects));
                                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                                     continue;
                                 }

@@ -113,6 +113,7 @@ mod tests {
             name: name.into(),
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
+            host: "h".into(),
             incarnation: 1,
             resources: Resources::default(),
             held: Vec::new(),

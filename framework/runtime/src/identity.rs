@@ -99,6 +99,8 @@ pub(crate) struct Identity {
     pub(crate) bulk_addr: SocketAddr,
     /// What the node offers to work.
     pub(crate) resources: Resources,
+    /// The host id members compare to share memory (see `crate::host`).
+    pub(crate) host: String,
 }
 
 impl Identity {
@@ -120,7 +122,14 @@ impl Identity {
             advertise,
             bulk_addr,
             resources,
+            host: String::new(),
         })
+    }
+
+    /// The identity with host id `host`.
+    pub(crate) fn with_host(mut self, host: String) -> Self {
+        self.host = host;
+        self
     }
 
     /// The current incarnation.
@@ -156,6 +165,7 @@ impl Identity {
             name: self.name.clone(),
             addr: self.advertise.to_string(),
             bulk_addr: self.bulk_addr.to_string(),
+            host: self.host.clone(),
             incarnation: self.incarnation(),
             resources: self.resources.clone(),
             held: Vec::new(),

@@ -203,6 +203,8 @@ pub struct Node {
     pub(crate) ledger: Reservations,
     /// The jobs service, once the head serves jobs.
     pub(crate) jobs: JobsSlot,
+    /// This node's object store.
+    pub(crate) objects: crate::objects::Objects,
 }
 
 impl std::fmt::Debug for Node {
@@ -228,6 +230,17 @@ impl Node {
     /// The address other members dial.
     pub fn addr(&self) -> SocketAddr {
         self.identity.advertise
+    }
+
+    /// This node's object store: put objects, read them by reference from
+    /// any node (see [`crate::objects`]).
+    pub fn objects(&self) -> crate::objects::Objects {
+        self.objects.clone()
+    }
+
+    /// This node's host id: members with the same one share memory.
+    pub fn host_id(&self) -> &str {
+        &self.identity.host
     }
 
     /// The member table as this node knows it.

@@ -78,7 +78,9 @@ impl Router {
                                     is_server: true,
                                 });
                     }
-                    Purpose::Bulk => unreachable!("accept refuses bulk streams here"),
+                    Purpose::Bulk | Purpose::Pull => {
+                        unreachable!("accept refuses bulk-lane streams here")
+                    }
                     Purpose::Control => {
                         let (control, peer, conn) =
                             (self.control.clone(), pc.peer.clone(), pc.connection.clone());

@@ -10,6 +10,7 @@ use flotilla_proto::control::{
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::{Hello, Purpose};
 use flotilla_proto::jobs::{JobsReply, JobsRequest};
+use flotilla_proto::objects::ObjectStats;
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use flotilla_transport::{BindError, ConnectError};
 
@@ -82,6 +83,20 @@ pub async fn query_supervisors(
 ) -> Result<Vec<SupervisorReport>, StatusError> {
     match ask(addr, identity, ControlRequest::Supervisors).await? {
         ControlReply::Supervisors(reports) => Ok(reports),
+        other => Err(StatusError::Unexpected {
+            addr,
+            reply: format!("{other:?}"),
+        }),
+    }
+}
+
+/// Asks the node at `addr` for its object-store counters.
+pub async fn query_objects(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+) -> Result<ObjectStats, StatusError> {
+    match ask(addr, identity, ControlRequest::Objects).await? {
+        ControlReply::Objects(stats) => Ok(stats),
         other => Err(StatusError::Unexpected {
             addr,
             reply: format!("{other:?}"),

@@ -8,6 +8,10 @@ use flotilla_proto::membership::{MemberState, MemberView};
 /// Each node's supervisors as `node status` asked them: the reports, or
 /// why the node did not answer.
 pub type Supervisors = BTreeMap<String, Result<Vec<SupervisorReport>, String>>;
+
+/// Each node's object-store counters, by node name, for the nodes that
+/// answered.
+pub type ObjectCounts = BTreeMap<String, flotilla_proto::objects::ObjectStats>;
 use serde::Serialize;
 
 /// What the head accounts for placement: every group and every up node's
@@ -118,16 +122,18 @@ impl Table {
     /// The status document with each node's supervisors, as far as they
     /// were asked (`Err`: why the node did not answer).
     pub fn to_json_with(&self, supervisors: &Supervisors) -> String {
-        self.to_json_full(supervisors, None)
+        self.to_json_full(supervisors, None, &ObjectCounts::new())
     }
 
     /// The status document with each node's supervisors and, when the
     /// head answered, each node's `capacity`, `reserved` and `available`
-    /// resources and the placement groups.
+    /// resources and the placement groups, and each node's object-store
+    /// counters (`objects`) as far as it answered.
     pub fn to_json_full(
         &self,
         supervisors: &Supervisors,
         placement: Option<&PlacementStatus>,
+        objects: &ObjectCounts,
     ) -> String {
         type Amounts = std::collections::BTreeMap<String, f64>;
         let account = |name: &str| -> (Option<Amounts>, Option<Amounts>, Option<Amounts>) {
@@ -196,6 +202,7 @@ impl Table {
             name: &'a str,
             addr: &'a str,
             bulk_addr: &'a str,
+            host: &'a str,
             state: &'static str,
             incarnation: u64,
             resources: Resources<'a>,
@@ -210,6 +217,19 @@ impl Table {
             reserved: Option<Amounts>,
             #[serde(skip_serializing_if = "Option::is_none")]
             available: Option<Amounts>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            objects: Option<Objects>,
+        }
+        #[derive(Serialize)]
+        struct Objects {
+            count: u64,
+            bytes: u64,
+            capacity: u64,
+            puts: u64,
+            local_gets: u64,
+            remote_pulls: u64,
+            pulled_bytes: u64,
+            waits: u64,
         }
         #[derive(Serialize)]
         struct Doc<'a> {
@@ -237,6 +257,17 @@ impl Table {
                         name: &m.name,
                         addr: &m.addr,
                         bulk_addr: &m.bulk_addr,
+                        host: &m.host,
+                        objects: objects.get(&m.name).map(|o| Objects {
+                            count: o.count,
+                            bytes: o.bytes,
+                            capacity: o.capacity,
+                            puts: o.puts,
+                            local_gets: o.local_gets,
+                            remote_pulls: o.remote_pulls,
+                            pulled_bytes: o.pulled_bytes,
+                            waits: o.waits,
+                        }),
                         state: m.state.as_str(),
                         incarnation: m.incarnation,
                         resources: Resources {
@@ -381,6 +412,7 @@ mod tests {
             name: name.into(),
             addr: String::new(),
             bulk_addr: String::new(),
+            host: String::new(),
             incarnation: 1,
             state,
             resources: Resources::default(),

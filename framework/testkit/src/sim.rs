@@ -646,6 +646,7 @@ fn join_request(name: &str, incarnation: u64) -> JoinRequest {
         name: name.into(),
         addr: format!("{name}:7420"),
         bulk_addr: format!("{name}:7421"),
+        host: "sim".into(),
         incarnation,
         resources: Resources::default(),
         held: Vec::new(),

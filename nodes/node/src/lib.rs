@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub mod jobs;
+pub mod objects;
 pub mod run;
 pub mod systemd;
 pub mod trees;
@@ -44,6 +45,52 @@ pub enum Command {
     Embed(EmbedArgs),
     /// List the cluster's detached jobs, wait for one, or stop one.
     Jobs(JobsArgs),
+    /// Put a file into the object store as a member of a cluster, or read
+    /// an object by its reference.
+    Objects(ObjectsArgs),
+}
+
+/// Flags of `node objects`.
+#[derive(Debug, Args)]
+pub struct ObjectsArgs {
+    /// Address of the head to join.
+    #[arg(long, global = true)]
+    pub head: Option<SocketAddr>,
+    /// Folder with ca.crt, the node's certificate and the cluster cookie.
+    #[arg(long, global = true, default_value = "certs")]
+    pub certs: PathBuf,
+    /// The member name to join as (it needs a certificate of its own).
+    #[arg(long, global = true, default_value = "objects")]
+    pub name: String,
+    /// Capacity of this member's object store in MiB.
+    #[arg(long, global = true)]
+    pub object_store_mb: Option<u64>,
+    /// Host id of this member (see `node join --host-id`).
+    #[arg(long, global = true)]
+    pub host_id: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub op: ObjectsOp,
+}
+
+/// Operations of `node objects`.
+#[derive(Debug, clap::Subcommand)]
+pub enum ObjectsOp {
+    /// Put FILE's bytes as one object, print its reference, and hold it
+    /// (serving readers) until stdin closes or SIGTERM.
+    Put {
+        /// The file.
+        file: PathBuf,
+    },
+    /// Read the object REF names (mapped on its host, pulled elsewhere),
+    /// check its checksum, and print what it cost as JSON.
+    Get {
+        /// The reference `node objects put` printed.
+        reference: String,
+        /// Also write the bytes to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// Flags of `node jobs`.
@@ -292,6 +339,16 @@ pub struct NodeArgs {
     /// messages (default: the listen IP, a port the OS picks).
     #[arg(long)]
     pub bulk_listen: Option<SocketAddr>,
+    /// Capacity of the node's shared-memory object store in MiB (default:
+    /// 30% of memory, at most half of what /dev/shm has free).
+    #[arg(long)]
+    pub object_store_mb: Option<u64>,
+    /// Host id: nodes with the same one read each other's objects through
+    /// shared memory (default: detected from the kernel's boot id and
+    /// /dev/shm). Give nodes of one machine different ids to make them
+    /// pull objects over the network instead.
+    #[arg(long)]
+    pub host_id: Option<String>,
     /// Address of the head (join only).
     #[arg(long)]
     pub head: Option<SocketAddr>,
@@ -410,6 +467,8 @@ pub struct FileConfig {
     listen: Option<SocketAddr>,
     advertise: Option<SocketAddr>,
     bulk_listen: Option<SocketAddr>,
+    object_store_mb: Option<u64>,
+    host_id: Option<String>,
     head: Option<SocketAddr>,
     certs: Option<PathBuf>,
     cookie: Option<String>,
@@ -653,6 +712,11 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
     }
     config.advertise = args.advertise.or(file.advertise);
     config.bulk_listen = args.bulk_listen.or(file.bulk_listen);
+    config.object_store_bytes = args
+        .object_store_mb
+        .or(file.object_store_mb)
+        .map(|mb| mb << 20);
+    config.host_id = args.host_id.or(file.host_id);
     config.cookie = args.cookie.or(file.cookie);
     config.state_dir = args.state_dir.or(file.state_dir);
     if let Some(ms) = args.heartbeat_ms.or(file.heartbeat_ms) {

@@ -69,6 +69,7 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
         }
         Command::Embed(args) if args.detach => submit(args).await,
         Command::Jobs(args) => crate::jobs::run(args).await,
+        Command::Objects(args) => crate::objects::run(args).await,
         Command::Embed(args) => match flotilla_embed::job::run(args.job()).await {
             Ok(summary) => {
                 println!("{summary}");
@@ -101,7 +102,11 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                         .await
                         .ok();
                     if args.json {
-                        println!("{}", table.to_json_full(&supervisors, placement.as_ref()));
+                        let objects = objects_of(&table, &identity).await;
+                        println!(
+                            "{}",
+                            table.to_json_full(&supervisors, placement.as_ref(), &objects)
+                        );
                     } else {
                         print!("{}", table.to_text());
                         if let Some(p) = &placement {
@@ -274,8 +279,33 @@ async fn supervisors_of(
     futures::future::join_all(asks).await.into_iter().collect()
 }
 
+/// Each up node's object-store counters, for those that answer within a
+/// second.
+async fn objects_of(
+    table: &flotilla::Table,
+    identity: &flotilla_transport::Identity,
+) -> flotilla::table::ObjectCounts {
+    let asks = table.up().map(|m| {
+        let (name, addr, identity) = (m.name.clone(), m.addr.clone(), identity.clone());
+        async move {
+            let addr = addr.parse().ok()?;
+            let within = std::time::Duration::from_secs(1);
+            let stats = tokio::time::timeout(within, flotilla::query_objects(addr, identity))
+                .await
+                .ok()?
+                .ok()?;
+            Some((name, stats))
+        }
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// Waits for SIGTERM or Ctrl-C.
-async fn wait_for_stop() {
+pub(crate) async fn wait_for_stop() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -140,6 +140,7 @@ async fn run_on(
         started,
         &workers,
         node.outbound(),
+        Some(node.objects()),
         Some(node.watch_members()),
         Some(events),
     )

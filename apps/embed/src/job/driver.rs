@@ -448,6 +448,7 @@ pub(crate) async fn drive(
     started: Instant,
     workers: &Workers,
     outbound: flotilla::Outbound,
+    objects: Option<flotilla::Objects>,
     mut members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
     mut events: Option<SupervisorEvents>,
 ) -> Result<Summary, JobError> {
@@ -570,13 +571,16 @@ pub(crate) async fn drive(
     loop {
         // Fill free credits with the next batches not already done.
         while !batcher.is_done() && pipeline.has_credit() {
-            let Some((id, batch)) = batcher.next(&mut errors).await? else {
+            let Some((id, mut batch)) = batcher.next(&mut errors).await? else {
                 break;
             };
             if done.contains(&id) {
                 summary.skipped_batches += 1;
                 progress.skipped(batch.len());
                 continue;
+            }
+            if let Some(objects) = &objects {
+                batch.put_texts(objects).await.map_err(JobError::Objects)?;
             }
             pipeline.submit(BatchId(id), batch);
         }

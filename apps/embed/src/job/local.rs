@@ -91,6 +91,7 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         &workers,
         flotilla::Outbound::local(),
         None,
+        None,
         Some(events),
     )
     .await;

@@ -15,12 +15,36 @@ pub(crate) struct Batch {
     pub(crate) texts: Vec<String>,
     /// The extra output columns of each row.
     pub(crate) extra: Vec<Vec<Cell>>,
+    /// The texts as an object in the driver's store, once put there (then
+    /// `texts` is empty): held until the batch is done, so that every
+    /// retry reads the same object.
+    pub(crate) object: Option<flotilla::Object>,
 }
 
 impl Batch {
     /// Rows in the batch.
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Moves the texts into an object of `objects`' store, which actors
+    /// read in place on this host or pull from it.
+    pub(crate) async fn put_texts(
+        &mut self,
+        objects: &flotilla::Objects,
+    ) -> Result<(), flotilla::ObjectsError> {
+        let object = objects.put_archive(&self.texts).await?;
+        self.texts = Vec::new();
+        self.object = Some(object);
+        Ok(())
+    }
+
+    /// Bytes of the batch's texts, wherever they are.
+    fn text_bytes(&self) -> usize {
+        match &self.object {
+            Some(object) => object.reference().size as usize,
+            None => self.texts.iter().map(String::len).sum(),
+        }
     }
 }
 
@@ -41,6 +65,7 @@ impl Stage for EmbedStage {
             EmbedRequest {
                 batch_id: id.0,
                 texts: batch.texts.clone(),
+                object: batch.object.as_ref().map(|o| o.reference().clone()),
             },
             reply,
         )
@@ -67,7 +92,7 @@ impl Stage for EmbedStage {
     }
 
     fn weight(&self, batch: &Batch) -> usize {
-        let text: usize = batch.texts.iter().map(String::len).sum();
+        let text = batch.text_bytes();
         let ids: usize = batch.ids.iter().map(String::len).sum();
         // The request's copy of the texts, and the vectors coming back.
         2 * text + ids + batch.len() * self.dim as usize * 4

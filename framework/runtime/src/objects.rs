@@ -1,0 +1,208 @@
+//! The node's object store in the cluster: puts, same-host reads and pulls
+//! from other hosts.
+//!
+//! Every node opens a [`Store`] (capacity `--object-store-mb`) when it
+//! starts. An [`ObjectRef`] names its owner node and the owner's host id;
+//! [`Objects::get`] maps the segment when the host ids match (no bytes
+//! over the network), and otherwise pulls the object once over the owner's
+//! bulk lane into this node's store, however many readers ask at once, and
+//! keeps the copy until space is needed.
+//!
+//! ```text
+//! get(ref) ─ same host ─► Store::get (mmap)                       ─► ObjectBytes
+//!          ─ cached     ─► the copy                                ─► ObjectBytes
+//!          ─ other host ─► one pull per object: Hello(Pull) ─► owner's lane
+//!                          PullRequest ─► PullReply::Sending ─► bytes into a writer ─► checksum ─► ObjectBytes
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flotilla_objects::{ObjectId, Store};
+use flotilla_proto::frame::DEFAULT_MAX_FRAME;
+use flotilla_proto::objects::{ObjectStats, PullReply, PullRequest};
+use flotilla_proto::wire::Encode;
+use flotilla_transport::handshake;
+use tokio::sync::watch;
+
+pub use flotilla_objects::{Object, ObjectBytes, ObjectError, ObjectRef, checksum};
+
+use crate::bulk::{Lane, LaneSendError};
+use crate::identity::Identity;
+use crate::table::Table;
+
+/// How long a put waits for space unless told otherwise.
+pub const DEFAULT_PUT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why an object could not be put or read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ObjectsError {
+    /// The store refused or the reference does not hold.
+    #[error(transparent)]
+    Store(#[from] ObjectError),
+    /// The owner is not an up member: its objects cannot be pulled.
+    #[error("NODE-OBJ-009: cannot pull object {id}: its owner {owner} is not an up member")]
+    OwnerGone {
+        /// The object.
+        id: ObjectId,
+        /// Its owner.
+        owner: String,
+    },
+    /// The pull failed on the way.
+    #[error("NODE-OBJ-010: pulling object {id} from {owner} failed: {reason}")]
+    Pull {
+        /// The object.
+        id: ObjectId,
+        /// Its owner.
+        owner: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Puts and gets on this node's store; cheap to clone.
+#[derive(Clone)]
+pub struct Objects {
+    pub(crate) store: Store,
+    pub(crate) lane: Arc<Lane>,
+    pub(crate) identity: Arc<Identity>,
+    pub(crate) view: watch::Receiver<Table>,
+    /// One lock per object being pulled: later readers wait for the first
+    /// pull and then read its copy.
+    pub(crate) pulling: Arc<Mutex<HashMap<ObjectId, Arc<tokio::sync::Mutex<()>>>>>,
+    pub(crate) put_timeout: Duration,
+}
+
+impl Objects {
+    /// The node's store itself.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The same handle with puts waiting up to `timeout` for space.
+    pub fn with_put_timeout(mut self, timeout: Duration) -> Self {
+        self.put_timeout = timeout;
+        self
+    }
+
+    /// Stores a copy of `bytes`; waits for space up to the put timeout,
+    /// then fails with [`ObjectError::Full`].
+    pub async fn put(&self, bytes: &[u8]) -> Result<Object, ObjectsError> {
+        Ok(self.store.put(bytes, self.put_timeout).await?)
+    }
+
+    /// Stores `value` as an rkyv archive, to be read in place with
+    /// [`ObjectBytes::archive`].
+    pub async fn put_archive<T: Encode>(&self, value: &T) -> Result<Object, ObjectsError> {
+        let bytes = flotilla_proto::wire::encode(value);
+        self.put(&bytes).await
+    }
+
+    /// Reads the object `reference` names: mapped from this host's memory,
+    /// or pulled once from its owner's host into this store.
+    pub async fn get(&self, reference: &ObjectRef) -> Result<ObjectBytes, ObjectsError> {
+        reference.check().map_err(ObjectError::from)?;
+        match self.store.get(reference) {
+            Err(ObjectError::OtherHost { .. }) => {}
+            done => return Ok(done?),
+        }
+        let lock = Arc::clone(
+            self.pulling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(reference.id)
+                .or_default(),
+        );
+        let pulled = {
+            let _turn = lock.lock().await;
+            match self.store.held(reference) {
+                Some(copy) => Ok(copy),
+                None => self.pull(reference).await,
+            }
+        };
+        let mut pulling = self.pulling.lock().unwrap_or_else(|p| p.into_inner());
+        if Arc::strong_count(&lock) <= 2 {
+            pulling.remove(&reference.id);
+        }
+        pulled
+    }
+
+    /// This node's store counters.
+    pub fn stats(&self) -> ObjectStats {
+        stats(&self.store)
+    }
+
+    async fn pull(&self, reference: &ObjectRef) -> Result<ObjectBytes, ObjectsError> {
+        let (id, owner) = (reference.id, reference.owner.clone());
+        let failed = |reason: String| ObjectsError::Pull {
+            id,
+            owner: owner.clone(),
+            reason,
+        };
+        let (mut send, mut recv) = match self
+            .lane
+            .open_pull(&self.identity, &self.view, &reference.owner)
+            .await
+        {
+            Ok(streams) => streams,
+            Err(LaneSendError::NoLane(_)) => {
+                return Err(ObjectsError::OwnerGone {
+                    id,
+                    owner: owner.clone(),
+                });
+            }
+            Err(e) => return Err(failed(e.to_string())),
+        };
+        let request = PullRequest {
+            scope: id.scope,
+            pid: id.pid,
+            seq: id.seq,
+            size: reference.size,
+            checksum: reference.checksum,
+        };
+        handshake::send_msg(&mut send, &request, DEFAULT_MAX_FRAME)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let reply: PullReply = handshake::recv_msg(&mut recv, DEFAULT_MAX_FRAME)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        match reply {
+            PullReply::Sending { size } if size == reference.size => {}
+            PullReply::Sending { size } => {
+                return Err(failed(format!(
+                    "the owner offered {size} bytes, the reference says {}",
+                    reference.size
+                )));
+            }
+            PullReply::Gone => return Err(ObjectError::Gone(id).into()),
+            PullReply::Mismatch => {
+                return Err(ObjectError::Mismatch {
+                    id,
+                    what: "size or checksum at the owner",
+                }
+                .into());
+            }
+        }
+        let mut writer = self.store.writer(reference.size, self.put_timeout).await?;
+        recv.read_exact(writer.bytes_mut())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        // Fault injection: `objects::pull_corrupt=return` flips a byte of
+        // every pulled object, as a network or memory fault would.
+        let corrupt = (|| {
+            fail::fail_point!("objects::pull_corrupt", |_| true);
+            false
+        })();
+        if corrupt && let Some(b) = writer.bytes_mut().first_mut() {
+            *b ^= 0xff;
+        }
+        Ok(writer.seal_copy(reference)?)
+    }
+}
+
+/// A store's counters as `node status` carries them.
+pub(crate) fn stats(store: &Store) -> ObjectStats {
+    store.stats()
+}
