@@ -66,6 +66,11 @@ pub struct EmbedReply {
 pub enum EmbedOutcome {
     /// One normalised vector per text, row-major `texts.len() × dim`.
     Embedded(Vectors),
+    /// The same as an object of the actor's node holding the archived
+    /// [`Vectors`], lent to the caller until it releases it (see
+    /// [`RESULT_LEASE`]); the answer to a request that carried its texts as
+    /// an object.
+    EmbeddedObject(VectorsObject),
     /// The input cannot be embedded (the tokenizer refused it): do not retry.
     BadInput(String),
     /// The model failed (backend error): retry elsewhere.
@@ -83,6 +88,24 @@ pub struct Vectors {
     /// `rows × dim` values.
     pub values: Vec<f32>,
 }
+
+/// Where a batch's vectors are, and what they claim to be.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct VectorsObject {
+    /// The model revision (`sha256:…` of the weights).
+    pub revision: String,
+    /// Width of each vector.
+    pub dim: u32,
+    /// Vectors in the object.
+    pub rows: u32,
+    /// The object: an archived [`Vectors`].
+    pub object: flotilla::ObjectRef,
+}
+
+/// How long an embedder's node keeps a result object for a caller that
+/// does not release it (its node died, say).
+pub const RESULT_LEASE: Duration = Duration::from_secs(600);
 
 /// What an embedder reports about its model.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -219,6 +242,33 @@ fn model_thread(
 }
 
 impl Embedder {
+    /// The answer with its vectors moved into an object of this node's
+    /// store, lent to the caller; unchanged if the store cannot take them.
+    async fn lend_result(&self, answer: EmbedReply) -> EmbedReply {
+        let (EmbedOutcome::Embedded(vectors), Some(node)) = (
+            &answer.outcome,
+            self.node.as_ref().and_then(flotilla::NodeHandle::get),
+        ) else {
+            return answer;
+        };
+        let objects = node.objects();
+        match objects.put_archive(vectors).await {
+            Ok(object) => EmbedReply {
+                batch_id: answer.batch_id,
+                outcome: EmbedOutcome::EmbeddedObject(VectorsObject {
+                    revision: vectors.revision.clone(),
+                    dim: vectors.dim,
+                    rows: (vectors.values.len() / vectors.dim.max(1) as usize) as u32,
+                    object: objects.lend(object, RESULT_LEASE),
+                }),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "result sent inline: the object store did not take it");
+                answer
+            }
+        }
+    }
+
     /// The bytes of a request's texts object, through this node's store.
     async fn read(&self, object: &flotilla::ObjectRef) -> Result<flotilla::ObjectBytes, String> {
         let node = self
@@ -291,6 +341,7 @@ impl Actor for Embedder {
         match msg {
             EmbedMsg::Embed(req, reply) => {
                 let batch_id = req.batch_id;
+                let as_object = req.object.is_some();
                 let texts = match req.object {
                     None => Texts::Owned(req.texts),
                     Some(object) => match self.read(&object).await {
@@ -322,6 +373,11 @@ impl Actor for Embedder {
                         outcome: EmbedOutcome::Failed("the model thread panicked".into()),
                     });
                     return Err("the model thread panicked".into());
+                };
+                let answer = if as_object {
+                    self.lend_result(answer).await
+                } else {
+                    answer
                 };
                 let _ = reply.send(answer);
             }

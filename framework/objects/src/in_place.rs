@@ -12,6 +12,18 @@ use rkyv::{Archive, rancor};
 #[derive(Default)]
 pub(crate) struct Validated(Mutex<Vec<TypeId>>);
 
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn archived_floats_read_as_native_ones() {
+        let values = vec![1.5f32, -0.25, 3.0e-7, f32::MAX];
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&values).unwrap();
+        let archived =
+            rkyv::access::<rkyv::Archived<Vec<f32>>, rkyv::rancor::Error>(&bytes).unwrap();
+        assert_eq!(&*super::f32s(archived.as_slice()), &values[..]);
+    }
+}
+
 /// An object's bytes are not a valid archive of the type asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("NODE-OBJ-006: object is not a valid {type_name} archive: {reason}")]
@@ -20,6 +32,26 @@ pub struct ArchiveError {
     pub type_name: &'static str,
     /// What the validator found.
     pub reason: String,
+}
+
+/// The native `f32`s of an archived `f32` array (`ArchivedVec<f32>`'s
+/// slice), without copying them on little-endian machines (where the
+/// archived form is the native one); copied into native order elsewhere.
+pub fn f32s(values: &[rkyv::rend::f32_le]) -> std::borrow::Cow<'_, [f32]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `f32_le` is `#[repr(C, align(4))]` around one `f32`
+        // holding little-endian bits: on a little-endian machine it has
+        // `f32`'s size, alignment and value, so the slice reads as `[f32]`
+        // of the same length, borrowed for the same lifetime.
+        let native =
+            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<f32>(), values.len()) };
+        std::borrow::Cow::Borrowed(native)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        std::borrow::Cow::Owned(values.iter().map(|v| v.to_native()).collect())
+    }
 }
 
 impl Validated {

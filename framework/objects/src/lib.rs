@@ -33,11 +33,11 @@ mod store;
 mod sweep;
 
 pub use flotilla_proto::objects::ObjectStats;
-pub use in_place::ArchiveError;
+pub use in_place::{ArchiveError, f32s};
 pub use object_ref::{
     ArchivedObjectId, ArchivedObjectRef, MAX_NAME_LEN, MAX_OBJECT_SIZE, ObjectId, ObjectRef,
     RefError, checksum,
 };
 pub use segment::SegmentError;
 pub use store::{Object, ObjectBytes, ObjectError, ObjectWriter, Store, StoreConfig};
-pub use sweep::segments;
+pub use sweep::{segments, sweep_dead};

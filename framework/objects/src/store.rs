@@ -146,6 +146,8 @@ struct State {
     /// of their last use.
     copies: HashMap<ObjectId, (Arc<Mapped>, u64)>,
     tick: u64,
+    /// Objects lent to other holders, until released or their lease ends.
+    lent: HashMap<ObjectId, (Object, Instant)>,
 }
 
 /// One mapping of one object's segment.
@@ -187,10 +189,15 @@ pub struct ObjectBytes {
 }
 
 /// Space reserved for an object being written (a pull); dropping it
-/// unwritten frees the space.
+/// unwritten frees the space. Bytes go in either all at once through
+/// [`ObjectWriter::bytes_mut`], or in order through
+/// [`ObjectWriter::append`], which checksums them as they arrive.
 pub struct ObjectWriter {
     mapped: Mapped,
     inner: Arc<Inner>,
+    /// Bytes appended so far, and their running checksum.
+    appended: u64,
+    hasher: Box<xxhash_rust::xxh3::Xxh3>,
 }
 
 impl Store {
@@ -220,6 +227,12 @@ impl Store {
             }),
         };
         (store, swept)
+    }
+
+    /// Removes the segments of this store's cluster on the host whose
+    /// process died since (see [`Store::open`]); how many.
+    pub fn sweep(&self) -> usize {
+        crate::sweep::sweep(self.inner.config.scope, self.inner.pid)
     }
 
     /// The store's configuration.
@@ -279,6 +292,8 @@ impl Store {
                 store: Some(Arc::downgrade(&self.inner)),
             },
             inner: Arc::clone(&self.inner),
+            appended: 0,
+            hasher: Box::default(),
         })
     }
 
@@ -371,6 +386,38 @@ impl Store {
         Some(ObjectBytes { mapped: mapped? })
     }
 
+    /// Keeps `object` alive for holders elsewhere until one of them
+    /// [`Store::release`]s it or `until` passes (then it is dropped at the
+    /// next lend or release after that). Returns its reference.
+    pub fn lend(&self, object: Object, until: Instant) -> ObjectRef {
+        let reference = object.reference.clone();
+        let expired = {
+            let mut state = self.inner.lock();
+            state.lent.insert(reference.id, (object, until));
+            expire(&mut state, Instant::now())
+        };
+        drop(expired);
+        reference
+    }
+
+    /// Stops holding the lent object `id`; whether it was held.
+    pub fn release(&self, id: ObjectId) -> bool {
+        let (released, expired) = {
+            let mut state = self.inner.lock();
+            let released = state.lent.remove(&id);
+            (released, expire(&mut state, Instant::now()))
+        };
+        let found = released.is_some();
+        // Dropped outside the lock: the last handle frees the segment.
+        drop((released, expired));
+        found
+    }
+
+    /// Objects lent and not yet released.
+    pub fn lent(&self) -> usize {
+        self.inner.lock().lent.len()
+    }
+
     /// What the store has done so far.
     pub fn stats(&self) -> ObjectStats {
         let state = self.inner.lock();
@@ -441,6 +488,24 @@ impl Store {
     }
 }
 
+/// Takes the lent objects whose lease ended by `now` out of the table, to
+/// be dropped once the lock is released.
+fn expire(state: &mut State, now: Instant) -> Vec<Object> {
+    if !state.lent.values().any(|(_, until)| *until <= now) {
+        return Vec::new();
+    }
+    let ended: Vec<ObjectId> = state
+        .lent
+        .iter()
+        .filter(|(_, (_, until))| *until <= now)
+        .map(|(id, _)| *id)
+        .collect();
+    ended
+        .into_iter()
+        .filter_map(|id| state.lent.remove(&id).map(|(o, _)| o))
+        .collect()
+}
+
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -460,14 +525,42 @@ impl Inner {
 }
 
 impl ObjectWriter {
-    /// The object's bytes, to be written before sealing.
+    /// The object's bytes, to be written before sealing. Writing here
+    /// leaves what [`ObjectWriter::append`] counted behind: the checksum is
+    /// then computed over every byte at sealing.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.appended = u64::MAX;
         self.mapped.segment.data_mut(self.mapped.size)
+    }
+
+    /// Writes `bytes` after those appended before, checksumming them while
+    /// they are in cache; `false` (nothing written) if they would run past
+    /// the object's size.
+    pub fn append(&mut self, bytes: &[u8]) -> bool {
+        let size = self.mapped.size;
+        let at = self.appended;
+        if at > size || bytes.len() as u64 > size - at {
+            return false;
+        }
+        let at = at as usize;
+        self.mapped.segment.data_mut(size)[at..at + bytes.len()].copy_from_slice(bytes);
+        self.hasher.update(bytes);
+        self.appended += bytes.len() as u64;
+        true
+    }
+
+    /// The checksum of the bytes as written.
+    fn checksum(&mut self) -> u64 {
+        if self.appended == self.mapped.size {
+            self.hasher.digest()
+        } else {
+            checksum(self.mapped.segment.data(self.mapped.size))
+        }
     }
 
     /// Seals the bytes as written: the object is immutable from here on.
     pub fn seal(mut self) -> Object {
-        let sum = checksum(self.bytes_mut());
+        let sum = self.checksum();
         self.seal_with(sum)
     }
 
@@ -494,7 +587,7 @@ impl ObjectWriter {
     /// checksum must match, else the copy is dropped. The copy is cached
     /// under `of`'s id until space is needed.
     pub fn seal_copy(mut self, of: &ObjectRef) -> Result<ObjectBytes, ObjectError> {
-        let got = checksum(self.bytes_mut());
+        let got = self.checksum();
         if got != of.checksum || self.mapped.size != of.size {
             return Err(ObjectError::ChecksumMismatch {
                 id: of.id,
@@ -780,6 +873,45 @@ mod tests {
             (1, 7, 1)
         );
         assert_eq!(&*a.held(&r).expect("cached"), b"payload");
+    }
+
+    #[tokio::test]
+    async fn appended_bytes_are_checksummed_as_they_arrive() {
+        let s = scope("append");
+        let a = store(s, "a", 1 << 20);
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut w = a.writer(data.len() as u64, T).await.unwrap();
+        for chunk in data.chunks(999) {
+            assert!(w.append(chunk));
+        }
+        assert!(!w.append(b"x"), "past the end");
+        let object = w.seal();
+        assert_eq!(object.reference().checksum, checksum(&data));
+        assert_eq!(&*object.bytes(), &data[..]);
+        // Appending, then writing in place: the checksum covers what is there.
+        let mut w = a.writer(4, T).await.unwrap();
+        assert!(w.append(b"ab"));
+        w.bytes_mut()[2..].copy_from_slice(b"cd");
+        assert_eq!(w.seal().reference().checksum, checksum(b"abcd"));
+    }
+
+    #[tokio::test]
+    async fn lent_objects_live_until_released_or_their_lease_ends() {
+        let s = scope("lend");
+        let a = store(s, "a", 1 << 20);
+        let first = a.put(b"one", T).await.unwrap();
+        let r1 = a.lend(first, Instant::now() + Duration::from_secs(60));
+        assert_eq!((a.lent(), a.stats().count), (1, 1), "held without a handle");
+        assert!(a.release(r1.id));
+        assert!(!a.release(r1.id), "released once");
+        assert_eq!(a.stats().count, 0, "freed on release");
+        let second = a.put(b"two", T).await.unwrap();
+        let r2 = a.lend(second, Instant::now());
+        // The next lend drops what has expired.
+        let third = a.put(b"three", T).await.unwrap();
+        let r3 = a.lend(third, Instant::now() + Duration::from_secs(60));
+        assert!(a.held(&r2).is_none(), "its lease ended");
+        assert!(a.held(&r3).is_some());
     }
 
     #[tokio::test]

@@ -43,6 +43,13 @@ pub(crate) fn sweep(scope: u32, me: u32) -> usize {
     removed
 }
 
+/// Removes the segments of cluster `scope` on this host whose creating
+/// process is gone (any process may call it: live processes' segments
+/// stay); returns how many it removed.
+pub fn sweep_dead(scope: u32) -> usize {
+    sweep(scope, std::process::id())
+}
+
 /// Elsewhere segments are not files to list: nothing is swept.
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn sweep(_scope: u32, _me: u32) -> usize {

@@ -5,10 +5,14 @@
 //! bytes straight into its own store; the checksum of the reference decides
 //! whether the copy is kept.
 //!
+//! A holder of lent objects (see the object store's `lend`) releases them
+//! on a stream of the same purpose.
+//!
 //! ```text
 //! reader ── Hello(Pull) ─► owner's bulk endpoint
-//!        ── PullRequest{id, size, checksum} ─►
+//!        ── ObjectRequest::Pull{id, size, checksum} ─►
 //!        ◄─ PullReply::Sending{size} ── size raw bytes ──   (or Gone / Mismatch, then the stream ends)
+//! holder ── ObjectRequest::Release[ids] ─► (the stream ends)
 //! ```
 
 // rkyv's derive emits undocumented public helper items for enums with
@@ -16,6 +20,27 @@
 #![allow(missing_docs)]
 
 use rkyv::{Archive, Deserialize, Serialize};
+
+/// What a stream of purpose `Pull` asks of the owner.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum ObjectRequest {
+    /// Send an object's bytes.
+    Pull(PullRequest),
+    /// Stop holding these lent objects for the sender.
+    Release(Vec<ObjectKey>),
+}
+
+/// An object's id: its cluster scope, creating process and sequence
+/// number.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectKey {
+    /// The cluster scope.
+    pub scope: u32,
+    /// The creating process.
+    pub pid: u32,
+    /// The sequence number in that process's store.
+    pub seq: u64,
+}
 
 /// An object asked for by id, with what the asker's reference says of it.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]

@@ -24,13 +24,17 @@ pub struct WireError {
 
 /// Types that can be written with [`encode`].
 pub trait Encode:
-    for<'a> Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, rancor::Error>>
+    for<'a> Serialize<HighSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>
 {
 }
 impl<T> Encode for T where
-    T: for<'a> Serialize<HighSerializer<AlignedVec, ArenaHandle<'a>, rancor::Error>>
+    T: for<'a> Serialize<HighSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>
 {
 }
+
+/// The alignment checked access needs (rkyv's `AlignedVec` default): the
+/// allocator's blocks have it, so received buffers are read where they are.
+const ALIGNMENT: usize = 16;
 
 /// Types that can be read back with [`decode`]: their archived form can be
 /// validated and deserialized.
@@ -49,14 +53,15 @@ impl<T> Decode for T where
 {
 }
 
-/// Serializes `value` into an archive.
+/// Serializes `value` into an archive, written straight into the `Vec`
+/// that is sent (no copy out of an aligned buffer: positions in an archive
+/// are relative, and whoever reads it aligns the bytes if they are not).
 ///
 /// Serialization of the plain data types used on the wire cannot fail; a
 /// failure means the type itself is unfit for the wire and panics.
 pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
-    rkyv::to_bytes::<rancor::Error>(value)
+    rkyv::api::high::to_bytes_in::<_, rancor::Error>(value, Vec::new())
         .expect("wire types serialize infallibly")
-        .into_vec()
 }
 
 /// Copies `bytes` into an aligned buffer, as checked access requires.
@@ -81,9 +86,21 @@ where
 }
 
 /// Validates and deserializes an archive received from outside the process.
+/// Bytes at an aligned address (every buffer the allocator hands out) are
+/// validated where they are; others are first copied into an aligned
+/// buffer.
 pub fn decode<T: Decode>(bytes: &[u8]) -> Result<T, WireError> {
-    let aligned = align(bytes);
-    let archived = access::<T>(&aligned)?;
+    let copy;
+    let bytes = if (bytes.as_ptr() as usize).is_multiple_of(ALIGNMENT) {
+        bytes
+    } else {
+        copy = align(bytes);
+        copy.as_slice()
+    };
+    let archived = rkyv::access::<T::Archived, rancor::Error>(bytes).map_err(|e| WireError {
+        type_name: std::any::type_name::<T>(),
+        reason: e.to_string(),
+    })?;
     rkyv::deserialize::<T, rancor::Error>(archived).map_err(|e| WireError {
         type_name: std::any::type_name::<T>(),
         reason: e.to_string(),
@@ -121,6 +138,23 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode::<Sample>(&bytes);
         }
+    }
+
+    #[test]
+    fn unaligned_bytes_are_copied_then_read() {
+        let s = Sample {
+            id: 7,
+            name: "shifted".into(),
+            values: vec![0.5; 4],
+            tag: Some("t".into()),
+            kind: Kind::A,
+        };
+        let bytes = encode(&s);
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(&bytes);
+        let at = &shifted[1..];
+        assert!(!(at.as_ptr() as usize).is_multiple_of(ALIGNMENT));
+        assert_eq!(decode::<Sample>(at).unwrap(), s);
     }
 
     #[test]

@@ -262,7 +262,7 @@ impl NodeBuilder {
             }
         };
         let (store, swept) = Store::open(StoreConfig {
-            scope: u32::from_le_bytes(cookie_digest[..4].try_into().expect("4 bytes")),
+            scope: crate::objects::scope_of(&cookie_digest),
             owner: config.name.clone(),
             host,
             capacity: config
@@ -395,7 +395,14 @@ impl NodeBuilder {
         };
 
         tasks.spawn(relay_members(view.clone(), spawner));
-        lane.serve(&tasks, Arc::clone(&identity), view.clone(), store);
+        lane.serve(&tasks, Arc::clone(&identity), view.clone(), store.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::time::sleep(crate::objects::SWEEP_EVERY).await;
+                let store = store.clone();
+                let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+            }
+        });
         tasks.spawn(
             Router {
                 identity: Arc::clone(&identity),

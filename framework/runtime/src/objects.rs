@@ -21,16 +21,37 @@ use std::time::Duration;
 
 use flotilla_objects::{ObjectId, Store};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
-use flotilla_proto::objects::{ObjectStats, PullReply, PullRequest};
+use flotilla_proto::objects::{ObjectKey, ObjectRequest, ObjectStats, PullReply, PullRequest};
 use flotilla_proto::wire::Encode;
 use flotilla_transport::handshake;
 use tokio::sync::watch;
 
-pub use flotilla_objects::{Object, ObjectBytes, ObjectError, ObjectRef, checksum};
+pub use flotilla_objects::{Object, ObjectBytes, ObjectError, ObjectRef, checksum, f32s};
 
 use crate::bulk::{Lane, LaneSendError};
 use crate::identity::Identity;
 use crate::table::Table;
+
+/// How often a node removes the segments its cluster's dead processes left
+/// on its host (besides when it starts).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The scope of a cluster's segments: from the digest of its cookie, so
+/// that clusters sharing a host never touch each other's.
+pub fn scope_of(cookie_digest: &[u8; 32]) -> u32 {
+    u32::from_le_bytes([
+        cookie_digest[0],
+        cookie_digest[1],
+        cookie_digest[2],
+        cookie_digest[3],
+    ])
+}
+
+/// Removes the segments of cluster `scope` on this host whose process is
+/// gone: what a test harness runs once its processes are killed.
+pub fn sweep_dead(scope: u32) -> usize {
+    flotilla_objects::sweep_dead(scope)
+}
 
 /// How long a put waits for space unless told otherwise.
 pub const DEFAULT_PUT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -129,6 +150,48 @@ impl Objects {
         pulled
     }
 
+    /// Keeps `object` alive for a holder on another node (which has no
+    /// handle of its own) until the holder calls [`Objects::release`] or
+    /// `lease` passes; returns the reference to send it.
+    pub fn lend(&self, object: Object, lease: Duration) -> ObjectRef {
+        self.store.lend(object, std::time::Instant::now() + lease)
+    }
+
+    /// Tells the owner of a lent object that this holder is done with it:
+    /// in this process, or on a stream to the owner's bulk lane. A release
+    /// that does not arrive leaves the object to its lease.
+    pub async fn release(&self, reference: &ObjectRef) -> Result<(), ObjectsError> {
+        let id = reference.id;
+        if reference.owner == self.identity.name {
+            self.store.release(id);
+            return Ok(());
+        }
+        let failed = |reason: String| ObjectsError::Pull {
+            id,
+            owner: reference.owner.clone(),
+            reason,
+        };
+        let (mut send, _recv) = self
+            .lane
+            .open_pull(&self.identity, &self.view, &reference.owner)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let key = ObjectKey {
+            scope: id.scope,
+            pid: id.pid,
+            seq: id.seq,
+        };
+        handshake::send_msg(
+            &mut send,
+            &ObjectRequest::Release(vec![key]),
+            DEFAULT_MAX_FRAME,
+        )
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+        let _ = send.finish();
+        Ok(())
+    }
+
     /// This node's store counters.
     pub fn stats(&self) -> ObjectStats {
         stats(&self.store)
@@ -155,13 +218,13 @@ impl Objects {
             }
             Err(e) => return Err(failed(e.to_string())),
         };
-        let request = PullRequest {
+        let request = ObjectRequest::Pull(PullRequest {
             scope: id.scope,
             pid: id.pid,
             seq: id.seq,
             size: reference.size,
             checksum: reference.checksum,
-        };
+        });
         handshake::send_msg(&mut send, &request, DEFAULT_MAX_FRAME)
             .await
             .map_err(|e| failed(e.to_string()))?;
@@ -186,9 +249,20 @@ impl Objects {
             }
         }
         let mut writer = self.store.writer(reference.size, self.put_timeout).await?;
-        recv.read_exact(writer.bytes_mut())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        // Chunks as quinn hands them over, each copied into the segment and
+        // checksummed while in cache.
+        let mut left = reference.size;
+        while left > 0 {
+            let chunk = recv
+                .read_chunk(left as usize, true)
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .ok_or_else(|| failed(format!("the stream ended {left} bytes short")))?;
+            if !writer.append(&chunk.bytes) {
+                return Err(failed("the owner sent more bytes than it offered".into()));
+            }
+            left -= chunk.bytes.len() as u64;
+        }
         // Fault injection: `objects::pull_corrupt=return` flips a byte of
         // every pulled object, as a network or memory fault would.
         let corrupt = (|| {

@@ -1,10 +1,10 @@
 //! The owner's side of a pull (see [`crate::objects`]): one stream of
 //! purpose `Pull` accepted on the bulk lane, answered from this node's
-//! store.
+//! store; or a holder's release of objects lent to it.
 
 use flotilla_objects::{ObjectId, Store};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
-use flotilla_proto::objects::{PullReply, PullRequest};
+use flotilla_proto::objects::{ObjectRequest, PullReply};
 use flotilla_transport::handshake::{self, StreamError};
 
 /// Answers one pull stream from `peer`: the object's bytes straight from
@@ -16,7 +16,20 @@ pub(crate) async fn serve_pull(
     mut recv: quinn::RecvStream,
 ) {
     let served = async {
-        let request: PullRequest = handshake::recv_msg(&mut recv, DEFAULT_MAX_FRAME).await?;
+        let request = match handshake::recv_msg(&mut recv, DEFAULT_MAX_FRAME).await? {
+            ObjectRequest::Pull(request) => request,
+            ObjectRequest::Release(keys) => {
+                for k in keys {
+                    store.release(ObjectId {
+                        scope: k.scope,
+                        pid: k.pid,
+                        seq: k.seq,
+                    });
+                }
+                let _ = send.finish();
+                return Ok(());
+            }
+        };
         let id = ObjectId {
             scope: request.scope,
             pid: request.pid,

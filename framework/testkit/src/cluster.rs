@@ -163,7 +163,14 @@ impl Scratch {
 }
 
 impl Drop for Scratch {
+    /// Removes what the cluster's killed processes left in shared memory
+    /// (their processes are gone by now: a test's `Proc`s are declared
+    /// after its `Scratch`), then the folder.
     fn drop(&mut self) {
+        if let Ok(cookie) = std::fs::read_to_string(self.certs().join("cookie")) {
+            let digest = flotilla_transport::certs::cookie_digest(cookie.trim());
+            flotilla::objects::sweep_dead(flotilla::objects::scope_of(&digest));
+        }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {

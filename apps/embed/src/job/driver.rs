@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use super::input::Input;
 use super::sink::{ErrorLog, Manifest, RowError, Rows, Sink};
 use super::source::{Cell, Fields, Item, RowAt, Source};
-use super::stage::{Batch, EmbedStage};
+use super::stage::{Batch, EmbedStage, Output, read_result};
 use super::summary::{Latencies, Summary};
 use super::{JobConfig, JobError};
 use crate::actor::{EmbedMsg, EmbedderArgs, ModelInfo};
@@ -440,6 +440,31 @@ impl Batcher {
     }
 }
 
+/// Tells the actor's node that the driver is done with a result object,
+/// without holding up the job (the job waits for what is still on its way
+/// before it ends): a release that does not arrive leaves the object to
+/// its lease.
+fn release_result(
+    releases: &mut tokio::task::JoinSet<()>,
+    objects: Option<&flotilla::Objects>,
+    object: Option<flotilla::ObjectRef>,
+) {
+    // Forget the releases that are done: the set holds only those on
+    // their way.
+    while releases.try_join_next().is_some() {}
+    if let (Some(objects), Some(object)) = (objects, object) {
+        let objects = objects.clone();
+        releases.spawn(async move {
+            if let Err(e) = objects.release(&object).await {
+                tracing::debug!(error = %e, "result object not released; its lease ends it");
+            }
+        });
+    }
+}
+
+/// How long a finished job waits for its last releases.
+const RELEASES_WITHIN: Duration = Duration::from_secs(5);
+
 /// Runs the job over `workers`, sending through `outbound`. With `members`,
 /// workers whose node goes down or leaves are dropped and their batches
 /// sent elsewhere.
@@ -567,6 +592,7 @@ pub(crate) async fn drive(
     let mut latencies = Latencies::new();
     let mut gave_up = 0u64;
     let mut lost_workers = LostWorkers::default();
+    let mut releases = tokio::task::JoinSet::new();
 
     loop {
         // Fill free credits with the next batches not already done.
@@ -644,12 +670,44 @@ pub(crate) async fn drive(
                 output,
                 latency,
             }) => {
+                let (held, lent) = match output {
+                    Output::Values(values) => (Ok(values), None),
+                    Output::Object(object) => {
+                        let read = read_result(
+                            objects.as_ref(),
+                            &object,
+                            &manifest.model_revision,
+                            info.dim,
+                            batch.len(),
+                        )
+                        .await;
+                        (Err(read), Some(object))
+                    }
+                };
+                let values = match &held {
+                    Ok(values) => Some(std::borrow::Cow::Borrowed(&values[..])),
+                    Err(Ok(bytes)) => super::stage::values(bytes),
+                    Err(Err(_)) => None,
+                };
+                let Some(values) = values else {
+                    let reason = match &held {
+                        Err(Err(reason)) => reason.clone(),
+                        _ => "not an archive of vectors".to_owned(),
+                    };
+                    tracing::warn!(batch = id.0, %reason, "result object unreadable; the batch goes out again");
+                    release_result(&mut releases, objects.as_ref(), lent);
+                    pipeline.submit(id, batch);
+                    continue;
+                };
                 let rows = Rows {
                     ids: &batch.ids,
                     extra: &batch.extra,
-                    values: &output,
+                    values: &values,
                 };
                 sink.write_batch(id.0, rows).await?;
+                drop(values);
+                drop(held);
+                release_result(&mut releases, objects.as_ref(), lent);
                 summary
                     .first_batch_after
                     .get_or_insert_with(|| started.elapsed());
@@ -673,6 +731,7 @@ pub(crate) async fn drive(
         }
     }
     progress.finish();
+    let _ = tokio::time::timeout(RELEASES_WITHIN, releases.join_all()).await;
     summary.rejected_rows = errors.rows();
     errors.finish().await?;
     let stats = pipeline.stats();

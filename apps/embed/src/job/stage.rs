@@ -6,6 +6,17 @@ use flotilla::pipeline::{BatchId, RpcReplyPort, Stage, Verdict};
 use super::source::{Cell, RowAt};
 use crate::actor::{EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest};
 
+/// A batch's vectors as the pipeline hands them over: in the reply, or in
+/// an object lent by the actor's node, read (and then released) when the
+/// part is written.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// In the reply.
+    Values(Vec<f32>),
+    /// In an object holding an archived `Vectors`.
+    Object(flotilla::ObjectRef),
+}
+
 /// A batch held while in flight.
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
@@ -58,7 +69,7 @@ impl Stage for EmbedStage {
     type Msg = EmbedMsg;
     type Batch = Batch;
     type Reply = EmbedReply;
-    type Output = Vec<f32>;
+    type Output = Output;
 
     fn request(&self, id: BatchId, batch: &Batch, reply: RpcReplyPort<EmbedReply>) -> EmbedMsg {
         EmbedMsg::Embed(
@@ -71,7 +82,7 @@ impl Stage for EmbedStage {
         )
     }
 
-    fn judge(&self, id: BatchId, batch: &Batch, reply: EmbedReply) -> Verdict<Vec<f32>> {
+    fn judge(&self, id: BatchId, batch: &Batch, reply: EmbedReply) -> Verdict<Output> {
         match reply {
             EmbedReply {
                 batch_id,
@@ -81,7 +92,17 @@ impl Stage for EmbedStage {
                 && v.dim == self.dim
                 && v.values.len() == batch.len() * self.dim as usize =>
             {
-                Verdict::Done(v.values)
+                Verdict::Done(Output::Values(v.values))
+            }
+            EmbedReply {
+                batch_id,
+                outcome: EmbedOutcome::EmbeddedObject(v),
+            } if batch_id == id.0
+                && v.revision == self.revision
+                && v.dim == self.dim
+                && v.rows as usize == batch.len() =>
+            {
+                Verdict::Done(Output::Object(v.object))
             }
             EmbedReply {
                 outcome: EmbedOutcome::BadInput(reason),
@@ -108,6 +129,47 @@ fn describe(reply: &EmbedReply) -> String {
             v.dim,
             v.values.len()
         ),
+        EmbedOutcome::EmbeddedObject(v) => format!(
+            "batch {} from model {} with dim {} and {} rows in object {}",
+            reply.batch_id, v.revision, v.dim, v.rows, v.object
+        ),
         EmbedOutcome::BadInput(r) | EmbedOutcome::Failed(r) => r.clone(),
     }
+}
+
+/// Reads the vectors of a result object: pulled or mapped through
+/// `objects`, validated as an archived `Vectors` of `revision` and `dim`
+/// with `rows` rows. The values are then read in place with [`values`].
+pub(crate) async fn read_result(
+    objects: Option<&flotilla::Objects>,
+    object: &flotilla::ObjectRef,
+    revision: &str,
+    dim: u32,
+    rows: usize,
+) -> Result<flotilla::ObjectBytes, String> {
+    let objects = objects.ok_or("a result object, but this job reads no objects")?;
+    let bytes = objects.get(object).await.map_err(|e| e.to_string())?;
+    let v = bytes
+        .archive::<crate::actor::Vectors>()
+        .map_err(|e| e.to_string())?;
+    if v.revision.as_str() != revision || v.dim.to_native() != dim {
+        return Err(format!(
+            "result object from model {} with dim {}",
+            v.revision.as_str(),
+            v.dim.to_native()
+        ));
+    }
+    if v.values.len() != rows * dim as usize {
+        return Err(format!(
+            "result object holds {} values for {rows} rows of {dim}",
+            v.values.len()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The values of a result object [`read_result`] accepted, in place.
+pub(crate) fn values(bytes: &flotilla::ObjectBytes) -> Option<std::borrow::Cow<'_, [f32]>> {
+    let v = bytes.archive::<crate::actor::Vectors>().ok()?;
+    Some(flotilla::objects::f32s(v.values.as_slice()))
 }
