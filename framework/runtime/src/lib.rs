@@ -72,7 +72,7 @@ pub use flotilla_proto::membership::{MemberState, MemberView};
 pub use flotilla_proto::resources::Resources;
 pub use identity::RecordError;
 pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
-pub use objects::{Object, ObjectBytes, ObjectRef, Objects, ObjectsError};
+pub use objects::{ArchivedObject, Object, ObjectBytes, ObjectRef, Objects, ObjectsError};
 pub use outbound::Outbound;
 pub use status::{query_jobs, query_objects, query_placement, query_status, query_supervisors};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};

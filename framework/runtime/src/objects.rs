@@ -192,6 +192,22 @@ impl Objects {
         Ok(())
     }
 
+    /// Reads the object `reference` names as the archive of a `T`, in
+    /// place (mapped, or pulled once): what a handler of a large payload
+    /// sent as an [`ObjectRef`] reads instead of an owned copy.
+    pub async fn get_archive<T>(
+        &self,
+        reference: &ObjectRef,
+    ) -> Result<ArchivedObject<T>, ObjectsError>
+    where
+        T: rkyv::Archive + 'static,
+        T::Archived: for<'a> rkyv::bytecheck::CheckBytes<
+                rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>,
+            >,
+    {
+        Ok(ArchivedObject::new(self.get(reference).await?)?)
+    }
+
     /// This node's store counters.
     pub fn stats(&self) -> ObjectStats {
         stats(&self.store)
@@ -279,4 +295,49 @@ impl Objects {
 /// A store's counters as `node status` carries them.
 pub(crate) fn stats(store: &Store) -> ObjectStats {
     store.stats()
+}
+
+/// An object's bytes read as the archive of a `T`, in place: what
+/// [`Objects::get_archive`] returns. Derefs to `T`'s archived form; the
+/// mapping stays while it lives.
+pub struct ArchivedObject<T> {
+    bytes: ObjectBytes,
+    of: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> ArchivedObject<T>
+where
+    T: rkyv::Archive + 'static,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>>,
+{
+    /// Validates `bytes` as a `T` archive (once per object, type and
+    /// process).
+    pub fn new(bytes: ObjectBytes) -> Result<Self, ObjectError> {
+        bytes.archive::<T>()?;
+        Ok(Self {
+            bytes,
+            of: std::marker::PhantomData,
+        })
+    }
+
+    /// The bytes underneath.
+    pub fn bytes(&self) -> &ObjectBytes {
+        &self.bytes
+    }
+}
+
+impl<T> std::ops::Deref for ArchivedObject<T>
+where
+    T: rkyv::Archive + 'static,
+    T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>>,
+{
+    type Target = T::Archived;
+
+    fn deref(&self) -> &T::Archived {
+        // Validated in `new`: from then on the same bytes read as `T`
+        // without checking, and cannot fail.
+        self.bytes
+            .archive::<T>()
+            .expect("validated when the ArchivedObject was made")
+    }
 }

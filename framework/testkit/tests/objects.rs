@@ -63,6 +63,21 @@ async fn objects_are_pulled_once_and_lent_ones_released_over_the_network() {
     let copy = b.objects().get(&reference).await.unwrap();
     let archived = copy.archive::<Vec<String>>().unwrap();
     assert_eq!(archived[999].as_str(), "text number 999");
+    let typed = b
+        .objects()
+        .get_archive::<Vec<String>>(&reference)
+        .await
+        .unwrap();
+    assert_eq!(typed.len(), 1000);
+    assert_eq!(typed[0].as_str(), "text number 0");
+    assert!(
+        b.objects()
+            .get_archive::<Vec<u64>>(&reference)
+            .await
+            .is_err(),
+        "not an archive of that type"
+    );
+    drop(typed);
 
     // Lent, then released by b over the network: a frees it.
     let lent = a.objects().lend(object, Duration::from_secs(600));
