@@ -171,6 +171,41 @@ fn cluster_job_is_exactly_once_through_a_killed_driver_and_a_killed_worker() {
     drop(victim);
 }
 
+/// A driver whose object store takes nothing (`--object-store-mb 0`)
+/// sends every batch's texts in the requests instead, and the job is still
+/// exactly once; nothing goes through the workers' stores.
+#[test]
+fn a_driver_whose_store_refuses_batches_sends_their_texts_inline() {
+    let s = Scratch::new("embed-inline", NODE);
+    let (head, _workers) = cluster(&s, &["i1", "i2"]);
+    let (input, ids) = corpus(&s.dir, 200);
+    let out = s.dir.join("out");
+    let job = driver(
+        &s,
+        &head,
+        &input,
+        &out,
+        "inline",
+        &["--object-store-mb", "0"],
+    );
+    let (ok, summary) = finish(&s, job, "inline");
+    assert!(ok, "{summary}");
+    assert_exactly_once(&out, &ids);
+    let log = std::fs::read_to_string(s.dir.join("driver-inline.log")).unwrap();
+    assert!(log.contains("texts go in the requests"), "{log}");
+    let st = s.status(head.addr).unwrap();
+    for w in ["i1", "i2"] {
+        let n = st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == w)
+            .unwrap();
+        assert_eq!(n["objects"]["local_gets"], 0, "{st}");
+        assert_eq!(n["objects"]["puts"], 0, "{st}");
+    }
+}
+
 /// `rows` short texts with distinct ids.
 fn short_texts(path: &Path, rows: usize) {
     use std::io::Write;

@@ -207,6 +207,11 @@ pub struct EmbedArgs {
     /// Cluster cookie (with --head; default: the certs folder's `cookie`).
     #[arg(long)]
     pub cookie: Option<String>,
+    /// Capacity of the driver's object store in MiB (with --head; default
+    /// as for nodes). Batches hand their texts to the actors as objects
+    /// while it takes them, and carry them in the requests otherwise.
+    #[arg(long)]
+    pub object_store_mb: Option<u64>,
     /// Log progress lines instead of drawing a bar, even on a terminal.
     #[arg(long)]
     pub no_progress_bar: bool,
@@ -281,6 +286,7 @@ impl EmbedArgs {
                 name: self.name,
                 listen: self.listen,
                 cookie: self.cookie,
+                object_store_bytes: self.object_store_mb.map(|mb| mb << 20),
             }),
             progress_bar: !self.no_progress_bar && std::io::stderr().is_terminal(),
             restart_limit: flotilla::supervisor::Intensity {

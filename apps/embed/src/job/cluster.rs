@@ -66,6 +66,7 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
         .labels
         .insert("role".to_owned(), "embed-driver".to_owned());
     node_config.cookie = cluster.cookie.clone();
+    node_config.object_store_bytes = cluster.object_store_bytes;
     let node =
         Arc::new(
             Node::builder(node_config)

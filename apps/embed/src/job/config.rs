@@ -128,4 +128,8 @@ pub struct ClusterConfig {
     pub listen: Option<SocketAddr>,
     /// The cluster cookie.
     pub cookie: Option<String>,
+    /// Capacity of the driver's object store in bytes (`None`: the node
+    /// default). Batches hand their texts to the actors as objects of it
+    /// while it takes them, and carry them in the requests otherwise.
+    pub object_store_bytes: Option<u64>,
 }

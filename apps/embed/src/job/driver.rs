@@ -462,6 +462,10 @@ fn release_result(
     }
 }
 
+/// How long a batch's texts wait for room in the driver's store before
+/// the job sends texts in its requests instead.
+const TEXTS_PUT_WITHIN: Duration = Duration::from_secs(10);
+
 /// How long a finished job waits for its last releases.
 const RELEASES_WITHIN: Duration = Duration::from_secs(5);
 
@@ -593,6 +597,11 @@ pub(crate) async fn drive(
     let mut gave_up = 0u64;
     let mut lost_workers = LostWorkers::default();
     let mut releases = tokio::task::JoinSet::new();
+    // Batches hand their texts over as objects of the driver's store while
+    // it takes them.
+    let mut texts_as_objects = objects
+        .clone()
+        .map(|o| o.with_put_timeout(TEXTS_PUT_WITHIN));
 
     loop {
         // Fill free credits with the next batches not already done.
@@ -605,8 +614,13 @@ pub(crate) async fn drive(
                 progress.skipped(batch.len());
                 continue;
             }
-            if let Some(objects) = &objects {
-                batch.put_texts(objects).await.map_err(JobError::Objects)?;
+            if let Some(objects) = &texts_as_objects
+                && let Err(e) = batch.put_texts(objects).await
+            {
+                // A store too small (a container's /dev/shm, say) or full:
+                // this batch and the rest carry their texts in the request.
+                tracing::warn!(error = %e, "the driver's object store refused a batch; texts go in the requests from now on");
+                texts_as_objects = None;
             }
             pipeline.submit(BatchId(id), batch);
         }

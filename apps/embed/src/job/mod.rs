@@ -93,9 +93,6 @@ pub enum JobError {
         .0.child, .0.max_restarts, .0.within
     )]
     RestartLimit(flotilla::supervisor::Escalation),
-    /// A batch's texts could not be put into the driver's object store.
-    #[error("cannot hand a batch to the actors: {0}")]
-    Objects(flotilla::ObjectsError),
 }
 
 /// Why the embedding actors of a local job did not start.
