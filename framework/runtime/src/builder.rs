@@ -399,8 +399,9 @@ impl NodeBuilder {
         tasks.spawn(async move {
             loop {
                 tokio::time::sleep(crate::objects::SWEEP_EVERY).await;
-                let store = store.clone();
-                let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+                // A listing of /dev/shm and a stat per segment: quick
+                // enough for this thread.
+                store.sweep();
             }
         });
         tasks.spawn(

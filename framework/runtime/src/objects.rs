@@ -161,34 +161,44 @@ impl Objects {
     /// in this process, or on a stream to the owner's bulk lane. A release
     /// that does not arrive leaves the object to its lease.
     pub async fn release(&self, reference: &ObjectRef) -> Result<(), ObjectsError> {
-        let id = reference.id;
-        if reference.owner == self.identity.name {
-            self.store.release(id);
-            return Ok(());
+        self.release_all(std::slice::from_ref(reference)).await
+    }
+
+    /// [`Objects::release`] for many objects: one request per owner node.
+    /// Stops at the first owner it cannot tell.
+    pub async fn release_all(&self, references: &[ObjectRef]) -> Result<(), ObjectsError> {
+        let mut by_owner: std::collections::BTreeMap<&str, Vec<&ObjectRef>> = Default::default();
+        for r in references {
+            if r.owner == self.identity.name {
+                self.store.release(r.id);
+            } else {
+                by_owner.entry(r.owner.as_str()).or_default().push(r);
+            }
         }
-        let failed = |reason: String| ObjectsError::Pull {
-            id,
-            owner: reference.owner.clone(),
-            reason,
-        };
-        let (mut send, _recv) = self
-            .lane
-            .open_pull(&self.identity, &self.view, &reference.owner)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        let key = ObjectKey {
-            scope: id.scope,
-            pid: id.pid,
-            seq: id.seq,
-        };
-        handshake::send_msg(
-            &mut send,
-            &ObjectRequest::Release(vec![key]),
-            DEFAULT_MAX_FRAME,
-        )
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-        let _ = send.finish();
+        for (owner, refs) in by_owner {
+            let failed = |reason: String| ObjectsError::Pull {
+                id: refs[0].id,
+                owner: owner.to_owned(),
+                reason,
+            };
+            let (mut send, _recv) = self
+                .lane
+                .open_pull(&self.identity, &self.view, owner)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let keys = refs
+                .iter()
+                .map(|r| ObjectKey {
+                    scope: r.id.scope,
+                    pid: r.id.pid,
+                    seq: r.id.seq,
+                })
+                .collect();
+            handshake::send_msg(&mut send, &ObjectRequest::Release(keys), DEFAULT_MAX_FRAME)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let _ = send.finish();
+        }
         Ok(())
     }
 

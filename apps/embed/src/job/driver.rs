@@ -440,25 +440,53 @@ impl Batcher {
     }
 }
 
-/// Tells the actor's node that the driver is done with a result object,
-/// without holding up the job (the job waits for what is still on its way
-/// before it ends): a release that does not arrive leaves the object to
-/// its lease.
-fn release_result(
-    releases: &mut tokio::task::JoinSet<()>,
-    objects: Option<&flotilla::Objects>,
-    object: Option<flotilla::ObjectRef>,
-) {
-    // Forget the releases that are done: the set holds only those on
-    // their way.
-    while releases.try_join_next().is_some() {}
-    if let (Some(objects), Some(object)) = (objects, object) {
-        let objects = objects.clone();
-        releases.spawn(async move {
-            if let Err(e) = objects.release(&object).await {
-                tracing::debug!(error = %e, "result object not released; its lease ends it");
-            }
-        });
+/// Result objects whose parts are written, released to their actors'
+/// nodes a few at a time (one request per node for each lot), without
+/// holding up the job; the job waits for what is still on its way before
+/// it ends. A release that does not arrive leaves the object to its lease.
+struct Releases {
+    objects: Option<flotilla::Objects>,
+    pending: Vec<flotilla::ObjectRef>,
+    sending: tokio::task::JoinSet<()>,
+}
+
+/// Result objects released in one lot.
+const RELEASE_LOT: usize = 32;
+
+impl Releases {
+    fn new(objects: Option<flotilla::Objects>) -> Self {
+        Self {
+            objects,
+            pending: Vec::new(),
+            sending: tokio::task::JoinSet::new(),
+        }
+    }
+
+    /// Queues `object`; sends the lot once it is full (or when `now`).
+    fn release(&mut self, object: Option<flotilla::ObjectRef>, now: bool) {
+        self.pending.extend(object);
+        if self.pending.len() >= RELEASE_LOT || (now && !self.pending.is_empty()) {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        // Forget the lots already sent: the set holds those on their way.
+        while self.sending.try_join_next().is_some() {}
+        let lot = std::mem::take(&mut self.pending);
+        if let (Some(objects), false) = (self.objects.clone(), lot.is_empty()) {
+            self.sending.spawn(async move {
+                if let Err(e) = objects.release_all(&lot).await {
+                    tracing::debug!(error = %e, "result objects not released; their lease ends them");
+                }
+            });
+        }
+    }
+
+    /// Sends what is queued and waits up to `within` for every lot.
+    async fn finish(mut self, within: Duration) {
+        self.flush();
+        let _ = tokio::time::timeout(within, self.sending.join_all()).await;
     }
 }
 
@@ -596,7 +624,7 @@ pub(crate) async fn drive(
     let mut latencies = Latencies::new();
     let mut gave_up = 0u64;
     let mut lost_workers = LostWorkers::default();
-    let mut releases = tokio::task::JoinSet::new();
+    let mut releases = Releases::new(objects.clone());
     // Batches hand their texts over as objects of the driver's store while
     // it takes them.
     let mut texts_as_objects = objects
@@ -709,7 +737,7 @@ pub(crate) async fn drive(
                         _ => "not an archive of vectors".to_owned(),
                     };
                     tracing::warn!(batch = id.0, %reason, "result object unreadable; the batch goes out again");
-                    release_result(&mut releases, objects.as_ref(), lent);
+                    releases.release(lent, true);
                     pipeline.submit(id, batch);
                     continue;
                 };
@@ -721,7 +749,7 @@ pub(crate) async fn drive(
                 sink.write_batch(id.0, rows).await?;
                 drop(values);
                 drop(held);
-                release_result(&mut releases, objects.as_ref(), lent);
+                releases.release(lent, false);
                 summary
                     .first_batch_after
                     .get_or_insert_with(|| started.elapsed());
@@ -745,7 +773,7 @@ pub(crate) async fn drive(
         }
     }
     progress.finish();
-    let _ = tokio::time::timeout(RELEASES_WITHIN, releases.join_all()).await;
+    releases.finish(RELEASES_WITHIN).await;
     summary.rejected_rows = errors.rows();
     errors.finish().await?;
     let stats = pipeline.stats();
