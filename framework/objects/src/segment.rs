@@ -105,6 +105,21 @@ pub enum SegmentError {
     },
 }
 
+/// What `shared_memory`'s error says of segment `name`.
+fn os_error(name: &str, e: ShmemError) -> SegmentError {
+    match e {
+        ShmemError::MappingIdExists | ShmemError::LinkExists => {
+            SegmentError::Exists(name.to_owned())
+        }
+        // ENOENT: no such segment.
+        ShmemError::MapOpenFailed(2) => SegmentError::Missing(name.to_owned()),
+        source => SegmentError::Os {
+            name: name.to_owned(),
+            source,
+        },
+    }
+}
+
 /// One mapped segment.
 pub(crate) struct Segment {
     shm: Shmem,
@@ -132,15 +147,7 @@ impl Segment {
             .os_id(name)
             .size(len)
             .create()
-            .map_err(|e| match e {
-                ShmemError::MappingIdExists | ShmemError::LinkExists => {
-                    SegmentError::Exists(name.to_owned())
-                }
-                source => SegmentError::Os {
-                    name: name.to_owned(),
-                    source,
-                },
-            })?;
+            .map_err(|e| os_error(name, e))?;
         let segment = Self {
             shm,
             name: name.to_owned(),
@@ -182,14 +189,10 @@ impl Segment {
     /// Maps existing segment `name` (not owned: dropping it leaves the
     /// name) and checks its header and length.
     pub(crate) fn open(name: &str) -> Result<(Self, Header), SegmentError> {
-        let shm = ShmemConf::new().os_id(name).open().map_err(|e| match e {
-            // ENOENT: no such segment.
-            ShmemError::MapOpenFailed(2) => SegmentError::Missing(name.to_owned()),
-            source => SegmentError::Os {
-                name: name.to_owned(),
-                source,
-            },
-        })?;
+        let shm = ShmemConf::new()
+            .os_id(name)
+            .open()
+            .map_err(|e| os_error(name, e))?;
         let segment = Self {
             shm,
             name: name.to_owned(),

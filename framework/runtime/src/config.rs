@@ -125,3 +125,14 @@ pub fn detect_resources() -> Resources {
         custom: BTreeMap::new(),
     }
 }
+
+/// The local address that routes to `head`, any port: what a member that
+/// joins `head` listens on so that the others can dial it back. Nothing is
+/// sent to find it.
+pub fn route_to(head: SocketAddr) -> SocketAddr {
+    let ip = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| s.connect(head).and_then(|()| s.local_addr()))
+        .map(|a| a.ip())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    SocketAddr::new(ip, 0)
+}

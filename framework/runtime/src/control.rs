@@ -99,9 +99,7 @@ impl ControlService {
                             ControlReply::Ledger(self.ledger_op(&peer, op))
                         }
                         ControlRequest::Jobs(_) => ControlReply::Jobs(JobsReply::NotServed),
-                        ControlRequest::Objects => {
-                            ControlReply::Objects(crate::objects::stats(&self.objects))
-                        }
+                        ControlRequest::Objects => ControlReply::Objects(self.objects.stats()),
                     };
                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                 }
@@ -130,7 +128,7 @@ impl ControlService {
                                     continue;
                                 }
                                 ControlRequest::Objects => {
-                                    let reply = ControlReply::Objects(crate::objects::stats(&self.objects));
+                                    let reply = ControlReply::Objects(self.objects.stats());
                                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                                     continue;
                                 }

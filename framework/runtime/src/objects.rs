@@ -220,7 +220,7 @@ impl Objects {
 
     /// This node's store counters.
     pub fn stats(&self) -> ObjectStats {
-        stats(&self.store)
+        self.store.stats()
     }
 
     async fn pull(&self, reference: &ObjectRef) -> Result<ObjectBytes, ObjectsError> {
@@ -300,11 +300,6 @@ impl Objects {
         }
         Ok(writer.seal_copy(reference)?)
     }
-}
-
-/// A store's counters as `node status` carries them.
-pub(crate) fn stats(store: &Store) -> ObjectStats {
-    store.stats()
 }
 
 /// An object's bytes read as the archive of a `T`, in place: what

@@ -22,7 +22,9 @@ pub fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
-fn status_kib(key: &str) -> u64 {
+/// A `kB` field of this process's `/proc/self/status` (`RssAnon:`,
+/// `RssShmem:`, …), 0 where absent.
+pub fn status_kib(key: &str) -> u64 {
     status_kib_of("/proc/self/status", key)
 }
 

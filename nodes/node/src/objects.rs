@@ -36,13 +36,10 @@ pub async fn run(args: ObjectsArgs) -> ExitCode {
     };
     let mut config = NodeConfig::new(
         args.name.clone(),
-        (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+        flotilla::config::route_to(head),
         args.certs.clone(),
     )
     .join(head);
-    if !head.ip().is_loopback() {
-        config.listen = (std::net::Ipv4Addr::UNSPECIFIED, 0).into();
-    }
     config.resources = Some(Resources::default());
     config
         .labels
@@ -126,7 +123,7 @@ struct Report {
 }
 
 async fn get(node: &Node, reference: &ObjectRef, out: Option<std::path::PathBuf>) -> ExitCode {
-    let before = memory_kb("RssAnon:");
+    let before = flotilla::process::status_kib("RssAnon:");
     let started = Instant::now();
     let bytes = match node.objects().get(reference).await {
         Ok(b) => b,
@@ -152,8 +149,8 @@ async fn get(node: &Node, reference: &ObjectRef, out: Option<std::path::PathBuf>
         remote_pulls: stats.remote_pulls,
         pulled_bytes: stats.pulled_bytes,
         rss_anon_kb_before: before,
-        rss_anon_kb_after: memory_kb("RssAnon:"),
-        rss_shmem_kb_after: memory_kb("RssShmem:"),
+        rss_anon_kb_after: flotilla::process::status_kib("RssAnon:"),
+        rss_shmem_kb_after: flotilla::process::status_kib("RssShmem:"),
     };
     println!(
         "{}",
@@ -164,16 +161,4 @@ async fn get(node: &Node, reference: &ObjectRef, out: Option<std::path::PathBuf>
     } else {
         ExitCode::from(1)
     }
-}
-
-/// A `kB` line of `/proc/self/status` (0 where there is none).
-fn memory_kb(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }

@@ -16,7 +16,6 @@
 //! the workers stop them.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,16 +37,6 @@ const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a spawned actor may take to describe its model.
 const INFO_WITHIN: Duration = Duration::from_secs(30);
 
-/// The local address that routes to `head`, any port: what the workers dial
-/// back. Nothing is sent to find it.
-fn route_to(head: SocketAddr) -> SocketAddr {
-    let ip = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|s| s.connect(head).and_then(|()| s.local_addr()))
-        .map(|a| a.ip())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    SocketAddr::new(ip, 0)
-}
-
 /// Runs the job on the cluster of `cluster`.
 pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Summary, JobError> {
     let started = Instant::now();
@@ -56,7 +45,9 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
     let reference = reference_revision(&config).await?;
     let mut node_config = NodeConfig::new(
         cluster.name.clone(),
-        cluster.listen.unwrap_or_else(|| route_to(cluster.head)),
+        cluster
+            .listen
+            .unwrap_or_else(|| flotilla::config::route_to(cluster.head)),
         cluster.certs.clone(),
     )
     .join(cluster.head);

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use super::input::Input;
 use super::sink::{ErrorLog, Manifest, RowError, Rows, Sink};
 use super::source::{Cell, Fields, Item, RowAt, Source};
-use super::stage::{Batch, EmbedStage, Output, read_result};
+use super::stage::{Batch, EmbedStage, Held, Output, read_result};
 use super::summary::{Latencies, Summary};
 use super::{JobConfig, JobError};
 use crate::actor::{EmbedMsg, EmbedderArgs, ModelInfo};
@@ -713,34 +713,26 @@ pub(crate) async fn drive(
                 latency,
             }) => {
                 let (held, lent) = match output {
-                    Output::Values(values) => (Ok(values), None),
-                    Output::Object(object) => {
-                        let read = read_result(
-                            objects.as_ref(),
-                            &object,
-                            &manifest.model_revision,
-                            info.dim,
-                            batch.len(),
-                        )
-                        .await;
-                        (Err(read), Some(object))
-                    }
+                    Output::Values(values) => (Held::Values(values), None),
+                    Output::Object(object) => match read_result(
+                        objects.as_ref(),
+                        &object,
+                        &manifest.model_revision,
+                        info.dim,
+                        batch.len(),
+                    )
+                    .await
+                    {
+                        Ok(vectors) => (Held::Object(vectors), Some(object)),
+                        Err(reason) => {
+                            tracing::warn!(batch = id.0, %reason, "result object unreadable; the batch goes out again");
+                            releases.release(Some(object), true);
+                            pipeline.submit(id, batch);
+                            continue;
+                        }
+                    },
                 };
-                let values = match &held {
-                    Ok(values) => Some(std::borrow::Cow::Borrowed(&values[..])),
-                    Err(Ok(bytes)) => super::stage::values(bytes),
-                    Err(Err(_)) => None,
-                };
-                let Some(values) = values else {
-                    let reason = match &held {
-                        Err(Err(reason)) => reason.clone(),
-                        _ => "not an archive of vectors".to_owned(),
-                    };
-                    tracing::warn!(batch = id.0, %reason, "result object unreadable; the batch goes out again");
-                    releases.release(lent, true);
-                    pipeline.submit(id, batch);
-                    continue;
-                };
+                let values = held.values();
                 let rows = Rows {
                     ids: &batch.ids,
                     extra: &batch.extra,

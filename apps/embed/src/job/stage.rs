@@ -139,18 +139,18 @@ fn describe(reply: &EmbedReply) -> String {
 
 /// Reads the vectors of a result object: pulled or mapped through
 /// `objects`, validated as an archived `Vectors` of `revision` and `dim`
-/// with `rows` rows. The values are then read in place with [`values`].
+/// with `rows` rows, read in place.
 pub(crate) async fn read_result(
     objects: Option<&flotilla::Objects>,
     object: &flotilla::ObjectRef,
     revision: &str,
     dim: u32,
     rows: usize,
-) -> Result<flotilla::ObjectBytes, String> {
+) -> Result<flotilla::ArchivedObject<crate::actor::Vectors>, String> {
     let objects = objects.ok_or("a result object, but this job reads no objects")?;
-    let bytes = objects.get(object).await.map_err(|e| e.to_string())?;
-    let v = bytes
-        .archive::<crate::actor::Vectors>()
+    let v = objects
+        .get_archive::<crate::actor::Vectors>(object)
+        .await
         .map_err(|e| e.to_string())?;
     if v.revision.as_str() != revision || v.dim.to_native() != dim {
         return Err(format!(
@@ -165,11 +165,23 @@ pub(crate) async fn read_result(
             v.values.len()
         ));
     }
-    Ok(bytes)
+    Ok(v)
 }
 
-/// The values of a result object [`read_result`] accepted, in place.
-pub(crate) fn values(bytes: &flotilla::ObjectBytes) -> Option<std::borrow::Cow<'_, [f32]>> {
-    let v = bytes.archive::<crate::actor::Vectors>().ok()?;
-    Some(flotilla::objects::f32s(v.values.as_slice()))
+/// A finished batch's vectors, wherever they came in.
+pub(crate) enum Held {
+    /// In the reply.
+    Values(Vec<f32>),
+    /// In a result object, read in place.
+    Object(flotilla::ArchivedObject<crate::actor::Vectors>),
+}
+
+impl Held {
+    /// The values, row-major.
+    pub(crate) fn values(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Held::Values(v) => std::borrow::Cow::Borrowed(v),
+            Held::Object(v) => flotilla::objects::f32s(v.values.as_slice()),
+        }
+    }
 }
