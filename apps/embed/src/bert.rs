@@ -61,9 +61,9 @@ pub struct Bert {
     token_type: Tensor<2>,
     emb_norm: Norm,
     layers: Vec<Layer>,
-    /// Whether GELU runs on the host (CPU backends) rather than as a
-    /// backend kernel.
-    host_gelu: bool,
+    /// Whether GELU and attention run as the encoder's own host loops (CPU
+    /// backends) rather than as backend kernels.
+    host_kernels: bool,
 }
 
 impl std::fmt::Debug for Bert {
@@ -152,7 +152,7 @@ impl Bert {
             token_type,
             emb_norm,
             layers,
-            host_gelu: *device == Device::flex(),
+            host_kernels: *device == Device::flex(),
         })
     }
 
@@ -179,7 +179,7 @@ impl Bert {
         Ok(match self.config.activation {
             // On the CPU, a vectorised exact-form GELU beats the backend's
             // scalar erf; other devices keep their own kernel.
-            Activation::Gelu if self.host_gelu => {
+            Activation::Gelu if self.host_kernels => {
                 let dims = x.dims();
                 let mut values = x
                     .try_into_vec_as::<f32>()
@@ -191,6 +191,57 @@ impl Bert {
             Activation::GeluTanh => gelu_approximate(x),
             Activation::Relu => relu(x),
         })
+    }
+
+    /// Self-attention on the host (CPU backends): `qkv` read back as one
+    /// buffer, attention computed per text and head over its real tokens.
+    fn host_attention(
+        &self,
+        qkv: Tensor<3>,
+        tokens: &TokenBatch,
+    ) -> Result<Tensor<3>, BackendError> {
+        let [b, s, _] = qkv.dims();
+        let h = self.config.hidden_size;
+        let values = qkv
+            .try_into_vec_as::<f32>()
+            .map_err(|e| BackendError(e.to_string()))?;
+        let shape = crate::attention::Shape {
+            batch: b,
+            seq: s,
+            hidden: h,
+            heads: self.config.num_attention_heads,
+        };
+        let ctx = crate::attention::self_attention(&values, &tokens.mask, shape);
+        Ok(Tensor::from_data(
+            TensorData::new(ctx, [b, s, h]),
+            &self.device,
+        ))
+    }
+
+    /// Self-attention as backend kernels (GPU backends).
+    fn backend_attention(
+        &self,
+        qkv: Tensor<3>,
+        attn_mask: &Option<Tensor<4, Bool>>,
+        [b, s, h]: [usize; 3],
+    ) -> Tensor<3> {
+        let heads = self.config.num_attention_heads;
+        let head_dim = h / heads;
+        let split = |k: usize| {
+            qkv.clone()
+                .narrow(2, k * h, h)
+                .reshape([b, s, heads, head_dim])
+                .swap_dims(1, 2)
+        };
+        let ctx = attention(
+            split(0),
+            split(1),
+            split(2),
+            attn_mask.clone(),
+            None,
+            AttentionModuleOptions::default(),
+        );
+        ctx.swap_dims(1, 2).reshape([b, s, h])
     }
 
     /// Runs the encoder on a padded batch and returns the L2-normalised mean
@@ -205,7 +256,6 @@ impl Bert {
         }
         let h = self.config.hidden_size;
         let heads = self.config.num_attention_heads;
-        let head_dim = h / heads;
         let dev = &self.device;
 
         let ids = Tensor::<2, Int>::from_data(TensorData::new(tokens.ids.clone(), [b, s]), dev);
@@ -213,9 +263,11 @@ impl Bert {
             Tensor::<2, Int>::from_data(TensorData::new(tokens.type_ids.clone(), [b, s]), dev);
         let mask_f: Vec<f32> = tokens.mask.iter().map(|&m| m as f32).collect();
         let mask_f = Tensor::<2>::from_data(TensorData::new(mask_f, [b, s]), dev);
-        let pad: Vec<bool> = tokens.mask.iter().map(|&m| m == 0).collect();
-        let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad, [b, s]), dev);
-        let attn_mask: Tensor<4, Bool> = pad.reshape([b, 1, 1, s]).expand([b, heads, s, s]);
+        let attn_mask: Option<Tensor<4, Bool>> = (!self.host_kernels).then(|| {
+            let pad: Vec<bool> = tokens.mask.iter().map(|&m| m == 0).collect();
+            let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad, [b, s]), dev);
+            pad.reshape([b, 1, 1, s]).expand([b, heads, s, s])
+        });
 
         let positions = self.position.clone().narrow(0, 0, s).unsqueeze::<3>();
         let x = embedding(self.word.clone(), ids)
@@ -225,21 +277,11 @@ impl Bert {
 
         for layer in &self.layers {
             let qkv = layer.qkv.forward(x.clone());
-            let split = |k: usize| {
-                qkv.clone()
-                    .narrow(2, k * h, h)
-                    .reshape([b, s, heads, head_dim])
-                    .swap_dims(1, 2)
+            let ctx = if self.host_kernels {
+                self.host_attention(qkv, tokens)?
+            } else {
+                self.backend_attention(qkv, &attn_mask, [b, s, h])
             };
-            let ctx = attention(
-                split(0),
-                split(1),
-                split(2),
-                Some(attn_mask.clone()),
-                None,
-                AttentionModuleOptions::default(),
-            );
-            let ctx = ctx.swap_dims(1, 2).reshape([b, s, h]);
             x = self.norm(layer.attn_out.forward(ctx) + x, &layer.attn_norm);
             let ffn = layer
                 .ffn_out

@@ -15,6 +15,7 @@
 //! fault.
 
 pub mod actor;
+mod attention;
 mod bert;
 mod encoder;
 mod fast_gelu;
