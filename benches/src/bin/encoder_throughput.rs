@@ -14,7 +14,12 @@
 //!
 //! With `--st-python PYTHON` (an interpreter with sentence-transformers), the
 //! same texts are first embedded by sentence-transformers in the same run;
-//! "vs best" is texts per CPU-second over its best configuration.
+//! "vs ST" is texts per CPU-second over its best configuration. With
+//! `--ort-python PYTHON` (an interpreter with onnxruntime, onnx and
+//! safetensors), ONNX Runtime runs the same model, written out as a fused
+//! ONNX graph from the same safetensors file, fp32 and dynamic int8, on the
+//! same texts; "vs ORT" is over its best fp32 configuration
+//! (`benches/python/ort_throughput.py`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,18 +55,44 @@ struct Args {
     /// sentence-transformers configurations, `THREADS:BATCH`.
     #[arg(long, value_delimiter = ',', default_value = "2:32,2:128,1:64")]
     st_configs: Vec<String>,
+    /// Python interpreter with onnxruntime, onnx and safetensors (and
+    /// sentence-transformers, to check the graph): when given, ONNX Runtime
+    /// runs the same texts too.
+    #[arg(long)]
+    ort_python: Option<PathBuf>,
+    /// ONNX Runtime configurations, `PRECISION:THREADS:BATCH` with
+    /// PRECISION `fp32` or `int8`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fp32:1:16,fp32:1:32,fp32:2:32,int8:1:16,int8:1:32"
+    )]
+    ort_configs: Vec<String>,
 }
 
-/// Runs the sentence-transformers baseline and returns its best texts per
+/// Best texts per CPU-second of a same-run rival, per precision.
+#[derive(Default, Clone, Copy)]
+struct Best {
+    fp32: Option<f64>,
+    int8: Option<f64>,
+}
+
+/// Runs a rival's script on the same texts and returns its best texts per
 /// CPU-second, printing its table.
-fn run_baseline(python: &PathBuf, args: &Args) -> anyhow::Result<f64> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/st_throughput.py");
+fn run_baseline(
+    python: &PathBuf,
+    script: &str,
+    title: &str,
+    configs: &[String],
+    args: &Args,
+) -> anyhow::Result<Best> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python").join(script);
     let out = std::process::Command::new(python)
         .arg(script)
         .arg(&args.corpus.model)
         .arg(args.corpus.file(&std::env::temp_dir())?)
         .arg(args.corpus.texts.to_string())
-        .args(&args.st_configs)
+        .args(configs)
         .stderr(std::process::Stdio::null())
         .output()?;
     anyhow::ensure!(
@@ -69,11 +100,11 @@ fn run_baseline(python: &PathBuf, args: &Args) -> anyhow::Result<f64> {
         "baseline failed: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let mut best = 0.0f64;
-    println!("baseline: sentence-transformers (PyTorch) on the same texts");
+    let mut best = Best::default();
+    println!("baseline: {title} on the same texts");
     println!(
-        "{:<26} {:>9} {:>12} {:>13}",
-        "config", "texts/s", "texts/CPU-s", "peak RSS MiB"
+        "{:<30} {:>9} {:>12} {:>13} {:>11}",
+        "config", "texts/s", "texts/CPU-s", "peak RSS MiB", "min cosine"
     );
     for line in String::from_utf8(out.stdout)?.lines() {
         let v: serde_json::Value = serde_json::from_str(line)?;
@@ -86,13 +117,22 @@ fn run_baseline(python: &PathBuf, args: &Args) -> anyhow::Result<f64> {
             continue;
         }
         let per_cpu = v["texts_per_cpu_s"].as_f64().unwrap_or(0.0);
-        best = best.max(per_cpu);
+        let config = v["config"].as_str().unwrap_or("?");
+        let slot = if config.contains("int8") {
+            &mut best.int8
+        } else {
+            &mut best.fp32
+        };
+        *slot = Some(slot.unwrap_or(0.0).max(per_cpu));
         println!(
-            "{:<26} {:>9.1} {:>12.1} {:>13.0}",
-            v["config"].as_str().unwrap_or("?"),
+            "{:<30} {:>9.1} {:>12.1} {:>13.0} {:>11}",
+            config,
             v["texts_per_s"].as_f64().unwrap_or(0.0),
             per_cpu,
-            v["peak_rss_mib"].as_f64().unwrap_or(0.0)
+            v["peak_rss_mib"].as_f64().unwrap_or(0.0),
+            v["min_cosine"]
+                .as_f64()
+                .map_or("-".to_owned(), |c| format!("{c:.7}")),
         );
     }
     println!();
@@ -185,9 +225,25 @@ fn main() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()?;
     let texts: Vec<String> = args.corpus.read()?.into_iter().map(|(_, t)| t).collect();
     let texts = Arc::new(texts);
-    let baseline = match &args.st_python {
-        Some(python) => Some(run_baseline(python, &args)?),
-        None => None,
+    let st = match &args.st_python {
+        Some(python) => run_baseline(
+            python,
+            "st_throughput.py",
+            "sentence-transformers (PyTorch)",
+            &args.st_configs,
+            &args,
+        )?,
+        None => Best::default(),
+    };
+    let ort = match &args.ort_python {
+        Some(python) => run_baseline(
+            python,
+            "ort_throughput.py",
+            "ONNX Runtime (fused graph; min cosine against sentence-transformers, first 64 texts)",
+            &args.ort_configs,
+            &args,
+        )?,
+        None => Best::default(),
     };
     let device = default_device();
 
@@ -207,8 +263,16 @@ fn main() -> anyhow::Result<()> {
     encoder.encode(&["warm up"])?;
 
     println!(
-        "{:<26} {:>9} {:>12} {:>10} {:>8} {:>13} {:>9}",
-        "config", "texts/s", "texts/CPU-s", "pad ratio", "wall s", "peak RSS MiB", "vs best"
+        "{:<26} {:>9} {:>12} {:>10} {:>8} {:>13} {:>7} {:>7} {:>9}",
+        "config",
+        "texts/s",
+        "texts/CPU-s",
+        "pad ratio",
+        "wall s",
+        "peak RSS MiB",
+        "vs ST",
+        "vs ORT",
+        "vs ORT8"
     );
     // Every worker owns a model, as a resident model actor does; load them
     // all before timing anything.
@@ -258,16 +322,18 @@ fn main() -> anyhow::Result<()> {
         let wall = t0.elapsed().as_secs_f64();
         let cpu = (process_cpu() - cpu0).as_secs_f64();
         let per_cpu = texts.len() as f64 / cpu;
-        let ratio = baseline.map_or("-".to_owned(), |b| format!("{:.2}x", per_cpu / b));
+        let ratio = |b: Option<f64>| b.map_or("-".to_owned(), |b| format!("{:.2}x", per_cpu / b));
         println!(
-            "{:<26} {:>9.1} {:>12.1} {:>10.2} {:>8.1} {:>13.0} {:>9}",
+            "{:<26} {:>9.1} {:>12.1} {:>10.2} {:>8.1} {:>13.0} {:>7} {:>7} {:>9}",
             cfg.label,
             texts.len() as f64 / wall,
             per_cpu,
             padded as f64 / real as f64,
             wall,
             peak_rss_bytes() as f64 / (1 << 20) as f64,
-            ratio,
+            ratio(st.fp32),
+            ratio(ort.fp32),
+            ratio(ort.int8),
         );
     }
     println!(

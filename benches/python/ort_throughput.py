@@ -1,0 +1,228 @@
+"""Baseline for encoder_throughput: ONNX Runtime on the same texts.
+
+The BERT graph is written out from the model folder's safetensors with
+ONNX Runtime's fused operators (Attention, SkipLayerNormalization,
+BiasGelu; what its transformer optimizer produces for BERT), then run
+fp32 and, quantized with ONNX Runtime's dynamic per-channel int8, again.
+Batches are cut from the texts sorted by token length, as Flotilla's
+bench does. Before timing, each graph is checked against
+sentence-transformers (when importable) on the first 64 texts.
+
+Prints one JSON object per configuration on stdout:
+{"config": ..., "texts_per_s": ..., "texts_per_cpu_s": ..., "peak_rss_mib": ...,
+ "min_cosine": ...}
+
+Usage: python ort_throughput.py MODEL_DIR CORPUS N PRECISION:THREADS:BATCH ...
+       (PRECISION fp32 or int8)
+"""
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+MS = "com.microsoft"
+
+
+def build_graph(model_dir):
+    """The encoder as an ONNX model: ids and mask in, normalised mean-pooled
+    vectors out."""
+    from safetensors.numpy import load_file
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    w = load_file(os.path.join(model_dir, "model.safetensors"))
+    w = {k.removeprefix("bert."): v.astype(np.float32) for k, v in w.items()
+         if v.dtype != np.int64}
+    h, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["layer_norm_eps"]
+
+    def ln(name, kind):
+        for g, b in (("weight", "bias"), ("gamma", "beta")):
+            if f"{name}.{g}" in w:
+                return w[f"{name}.{g}"], w[f"{name}.{b}"]
+        raise KeyError(name)
+
+    inits, nodes = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def node(op, inputs, outputs, domain="", **attrs):
+        nodes.append(helper.make_node(op, inputs, outputs, domain=domain, **attrs))
+        return outputs[0]
+
+    # Embeddings: word + position + token type 0, then LayerNorm.
+    const("word", w["embeddings.word_embeddings.weight"])
+    const("pos", w["embeddings.position_embeddings.weight"])
+    const("type0", w["embeddings.token_type_embeddings.weight"][0])
+    g, b = ln("embeddings.LayerNorm", "")
+    const("emb_g", g)
+    const("emb_b", b)
+    node("Shape", ["input_ids"], ["ids_shape"])
+    const("one_i", np.array([1], dtype=np.int64))
+    const("two_i", np.array([2], dtype=np.int64))
+    const("zero_i", np.array([0], dtype=np.int64))
+    node("Slice", ["ids_shape", "one_i", "two_i"], ["seq"])
+    node("Slice", ["pos", "zero_i", "seq", "zero_i"], ["pos_s"])
+    node("Gather", ["word", "input_ids"], ["we"])
+    node("Add", ["we", "pos_s"], ["wp"])
+    node("Add", ["wp", "type0"], ["wpt"])
+    x = node("LayerNormalization", ["wpt", "emb_g", "emb_b"], ["x0"], axis=-1, epsilon=eps)
+    node("Cast", ["attention_mask"], ["mask_i32"], to=TensorProto.INT32)
+
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"encoder.layer.{i}"
+        qkv_w = np.concatenate([w[f"{p}.attention.self.{t}.weight"].T
+                                for t in ("query", "key", "value")], axis=1)
+        qkv_b = np.concatenate([w[f"{p}.attention.self.{t}.bias"]
+                                for t in ("query", "key", "value")])
+        const(f"l{i}_qkv_w", qkv_w)
+        const(f"l{i}_qkv_b", qkv_b)
+        ctx = node("Attention", [x, f"l{i}_qkv_w", f"l{i}_qkv_b", "mask_i32"],
+                   [f"l{i}_ctx"], domain=MS, num_heads=heads)
+        const(f"l{i}_o_w", w[f"{p}.attention.output.dense.weight"].T)
+        const(f"l{i}_o_b", w[f"{p}.attention.output.dense.bias"])
+        g, b = ln(f"{p}.attention.output.LayerNorm", "")
+        const(f"l{i}_ln1_g", g)
+        const(f"l{i}_ln1_b", b)
+        o = node("MatMul", [ctx, f"l{i}_o_w"], [f"l{i}_o"])
+        x = node("SkipLayerNormalization",
+                 [o, x, f"l{i}_ln1_g", f"l{i}_ln1_b", f"l{i}_o_b"],
+                 [f"l{i}_x1"], domain=MS, epsilon=eps)
+        const(f"l{i}_i_w", w[f"{p}.intermediate.dense.weight"].T)
+        const(f"l{i}_i_b", w[f"{p}.intermediate.dense.bias"])
+        const(f"l{i}_f_w", w[f"{p}.output.dense.weight"].T)
+        const(f"l{i}_f_b", w[f"{p}.output.dense.bias"])
+        g, b = ln(f"{p}.output.LayerNorm", "")
+        const(f"l{i}_ln2_g", g)
+        const(f"l{i}_ln2_b", b)
+        a = node("MatMul", [x, f"l{i}_i_w"], [f"l{i}_a"])
+        a = node("BiasGelu", [a, f"l{i}_i_b"], [f"l{i}_g"], domain=MS)
+        f_ = node("MatMul", [a, f"l{i}_f_w"], [f"l{i}_f"])
+        x = node("SkipLayerNormalization",
+                 [f_, x, f"l{i}_ln2_g", f"l{i}_ln2_b", f"l{i}_f_b"],
+                 [f"l{i}_x2"], domain=MS, epsilon=eps)
+
+    # Mean over real tokens, then L2 normalisation.
+    node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT)
+    const("axis2", np.array([2], dtype=np.int64))
+    const("axis1", np.array([1], dtype=np.int64))
+    node("Unsqueeze", ["mask_f", "axis2"], ["mask3"])
+    node("Mul", [x, "mask3"], ["masked"])
+    node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0)
+    node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0)
+    node("Div", ["summed", "count"], ["mean"])
+    node("LpNormalization", ["mean"], ["embedding"], axis=-1, p=2)
+
+    graph = helper.make_graph(
+        nodes, "minilm",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["b", h])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    return model
+
+
+def main():
+    model_dir, corpus, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    configs = sys.argv[4:]
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    texts = []
+    with open(corpus, encoding="utf-8") as f:
+        for line in f:
+            texts.append(json.loads(line)["text"])
+            if len(texts) == n:
+                break
+    tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    tok.enable_truncation(256)
+    tok.no_padding()
+    encoded = tok.encode_batch(texts)
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i].ids))
+
+    t0 = time.perf_counter()
+    work = tempfile.mkdtemp()
+    fp32_path = os.path.join(work, "model.onnx")
+    onnx.save(build_graph(model_dir), fp32_path)
+    int8_path = os.path.join(work, "model.int8.onnx")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    quantize_dynamic(fp32_path, int8_path, per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    print(json.dumps({"config": "load", "load_s": time.perf_counter() - t0,
+                      "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+          flush=True)
+
+    def batches(size):
+        for start in range(0, len(order), size):
+            rows = [encoded[i].ids for i in order[start:start + size]]
+            s = max(len(r) for r in rows)
+            ids = np.zeros((len(rows), s), dtype=np.int64)
+            mask = np.zeros((len(rows), s), dtype=np.int64)
+            for k, r in enumerate(rows):
+                ids[k, :len(r)] = r
+                mask[k, :len(r)] = 1
+            yield ids, mask
+
+    def session(path, threads):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+    reference = None
+    try:
+        from sentence_transformers import SentenceTransformer
+        st = SentenceTransformer(model_dir, device="cpu")
+        reference = st.encode(texts[:64], batch_size=64, normalize_embeddings=True)
+        del st
+    except ImportError:
+        pass
+
+    for cfg in configs:
+        precision, threads, batch = cfg.split(":")
+        threads, batch = int(threads), int(batch)
+        sess = session(int8_path if precision == "int8" else fp32_path, threads)
+        min_cos = None
+        if reference is not None:
+            enc = tok.encode_batch(texts[:64])
+            s = max(len(e.ids) for e in enc)
+            ids = np.zeros((64, s), dtype=np.int64)
+            mask = np.zeros((64, s), dtype=np.int64)
+            for k, e in enumerate(enc):
+                ids[k, :len(e.ids)] = e.ids
+                mask[k, :len(e.ids)] = 1
+            got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+            min_cos = float(np.min(np.sum(got * reference, axis=1)))
+        sess.run(None, {"input_ids": np.array([[101, 102]]),
+                        "attention_mask": np.array([[1, 1]])})
+        c0, w0 = time.process_time(), time.perf_counter()
+        rows = 0
+        for ids, mask in batches(batch):
+            out = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+            rows += out.shape[0]
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        assert rows == len(texts)
+        print(json.dumps({
+            "config": f"ort {precision} threads={threads} batch={batch}",
+            "texts_per_s": len(texts) / wall,
+            "texts_per_cpu_s": len(texts) / cpu,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "min_cosine": min_cos,
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
