@@ -86,7 +86,9 @@ fn run_baseline(
     configs: &[String],
     args: &Args,
 ) -> anyhow::Result<Best> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python").join(script);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(script);
     let out = std::process::Command::new(python)
         .arg(script)
         .arg(&args.corpus.model)
