@@ -10,6 +10,12 @@
 //!    embed job with `N` local actors (source, pipeline, actors, Parquet
 //!    parts). Both rates exclude model load; the overhead is the job's loss
 //!    against the bare loop. Also: time to first batch, memory per model.
+//!    With `--ray-python PYTHON` (an interpreter with ray and
+//!    sentence-transformers), Ray runs the same job on the same texts in
+//!    the same run (`benches/python/ray_pipeline.py`: as many
+//!    sentence-transformers actors, a driver that sorts windows by length
+//!    and keeps 2 batches per actor in flight), compared on start-up,
+//!    steady-state texts/s and the whole run.
 //! 2. **Scaling with sleeping workers**: actors that sleep instead of
 //!    computing (100 ms and 1 ms per batch), driven by the framework's
 //!    pipeline with a window of 128: all in this process, then with the
@@ -59,6 +65,43 @@ struct Args {
     /// Skip part 2 (scaling).
     #[arg(long)]
     skip_scaling: bool,
+    /// Python interpreter with ray and sentence-transformers: when given,
+    /// Ray runs the same job on the same texts after Flotilla's.
+    #[arg(long)]
+    ray_python: Option<std::path::PathBuf>,
+}
+
+/// Runs Ray's job (`benches/python/ray_pipeline.py`) on `input`; its JSON
+/// report.
+fn ray_job(
+    python: &std::path::Path,
+    args: &Args,
+    input: &std::path::Path,
+    out: &std::path::Path,
+) -> anyhow::Result<serde_json::Value> {
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ray_pipeline.py");
+    let run = std::process::Command::new(python)
+        .arg(script)
+        .arg(&args.corpus.model)
+        .arg(input)
+        .arg(out)
+        .arg(args.actors.to_string())
+        .arg(args.batch_size.to_string())
+        .arg(flotilla_embed::job::DEFAULT_SORT_WINDOW.to_string())
+        .stderr(std::process::Stdio::null())
+        .output()?;
+    anyhow::ensure!(
+        run.status.success(),
+        "the Ray job failed: {}",
+        String::from_utf8_lossy(&run.stdout)
+    );
+    let report = String::from_utf8(run.stdout)?;
+    let last = report
+        .lines()
+        .last()
+        .context("the Ray job printed nothing")?;
+    Ok(serde_json::from_str(last)?)
 }
 
 // ---------------------------------------------------------------- sleepers
@@ -460,6 +503,34 @@ async fn model(args: &Args) -> anyhow::Result<()> {
         "\njob overhead vs the mean of both bare runs: {:.1}%",
         100.0 * (1.0 - job / bare)
     );
+    if let Some(python) = &args.ray_python {
+        let ray = ray_job(python, args, &input, &scratch.join("out-ray"))?;
+        let summary = &jobs[0].2;
+        let (ray_start, ray_steady, ray_total) = (
+            ray["startup_s"].as_f64().unwrap_or(f64::NAN),
+            ray["steady_texts_per_s"].as_f64().unwrap_or(f64::NAN),
+            ray["total_s"].as_f64().unwrap_or(f64::NAN),
+        );
+        let total = summary.elapsed.as_secs_f64();
+        println!(
+            "\n## The same job in Ray (same texts, {} actors, batches of {})\n",
+            args.actors, args.batch_size
+        );
+        println!("| run | start-up s | steady-state texts/s | whole run s |");
+        println!("|---|---|---|---|");
+        println!(
+            "| Flotilla embed job | {:.2} | {job:.1} | {total:.1} |",
+            summary.ready_after.as_secs_f64()
+        );
+        println!(
+            "| Ray + sentence-transformers actors | {ray_start:.2} | {ray_steady:.1} | {ray_total:.1} |"
+        );
+        println!(
+            "\nFlotilla / Ray: steady state {:.2}x, whole run {:.2}x faster",
+            job / ray_steady,
+            ray_total / total
+        );
+    }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }
