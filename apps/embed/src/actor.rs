@@ -21,7 +21,7 @@ use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::{EncodeError, SentenceEncoder, default_device};
+use crate::{EncodeError, SentenceEncoder, SharedModels, default_device};
 
 /// Kind name under which nodes register [`Embedder`].
 pub const KIND: &str = "flotilla.embedder";
@@ -163,6 +163,9 @@ pub struct Embedder {
     /// The node the actor runs on, whose object store reads requests that
     /// carry their texts as an object.
     pub node: Option<flotilla::NodeHandle>,
+    /// The models of the actor's node: actors sharing this set and naming
+    /// the same folder share one loaded model.
+    pub models: SharedModels,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -201,7 +204,7 @@ pub fn embed_sorted<S: AsRef<str>>(
 }
 
 fn model_thread(
-    encoder: SentenceEncoder,
+    encoder: std::sync::Arc<SentenceEncoder>,
     pool: rayon::ThreadPool,
     micro_batch: usize,
     jobs: mpsc::Receiver<Job>,
@@ -296,6 +299,7 @@ impl Actor for Embedder {
             .model_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(&args.model_dir));
+        let models = self.models.clone();
         std::thread::Builder::new()
             .name("flotilla-embedder".into())
             .spawn(move || {
@@ -309,7 +313,7 @@ impl Actor for Embedder {
                         return;
                     }
                 };
-                match SentenceEncoder::load(&dir, &default_device()) {
+                match models.load(&dir, &default_device()) {
                     Ok(encoder) => {
                         let info = ModelInfo {
                             revision: encoder.revision().to_string(),
@@ -391,15 +395,18 @@ impl Actor for Embedder {
 
 /// Registers [`Embedder`] under [`KIND`] on a node builder. With
 /// `model_dir`, the node's embedders load that folder whatever the job
-/// names; without, the job's `--model` path as seen on this node.
+/// names; without, the job's `--model` path as seen on this node. The
+/// node's embedders share one loaded model per folder.
 pub fn register(
     builder: flotilla::NodeBuilder,
     model_dir: Option<PathBuf>,
 ) -> flotilla::NodeBuilder {
     let node = builder.node_handle();
+    let models = SharedModels::default();
     builder.register(KIND, move || Embedder {
         model_dir: model_dir.clone(),
         node: Some(node.clone()),
+        models: models.clone(),
     })
 }
 

@@ -21,10 +21,12 @@ mod encoder;
 mod fast_gelu;
 pub mod job;
 pub mod model_folder;
+mod shared_models;
 pub mod tokenize;
 mod weights;
 
 pub use bert::{BackendError, Bert};
 pub use encoder::{Embeddings, EncodeError, SentenceEncoder, default_device};
 pub use model_folder::{BertConfig, LoadError, ModelFolder, ModelRevision};
+pub use shared_models::SharedModels;
 pub use tokenize::{TextTokenizer, TokenBatch, TokenizeError};

@@ -92,3 +92,52 @@ async fn embedder_with_a_missing_model_fails_to_start() {
     };
     assert!(format!("{err:?}").contains("config.json"), "{err:?}");
 }
+
+/// Actors of one node share one loaded model: two embedders given the
+/// same set hold one model between them, both answer, and the model is
+/// dropped with the last of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedders_of_a_node_share_one_loaded_model() {
+    let models = flotilla_embed::SharedModels::default();
+    let args = EmbedderArgs {
+        model_dir: model_dir().to_string_lossy().into_owned(),
+        threads: 1,
+        micro_batch: 4,
+    };
+    let mut actors = Vec::new();
+    for _ in 0..2 {
+        let embedder = Embedder {
+            models: models.clone(),
+            ..Embedder::default()
+        };
+        actors.push(
+            Actor::spawn(None, embedder, args.clone())
+                .await
+                .expect("model loads"),
+        );
+    }
+    assert_eq!(models.len(), 1, "one model for two actors");
+    for (i, (actor, _)) in actors.iter().enumerate() {
+        let reply = call_t!(
+            actor,
+            EmbedMsg::Embed,
+            60_000,
+            EmbedRequest::new(i as u64, vec!["shared weights".to_owned()])
+        )
+        .unwrap();
+        assert!(matches!(reply.outcome, EmbedOutcome::Embedded(_)));
+    }
+    for (actor, handle) in actors {
+        actor.stop(None);
+        handle.await.unwrap();
+    }
+    // The model threads drop their handles as their queues close.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !models.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model outlived its actors by 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

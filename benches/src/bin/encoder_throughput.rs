@@ -8,8 +8,9 @@
 //! ```
 //!
 //! Layouts: `pool=N` runs one encoder whose Burn kernels use a rayon pool of N
-//! threads; `workers=N` runs N encoders on N threads, each single-threaded
-//! (what N one-core model actors do). `sorted` batches texts sorted by token
+//! threads; `workers=N` runs N single-threaded workers on N threads sharing
+//! one loaded model (what N one-core model actors of a node do;
+//! `--model-per-worker` gives each worker a copy of its own instead). `sorted` batches texts sorted by token
 //! length (less padding), `corpus` batches them in file order.
 //!
 //! With `--st-python PYTHON` (an interpreter with sentence-transformers), the
@@ -52,6 +53,10 @@ struct Args {
     /// same-run baseline (`THREADS:BATCH` configurations below).
     #[arg(long)]
     st_python: Option<PathBuf>,
+    /// Give every worker of a `workers=N` layout its own copy of the model
+    /// instead of sharing one.
+    #[arg(long)]
+    model_per_worker: bool,
     /// sentence-transformers configurations, `THREADS:BATCH`.
     #[arg(long, value_delimiter = ',', default_value = "2:32,2:128,1:64")]
     st_configs: Vec<String>,
@@ -276,8 +281,8 @@ fn main() -> anyhow::Result<()> {
         "vs ORT",
         "vs ORT8"
     );
-    // Every worker owns a model, as a resident model actor does; load them
-    // all before timing anything.
+    // Workers share the model, as the embedding actors of a node do (or
+    // own a copy each); load them all before timing anything.
     let most_workers = configs
         .iter()
         .filter_map(|c| match c.layout {
@@ -288,10 +293,11 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(1);
     let mut models = vec![Arc::clone(&encoder)];
     for _ in 1..most_workers {
-        models.push(Arc::new(SentenceEncoder::load(
-            &args.corpus.model,
-            &device,
-        )?));
+        models.push(if args.model_per_worker {
+            Arc::new(SentenceEncoder::load(&args.corpus.model, &device)?)
+        } else {
+            Arc::clone(&encoder)
+        });
     }
     for cfg in &configs {
         let plan = batches(&encoder, &texts, cfg.batch, cfg.sorted)?;
@@ -340,7 +346,11 @@ fn main() -> anyhow::Result<()> {
     }
     println!(
         "process peak RSS (models loaded: {}) {:.0} MiB",
-        models.len(),
+        if args.model_per_worker {
+            models.len()
+        } else {
+            1
+        },
         peak_rss_bytes() as f64 / (1 << 20) as f64
     );
     Ok(())

@@ -5,7 +5,7 @@
 //! ```
 //!
 //! 1. **Job vs bare model loop**: the same texts embedded by `N` model
-//!    threads calling the encoder directly (batches taken from a shared
+//!    threads calling one shared encoder directly (batches taken from a shared
 //!    counter, the actor's own length-sorted micro-batches), then by the
 //!    embed job with `N` local actors (source, pipeline, actors, Parquet
 //!    parts). Both rates exclude model load; the overhead is the job's loss
@@ -380,16 +380,16 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
 
 // ------------------------------------------------------------------- model
 
-/// `threads` encoders, each on its own thread with a one-thread pool,
-/// taking batches from a shared counter. Returns (texts/s after load,
-/// memory per loaded model in bytes).
+/// `threads` model threads sharing one loaded encoder (as the embedding
+/// actors of a node do), each with a one-thread pool, taking batches from a
+/// shared counter. Returns (texts/s after load, memory of the loaded model
+/// in bytes).
 fn bare_loop(args: &Args, texts: &[String]) -> anyhow::Result<(f64, f64)> {
     let before = rss_bytes();
     let device = default_device();
-    let encoders: Vec<SentenceEncoder> = (0..args.actors)
-        .map(|_| SentenceEncoder::load(&args.corpus.model, &device))
-        .collect::<Result<_, _>>()?;
-    let per_model = rss_bytes().saturating_sub(before) as f64 / args.actors as f64;
+    let model = SentenceEncoder::load(&args.corpus.model, &device)?;
+    let per_model = rss_bytes().saturating_sub(before) as f64;
+    let encoders: Vec<&SentenceEncoder> = (0..args.actors).map(|_| &model).collect();
     let batches: Vec<&[String]> = texts.chunks(args.batch_size).collect();
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();

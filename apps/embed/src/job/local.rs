@@ -38,8 +38,14 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         }
     };
     const INFO_WITHIN: Duration = Duration::from_secs(10);
+    // The actors share one loaded model (restarted ones too).
+    let models = crate::SharedModels::default();
+    let embedder = move || Embedder {
+        models: models.clone(),
+        ..Embedder::default()
+    };
     for _ in 0..count {
-        let spawned = match Actor::spawn(None, Embedder::default(), embedder_args(&config)).await {
+        let spawned = match Actor::spawn(None, embedder(), embedder_args(&config)).await {
             Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
                 .map(|info| (actor, info))
                 .map_err(|_| ActorError::NoInfo(INFO_WITHIN)),
@@ -70,8 +76,8 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         .enumerate()
         .map(|(i, (_, actor))| {
             let args = embedder_args(&config);
-            let start =
-                LocalChild::new(move || (Embedder::default(), args.clone())).adopt(actor.clone());
+            let embedder = embedder.clone();
+            let start = LocalChild::new(move || (embedder(), args.clone())).adopt(actor.clone());
             Child::new(ChildSpec::permanent(format!("local.{i}")), start)
         })
         .collect();
