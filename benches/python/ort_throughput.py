@@ -26,6 +26,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from bench_corpus import read_texts
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MS = "com.microsoft"
 
@@ -139,12 +141,7 @@ def main():
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    texts = []
-    with open(corpus, encoding="utf-8") as f:
-        for line in f:
-            texts.append(json.loads(line)["text"])
-            if len(texts) == n:
-                break
+    texts = read_texts(corpus, n)
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     tok.enable_truncation(256)
     tok.no_padding()

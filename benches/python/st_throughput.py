@@ -11,6 +11,8 @@ import resource
 import sys
 import time
 
+from bench_corpus import read_texts
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -20,12 +22,7 @@ def main():
     import torch
     from sentence_transformers import SentenceTransformer
 
-    texts = []
-    with open(corpus, encoding="utf-8") as f:
-        for line in f:
-            texts.append(json.loads(line)["text"])
-            if len(texts) == n:
-                break
+    texts = read_texts(corpus, n)
     t0 = time.perf_counter()
     model = SentenceTransformer(model_dir, device="cpu")
     load_s = time.perf_counter() - t0

@@ -289,6 +289,18 @@ mod tests {
         out
     }
 
+    /// Every value within 1e-5 (relative, past 1) of the reference.
+    fn assert_matches_reference(qkv: &[f32], mask: &[i64], s: Shape) {
+        let got = self_attention(qkv, mask, s);
+        let want = reference(qkv, mask, s);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()),
+                "{s:?}, value {i}: {g} vs {w}"
+            );
+        }
+    }
+
     fn values(n: usize, mut seed: u64) -> Vec<f32> {
         (0..n)
             .map(|_| {
@@ -315,14 +327,7 @@ mod tests {
             [1, 0, 1, 1, 0, 1, 0],
         ]
         .concat();
-        let got = self_attention(&qkv, &mask, s);
-        let want = reference(&qkv, &mask, s);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()),
-                "value {i}: {g} vs {w}"
-            );
-        }
+        assert_matches_reference(&qkv, &mask, s);
     }
 
     /// Long texts (several blocks of keys, a partial last block) and the
@@ -339,14 +344,7 @@ mod tests {
             let qkv = values(s.batch * s.seq * 3 * s.hidden, hidden as u64 + 1);
             let mut mask = vec![1i64; 2 * 150];
             mask[150 + 101..].fill(0);
-            let got = self_attention(&qkv, &mask, s);
-            let want = reference(&qkv, &mask, s);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()),
-                    "width {hidden}, value {i}: {g} vs {w}"
-                );
-            }
+            assert_matches_reference(&qkv, &mask, s);
         }
     }
 

@@ -21,11 +21,14 @@ use burn::tensor::Device;
 
 use crate::{LoadError, SentenceEncoder};
 
+/// A model's folder and the device it is loaded on (as `Debug` prints it).
+type Key = (PathBuf, String);
+
 /// The models loaded on one node, by folder and device. Cloning shares the
 /// set; [`SharedModels::default`] starts an empty one.
 #[derive(Clone, Default)]
 pub struct SharedModels {
-    loaded: Arc<Mutex<HashMap<(PathBuf, String), Weak<SentenceEncoder>>>>,
+    loaded: Arc<Mutex<HashMap<Key, Weak<SentenceEncoder>>>>,
 }
 
 impl std::fmt::Debug for SharedModels {
