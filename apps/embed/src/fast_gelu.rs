@@ -23,14 +23,19 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
     let x = x.max(-87.0);
     // n = round(x / ln 2) with the 1.5·2²³ trick, r = x − n·ln 2.
     const SHIFT: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + SHIFT) - SHIFT;
+    let shifted = x * std::f32::consts::LOG2_E + SHIFT;
+    let n = shifted - SHIFT;
     let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
     // e^r on |r| ≤ ln2/2, degree-6 Taylor polynomial.
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2ⁿ from the bits of `shifted`, whose mantissa holds 2²² + n: the low
+    // nine bits of n + 127 (1..=127 here) are the exponent field. Integer
+    // operations on the bits vectorise; a float-to-integer cast saturates
+    // and does not.
+    let scale = f32::from_bits(shifted.to_bits().wrapping_add(127) << 23);
     p * scale
 }
 
