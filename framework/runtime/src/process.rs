@@ -28,7 +28,9 @@ pub fn status_kib(key: &str) -> u64 {
     status_kib_of("/proc/self/status", key)
 }
 
-fn status_kib_of(path: &str, key: &str) -> u64 {
+/// A `kB` field of the status file at `path` (`/proc/PID/status` of
+/// another process, say), 0 where absent.
+pub fn status_kib_of(path: &str, key: &str) -> u64 {
     std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {

@@ -252,22 +252,22 @@ pub fn counter(scrape: &str, series: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// The incarnation of `name` in a status document.
-pub fn incarnation_of(status: &Value, name: &str) -> Option<u64> {
-    status["nodes"]
-        .as_array()?
-        .iter()
-        .find(|n| n["name"] == name)?["incarnation"]
-        .as_u64()
-}
-
-/// The state (`up`, `down`, `left`) of `name` in a status document.
-pub fn state_of(status: &Value, name: &str) -> Option<String> {
+/// The entry of node `name` in a status document.
+pub fn node_of<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
     status["nodes"]
         .as_array()?
         .iter()
         .find(|n| n["name"] == name)
-        .map(|n| n["state"].as_str().unwrap_or("").to_owned())
+}
+
+/// The incarnation of `name` in a status document.
+pub fn incarnation_of(status: &Value, name: &str) -> Option<u64> {
+    node_of(status, name)?["incarnation"].as_u64()
+}
+
+/// The state (`up`, `down`, `left`) of `name` in a status document.
+pub fn state_of(status: &Value, name: &str) -> Option<String> {
+    node_of(status, name).map(|n| n["state"].as_str().unwrap_or("").to_owned())
 }
 
 /// Whether every one of `names` is up in a status document.
