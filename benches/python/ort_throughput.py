@@ -9,8 +9,8 @@ bench does. Before timing, each graph is checked against
 sentence-transformers (when importable) on the first 64 texts.
 
 Prints one JSON object per configuration on stdout:
-{"config": ..., "texts_per_s": ..., "texts_per_cpu_s": ..., "peak_rss_mib": ...,
- "min_cosine": ...}
+{"config": ..., "precision": ..., "texts_per_s": ..., "texts_per_cpu_s": ...,
+ "peak_rss_mib": ..., "min_cosine": ...}
 
 Usage: python ort_throughput.py MODEL_DIR CORPUS N PRECISION:THREADS:BATCH ...
        (PRECISION fp32 or int8)
@@ -44,7 +44,7 @@ def build_graph(model_dir):
          if v.dtype != np.int64}
     h, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["layer_norm_eps"]
 
-    def ln(name, kind):
+    def ln(name):
         for g, b in (("weight", "bias"), ("gamma", "beta")):
             if f"{name}.{g}" in w:
                 return w[f"{name}.{g}"], w[f"{name}.{b}"]
@@ -64,7 +64,7 @@ def build_graph(model_dir):
     const("word", w["embeddings.word_embeddings.weight"])
     const("pos", w["embeddings.position_embeddings.weight"])
     const("type0", w["embeddings.token_type_embeddings.weight"][0])
-    g, b = ln("embeddings.LayerNorm", "")
+    g, b = ln("embeddings.LayerNorm")
     const("emb_g", g)
     const("emb_b", b)
     node("Shape", ["input_ids"], ["ids_shape"])
@@ -91,7 +91,7 @@ def build_graph(model_dir):
                    [f"l{i}_ctx"], domain=MS, num_heads=heads)
         const(f"l{i}_o_w", w[f"{p}.attention.output.dense.weight"].T)
         const(f"l{i}_o_b", w[f"{p}.attention.output.dense.bias"])
-        g, b = ln(f"{p}.attention.output.LayerNorm", "")
+        g, b = ln(f"{p}.attention.output.LayerNorm")
         const(f"l{i}_ln1_g", g)
         const(f"l{i}_ln1_b", b)
         o = node("MatMul", [ctx, f"l{i}_o_w"], [f"l{i}_o"])
@@ -102,7 +102,7 @@ def build_graph(model_dir):
         const(f"l{i}_i_b", w[f"{p}.intermediate.dense.bias"])
         const(f"l{i}_f_w", w[f"{p}.output.dense.weight"].T)
         const(f"l{i}_f_b", w[f"{p}.output.dense.bias"])
-        g, b = ln(f"{p}.output.LayerNorm", "")
+        g, b = ln(f"{p}.output.LayerNorm")
         const(f"l{i}_ln2_g", g)
         const(f"l{i}_ln2_b", b)
         a = node("MatMul", [x, f"l{i}_i_w"], [f"l{i}_a"])
@@ -214,6 +214,7 @@ def main():
         assert rows == len(texts)
         print(json.dumps({
             "config": f"ort {precision} threads={threads} batch={batch}",
+            "precision": precision,
             "texts_per_s": len(texts) / wall,
             "texts_per_cpu_s": len(texts) / cpu,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -13,6 +13,35 @@ pub fn process_cpu() -> Duration {
 
 pub use flotilla::process::{peak_rss_bytes, reset_peak_rss, rss_bytes};
 
+/// Runs a same-run rival, `benches/python/SCRIPT` under `python` with
+/// `args`, and returns the JSON objects it printed, one a line. A failure
+/// carries the tail of what the script wrote to stderr.
+pub fn run_rival(
+    python: &std::path::Path,
+    script: &str,
+    args: &[std::ffi::OsString],
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(script);
+    let out = std::process::Command::new(python)
+        .arg(&path)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        anyhow::bail!("{script} failed ({}):\n{}", out.status, tail.join("\n"));
+    }
+    String::from_utf8(out.stdout)?
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).with_context(|| format!("{script} printed {l:?}")))
+        .collect()
+}
+
 /// Median of a slice of samples (sorted in place).
 pub fn median(samples: &mut [f64]) -> f64 {
     percentile(samples, 0.5)

@@ -85,36 +85,26 @@ struct Best {
 /// Runs a rival's script on the same texts and returns its best texts per
 /// CPU-second, printing its table.
 fn run_baseline(
-    python: &PathBuf,
+    python: &std::path::Path,
     script: &str,
     title: &str,
     configs: &[String],
     args: &Args,
 ) -> anyhow::Result<Best> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("python")
-        .join(script);
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .arg(&args.corpus.model)
-        .arg(args.corpus.file(&std::env::temp_dir())?)
-        .arg(args.corpus.texts.to_string())
-        .args(configs)
-        .stderr(std::process::Stdio::null())
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "baseline failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let mut argv: Vec<std::ffi::OsString> = vec![
+        args.corpus.model.clone().into(),
+        args.corpus.file(&std::env::temp_dir())?.into(),
+        args.corpus.texts.to_string().into(),
+    ];
+    argv.extend(configs.iter().map(Into::into));
+    let lines = flotilla_benches::run_rival(python, script, &argv)?;
     let mut best = Best::default();
     println!("baseline: {title} on the same texts");
     println!(
         "{:<30} {:>9} {:>12} {:>13} {:>11}",
         "config", "texts/s", "texts/CPU-s", "peak RSS MiB", "min cosine"
     );
-    for line in String::from_utf8(out.stdout)?.lines() {
-        let v: serde_json::Value = serde_json::from_str(line)?;
+    for v in lines {
         if v["config"] == "load" {
             println!(
                 "loaded in {:.2} s, {:.0} MiB RSS",
@@ -125,7 +115,7 @@ fn run_baseline(
         }
         let per_cpu = v["texts_per_cpu_s"].as_f64().unwrap_or(0.0);
         let config = v["config"].as_str().unwrap_or("?");
-        let slot = if config.contains("int8") {
+        let slot = if v["precision"] == "int8" {
             &mut best.int8
         } else {
             &mut best.fp32

@@ -79,29 +79,17 @@ fn ray_job(
     input: &std::path::Path,
     out: &std::path::Path,
 ) -> anyhow::Result<serde_json::Value> {
-    let script =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/ray_pipeline.py");
-    let run = std::process::Command::new(python)
-        .arg(script)
-        .arg(&args.corpus.model)
-        .arg(input)
-        .arg(out)
-        .arg(args.actors.to_string())
-        .arg(args.batch_size.to_string())
-        .arg(flotilla_embed::job::DEFAULT_SORT_WINDOW.to_string())
-        .stderr(std::process::Stdio::null())
-        .output()?;
-    anyhow::ensure!(
-        run.status.success(),
-        "the Ray job failed: {}",
-        String::from_utf8_lossy(&run.stdout)
-    );
-    let report = String::from_utf8(run.stdout)?;
-    let last = report
-        .lines()
-        .last()
-        .context("the Ray job printed nothing")?;
-    Ok(serde_json::from_str(last)?)
+    let argv: Vec<std::ffi::OsString> = vec![
+        args.corpus.model.clone().into(),
+        input.into(),
+        out.into(),
+        args.actors.to_string().into(),
+        args.batch_size.to_string().into(),
+        flotilla_embed::job::DEFAULT_SORT_WINDOW.to_string().into(),
+    ];
+    flotilla_benches::run_rival(python, "ray_pipeline.py", &argv)?
+        .pop()
+        .context("the Ray job printed nothing")
 }
 
 // ---------------------------------------------------------------- sleepers
