@@ -165,7 +165,8 @@ impl Objects {
     }
 
     /// [`Objects::release`] for many objects: one request per owner node.
-    /// Stops at the first owner it cannot tell.
+    /// Every owner is told that can be; the first that cannot is the error
+    /// (its objects are left to their leases).
     pub async fn release_all(&self, references: &[ObjectRef]) -> Result<(), ObjectsError> {
         let mut by_owner: std::collections::BTreeMap<&str, Vec<&ObjectRef>> = Default::default();
         for r in references {
@@ -175,30 +176,39 @@ impl Objects {
                 by_owner.entry(r.owner.as_str()).or_default().push(r);
             }
         }
+        let mut first_error = None;
         for (owner, refs) in by_owner {
-            let failed = |reason: String| ObjectsError::Pull {
-                id: refs[0].id,
-                owner: owner.to_owned(),
-                reason,
-            };
-            let (mut send, _recv) = self
-                .lane
-                .open_pull(&self.identity, &self.view, owner)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            let keys = refs
-                .iter()
-                .map(|r| ObjectKey {
-                    scope: r.id.scope,
-                    pid: r.id.pid,
-                    seq: r.id.seq,
-                })
-                .collect();
-            handshake::send_msg(&mut send, &ObjectRequest::Release(keys), DEFAULT_MAX_FRAME)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            let _ = send.finish();
+            if let Err(e) = self.release_on(owner, &refs).await {
+                first_error.get_or_insert(e);
+            }
         }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Tells `owner` that this node is done with `refs`.
+    async fn release_on(&self, owner: &str, refs: &[&ObjectRef]) -> Result<(), ObjectsError> {
+        let failed = |reason: String| ObjectsError::Pull {
+            id: refs[0].id,
+            owner: owner.to_owned(),
+            reason,
+        };
+        let (mut send, _recv) = self
+            .lane
+            .open_pull(&self.identity, &self.view, owner)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let keys = refs
+            .iter()
+            .map(|r| ObjectKey {
+                scope: r.id.scope,
+                pid: r.id.pid,
+                seq: r.id.seq,
+            })
+            .collect();
+        handshake::send_msg(&mut send, &ObjectRequest::Release(keys), DEFAULT_MAX_FRAME)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let _ = send.finish();
         Ok(())
     }
 
