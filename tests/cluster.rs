@@ -1124,3 +1124,60 @@ fn declared_resources_are_what_a_node_offers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gpu is a whole number"), "{err}");
 }
+
+/// A node's GPUs and the actors holding them: a node declaring two GPUs
+/// hands them out least-held first, `node status` lists each GPU with its
+/// holders (JSON and text), and a slot given back shows as free.
+#[test]
+fn node_status_lists_which_actor_holds_which_gpu() {
+    let s = Scratch::new("gpus", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    runtime().block_on(async {
+        s.issue("g1");
+        let mut config = flotilla::NodeConfig::new("g1", free_addr(), s.certs()).join(head.addr);
+        config.declared.insert("gpu".into(), 2.0);
+        let builder = flotilla::Node::builder(config);
+        let slots = builder.gpu_slots();
+        let node = builder.start().await.unwrap();
+        let a = slots.take("flotilla.embedder e1").unwrap();
+        let b = slots.take("flotilla.embedder e2").unwrap();
+        assert_eq!((a.index(), b.index()), (0, 1));
+
+        let holders = |st: &serde_json::Value, gpu: usize| -> Option<Vec<String>> {
+            let list = st["gpus"]["g1"].as_array()?;
+            let g = list.iter().find(|g| g["index"] == gpu)?;
+            Some(
+                g["holders"]
+                    .as_array()?
+                    .iter()
+                    .map(|h| h.as_str().unwrap().to_owned())
+                    .collect(),
+            )
+        };
+        let (st, _) = eventually(Duration::from_secs(20), || {
+            s.status(head.addr).filter(|st| holders(st, 1).is_some())
+        });
+        assert_eq!(holders(&st, 0).unwrap(), ["flotilla.embedder e1"], "{st}");
+        assert_eq!(holders(&st, 1).unwrap(), ["flotilla.embedder e2"], "{st}");
+
+        drop(a);
+        let st = s.status(head.addr).unwrap();
+        assert_eq!(holders(&st, 0).unwrap(), Vec::<String>::new(), "{st}");
+        let text = Command::new(NODE)
+            .args([
+                "status",
+                "--no-supervisors",
+                "--head",
+                &head.addr.to_string(),
+            ])
+            .args(["--certs", s.certs().to_str().unwrap()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("g1: gpu 0   (free)"), "{text}");
+        assert!(text.contains("g1: gpu 1   flotilla.embedder e2"), "{text}");
+        drop(b);
+        node.shutdown().await;
+    });
+}

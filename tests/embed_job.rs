@@ -32,10 +32,17 @@ fn embed_at(
     extra: &[&str],
     env: &[(&str, String)],
 ) -> (bool, String, String) {
+    // The test model unless `extra` names another.
+    let model = model();
+    let default_model = ["--model", model.to_str().unwrap()];
     let out = Command::new(NODE)
         .arg("embed")
         .args(["--input", input, "--output", output])
-        .args(["--model", model().to_str().unwrap()])
+        .args(if extra.contains(&"--model") {
+            &[][..]
+        } else {
+            &default_model[..]
+        })
         .args(extra)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
@@ -819,5 +826,83 @@ fn a_job_killed_mid_window_resumes_without_recomputing_a_batch() {
         assert_eq!(after.get(name), Some(modified), "{name} was rewritten");
     }
     assert_exactly_once(&output, &ids);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--device cuda` where no GPU can be used (this machine, or a build
+/// without the `cuda` feature) stops the job before any output with the
+/// reason; `--device auto` (the default) runs on the CPU and the summary
+/// says where the actors ran.
+#[test]
+fn a_gpu_asked_for_where_there_is_none_is_refused_with_the_reason() {
+    if cfg!(feature = "cuda") && flotilla::config::detect_gpus() > 0 {
+        return; // A GPU machine: the refusal cannot happen here.
+    }
+    let dir = scratch("no-gpu");
+    let input = root().join("examples/data/sample.jsonl");
+    let (ok, stdout, stderr) = embed(&input, &dir.join("cuda"), &["--device", "cuda"]);
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("a GPU was asked for"), "{stderr}");
+    assert!(!dir.join("cuda/parts").exists() || parts(&dir.join("cuda")).is_empty());
+
+    let (ok, stdout, stderr) = embed(&input, &dir.join("auto"), &["--actors-per-node", "2"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("devices: cpu ×2 (f32)"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--precision bf16` runs the job in bfloat16 (on the CPU here): every
+/// row is written once, within cosine 0.999 of the f32 job's vector, and
+/// the summary names the precision. `node model convert` writes an f16
+/// copy of the model folder that the same job loads.
+#[test]
+fn a_half_precision_job_stays_within_its_bar_of_the_f32_job() {
+    let dir = scratch("precision");
+    let (corpus, ids) = common::corpus(&dir, 300);
+    let f32_out = dir.join("f32");
+    let (ok, stdout, stderr) = embed(&corpus, &f32_out, &["--format", "jsonl"]);
+    assert!(ok, "{stdout}{stderr}");
+
+    let f16_model = dir.join("model-f16");
+    let out = Command::new(NODE)
+        .args(["model", "convert", "--precision", "f16"])
+        .args(["--model", model().to_str().unwrap()])
+        .args(["--out", f16_model.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bf16_out = dir.join("bf16");
+    let half = [
+        "--model",
+        f16_model.to_str().unwrap(),
+        "--format",
+        "jsonl",
+        "--precision",
+        "bf16",
+        "--device",
+        "cpu",
+    ];
+    let (ok, stdout, stderr) = embed(&corpus, &bf16_out, &half);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("(bf16)"), "{stdout}");
+
+    assert_exactly_once(&bf16_out, &ids);
+    let full = read_output(&f32_out);
+    let half = read_output(&bf16_out);
+    let worst = ids
+        .iter()
+        .map(|id| {
+            let (a, b) = (&full[id], &half[id]);
+            let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+            let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+            dot / (na * nb)
+        })
+        .fold(1.0f32, f32::min);
+    assert!(worst >= 0.999, "worst cosine {worst}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -13,17 +13,25 @@ pub fn process_cpu() -> Duration {
 
 pub use flotilla::process::{peak_rss_bytes, reset_peak_rss, rss_bytes};
 
-/// Runs a same-run rival, `benches/python/SCRIPT` under `python` with
-/// `args`, and returns the JSON objects it printed, one a line. A failure
+/// Runs a same-run rival, `benches/python/SCRIPT` (of the current
+/// directory's checkout, else of the one the bench was built from) under
+/// `python` with `args`, and returns the JSON objects it printed, one a line. A failure
 /// carries the tail of what the script wrote to stderr.
 pub fn run_rival(
     python: &std::path::Path,
     script: &str,
     args: &[std::ffi::OsString],
 ) -> anyhow::Result<Vec<serde_json::Value>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("python")
-        .join(script);
+    // The checkout the bench runs in (a binary carried to another machine
+    // runs from the repository root there), else the one it was built in.
+    let here = PathBuf::from("benches/python").join(script);
+    let path = if here.is_file() {
+        here
+    } else {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("python")
+            .join(script)
+    };
     let out = std::process::Command::new(python)
         .arg(&path)
         .args(args)

@@ -7,9 +7,15 @@
 //! id, the model revision and the dimension, so the caller can refuse a
 //! result from other weights.
 //!
+//! The actor runs on the CPU or on one GPU of its node (see
+//! [`crate::devices`]). On a GPU a batch is one forward pass, and a
+//! tokenizer thread with a pool of its own prepares the next batch while
+//! the GPU runs the current one.
+//!
 //! ```text
-//! caller ── Embed(EmbedRequest) ──► Embedder ──► model thread (rayon pool of `threads`)
-//!        ◄─ EmbedReply ───────────────┘◄────────── vectors
+//! CPU: caller ── Embed ──► Embedder ──► model thread: tokenize + encode (rayon pool of `threads`)
+//! GPU: caller ── Embed ──► Embedder ──► tokenizer thread ──(2 batches)──► model thread ──► GPU
+//!             ◄─ EmbedReply ──────────────────────────────────────────────┘
 //! ```
 
 use std::path::PathBuf;
@@ -21,7 +27,8 @@ use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use crate::{EncodeError, SentenceEncoder, SharedModels, default_device};
+use crate::devices::{DeviceChoice, cuda_devices};
+use crate::{EncodeError, Precision, SentenceEncoder, SharedModels, TokenBatch};
 
 /// Kind name under which nodes register [`Embedder`].
 pub const KIND: &str = "flotilla.embedder";
@@ -117,6 +124,10 @@ pub struct ModelInfo {
     pub dim: u32,
     /// How long the model took to load, in milliseconds.
     pub load_ms: u64,
+    /// The device it runs on: `cpu` or `cuda:N`.
+    pub device: String,
+    /// The float type of its dense layers (`f32`, `f16`, `bf16`).
+    pub precision: String,
 }
 
 /// Where to load the model from, and how to run it.
@@ -127,8 +138,28 @@ pub struct EmbedderArgs {
     pub model_dir: String,
     /// Threads of the model's kernels (1: one core per actor).
     pub threads: u32,
-    /// Texts per forward pass after sorting by length.
+    /// Texts per forward pass after sorting by length, on the CPU (on a
+    /// GPU a batch is one forward pass).
     pub micro_batch: u32,
+    /// Where to run: `auto` (a GPU of the node if it has one, else the
+    /// CPU), `cpu` or `cuda` (see [`DeviceChoice`]).
+    pub device: String,
+    /// The float type of the dense layers: `f32`, `f16` or `bf16`.
+    pub precision: String,
+}
+
+impl EmbedderArgs {
+    /// Arguments for the model in `model_dir`: one thread, micro-batches of
+    /// 16, on a GPU where the node has one, in `f32`.
+    pub fn new(model_dir: impl Into<String>) -> Self {
+        Self {
+            model_dir: model_dir.into(),
+            threads: 1,
+            micro_batch: 16,
+            device: DeviceChoice::Auto.to_string(),
+            precision: Precision::F32.to_string(),
+        }
+    }
 }
 
 flotilla::remote_type!(EmbedRequest, EmbedReply, ModelInfo, EmbedderArgs);
@@ -166,6 +197,9 @@ pub struct Embedder {
     /// The models of the actor's node: actors sharing this set and naming
     /// the same folder share one loaded model.
     pub models: SharedModels,
+    /// The GPUs of the actor's node: an actor that runs on a GPU holds
+    /// the least-held one (none: the CPU).
+    pub gpus: flotilla::gpus::GpuSlots,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -176,10 +210,56 @@ impl std::fmt::Debug for Embedder {
     }
 }
 
-/// The embedder's state: the queue to its model thread.
+/// The embedder's state: the queue to its model thread, and the GPU it
+/// holds while it lives.
 pub struct EmbedderState {
     jobs: mpsc::Sender<Job>,
     info: ModelInfo,
+    _gpu: Option<flotilla::gpus::GpuSlot>,
+}
+
+/// A batch tokenized: its micro-batches, each with the input positions of
+/// its rows, in the order they run.
+struct Prepared {
+    rows: usize,
+    parts: Vec<(Vec<usize>, TokenBatch)>,
+}
+
+/// Tokenizes `texts` in length-sorted micro-batches of `micro_batch`.
+fn prepare<S: AsRef<str>>(
+    encoder: &SentenceEncoder,
+    texts: &[S],
+    micro_batch: usize,
+) -> Result<Prepared, crate::TokenizeError> {
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by_key(|&i| texts[i].as_ref().len());
+    let parts = order
+        .chunks(micro_batch.max(1))
+        .map(|chunk| {
+            let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_ref()).collect();
+            Ok((chunk.to_vec(), encoder.tokenize(&refs)?))
+        })
+        .collect::<Result<_, crate::TokenizeError>>()?;
+    Ok(Prepared {
+        rows: texts.len(),
+        parts,
+    })
+}
+
+/// Runs a prepared batch, answering in input order.
+fn encode_prepared(
+    encoder: &SentenceEncoder,
+    prepared: &Prepared,
+) -> Result<Vec<f32>, crate::BackendError> {
+    let dim = encoder.dim();
+    let mut values = vec![0.0f32; prepared.rows * dim];
+    for (rows, tokens) in &prepared.parts {
+        let out = encoder.encode_tokens(tokens)?;
+        for (row, &i) in rows.iter().enumerate() {
+            values[i * dim..(i + 1) * dim].copy_from_slice(out.row(row));
+        }
+    }
+    Ok(values)
 }
 
 /// Embeds `texts` in length-sorted micro-batches, answering in input order:
@@ -189,20 +269,67 @@ pub fn embed_sorted<S: AsRef<str>>(
     texts: &[S],
     micro_batch: usize,
 ) -> Result<Vec<f32>, EncodeError> {
-    let dim = encoder.dim();
-    let mut order: Vec<usize> = (0..texts.len()).collect();
-    order.sort_by_key(|&i| texts[i].as_ref().len());
-    let mut values = vec![0.0f32; texts.len() * dim];
-    for chunk in order.chunks(micro_batch.max(1)) {
-        let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_ref()).collect();
-        let out = encoder.encode(&refs)?;
-        for (row, &i) in chunk.iter().enumerate() {
-            values[i * dim..(i + 1) * dim].copy_from_slice(out.row(row));
-        }
-    }
-    Ok(values)
+    let prepared = prepare(encoder, texts, micro_batch)?;
+    Ok(encode_prepared(encoder, &prepared)?)
 }
 
+/// Tokenizes a job's texts; `None` when the job was answered already (its
+/// input cannot be embedded).
+fn prepare_job(
+    encoder: &SentenceEncoder,
+    batch_id: u64,
+    texts: &Texts,
+    micro_batch: usize,
+    reply: &mut Option<oneshot::Sender<EmbedReply>>,
+) -> Option<Prepared> {
+    let prepared = match texts {
+        Texts::Owned(texts) => prepare(encoder, texts, micro_batch).map_err(|e| e.to_string()),
+        Texts::Object(bytes) => match bytes.archive::<Vec<String>>() {
+            Ok(archived) => {
+                let texts: Vec<&str> = archived.iter().map(|s| s.as_str()).collect();
+                prepare(encoder, &texts, micro_batch).map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    match prepared {
+        Ok(p) => Some(p),
+        Err(reason) => {
+            if let Some(reply) = reply.take() {
+                let _ = reply.send(EmbedReply {
+                    batch_id,
+                    outcome: EmbedOutcome::BadInput(reason),
+                });
+            }
+            None
+        }
+    }
+}
+
+/// Runs a prepared batch and answers.
+fn answer(
+    encoder: &SentenceEncoder,
+    revision: &str,
+    batch_id: u64,
+    prepared: &Prepared,
+    reply: oneshot::Sender<EmbedReply>,
+) {
+    // Fault injection: `embedder::encode=panic` kills the model thread,
+    // and with it the actor (see `Embedder::handle`).
+    flotilla::fail::fail_point!("embedder::encode");
+    let outcome = match encode_prepared(encoder, prepared) {
+        Ok(values) => EmbedOutcome::Embedded(Vectors {
+            revision: revision.to_owned(),
+            dim: encoder.dim() as u32,
+            values,
+        }),
+        Err(e) => EmbedOutcome::Failed(e.to_string()),
+    };
+    let _ = reply.send(EmbedReply { batch_id, outcome });
+}
+
+/// The CPU's model thread: tokenizes and encodes each batch in the actor's
+/// pool.
 fn model_thread(
     encoder: std::sync::Arc<SentenceEncoder>,
     pool: rayon::ThreadPool,
@@ -210,37 +337,52 @@ fn model_thread(
     jobs: mpsc::Receiver<Job>,
 ) {
     let revision = encoder.revision().to_string();
-    let dim = encoder.dim() as u32;
     while let Ok((batch_id, texts, reply)) = jobs.recv() {
-        // Fault injection: `embedder::encode=panic` kills this thread, and
-        // with it the actor (see `Embedder::handle`).
-        flotilla::fail::fail_point!("embedder::encode");
-        let embedded = match &texts {
-            Texts::Owned(texts) => pool.install(|| embed_sorted(&encoder, texts, micro_batch)),
-            Texts::Object(bytes) => match bytes.archive::<Vec<String>>() {
-                Ok(archived) => {
-                    let texts: Vec<&str> = archived.iter().map(|s| s.as_str()).collect();
-                    pool.install(|| embed_sorted(&encoder, &texts, micro_batch))
-                }
-                Err(e) => {
-                    let _ = reply.send(EmbedReply {
-                        batch_id,
-                        outcome: EmbedOutcome::BadInput(e.to_string()),
-                    });
-                    continue;
-                }
-            },
-        };
-        let outcome = match embedded {
-            Ok(values) => EmbedOutcome::Embedded(Vectors {
-                revision: revision.clone(),
-                dim,
-                values,
-            }),
-            Err(EncodeError::Tokenize(e)) => EmbedOutcome::BadInput(e.to_string()),
-            Err(e) => EmbedOutcome::Failed(e.to_string()),
-        };
-        let _ = reply.send(EmbedReply { batch_id, outcome });
+        let mut reply = Some(reply);
+        pool.install(|| {
+            if let Some(prepared) = prepare_job(&encoder, batch_id, &texts, micro_batch, &mut reply)
+                && let Some(reply) = reply.take()
+            {
+                answer(&encoder, &revision, batch_id, &prepared, reply);
+            }
+        });
+    }
+}
+
+/// A GPU's two threads: this one tokenizes each batch (in `pool`) while
+/// the model thread it starts runs the batch before on the GPU, up to two
+/// batches ahead.
+fn gpu_threads(
+    encoder: std::sync::Arc<SentenceEncoder>,
+    pool: rayon::ThreadPool,
+    jobs: mpsc::Receiver<Job>,
+) {
+    let (ready, queue) = mpsc::sync_channel::<(u64, Prepared, oneshot::Sender<EmbedReply>)>(2);
+    let model = std::sync::Arc::clone(&encoder);
+    let runner = std::thread::Builder::new()
+        .name("flotilla-gpu".into())
+        .spawn(move || {
+            let revision = model.revision().to_string();
+            while let Ok((batch_id, prepared, reply)) = queue.recv() {
+                answer(&model, &revision, batch_id, &prepared, reply);
+            }
+        });
+    if let Err(e) = runner {
+        tracing::error!(error = %e, "cannot start the GPU thread");
+        return;
+    }
+    while let Ok((batch_id, texts, reply)) = jobs.recv() {
+        let mut reply = Some(reply);
+        // A batch is one forward pass on a GPU.
+        let prepared =
+            pool.install(|| prepare_job(&encoder, batch_id, &texts, usize::MAX, &mut reply));
+        if let (Some(prepared), Some(reply)) = (prepared, reply)
+            && ready.send((batch_id, prepared, reply)).is_err()
+        {
+            // The GPU thread ended (it panicked): dropping the queue ends
+            // the actor's batches as failed.
+            return;
+        }
     }
 }
 
@@ -290,21 +432,54 @@ impl Actor for Embedder {
 
     async fn pre_start(
         &self,
-        _me: ActorRef<EmbedMsg>,
+        me: ActorRef<EmbedMsg>,
         args: EmbedderArgs,
     ) -> Result<EmbedderState, ActorProcessingErr> {
+        let choice: DeviceChoice = args.device.parse()?;
+        let precision: Precision = args.precision.parse()?;
         let (jobs, queue) = mpsc::channel::<Job>();
-        let (loaded_tx, loaded) = oneshot::channel::<Result<ModelInfo, String>>();
+        type Loaded = Result<(ModelInfo, Option<flotilla::gpus::GpuSlot>), String>;
+        let (loaded_tx, loaded) = oneshot::channel::<Loaded>();
         let dir = self
             .model_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(&args.model_dir));
         let models = self.models.clone();
+        let gpus = self.gpus.clone();
+        let holder = format!(
+            "{KIND} {}",
+            me.get_name().unwrap_or_else(|| me.get_id().to_string())
+        );
         std::thread::Builder::new()
             .name("flotilla-embedder".into())
             .spawn(move || {
+                let found = if choice == DeviceChoice::Cpu {
+                    Vec::new()
+                } else {
+                    cuda_devices()
+                };
+                let chosen = match crate::devices::choose(choice, &gpus, &found, &holder) {
+                    Ok(chosen) => chosen,
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                if let Some(why) = &chosen.fallback {
+                    tracing::warn!(reason = %why, "embedding actor runs on the CPU");
+                }
+                let on_gpu = chosen.slot.is_some();
+                // On a GPU the actor's threads tokenize: a share of the
+                // machine's cores per GPU, one left for the GPU threads.
+                let threads = if on_gpu {
+                    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    (cpus / gpus.count().max(1)).saturating_sub(1).max(1)
+                } else {
+                    args.threads.max(1) as usize
+                };
                 let pool = match rayon::ThreadPoolBuilder::new()
-                    .num_threads(args.threads.max(1) as usize)
+                    .num_threads(threads)
+                    .thread_name(|i| format!("flotilla-embed-{i}"))
                     .build()
                 {
                     Ok(p) => p,
@@ -313,27 +488,67 @@ impl Actor for Embedder {
                         return;
                     }
                 };
-                match models.load(&dir, &default_device()) {
-                    Ok(encoder) => {
-                        let info = ModelInfo {
-                            revision: encoder.revision().to_string(),
-                            dim: encoder.dim() as u32,
-                            load_ms: encoder.load_time().as_millis() as u64,
-                        };
-                        let _ = loaded_tx.send(Ok(info));
-                        model_thread(encoder, pool, args.micro_batch as usize, queue);
-                    }
+                let encoder = match models.load(&dir, &chosen.device, precision) {
+                    Ok(encoder) => encoder,
                     Err(e) => {
                         let _ = loaded_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                if on_gpu {
+                    // The first batch compiles the GPU kernels: a driver or
+                    // NVRTC that fails there fails the load, not a batch.
+                    let warm = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        encoder.encode(&["warm up"])
+                    }));
+                    let failed = match warm {
+                        Ok(Ok(_)) => None,
+                        Ok(Err(e)) => Some(e.to_string()),
+                        Err(panic) => Some(
+                            panic
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "the CUDA backend panicked".into()),
+                        ),
+                    };
+                    if let Some(e) = failed {
+                        let _ = loaded_tx.send(Err(format!("{} failed: {e}", chosen.label)));
+                        return;
                     }
                 }
+                let info = ModelInfo {
+                    revision: encoder.revision().to_string(),
+                    dim: encoder.dim() as u32,
+                    load_ms: encoder.load_time().as_millis() as u64,
+                    device: chosen.label.clone(),
+                    precision: precision.to_string(),
+                };
+                if loaded_tx.send(Ok((info, chosen.slot))).is_err() {
+                    return;
+                }
+                if on_gpu {
+                    gpu_threads(encoder, pool, queue);
+                } else {
+                    model_thread(encoder, pool, args.micro_batch as usize, queue);
+                }
             })?;
-        let info = loaded
+        let (info, gpu) = loaded
             .await
             .map_err(|_| "model thread ended while loading")?
             .map_err(|e| format!("cannot load the model: {e}"))?;
-        tracing::info!(revision = %info.revision, load_ms = info.load_ms, "embedding model loaded");
-        Ok(EmbedderState { jobs, info })
+        tracing::info!(
+            revision = %info.revision,
+            load_ms = info.load_ms,
+            device = %info.device,
+            precision = %info.precision,
+            "embedding model loaded"
+        );
+        Ok(EmbedderState {
+            jobs,
+            info,
+            _gpu: gpu,
+        })
     }
 
     async fn handle(
@@ -396,17 +611,20 @@ impl Actor for Embedder {
 /// Registers [`Embedder`] under [`KIND`] on a node builder. With
 /// `model_dir`, the node's embedders load that folder whatever the job
 /// names; without, the job's `--model` path as seen on this node. The
-/// node's embedders share one loaded model per folder.
+/// node's embedders share one loaded model per folder, and each takes one
+/// of the node's GPUs when it runs on one.
 pub fn register(
     builder: flotilla::NodeBuilder,
     model_dir: Option<PathBuf>,
 ) -> flotilla::NodeBuilder {
     let node = builder.node_handle();
+    let gpus = builder.gpu_slots();
     let models = SharedModels::default();
     builder.register(KIND, move || Embedder {
         model_dir: model_dir.clone(),
         node: Some(node.clone()),
         models: models.clone(),
+        gpus: gpus.clone(),
     })
 }
 

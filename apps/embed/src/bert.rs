@@ -14,9 +14,10 @@ use std::path::Path;
 use burn::tensor::activation::{gelu, gelu_approximate, relu};
 use burn::tensor::module::{attention, embedding, layer_norm, linear};
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::model_folder::{Activation, BertConfig, LoadError};
+use crate::precision::Precision;
 use crate::tokenize::TokenBatch;
 use crate::weights::WeightFile;
 
@@ -26,8 +27,23 @@ struct Dense {
 }
 
 impl Dense {
+    /// `x · W + b` in the weights' float type (`x` cast to it first).
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = x.cast(self.weight.dtype());
         linear(x, self.weight.clone(), Some(self.bias.clone()))
+    }
+
+    /// [`Dense::forward`] with the result in `f32`, for the residual stream.
+    fn forward_f32(&self, x: Tensor<3>) -> Tensor<3> {
+        self.forward(x).cast(FloatDType::F32)
+    }
+
+    /// The layer with its weights in `precision`.
+    fn cast(self, precision: Precision) -> Self {
+        Self {
+            weight: self.weight.cast(precision.dtype()),
+            bias: self.bias.cast(precision.dtype()),
+        }
     }
 }
 
@@ -64,6 +80,8 @@ pub struct Bert {
     /// Whether GELU and attention run as the encoder's own host loops (CPU
     /// backends) rather than as backend kernels.
     host_kernels: bool,
+    /// The float type of the dense layers and attention.
+    precision: Precision,
 }
 
 impl std::fmt::Debug for Bert {
@@ -71,19 +89,28 @@ impl std::fmt::Debug for Bert {
         f.debug_struct("Bert")
             .field("config", &self.config)
             .field("device", &self.device)
+            .field("precision", &self.precision)
             .finish_non_exhaustive()
     }
 }
 
 impl Bert {
-    /// Builds the encoder from the bytes of a safetensors file, checking each
-    /// tensor's name and shape against `config`.
+    /// Builds the encoder from the bytes of a safetensors file (weights
+    /// stored in f32, f16 or bf16), checking each tensor's name and shape
+    /// against `config`; the dense layers run in `precision`.
     pub fn from_safetensors(
         config: &BertConfig,
         path: &Path,
         bytes: &[u8],
         device: &Device,
+        precision: Precision,
     ) -> Result<Self, LoadError> {
+        if !device.supports_dtype(precision.dtype()) {
+            return Err(LoadError::Precision {
+                precision,
+                device: format!("{device:?}"),
+            });
+        }
         let mut w = WeightFile::parse(path, bytes, device)?;
         let h = config.hidden_size;
         let word = w.table("embeddings.word_embeddings.weight", config.vocab_size, h)?;
@@ -135,11 +162,11 @@ impl Bert {
             let (gamma, beta) = w.norm(&format!("{p}.output.LayerNorm"), h)?;
             let ffn_norm = Norm { gamma, beta };
             layers.push(Layer {
-                qkv,
-                attn_out,
+                qkv: qkv.cast(precision),
+                attn_out: attn_out.cast(precision),
                 attn_norm,
-                ffn_in,
-                ffn_out,
+                ffn_in: ffn_in.cast(precision),
+                ffn_out: ffn_out.cast(precision),
                 ffn_norm,
             });
         }
@@ -153,7 +180,13 @@ impl Bert {
             emb_norm,
             layers,
             host_kernels: *device == Device::flex(),
+            precision,
         })
+    }
+
+    /// The float type of the dense layers and attention.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The hyper-parameters the encoder was built from.
@@ -282,10 +315,10 @@ impl Bert {
             } else {
                 self.backend_attention(qkv, &attn_mask, [b, s, h])
             };
-            x = self.norm(layer.attn_out.forward(ctx) + x, &layer.attn_norm);
+            x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
             let ffn = layer
                 .ffn_out
-                .forward(self.activate(layer.ffn_in.forward(x.clone()))?);
+                .forward_f32(self.activate(layer.ffn_in.forward(x.clone()))?);
             x = self.norm(ffn + x, &layer.ffn_norm);
         }
 
@@ -407,6 +440,7 @@ mod tests {
             Path::new("model.safetensors"),
             &bytes,
             &Device::flex(),
+            Precision::F32,
         )
     }
 
@@ -537,6 +571,7 @@ mod tests {
             Path::new("model.safetensors"),
             &[0xff; 64],
             &Device::flex(),
+            Precision::F32,
         )
         .unwrap_err();
         assert!(matches!(err, LoadError::Weights { .. }), "{err}");

@@ -8,6 +8,7 @@ use burn::tensor::Device;
 
 use crate::bert::{BackendError, Bert};
 use crate::model_folder::{LoadError, ModelFolder, ModelRevision};
+use crate::precision::Precision;
 use crate::tokenize::{TextTokenizer, TokenBatch, TokenizeError};
 
 /// Why a batch could not be embedded.
@@ -45,27 +46,12 @@ impl Embeddings {
 
 /// The device the encoder runs on when the caller does not choose: the first
 /// CUDA device when the `cuda` feature is built and a GPU is present,
-/// otherwise the CPU (`flex`) backend. Built with the `blas` feature,
-/// `FLOTILLA_DEVICE=ndarray` selects Burn's ndarray backend with OpenBLAS.
+/// otherwise the CPU ([`crate::devices::cpu_device`]).
 pub fn default_device() -> Device {
-    #[cfg(feature = "blas")]
-    {
-        if std::env::var("FLOTILLA_DEVICE").as_deref() == Ok("ndarray") {
-            // Deprecated in Burn, kept only to measure against flex.
-            #[allow(deprecated)]
-            return Device::ndarray();
-        }
-    }
-    #[cfg(feature = "cuda")]
-    {
-        if let Some(device) = Device::enumerate(burn::tensor::DeviceType::Cuda)
-            .into_iter()
-            .next()
-        {
-            return device;
-        }
-    }
-    Device::flex()
+    crate::devices::cuda_devices()
+        .into_iter()
+        .next()
+        .unwrap_or_else(crate::devices::cpu_device)
 }
 
 /// A sentence-transformers model loaded for inference.
@@ -91,8 +77,18 @@ pub struct SentenceEncoder {
 
 impl SentenceEncoder {
     /// Loads the folder at `dir` onto `device`: configuration, tokenizer and
-    /// weights, each checked.
+    /// weights, each checked. Runs in `f32`.
     pub fn load(dir: impl AsRef<Path>, device: &Device) -> Result<Self, LoadError> {
+        Self::load_with(dir, device, Precision::F32)
+    }
+
+    /// [`SentenceEncoder::load`] with the dense layers and attention in
+    /// `precision` (see [`Precision`]).
+    pub fn load_with(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        precision: Precision,
+    ) -> Result<Self, LoadError> {
         let started = Instant::now();
         let folder = ModelFolder::open(dir)?;
         let tokenizer = TextTokenizer::load(&folder.tokenizer_path(), folder.max_seq_length)?;
@@ -102,7 +98,7 @@ impl SentenceEncoder {
             source,
         })?;
         let revision = ModelRevision::of_bytes(&bytes);
-        let model = Bert::from_safetensors(&folder.config, &path, &bytes, device)?;
+        let model = Bert::from_safetensors(&folder.config, &path, &bytes, device, precision)?;
         Ok(Self {
             folder,
             revision,
@@ -115,6 +111,16 @@ impl SentenceEncoder {
     /// The identity of the loaded weights.
     pub fn revision(&self) -> &ModelRevision {
         &self.revision
+    }
+
+    /// The float type of the dense layers and attention.
+    pub fn precision(&self) -> Precision {
+        self.model.precision()
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        self.model.device()
     }
 
     /// Width of the embeddings.

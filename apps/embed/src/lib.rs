@@ -17,16 +17,24 @@
 pub mod actor;
 mod attention;
 mod bert;
+pub mod convert;
+pub mod devices;
 mod encoder;
 mod fast_gelu;
 pub mod job;
 pub mod model_folder;
+mod precision;
 mod shared_models;
 pub mod tokenize;
 mod weights;
 
 pub use bert::{BackendError, Bert};
+/// Burn's device handle, as the encoder takes it.
+pub use burn::tensor::Device;
+pub use convert::{Converted, convert_folder};
+pub use devices::{DeviceChoice, cpu_device, cuda_devices};
 pub use encoder::{Embeddings, EncodeError, SentenceEncoder, default_device};
 pub use model_folder::{BertConfig, LoadError, ModelFolder, ModelRevision};
+pub use precision::{Precision, UnknownPrecision};
 pub use shared_models::SharedModels;
 pub use tokenize::{TextTokenizer, TokenBatch, TokenizeError};

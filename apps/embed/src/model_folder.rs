@@ -91,6 +91,14 @@ pub enum LoadError {
         /// The dtype found.
         dtype: String,
     },
+    /// The device cannot compute in the precision asked for.
+    #[error("device {device} does not compute in {precision}")]
+    Precision {
+        /// The precision asked for.
+        precision: crate::Precision,
+        /// The device, as Burn names it.
+        device: String,
+    },
     /// tokenizer.json could not be parsed or configured.
     #[error("cannot use tokenizer {path}: {reason}")]
     Tokenizer {

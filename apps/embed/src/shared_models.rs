@@ -1,7 +1,7 @@
 //! Models loaded once per node and shared by its embedding actors.
 //!
-//! Every actor of a node that names the same folder on the same device
-//! gets the same [`SentenceEncoder`]: one copy of the weights in memory and
+//! Every actor of a node that names the same folder on the same device, in
+//! the same precision, gets the same [`SentenceEncoder`]: one copy of the weights in memory and
 //! in the CPU's caches, however many actors serve it. On a two-core
 //! machine, two actors sharing one model embed 12–15% more texts per
 //! CPU-second than two actors with a copy each (docs/BENCHMARKS.md). A
@@ -19,10 +19,11 @@ use std::sync::{Arc, Mutex, Weak};
 
 use burn::tensor::Device;
 
-use crate::{LoadError, SentenceEncoder};
+use crate::{LoadError, Precision, SentenceEncoder};
 
-/// A model's folder and the device it is loaded on (as `Debug` prints it).
-type Key = (PathBuf, String);
+/// A model's folder, the device it is loaded on (as `Debug` prints it) and
+/// its precision.
+type Key = (PathBuf, String, Precision);
 
 /// The models loaded on one node, by folder and device. Cloning shares the
 /// set; [`SharedModels::default`] starts an empty one.
@@ -38,18 +39,24 @@ impl std::fmt::Debug for SharedModels {
 }
 
 impl SharedModels {
-    /// The model in `dir` on `device`: the one already loaded if an actor
-    /// still holds it, else loaded now. Blocks while another caller loads
-    /// a model (call it from a model thread, not an async task).
-    pub fn load(&self, dir: &Path, device: &Device) -> Result<Arc<SentenceEncoder>, LoadError> {
-        let key = (dir.to_path_buf(), format!("{device:?}"));
+    /// The model in `dir` on `device` in `precision`: the one already
+    /// loaded if an actor still holds it, else loaded now. Blocks while
+    /// another caller loads a model (call it from a model thread, not an
+    /// async task).
+    pub fn load(
+        &self,
+        dir: &Path,
+        device: &Device,
+        precision: Precision,
+    ) -> Result<Arc<SentenceEncoder>, LoadError> {
+        let key = (dir.to_path_buf(), format!("{device:?}"), precision);
         // A poisoned lock only means a load panicked: the map is intact.
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(model) = loaded.get(&key).and_then(Weak::upgrade) {
             return Ok(model);
         }
         loaded.retain(|_, model| model.strong_count() > 0);
-        let model = Arc::new(SentenceEncoder::load(dir, device)?);
+        let model = Arc::new(SentenceEncoder::load_with(dir, device, precision)?);
         loaded.insert(key, Arc::downgrade(&model));
         Ok(model)
     }
@@ -74,7 +81,7 @@ mod tests {
     fn a_folder_that_does_not_load_is_an_error_and_caches_nothing() {
         let models = SharedModels::default();
         let dir = std::env::temp_dir().join("flotilla-no-such-model");
-        assert!(models.load(&dir, &Device::flex()).is_err());
+        assert!(models.load(&dir, &Device::flex(), Precision::F32).is_err());
         assert!(models.is_empty());
     }
 }

@@ -18,9 +18,8 @@ fn model_dir() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedder_answers_in_request_order_with_its_revision() {
     let args = EmbedderArgs {
-        model_dir: model_dir().to_string_lossy().into_owned(),
-        threads: 1,
         micro_batch: 2,
+        ..EmbedderArgs::new(model_dir().to_string_lossy())
     };
     let (embedder, handle) = Actor::spawn(None, Embedder::default(), args)
         .await
@@ -83,9 +82,8 @@ async fn embedder_answers_in_request_order_with_its_revision() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedder_with_a_missing_model_fails_to_start() {
     let args = EmbedderArgs {
-        model_dir: "/nonexistent/model".into(),
-        threads: 1,
         micro_batch: 16,
+        ..EmbedderArgs::new("/nonexistent/model")
     };
     let Err(err) = Actor::spawn(None, Embedder::default(), args).await else {
         panic!("spawn succeeded without a model");
@@ -100,9 +98,8 @@ async fn embedder_with_a_missing_model_fails_to_start() {
 async fn embedders_of_a_node_share_one_loaded_model() {
     let models = flotilla_embed::SharedModels::default();
     let args = EmbedderArgs {
-        model_dir: model_dir().to_string_lossy().into_owned(),
-        threads: 1,
         micro_batch: 4,
+        ..EmbedderArgs::new(model_dir().to_string_lossy())
     };
     let mut actors = Vec::new();
     for _ in 0..2 {

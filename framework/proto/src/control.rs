@@ -75,6 +75,9 @@ pub enum ControlRequest {
     Jobs(JobsRequest),
     /// The receiving node's object-store counters; served by any node.
     Objects,
+    /// The receiving node's GPUs and the actors holding them; served by
+    /// any node.
+    Gpus,
 }
 
 /// A request about placement groups.
@@ -214,4 +217,15 @@ pub enum ControlReply {
     Jobs(JobsReply),
     /// The node's object-store counters.
     Objects(ObjectStats),
+    /// The node's GPUs and their holders, by index.
+    Gpus(Vec<GpuReport>),
+}
+
+/// One GPU of a node and the actors holding it.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct GpuReport {
+    /// The GPU's index on its node.
+    pub index: u32,
+    /// Who holds it, in the order they took it (an actor's kind and name).
+    pub holders: Vec<String>,
 }

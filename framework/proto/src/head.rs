@@ -107,7 +107,8 @@ impl HeadSession {
             | ControlRequest::Placement(_)
             | ControlRequest::Ledger(_)
             | ControlRequest::Jobs(_)
-            | ControlRequest::Objects => (None, Noted::Nothing),
+            | ControlRequest::Objects
+            | ControlRequest::Gpus => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let name = req.name.clone();
                 let incarnation = req.incarnation;

@@ -102,6 +102,7 @@ pub struct NodeBuilder {
     kinds: HashMap<String, Arc<dyn Kind>>,
     configurable: HashMap<String, ConfigKind>,
     handle: NodeHandle,
+    gpus: crate::gpus::GpuSlots,
 }
 
 /// The node an actor runs on, for actors that use the node's API (place
@@ -127,6 +128,7 @@ impl Node {
             kinds: HashMap::new(),
             configurable: HashMap::new(),
             handle: NodeHandle::default(),
+            gpus: crate::gpus::GpuSlots::default(),
         }
     }
 }
@@ -135,6 +137,13 @@ impl NodeBuilder {
     /// The handle that will yield this node (see [`NodeHandle`]).
     pub fn node_handle(&self) -> NodeHandle {
         self.handle.clone()
+    }
+
+    /// The node's GPUs, for actor factories that hand them out: as many as
+    /// the node declares or detects (`gpu` of its resources) once it starts,
+    /// none before.
+    pub fn gpu_slots(&self) -> crate::gpus::GpuSlots {
+        self.gpus.clone()
     }
 
     /// [`NodeBuilder::start`], shared, and its [`NodeHandle`] filled.
@@ -241,6 +250,7 @@ impl NodeBuilder {
         for (name, amount) in &config.declared {
             resources.declare(name, *amount)?;
         }
+        self.gpus.set_count(resources.gpus as usize);
         let state_dir = config.state_dir.as_ref().unwrap_or(&config.certs);
         let host = config
             .host_id
@@ -350,6 +360,7 @@ impl NodeBuilder {
             view: view.clone(),
             spawner: spawner.clone(),
             board: board.clone(),
+            gpus: self.gpus.clone(),
             ledger: ledger.clone(),
             placement: placement_handle.clone(),
             jobs: jobs.clone(),

@@ -106,7 +106,19 @@ pub fn detect_resources() -> Resources {
                 .and_then(|kib| kib.parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024);
-    let gpus = std::process::Command::new("nvidia-smi")
+    Resources {
+        cpus,
+        memory_bytes,
+        gpus: detect_gpus(),
+        labels: BTreeMap::new(),
+        custom: BTreeMap::new(),
+    }
+}
+
+/// NVIDIA GPUs of this machine, counted with `nvidia-smi -L` (0 where it is
+/// absent or fails: no driver, no GPU).
+pub fn detect_gpus() -> u32 {
+    std::process::Command::new("nvidia-smi")
         .arg("-L")
         .output()
         .ok()
@@ -116,14 +128,7 @@ pub fn detect_resources() -> Resources {
                 .lines()
                 .filter(|l| l.starts_with("GPU "))
                 .count() as u32
-        });
-    Resources {
-        cpus,
-        memory_bytes,
-        gpus,
-        labels: BTreeMap::new(),
-        custom: BTreeMap::new(),
-    }
+        })
 }
 
 /// The local address that routes to `head`, any port: what a member that

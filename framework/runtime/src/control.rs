@@ -45,6 +45,8 @@ pub(crate) struct ControlService {
     pub(crate) spawner: ActorRef<SpawnerMsg>,
     /// This node's supervisors, for status requests.
     pub(crate) board: Board,
+    /// This node's GPUs and their holders, for status requests.
+    pub(crate) gpus: crate::gpus::GpuSlots,
     /// This node's reservations, which the head changes.
     pub(crate) ledger: Reservations,
     /// The placement service, on the head.
@@ -100,6 +102,7 @@ impl ControlService {
                         }
                         ControlRequest::Jobs(_) => ControlReply::Jobs(JobsReply::NotServed),
                         ControlRequest::Objects => ControlReply::Objects(self.objects.stats()),
+                        ControlRequest::Gpus => ControlReply::Gpus(self.gpus.report()),
                     };
                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                 }
@@ -129,6 +132,11 @@ impl ControlService {
                                 }
                                 ControlRequest::Objects => {
                                     let reply = ControlReply::Objects(self.objects.stats());
+                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
+                                    continue;
+                                }
+                                ControlRequest::Gpus => {
+                                    let reply = ControlReply::Gpus(self.gpus.report());
                                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                                     continue;
                                 }

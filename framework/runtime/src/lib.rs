@@ -38,6 +38,7 @@ mod control;
 mod counters;
 pub mod failpoints;
 mod gate;
+pub mod gpus;
 mod head;
 mod head_client;
 pub mod host;
@@ -74,7 +75,9 @@ pub use identity::RecordError;
 pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
 pub use objects::{ArchivedObject, Object, ObjectBytes, ObjectRef, Objects, ObjectsError};
 pub use outbound::Outbound;
-pub use status::{query_jobs, query_objects, query_placement, query_status, query_supervisors};
+pub use status::{
+    query_gpus, query_jobs, query_objects, query_placement, query_status, query_supervisors,
+};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
 pub use table::Table;
 

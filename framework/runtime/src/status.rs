@@ -104,6 +104,20 @@ pub async fn query_objects(
     }
 }
 
+/// Asks the node at `addr` for its GPUs and the actors holding them.
+pub async fn query_gpus(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+) -> Result<Vec<flotilla_proto::control::GpuReport>, StatusError> {
+    match ask(addr, identity, ControlRequest::Gpus).await? {
+        ControlReply::Gpus(gpus) => Ok(gpus),
+        other => Err(StatusError::Unexpected {
+            addr,
+            reply: format!("{other:?}"),
+        }),
+    }
+}
+
 /// Asks the head at `addr` for its placement groups and every node's
 /// capacity and reservations.
 pub async fn query_placement(

@@ -48,6 +48,30 @@ pub enum Command {
     /// Put a file into the object store as a member of a cluster, or read
     /// an object by its reference.
     Objects(ObjectsArgs),
+    /// Work on a model folder.
+    Model {
+        /// Which operation.
+        #[command(subcommand)]
+        op: ModelOp,
+    },
+}
+
+/// Operations of `node model`.
+#[derive(Debug, Subcommand)]
+pub enum ModelOp {
+    /// Copy a model folder with its weights stored in another float type
+    /// (f16 or bf16 halve them); the encoder loads either.
+    Convert {
+        /// The model folder (Hugging Face layout).
+        #[arg(long)]
+        model: PathBuf,
+        /// The new folder (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+        /// Float type of the new weights: f32, f16 or bf16.
+        #[arg(long, default_value = "f16")]
+        precision: flotilla_embed::Precision,
+    },
 }
 
 /// Flags of `node objects`.
@@ -166,9 +190,21 @@ pub struct EmbedArgs {
     #[arg(long)]
     pub max_batch_tokens: Option<usize>,
     /// Embedding actors per node, one model and one core each (default:
-    /// the CPUs; on a cluster, one per GPU a worker reports, else its CPUs).
+    /// one per GPU where they run on GPUs, else the CPUs; on a cluster,
+    /// one per GPU a worker reports, else its CPUs).
     #[arg(long)]
     pub actors_per_node: Option<usize>,
+    /// What the embedding actors run on: `auto` (each actor one GPU of its
+    /// node where the node has GPUs and the binary was built with the
+    /// `cuda` feature, else the CPU, saying why), `cpu`, or `cuda` (a GPU,
+    /// or the job fails).
+    #[arg(long, default_value = "auto")]
+    pub device: flotilla_embed::DeviceChoice,
+    /// Float type of the model's dense layers and attention: f32, f16 or
+    /// bf16 (embeddings, layer norms and pooling stay f32). f32 is what
+    /// CPUs run fastest.
+    #[arg(long, default_value = "f32")]
+    pub precision: flotilla_embed::Precision,
     /// Embedding actors in all (default: locally the CPUs; on a cluster
     /// one per GPU of every worker with GPUs, else one per CPU, or
     /// --actors-per-node on each worker).
@@ -273,6 +309,8 @@ impl EmbedArgs {
             sort_window: self.sort_window,
             max_batch_tokens: self.max_batch_tokens,
             actors_per_node: self.actors_per_node,
+            device: self.device,
+            precision: self.precision,
             actors: self.actors,
             actor_resources: self.actor_resources,
             placement: self.placement,

@@ -80,6 +80,29 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Command::Model {
+            op:
+                crate::ModelOp::Convert {
+                    model,
+                    out,
+                    precision,
+                },
+        } => match flotilla_embed::convert_folder(&model, &out, precision) {
+            Ok(c) => {
+                println!(
+                    "{}: {} tensors stored as {precision}, {} kept, {:.1} MiB",
+                    c.weights.display(),
+                    c.converted,
+                    c.kept,
+                    c.bytes as f64 / (1 << 20) as f64
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Head(args) => serve(args, false, extra).await,
         Command::Join(args) => serve(args, true, extra).await,
         Command::Status(args) => {
@@ -101,17 +124,17 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                     let placement = flotilla::query_placement(args.head, identity.clone())
                         .await
                         .ok();
+                    let gpus = gpus_of(&table, &identity).await;
                     if args.json {
                         let objects = objects_of(&table, &identity).await;
-                        println!(
-                            "{}",
-                            table.to_json_full(&supervisors, placement.as_ref(), &objects)
-                        );
+                        let doc = table.to_json_full(&supervisors, placement.as_ref(), &objects);
+                        println!("{}", with_gpus(&doc, &gpus));
                     } else {
                         print!("{}", table.to_text());
                         if let Some(p) = &placement {
                             print!("{}", flotilla::Table::placement_text(p));
                         }
+                        print!("{}", gpus_text(&gpus));
                         print!("{}", flotilla::Table::supervisors_text(&supervisors));
                     }
                     ExitCode::SUCCESS
@@ -277,6 +300,69 @@ async fn supervisors_of(
         }
     });
     futures::future::join_all(asks).await.into_iter().collect()
+}
+
+/// Each node's GPUs and their holders, by node name.
+type NodeGpus = Vec<(String, Vec<flotilla::gpus::GpuReport>)>;
+
+/// Asks every up member that reports GPUs which actors hold them, for
+/// those that answer within a second.
+async fn gpus_of(table: &flotilla::Table, identity: &flotilla_transport::Identity) -> NodeGpus {
+    let asks = table.up().filter(|m| m.resources.gpus > 0).map(|m| {
+        let (name, addr, identity) = (m.name.clone(), m.addr.clone(), identity.clone());
+        async move {
+            let addr = addr.parse().ok()?;
+            let within = std::time::Duration::from_secs(1);
+            let gpus = tokio::time::timeout(within, flotilla::query_gpus(addr, identity))
+                .await
+                .ok()?
+                .ok()?;
+            Some((name, gpus))
+        }
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The GPUs part of `node status`: one line per GPU with its holders.
+fn gpus_text(gpus: &NodeGpus) -> String {
+    let mut out = String::new();
+    for (node, list) in gpus {
+        for g in list {
+            let holders = if g.holders.is_empty() {
+                "(free)".to_owned()
+            } else {
+                g.holders.join(", ")
+            };
+            out.push_str(&format!("{node}: gpu {:<3} {holders}\n", g.index));
+        }
+    }
+    out
+}
+
+/// The status document with a `gpus` object added: node name → list of
+/// `{index, holders}`.
+fn with_gpus(doc: &str, gpus: &NodeGpus) -> String {
+    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(doc) else {
+        return doc.to_owned();
+    };
+    let by_node: serde_json::Map<String, serde_json::Value> = gpus
+        .iter()
+        .map(|(node, list)| {
+            let list = list
+                .iter()
+                .map(|g| serde_json::json!({"index": g.index, "holders": g.holders}))
+                .collect();
+            (node.clone(), serde_json::Value::Array(list))
+        })
+        .collect();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("gpus".into(), serde_json::Value::Object(by_node));
+    }
+    value.to_string()
 }
 
 /// Each up node's object-store counters, for those that answer within a

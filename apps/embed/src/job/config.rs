@@ -41,9 +41,15 @@ pub struct JobConfig {
     /// closes early rather than pass it. Batch ids depend on it.
     pub max_batch_tokens: Option<usize>,
     /// Embedding actors per node, one model and one thread each (default:
-    /// this machine's CPUs locally; on a cluster one per GPU a worker
-    /// reports, else one per CPU).
+    /// locally one per GPU where the actors run on GPUs, else this
+    /// machine's CPUs; on a cluster one per GPU a worker reports, else one
+    /// per CPU).
     pub actors_per_node: Option<usize>,
+    /// What the embedding actors run on: a GPU of their node where there
+    /// is one (`auto`, each actor its own GPU), the CPU, or a GPU or fail.
+    pub device: crate::DeviceChoice,
+    /// The float type of the model's dense layers and attention.
+    pub precision: crate::Precision,
     /// Embedding actors in all (default: locally, `actors_per_node`; on a
     /// cluster, one per GPU or else per CPU of every worker, or
     /// `actors_per_node` on each).
@@ -98,6 +104,8 @@ impl JobConfig {
             sort_window: DEFAULT_SORT_WINDOW,
             max_batch_tokens: None,
             actors_per_node: None,
+            device: crate::DeviceChoice::Auto,
+            precision: crate::Precision::F32,
             actors: None,
             actor_resources: None,
             placement: flotilla::placement_groups::Strategy::Spread,

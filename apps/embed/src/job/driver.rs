@@ -39,6 +39,8 @@ pub(crate) struct Workers {
     pub(crate) actors: Vec<(String, ActorRef<EmbedMsg>)>,
     /// The model every actor loaded.
     pub(crate) info: ModelInfo,
+    /// Where the actors run (`cpu ×2 (f32)`, `cuda:0 (f16), cuda:1 (f16)`).
+    pub(crate) devices: String,
     /// On a cluster, the placement-group bundle of each actor.
     pub(crate) bundles: Vec<usize>,
     /// On a cluster, where the bundles were placed (for the summary).
@@ -92,6 +94,28 @@ pub(crate) async fn supervise(
     Ok((Supervision { supervisor, ids }, rx))
 }
 
+/// Where actors that reported `infos` run, each device once with its
+/// count: `cpu ×2 (f32)`, `cuda:0 (f16), cuda:1 (f16)`.
+pub(crate) fn devices_of(infos: &[ModelInfo]) -> String {
+    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
+    for i in infos {
+        match seen
+            .iter_mut()
+            .find(|(d, p, _)| *d == i.device && *p == i.precision)
+        {
+            Some((_, _, n)) => *n += 1,
+            None => seen.push((&i.device, &i.precision, 1)),
+        }
+    }
+    seen.iter()
+        .map(|(d, p, n)| match n {
+            1 => format!("{d} ({p})"),
+            n => format!("{d} ×{n} ({p})"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl Workers {
     /// Workers whose actors reported `infos` (same revision, in order):
     /// the job's model facts are the first actor's, with the slowest load.
@@ -107,6 +131,7 @@ impl Workers {
         Some(Self {
             actors,
             info,
+            devices: devices_of(infos),
             bundles: Vec::new(),
             placement: None,
             supervision: None,
@@ -138,9 +163,9 @@ impl Workers {
 /// What each embedding actor of the job is started with.
 pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
     EmbedderArgs {
-        model_dir: config.model.to_string_lossy().into_owned(),
-        threads: 1,
-        micro_batch: 16,
+        device: config.device.to_string(),
+        precision: config.precision.to_string(),
+        ..EmbedderArgs::new(config.model.to_string_lossy())
     }
 }
 
@@ -616,6 +641,7 @@ pub(crate) async fn drive(
         format: Some(config.format),
         model_load: Duration::from_millis(info.load_ms),
         actors: workers.actors.len(),
+        devices: workers.devices.clone(),
         ready_after,
         ..Summary::default()
     };

@@ -1,4 +1,5 @@
-//! The embedded default: embedding actors in this process, one per core.
+//! The embedded default: embedding actors in this process, one per GPU
+//! where they run on GPUs, else one per core.
 
 use std::time::Instant;
 
@@ -24,11 +25,18 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
 
     // The actors load the model; the revision and width of the job are what
     // they report, so the weights are read and hashed once per actor only.
+    // This machine's GPUs, handed out one per actor (none asked with
+    // `--device cpu`).
+    let gpus = match config.device {
+        crate::DeviceChoice::Cpu => 0,
+        _ => crate::cuda_devices().len(),
+    };
+    let slots = flotilla::gpus::GpuSlots::new(gpus);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let count = config
         .actors
         .or(config.actors_per_node)
-        .unwrap_or(cpus)
+        .unwrap_or(if gpus > 0 { gpus } else { cpus })
         .max(1);
     let mut actors: Vec<(String, ActorRef<EmbedMsg>)> = Vec::with_capacity(count);
     let mut infos: Vec<ModelInfo> = Vec::with_capacity(count);
@@ -42,6 +50,7 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
     let models = crate::SharedModels::default();
     let embedder = move || Embedder {
         models: models.clone(),
+        gpus: slots.clone(),
         ..Embedder::default()
     };
     for _ in 0..count {

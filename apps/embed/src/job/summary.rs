@@ -29,6 +29,8 @@ pub struct Summary {
     pub restarts: u64,
     /// Embedding actors used.
     pub actors: usize,
+    /// Where they ran (`cpu ×2 (f32)`, `cuda:0 (f16), cuda:1 (f16)`).
+    pub devices: String,
     /// Wall time of the run.
     pub elapsed: Duration,
     /// When every actor had its model loaded, from the start.
@@ -74,6 +76,9 @@ impl std::fmt::Display for Summary {
             self.model_load.as_secs_f64(),
             self.peak_rss >> 20
         )?;
+        if !self.devices.is_empty() {
+            write!(f, "\ndevices: {}", self.devices)?;
+        }
         if let Some(p) = &self.placement {
             write!(f, "\nplacement: {p}")?;
         }

@@ -1,0 +1,88 @@
+//! The float type the encoder's matrix products run in.
+//!
+//! `f32` everywhere is the default and what the CPU runs best. `f16` and
+//! `bf16` keep the weights of the dense layers in that type and run the
+//! projections, attention and the feed-forward activation in it, while the
+//! embeddings, the residual stream, the layer norms and the pooling stay in
+//! `f32` (what mixed-precision inference in PyTorch does too). On a GPU
+//! they halve the weights' memory and use the tensor cores.
+
+use std::fmt;
+use std::str::FromStr;
+
+use burn::tensor::FloatDType;
+
+/// The float type of the encoder's dense layers and attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Precision {
+    /// 32-bit floats everywhere.
+    #[default]
+    F32,
+    /// IEEE half precision in the dense layers and attention.
+    F16,
+    /// bfloat16 in the dense layers and attention.
+    Bf16,
+}
+
+impl Precision {
+    /// Every precision, in the order `--precision` lists them.
+    pub const ALL: [Precision; 3] = [Precision::F32, Precision::F16, Precision::Bf16];
+
+    /// Burn's float type for it.
+    pub fn dtype(self) -> FloatDType {
+        match self {
+            Precision::F32 => FloatDType::F32,
+            Precision::F16 => FloatDType::F16,
+            Precision::Bf16 => FloatDType::BF16,
+        }
+    }
+
+    /// The name `--precision` takes and prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A precision name that is not `f32`, `f16` or `bf16`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown precision {0:?}: expected f32, f16 or bf16")]
+pub struct UnknownPrecision(pub String);
+
+impl FromStr for Precision {
+    type Err = UnknownPrecision;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "fp32" | "float32" => Ok(Precision::F32),
+            "f16" | "fp16" | "float16" | "half" => Ok(Precision::F16),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            _ => Err(UnknownPrecision(s.to_owned())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_aliases_parse() {
+        for p in Precision::ALL {
+            assert_eq!(p.as_str().parse::<Precision>(), Ok(p));
+        }
+        assert_eq!("FP16".parse::<Precision>(), Ok(Precision::F16));
+        assert_eq!("bfloat16".parse::<Precision>(), Ok(Precision::Bf16));
+        let e = "f8".parse::<Precision>().unwrap_err();
+        assert!(e.to_string().contains("expected f32, f16 or bf16"), "{e}");
+    }
+}
