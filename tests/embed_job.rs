@@ -699,33 +699,41 @@ fn restarts_in(summary: &str) -> u64 {
 /// batch for sure, then 3 % of them), the job's supervisor restarts the
 /// actor with its model reloaded, the failed batch goes to the other actor
 /// meanwhile, every id is written exactly once and the summary counts the
-/// restarts.
+/// restarts. The same with `--micro-batch 0`, the pipelined threads GPU
+/// actors run (a batch answered from a task while the next is tokenized).
 #[test]
 fn a_job_with_panicking_actors_completes_exactly_once_and_counts_restarts() {
     let dir = scratch("panics");
     let (corpus, ids) = common::corpus(&dir, 640);
-    let output = dir.join("out");
-    let points = (
-        "FLOTILLA_FAILPOINTS",
-        "embedder::encode=1*off->1*panic->3%panic".to_owned(),
-    );
-    let args = [
-        "--actors-per-node",
-        "2",
-        "--format",
-        "jsonl",
-        "--batch-size",
-        "32",
-    ];
-    let (ok, stdout, stderr) = embed_at(
-        corpus.to_str().unwrap(),
-        output.to_str().unwrap(),
-        &args,
-        &[points],
-    );
-    assert!(ok, "{stderr}");
-    assert_exactly_once(&output, &ids);
-    assert!(restarts_in(&stdout) >= 1, "{stdout}");
+    for micro_batch in ["16", "0"] {
+        let output = dir.join(format!("out-{micro_batch}"));
+        let points = (
+            "FLOTILLA_FAILPOINTS",
+            "embedder::encode=1*off->1*panic->3%panic".to_owned(),
+        );
+        let args = [
+            "--actors-per-node",
+            "2",
+            "--format",
+            "jsonl",
+            "--batch-size",
+            "32",
+            "--micro-batch",
+            micro_batch,
+        ];
+        let (ok, stdout, stderr) = embed_at(
+            corpus.to_str().unwrap(),
+            output.to_str().unwrap(),
+            &args,
+            &[points],
+        );
+        assert!(ok, "micro-batch {micro_batch}: {stderr}");
+        assert_exactly_once(&output, &ids);
+        assert!(
+            restarts_in(&stdout) >= 1,
+            "micro-batch {micro_batch}: {stdout}"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! CPU: caller ── Embed ──► Embedder ──► model thread: tokenize + encode (rayon pool of `threads`)
-//! GPU: caller ── Embed ──► Embedder ──► tokenizer thread ──(2 batches)──► model thread ──► GPU
+//! GPU (or micro_batch 0): caller ── Embed ──► Embedder ──► tokenizer thread ──(2 batches)──► forward thread ──► GPU
 //!             ◄─ EmbedReply ──────────────────────────────────────────────┘
 //! ```
 
@@ -138,8 +138,9 @@ pub struct EmbedderArgs {
     pub model_dir: String,
     /// Threads of the model's kernels (1: one core per actor).
     pub threads: u32,
-    /// Texts per forward pass after sorting by length, on the CPU (on a
-    /// GPU a batch is one forward pass).
+    /// Texts per forward pass after sorting by length, on the CPU. 0, and
+    /// always on a GPU: a batch is one forward pass, tokenized on the
+    /// actor's pool while the batch before runs (the pipelined threads).
     pub micro_batch: u32,
     /// Where to run: `auto` (a GPU of the node if it has one, else the
     /// CPU), `cpu` or `cuda` (see [`DeviceChoice`]).
@@ -155,7 +156,7 @@ impl EmbedderArgs {
         Self {
             model_dir: model_dir.into(),
             threads: 1,
-            micro_batch: 16,
+            micro_batch: crate::job::DEFAULT_MICRO_BATCH as u32,
             device: DeviceChoice::Auto.to_string(),
             precision: Precision::F32.to_string(),
         }
@@ -215,6 +216,9 @@ impl std::fmt::Debug for Embedder {
 pub struct EmbedderState {
     jobs: mpsc::Sender<Job>,
     info: ModelInfo,
+    /// Whether batches run on the pipelined threads (answered as they
+    /// finish, the next one taken meanwhile).
+    pipelined: bool,
     _gpu: Option<flotilla::gpus::GpuSlot>,
 }
 
@@ -349,10 +353,10 @@ fn model_thread(
     }
 }
 
-/// A GPU's two threads: this one tokenizes each batch (in `pool`) while
-/// the model thread it starts runs the batch before on the GPU, up to two
-/// batches ahead.
-fn gpu_threads(
+/// The pipelined model threads (what a GPU runs): this one tokenizes each
+/// batch in `pool` while the model thread it starts runs the batch before
+/// as one forward pass, up to two batches ahead.
+fn pipelined_threads(
     encoder: std::sync::Arc<SentenceEncoder>,
     pool: rayon::ThreadPool,
     jobs: mpsc::Receiver<Job>,
@@ -360,7 +364,7 @@ fn gpu_threads(
     let (ready, queue) = mpsc::sync_channel::<(u64, Prepared, oneshot::Sender<EmbedReply>)>(2);
     let model = std::sync::Arc::clone(&encoder);
     let runner = std::thread::Builder::new()
-        .name("flotilla-gpu".into())
+        .name("flotilla-forward".into())
         .spawn(move || {
             let revision = model.revision().to_string();
             while let Ok((batch_id, prepared, reply)) = queue.recv() {
@@ -368,7 +372,7 @@ fn gpu_threads(
             }
         });
     if let Err(e) = runner {
-        tracing::error!(error = %e, "cannot start the GPU thread");
+        tracing::error!(error = %e, "cannot start the forward-pass thread");
         return;
     }
     while let Ok((batch_id, texts, reply)) = jobs.recv() {
@@ -379,8 +383,8 @@ fn gpu_threads(
         if let (Some(prepared), Some(reply)) = (prepared, reply)
             && ready.send((batch_id, prepared, reply)).is_err()
         {
-            // The GPU thread ended (it panicked): dropping the queue ends
-            // the actor's batches as failed.
+            // The forward-pass thread ended (it panicked): dropping the
+            // queue ends the actor's batches as failed.
             return;
         }
     }
@@ -438,7 +442,7 @@ impl Actor for Embedder {
         let choice: DeviceChoice = args.device.parse()?;
         let precision: Precision = args.precision.parse()?;
         let (jobs, queue) = mpsc::channel::<Job>();
-        type Loaded = Result<(ModelInfo, Option<flotilla::gpus::GpuSlot>), String>;
+        type Loaded = Result<(ModelInfo, Option<flotilla::gpus::GpuSlot>, bool), String>;
         let (loaded_tx, loaded) = oneshot::channel::<Loaded>();
         let dir = self
             .model_dir
@@ -517,6 +521,7 @@ impl Actor for Embedder {
                         return;
                     }
                 }
+                let pipelined = on_gpu || args.micro_batch == 0;
                 let info = ModelInfo {
                     revision: encoder.revision().to_string(),
                     dim: encoder.dim() as u32,
@@ -524,16 +529,16 @@ impl Actor for Embedder {
                     device: chosen.label.clone(),
                     precision: precision.to_string(),
                 };
-                if loaded_tx.send(Ok((info, chosen.slot))).is_err() {
+                if loaded_tx.send(Ok((info, chosen.slot, pipelined))).is_err() {
                     return;
                 }
-                if on_gpu {
-                    gpu_threads(encoder, pool, queue);
+                if pipelined {
+                    pipelined_threads(encoder, pool, queue);
                 } else {
                     model_thread(encoder, pool, args.micro_batch as usize, queue);
                 }
             })?;
-        let (info, gpu) = loaded
+        let (info, gpu, pipelined) = loaded
             .await
             .map_err(|_| "model thread ended while loading")?
             .map_err(|e| format!("cannot load the model: {e}"))?;
@@ -547,13 +552,14 @@ impl Actor for Embedder {
         Ok(EmbedderState {
             jobs,
             info,
+            pipelined,
             _gpu: gpu,
         })
     }
 
     async fn handle(
         &self,
-        _me: ActorRef<EmbedMsg>,
+        me: ActorRef<EmbedMsg>,
         msg: EmbedMsg,
         state: &mut EmbedderState,
     ) -> Result<(), ActorProcessingErr> {
@@ -579,6 +585,31 @@ impl Actor for Embedder {
                 let (tx, rx) = oneshot::channel();
                 if state.jobs.send((batch_id, texts, tx)).is_err() {
                     return Err("model thread is gone".into());
+                }
+                if state.pipelined {
+                    // The next batch is taken (and tokenized) while this one
+                    // runs: its answer is sent from a task of its own. A
+                    // forward-pass thread that panicked stops the actor, so
+                    // that its supervisor restarts it with the model
+                    // reloaded.
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        let Ok(answer) = rx.await else {
+                            let _ = reply.send(EmbedReply {
+                                batch_id,
+                                outcome: EmbedOutcome::Failed("the model thread panicked".into()),
+                            });
+                            me.stop(Some("the model thread panicked".into()));
+                            return;
+                        };
+                        let answer = if as_object {
+                            this.lend_result(answer).await
+                        } else {
+                            answer
+                        };
+                        let _ = reply.send(answer);
+                    });
+                    return Ok(());
                 }
                 // One batch at a time per actor: the caller's window decides
                 // how many are queued here.

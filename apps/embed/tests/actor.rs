@@ -138,3 +138,63 @@ async fn embedders_of_a_node_share_one_loaded_model() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// The pipelined threads (what an actor on a GPU runs; `micro_batch` 0 on
+/// the CPU): batches sent at once, more than the two the tokenizer may run
+/// ahead, each come back whole, with their own id and the vectors the
+/// encoder gives each text alone; the actor's info names its device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_actor_answers_every_batch_with_its_own_vectors() {
+    let args = EmbedderArgs {
+        micro_batch: 0,
+        ..EmbedderArgs::new(model_dir().to_string_lossy())
+    };
+    let (embedder, handle) = Actor::spawn(None, Embedder::default(), args)
+        .await
+        .expect("model loads");
+    let info = call_t!(embedder, EmbedMsg::Info, 5_000).unwrap();
+    assert_eq!(
+        (info.device.as_str(), info.precision.as_str()),
+        ("cpu", "f32")
+    );
+    let batches: Vec<Vec<String>> = (0..6)
+        .map(|b| {
+            (0..5)
+                .map(|i| format!("batch {b} text {i} {}", "word ".repeat(i * b)))
+                .collect()
+        })
+        .collect();
+    let calls = batches.iter().enumerate().map(|(b, texts)| {
+        let embedder = embedder.clone();
+        let texts = texts.clone();
+        async move {
+            call_t!(
+                embedder,
+                EmbedMsg::Embed,
+                60_000,
+                EmbedRequest::new(b as u64, texts)
+            )
+        }
+    });
+    let replies = futures::future::join_all(calls).await;
+    let encoder = SentenceEncoder::load(model_dir(), &default_device()).unwrap();
+    for (b, reply) in replies.into_iter().enumerate() {
+        let reply = reply.unwrap();
+        assert_eq!(reply.batch_id, b as u64);
+        let EmbedOutcome::Embedded(v) = reply.outcome else {
+            panic!("batch {b} not embedded: {:?}", reply.outcome);
+        };
+        for (i, t) in batches[b].iter().enumerate() {
+            let alone = encoder.encode(&[t.as_str()]).unwrap();
+            let diff = alone
+                .row(0)
+                .iter()
+                .zip(&v.values[i * 384..(i + 1) * 384])
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(diff < 1e-5, "batch {b} {t:?} differs by {diff}");
+        }
+    }
+    embedder.stop(None);
+    handle.await.unwrap();
+}

@@ -205,6 +205,11 @@ pub struct EmbedArgs {
     /// CPUs run fastest.
     #[arg(long, default_value = "f32")]
     pub precision: flotilla_embed::Precision,
+    /// Texts per forward pass on the CPU, after sorting a batch by length;
+    /// 0: a batch is one forward pass, tokenized while the one before runs
+    /// (what actors on GPUs always do).
+    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_MICRO_BATCH)]
+    pub micro_batch: usize,
     /// Embedding actors in all (default: locally the CPUs; on a cluster
     /// one per GPU of every worker with GPUs, else one per CPU, or
     /// --actors-per-node on each worker).
@@ -311,6 +316,7 @@ impl EmbedArgs {
             actors_per_node: self.actors_per_node,
             device: self.device,
             precision: self.precision,
+            micro_batch: self.micro_batch,
             actors: self.actors,
             actor_resources: self.actor_resources,
             placement: self.placement,

@@ -7,6 +7,8 @@ use super::sink::Format;
 
 /// Rows per batch unless told otherwise.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
+/// Texts per forward pass on the CPU unless told otherwise.
+pub const DEFAULT_MICRO_BATCH: usize = 16;
 /// Rows of a length-sorted window unless told otherwise.
 pub const DEFAULT_SORT_WINDOW: usize = 4096;
 /// Bytes of batches in flight at most unless told otherwise: 512 MiB.
@@ -50,6 +52,10 @@ pub struct JobConfig {
     pub device: crate::DeviceChoice,
     /// The float type of the model's dense layers and attention.
     pub precision: crate::Precision,
+    /// Texts per forward pass on the CPU, after sorting a batch by length;
+    /// 0: a batch is one forward pass, tokenized while the one before runs
+    /// (what an actor on a GPU always does).
+    pub micro_batch: usize,
     /// Embedding actors in all (default: locally, `actors_per_node`; on a
     /// cluster, one per GPU or else per CPU of every worker, or
     /// `actors_per_node` on each).
@@ -106,6 +112,7 @@ impl JobConfig {
             actors_per_node: None,
             device: crate::DeviceChoice::Auto,
             precision: crate::Precision::F32,
+            micro_batch: DEFAULT_MICRO_BATCH,
             actors: None,
             actor_resources: None,
             placement: flotilla::placement_groups::Strategy::Spread,

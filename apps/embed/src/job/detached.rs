@@ -72,6 +72,12 @@ pub struct DetachedJob {
     pub max_restarts: u32,
     /// See [`JobConfig::restart_limit`], in seconds.
     pub restart_window_s: u64,
+    /// See [`JobConfig::device`].
+    pub device: String,
+    /// See [`JobConfig::precision`].
+    pub precision: String,
+    /// See [`JobConfig::micro_batch`].
+    pub micro_batch: u64,
 }
 
 flotilla::remote_type!(DetachedJob);
@@ -106,6 +112,9 @@ impl DetachedJob {
             job_id: config.job_id.clone(),
             max_restarts: config.restart_limit.max_restarts,
             restart_window_s: config.restart_limit.within.as_secs(),
+            device: config.device.to_string(),
+            precision: config.precision.to_string(),
+            micro_batch: config.micro_batch as u64,
         }
     }
 
@@ -134,6 +143,9 @@ impl DetachedJob {
         c.max_in_flight = self.max_in_flight.map(|n| n as usize);
         c.memory_budget = self.memory_budget as usize;
         c.job_id = self.job_id.clone();
+        c.device = self.device.parse().unwrap_or(c.device);
+        c.precision = self.precision.parse().unwrap_or(c.precision);
+        c.micro_batch = self.micro_batch as usize;
         c.restart_limit = flotilla::supervisor::Intensity {
             max_restarts: self.max_restarts,
             within: std::time::Duration::from_secs(self.restart_window_s.max(1)),

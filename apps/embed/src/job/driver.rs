@@ -165,6 +165,7 @@ pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
     EmbedderArgs {
         device: config.device.to_string(),
         precision: config.precision.to_string(),
+        micro_batch: config.micro_batch.min(u32::MAX as usize) as u32,
         ..EmbedderArgs::new(config.model.to_string_lossy())
     }
 }

@@ -28,7 +28,8 @@ mod store;
 mod summary;
 
 pub use config::{
-    ClusterConfig, DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_SORT_WINDOW, JobConfig,
+    ClusterConfig, DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_MICRO_BATCH,
+    DEFAULT_SORT_WINDOW, JobConfig,
 };
 pub use input::{Input, InputError};
 pub use sink::{Format, SinkError};
