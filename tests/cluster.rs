@@ -1181,3 +1181,33 @@ fn node_status_lists_which_actor_holds_which_gpu() {
         node.shutdown().await;
     });
 }
+
+/// Clause "membership: clean stop", for a node shared in an `Arc`: while
+/// another task still holds the node, `shutdown` leaves the cluster all
+/// the same (the member is `left`, never `down`), where it used to need
+/// the only reference and the `node` binary skipped the clean leave.
+#[test]
+fn a_node_still_held_by_a_task_leaves_cleanly_on_shutdown() {
+    let s = Scratch::new("held", NODE);
+    s.issue("head");
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    runtime().block_on(async {
+        let node = std::sync::Arc::new(join_in_process(&s, "h1", head.addr).await);
+        eventually(Duration::from_secs(20), || {
+            s.status(head.addr).filter(|st| all_up(st, &["head", "h1"]))
+        });
+        let holder = std::sync::Arc::clone(&node);
+        let held = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(holder);
+        });
+        node.shutdown().await;
+        assert_eq!(std::sync::Arc::strong_count(&node), 2, "still shared");
+        held.abort();
+    });
+    let (_, took) = eventually(Duration::from_secs(5), || {
+        s.status(head.addr)
+            .filter(|st| state_of(st, "h1").as_deref() == Some("left"))
+    });
+    assert!(took < Duration::from_secs(4), "left after {took:?}");
+}

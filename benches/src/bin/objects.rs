@@ -174,9 +174,7 @@ async fn pull(pull_mib: usize) -> anyhow::Result<()> {
     println!("| raw quinn, one stream into one reused buffer (median of {REPS}) | {raw:.0} |");
     println!("| pull / raw | {:.2}x |\n", pulled / raw);
     for n in nodes {
-        if let Ok(n) = Arc::try_unwrap(n) {
-            n.shutdown().await;
-        }
+        n.shutdown().await;
     }
     head.shutdown().await;
     let _ = std::fs::remove_dir_all(&certs);

@@ -123,9 +123,7 @@ async fn main() -> anyhow::Result<()> {
         left.abs()
     );
     for m in members {
-        if let Ok(m) = Arc::try_unwrap(m) {
-            m.shutdown().await;
-        }
+        m.shutdown().await;
     }
     head.shutdown().await;
     let _ = std::fs::remove_dir_all(certs);

@@ -245,20 +245,6 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     supervising.await?;
-    // The supervisor stops its remote child on a task of its own, which
-    // holds the node until w2 answers: wait for it before shutting down.
-    let mut node = node;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let node = loop {
-        match Arc::try_unwrap(node) {
-            Ok(node) => break node,
-            Err(held) if std::time::Instant::now() < deadline => {
-                node = held;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(_) => anyhow::bail!("node still in use"),
-        }
-    };
     node.shutdown().await;
     let _ = std::fs::remove_dir_all(certs);
     println!("ok");

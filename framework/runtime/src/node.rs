@@ -533,7 +533,12 @@ impl Node {
     /// head's acknowledgement is awaited, within two seconds), ends every
     /// task of the node, closes every connection and stops the actor
     /// system.
-    pub async fn shutdown(self) {
+    ///
+    /// It takes `&self`, so a node shared in an `Arc` (with its actors'
+    /// tasks, a supervisor's pending remote stop, a [`crate::NodeHandle`])
+    /// is shut down all the same; whoever still holds it afterwards gets
+    /// errors from its calls. A second call does nothing more.
+    pub async fn shutdown(&self) {
         self.tasks.shutdown().await;
         self.spawner.stop(None);
         self.node_server.stop(None);

@@ -243,9 +243,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         Ok(t) => t,
         Err(e) => {
             eprintln!("{e}");
-            if let Ok(node) = std::sync::Arc::try_unwrap(node) {
-                node.shutdown().await;
-            }
+            node.shutdown().await;
             return ExitCode::from(2);
         }
     };
@@ -269,10 +267,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
     if let Some(jobs) = jobs {
         jobs.stop().await;
     }
-    match std::sync::Arc::try_unwrap(node) {
-        Ok(node) => node.shutdown().await,
-        Err(_) => tracing::warn!("node still in use; not leaving cleanly"),
-    }
+    node.shutdown().await;
     ExitCode::from(code)
 }
 

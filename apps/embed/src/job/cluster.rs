@@ -69,10 +69,7 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
                 })?,
         );
     let result = run_on(&config, &node, started, reference).await;
-    match Arc::try_unwrap(node) {
-        Ok(node) => node.shutdown().await,
-        Err(_) => tracing::warn!("driver node still in use; not leaving cleanly"),
-    }
+    node.shutdown().await;
     result
 }
 
