@@ -410,9 +410,10 @@ impl NodeBuilder {
         tasks.spawn(async move {
             loop {
                 tokio::time::sleep(crate::objects::SWEEP_EVERY).await;
-                // A listing of /dev/shm and a stat per segment: quick
-                // enough for this thread.
-                store.sweep();
+                // A listing of /dev/shm and a stat per segment: file system
+                // calls, kept off the runtime's worker threads.
+                let store = store.clone();
+                let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
             }
         });
         tasks.spawn(
