@@ -177,7 +177,8 @@ pub struct EmbedArgs {
     /// Rows per batch.
     #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_BATCH_SIZE)]
     pub batch_size: usize,
-    /// Batches in flight at most (default: 2 per actor).
+    /// Batches in flight at most (default: 2 per actor on a CPU, 4 per
+    /// actor on a GPU).
     #[arg(long)]
     pub max_in_flight: Option<usize>,
     /// Rows read ahead and sorted by length before batches are cut from

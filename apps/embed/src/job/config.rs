@@ -68,7 +68,8 @@ pub struct JobConfig {
     /// How long the actors' placement group may stay pending before the
     /// job fails.
     pub placement_timeout: std::time::Duration,
-    /// Batches in flight at most (default: 2 per actor).
+    /// Batches in flight at most (default: 2 per actor on a CPU, 4 per
+    /// actor on a GPU).
     pub max_in_flight: Option<usize>,
     /// Bytes of batches in flight at most (texts and vectors).
     pub memory_budget: usize,

@@ -41,6 +41,8 @@ pub(crate) struct Workers {
     pub(crate) info: ModelInfo,
     /// Where the actors run (`cpu ×2 (f32)`, `cuda:0 (f16), cuda:1 (f16)`).
     pub(crate) devices: String,
+    /// How many of them run on a GPU.
+    pub(crate) gpu_actors: usize,
     /// On a cluster, the placement-group bundle of each actor.
     pub(crate) bundles: Vec<usize>,
     /// On a cluster, where the bundles were placed (for the summary).
@@ -132,6 +134,7 @@ impl Workers {
             actors,
             info,
             devices: devices_of(infos),
+            gpu_actors: infos.iter().filter(|i| i.device != "cpu").count(),
             bundles: Vec::new(),
             placement: None,
             supervision: None,
@@ -170,14 +173,22 @@ pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
     }
 }
 
-/// The pipeline's limits for `actors` embedding actors: `max_in_flight`
-/// if given, else the framework's default of two per actor.
-fn pipeline_config(actors: usize, config: &JobConfig) -> PipelineConfig {
+/// Batches in flight per actor on a GPU by default: one running, two
+/// tokenized and queued behind it (the pipelined threads' queue), one on
+/// its way, so the GPU never waits for the CPU side.
+const IN_FLIGHT_PER_GPU_ACTOR: usize = 4;
+
+/// The pipeline's limits for `actors` embedding actors of which
+/// `gpu_actors` run on GPUs: `max_in_flight` if given, else the
+/// framework's default of two per actor and
+/// [`IN_FLIGHT_PER_GPU_ACTOR`] per GPU actor.
+fn pipeline_config(actors: usize, gpu_actors: usize, config: &JobConfig) -> PipelineConfig {
     let defaults = PipelineConfig::for_workers(actors, crate::actor::BATCH_DEADLINE);
+    let gpu_extra = gpu_actors.min(actors) * IN_FLIGHT_PER_GPU_ACTOR.saturating_sub(2);
     PipelineConfig {
         max_in_flight: config
             .max_in_flight
-            .map_or(defaults.max_in_flight, |m| m.max(1)),
+            .map_or(defaults.max_in_flight + gpu_extra, |m| m.max(1)),
         memory_budget: config.memory_budget,
         ..defaults
     }
@@ -622,7 +633,7 @@ pub(crate) async fn drive(
             revision: manifest.model_revision.clone(),
             dim: info.dim,
         },
-        pipeline_config(workers.actors.len(), config),
+        pipeline_config(workers.actors.len(), workers.gpu_actors, config),
         outbound,
     );
     // Which worker each supervised actor is.
@@ -833,6 +844,43 @@ mod tests {
             .iter()
             .map(|b| b.ids.iter().map(String::as_str).collect())
             .collect()
+    }
+
+    fn info(device: &str, precision: &str) -> ModelInfo {
+        ModelInfo {
+            revision: "sha256:r".into(),
+            dim: 384,
+            load_ms: 1,
+            device: device.into(),
+            precision: precision.into(),
+        }
+    }
+
+    #[test]
+    fn devices_are_listed_once_each_with_their_count() {
+        let cpu = [info("cpu", "f32"), info("cpu", "f32")];
+        assert_eq!(devices_of(&cpu), "cpu ×2 (f32)");
+        let gpus = [
+            info("cuda:0", "f16"),
+            info("cuda:1", "f16"),
+            info("cpu", "f16"),
+        ];
+        assert_eq!(devices_of(&gpus), "cuda:0 (f16), cuda:1 (f16), cpu (f16)");
+    }
+
+    #[test]
+    fn gpu_actors_get_more_batches_in_flight_unless_told() {
+        let config = JobConfig::new("in", "out", "model");
+        assert_eq!(pipeline_config(3, 0, &config).max_in_flight, 6);
+        assert_eq!(
+            pipeline_config(2, 2, &config).max_in_flight,
+            2 * IN_FLIGHT_PER_GPU_ACTOR
+        );
+        let told = JobConfig {
+            max_in_flight: Some(3),
+            ..config
+        };
+        assert_eq!(pipeline_config(2, 2, &told).max_in_flight, 3);
     }
 
     #[test]
