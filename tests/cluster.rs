@@ -1145,7 +1145,7 @@ fn node_status_lists_which_actor_holds_which_gpu() {
         assert_eq!((a.index(), b.index()), (0, 1));
 
         let holders = |st: &serde_json::Value, gpu: usize| -> Option<Vec<String>> {
-            let list = st["gpus"]["g1"].as_array()?;
+            let list = node_of(st, "g1")?["gpus"].as_array()?;
             let g = list.iter().find(|g| g["index"] == gpu)?;
             Some(
                 g["holders"]

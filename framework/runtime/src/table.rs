@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use flotilla_proto::control::SupervisorReport;
+use flotilla_proto::control::{GpuReport, SupervisorReport};
 use flotilla_proto::membership::{MemberState, MemberView};
 
 /// Each node's supervisors as `node status` asked them: the reports, or
@@ -12,6 +12,10 @@ pub type Supervisors = BTreeMap<String, Result<Vec<SupervisorReport>, String>>;
 /// Each node's object-store counters, by node name, for the nodes that
 /// answered.
 pub type ObjectCounts = BTreeMap<String, flotilla_proto::objects::ObjectStats>;
+
+/// Each node's GPUs and the actors holding them, by node name, for the
+/// nodes that answered.
+pub type GpuHolders = BTreeMap<String, Vec<GpuReport>>;
 use serde::Serialize;
 
 /// What the head accounts for placement: every group and every up node's
@@ -122,18 +126,20 @@ impl Table {
     /// The status document with each node's supervisors, as far as they
     /// were asked (`Err`: why the node did not answer).
     pub fn to_json_with(&self, supervisors: &Supervisors) -> String {
-        self.to_json_full(supervisors, None, &ObjectCounts::new())
+        self.to_json_full(supervisors, None, &ObjectCounts::new(), &GpuHolders::new())
     }
 
     /// The status document with each node's supervisors and, when the
     /// head answered, each node's `capacity`, `reserved` and `available`
     /// resources and the placement groups, and each node's object-store
-    /// counters (`objects`) as far as it answered.
+    /// counters (`objects`) and GPUs with their holders (`gpus`: index and
+    /// holders of each) as far as it answered.
     pub fn to_json_full(
         &self,
         supervisors: &Supervisors,
         placement: Option<&PlacementStatus>,
         objects: &ObjectCounts,
+        gpus: &GpuHolders,
     ) -> String {
         type Amounts = std::collections::BTreeMap<String, f64>;
         let account = |name: &str| -> (Option<Amounts>, Option<Amounts>, Option<Amounts>) {
@@ -219,6 +225,13 @@ impl Table {
             available: Option<Amounts>,
             #[serde(skip_serializing_if = "Option::is_none")]
             objects: Option<Objects>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            gpus: Option<Vec<Gpu<'a>>>,
+        }
+        #[derive(Serialize)]
+        struct Gpu<'a> {
+            index: u32,
+            holders: &'a [String],
         }
         #[derive(Serialize)]
         struct Objects {
@@ -267,6 +280,14 @@ impl Table {
                             remote_pulls: o.remote_pulls,
                             pulled_bytes: o.pulled_bytes,
                             waits: o.waits,
+                        }),
+                        gpus: gpus.get(&m.name).map(|list| {
+                            list.iter()
+                                .map(|g| Gpu {
+                                    index: g.index,
+                                    holders: &g.holders,
+                                })
+                                .collect()
                         }),
                         state: m.state.as_str(),
                         incarnation: m.incarnation,
@@ -335,6 +356,22 @@ impl Table {
             for (i, (r, n)) in g.bundles.iter().zip(&g.nodes).enumerate() {
                 let node = if n.is_empty() { "(none)" } else { n.as_str() };
                 out.push_str(&format!("  bundle {i:<3} {:<20} on {node}\n", amounts(r)));
+            }
+        }
+        out
+    }
+
+    /// The GPUs part of `node status`: one line per GPU with its holders.
+    pub fn gpus_text(gpus: &GpuHolders) -> String {
+        let mut out = String::new();
+        for (node, list) in gpus {
+            for g in list {
+                let holders = if g.holders.is_empty() {
+                    "(free)".to_owned()
+                } else {
+                    g.holders.join(", ")
+                };
+                out.push_str(&format!("{node}: gpu {:<3} {holders}\n", g.index));
             }
         }
         out

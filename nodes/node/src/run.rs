@@ -124,17 +124,27 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                     let placement = flotilla::query_placement(args.head, identity.clone())
                         .await
                         .ok();
-                    let gpus = gpus_of(&table, &identity).await;
+                    // Only nodes that offer GPUs are asked who holds them.
+                    let gpus = answers_of(
+                        &table,
+                        &identity,
+                        |m| m.resources.gpus > 0,
+                        flotilla::query_gpus,
+                    )
+                    .await;
                     if args.json {
-                        let objects = objects_of(&table, &identity).await;
-                        let doc = table.to_json_full(&supervisors, placement.as_ref(), &objects);
-                        println!("{}", with_gpus(&doc, &gpus));
+                        let objects =
+                            answers_of(&table, &identity, |_| true, flotilla::query_objects).await;
+                        println!(
+                            "{}",
+                            table.to_json_full(&supervisors, placement.as_ref(), &objects, &gpus)
+                        );
                     } else {
                         print!("{}", table.to_text());
                         if let Some(p) = &placement {
                             print!("{}", flotilla::Table::placement_text(p));
                         }
-                        print!("{}", gpus_text(&gpus));
+                        print!("{}", flotilla::Table::gpus_text(&gpus));
                         print!("{}", flotilla::Table::supervisors_text(&supervisors));
                     }
                     ExitCode::SUCCESS
@@ -297,88 +307,32 @@ async fn supervisors_of(
     futures::future::join_all(asks).await.into_iter().collect()
 }
 
-/// Each node's GPUs and their holders, by node name.
-type NodeGpus = Vec<(String, Vec<flotilla::gpus::GpuReport>)>;
-
-/// Asks every up member that reports GPUs which actors hold them, for
-/// those that answer within a second.
-async fn gpus_of(table: &flotilla::Table, identity: &flotilla_transport::Identity) -> NodeGpus {
-    let asks = table.up().filter(|m| m.resources.gpus > 0).map(|m| {
-        let (name, addr, identity) = (m.name.clone(), m.addr.clone(), identity.clone());
-        async move {
-            let addr = addr.parse().ok()?;
-            let within = std::time::Duration::from_secs(1);
-            let gpus = tokio::time::timeout(within, flotilla::query_gpus(addr, identity))
-                .await
-                .ok()?
-                .ok()?;
-            Some((name, gpus))
-        }
-    });
-    futures::future::join_all(asks)
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
-}
-
-/// The GPUs part of `node status`: one line per GPU with its holders.
-fn gpus_text(gpus: &NodeGpus) -> String {
-    let mut out = String::new();
-    for (node, list) in gpus {
-        for g in list {
-            let holders = if g.holders.is_empty() {
-                "(free)".to_owned()
-            } else {
-                g.holders.join(", ")
-            };
-            out.push_str(&format!("{node}: gpu {:<3} {holders}\n", g.index));
-        }
-    }
-    out
-}
-
-/// The status document with a `gpus` object added: node name → list of
-/// `{index, holders}`.
-fn with_gpus(doc: &str, gpus: &NodeGpus) -> String {
-    let Ok(mut value) = serde_json::from_str::<serde_json::Value>(doc) else {
-        return doc.to_owned();
-    };
-    let by_node: serde_json::Map<String, serde_json::Value> = gpus
-        .iter()
-        .map(|(node, list)| {
-            let list = list
-                .iter()
-                .map(|g| serde_json::json!({"index": g.index, "holders": g.holders}))
-                .collect();
-            (node.clone(), serde_json::Value::Array(list))
-        })
-        .collect();
-    if let Some(obj) = value.as_object_mut() {
-        obj.insert("gpus".into(), serde_json::Value::Object(by_node));
-    }
-    value.to_string()
-}
-
-/// Each up node's object-store counters, for those that answer within a
-/// second.
-async fn objects_of(
+/// What each up member that `asks` selects answers to `query`, for those
+/// that answer within a second, by node name.
+async fn answers_of<T, F, Fut, E>(
     table: &flotilla::Table,
     identity: &flotilla_transport::Identity,
-) -> flotilla::table::ObjectCounts {
-    let asks = table.up().map(|m| {
-        let (name, addr, identity) = (m.name.clone(), m.addr.clone(), identity.clone());
+    asks: impl Fn(&flotilla::MemberView) -> bool,
+    query: F,
+) -> std::collections::BTreeMap<String, T>
+where
+    F: Fn(std::net::SocketAddr, flotilla_transport::Identity) -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let calls = table.up().filter(|m| asks(m)).map(|m| {
+        let name = m.name.clone();
+        let call = m
+            .addr
+            .parse()
+            .ok()
+            .map(|addr| query(addr, identity.clone()));
         async move {
-            let addr = addr.parse().ok()?;
             let within = std::time::Duration::from_secs(1);
-            let stats = tokio::time::timeout(within, flotilla::query_objects(addr, identity))
-                .await
-                .ok()?
-                .ok()?;
-            Some((name, stats))
+            let answer = tokio::time::timeout(within, call?).await.ok()?.ok()?;
+            Some((name, answer))
         }
     });
-    futures::future::join_all(asks)
+    futures::future::join_all(calls)
         .await
         .into_iter()
         .flatten()
