@@ -325,9 +325,8 @@ fn agree(encoder: &SentenceEncoder, refs: &[Reference]) -> anyhow::Result<Agreem
 /// line each; false when one misses its bar.
 fn golden_check(
     files: &[PathBuf],
-    model: &std::path::Path,
+    encoders: &[(Precision, Arc<SentenceEncoder>)],
     device: &flotilla_embed::Device,
-    precisions: &[Precision],
     enforce: bool,
 ) -> anyhow::Result<bool> {
     let mut refs = Vec::new();
@@ -350,9 +349,9 @@ fn golden_check(
         names.join(", ")
     );
     let mut all_ok = true;
-    for &precision in precisions {
-        let encoder = SentenceEncoder::load_with(model, device, precision)?;
-        let a = agree(&encoder, &refs)?;
+    for (precision, encoder) in encoders {
+        let precision = *precision;
+        let a = agree(encoder, &refs)?;
         let (min_cosine, max_abs) = match precision {
             Precision::F32 => (0.9999, Some(1e-4)),
             _ => (0.999, None),
@@ -417,22 +416,38 @@ fn main() -> anyhow::Result<()> {
             precisions.push(c.precision);
         }
     }
-    let golden_ok = if args.golden.is_empty() {
-        true
-    } else {
-        golden_check(&args.golden, &args.corpus.model, &device, &precisions, true)?
-    };
+    if precisions.is_empty() {
+        precisions.push(Precision::F32);
+    }
+    // One encoder per precision, loaded once: the golden check and the
+    // timed runs share them.
+    let rss_before = rss_bytes();
+    let mut encoders: Vec<(Precision, Arc<SentenceEncoder>)> = Vec::new();
+    for &p in &precisions {
+        let encoder = SentenceEncoder::load_with(&args.corpus.model, &device, p)?;
+        encoders.push((p, Arc::new(encoder)));
+    }
+    let rss_loaded = rss_bytes();
+    let (first, encoder) = encoders[0].clone();
+    println!(
+        "model {} ({}), {} precision(s) loaded in {:.2} s each at most, +{:.0} MiB RSS; device {:?}",
+        args.corpus.model.display(),
+        encoder.revision().short(),
+        encoders.len(),
+        encoders
+            .iter()
+            .map(|(_, e)| e.load_time().as_secs_f64())
+            .fold(0.0, f64::max),
+        (rss_loaded.saturating_sub(rss_before)) as f64 / (1 << 20) as f64,
+        device,
+    );
+    let golden_ok = args.golden.is_empty() || golden_check(&args.golden, &encoders, &device, true)?;
     if !args.golden_info.is_empty() {
-        golden_check(
-            &args.golden_info,
-            &args.corpus.model,
-            &device,
-            &precisions,
-            false,
-        )?;
+        golden_check(&args.golden_info, &encoders, &device, false)?;
     }
     let texts: Vec<String> = args.corpus.read()?.into_iter().map(|(_, t)| t).collect();
     let texts = Arc::new(texts);
+    println!("{} texts", texts.len());
     let st = match &args.st_python {
         Some(python) => run_baseline(
             python,
@@ -453,35 +468,9 @@ fn main() -> anyhow::Result<()> {
         )?,
         None => Best::default(),
     };
-
-    let rss_before = rss_bytes();
-    let first = precisions.first().copied().unwrap_or_default();
-    let encoder = Arc::new(SentenceEncoder::load_with(
-        &args.corpus.model,
-        &device,
-        first,
-    )?);
-    let rss_loaded = rss_bytes();
-    println!(
-        "model {} ({}), loaded in {:.2} s, +{:.0} MiB RSS; {} texts, device {:?}",
-        args.corpus.model.display(),
-        encoder.revision().short(),
-        encoder.load_time().as_secs_f64(),
-        (rss_loaded.saturating_sub(rss_before)) as f64 / (1 << 20) as f64,
-        texts.len(),
-        device,
-    );
-    let mut encoders: std::collections::HashMap<Precision, Arc<SentenceEncoder>> =
-        std::collections::HashMap::from([(first, Arc::clone(&encoder))]);
-    for &p in &precisions[1.min(precisions.len())..] {
-        encoders.insert(
-            p,
-            Arc::new(SentenceEncoder::load_with(&args.corpus.model, &device, p)?),
-        );
-    }
     // Warm-up: one small batch per precision so lazy initialisation (and,
     // on a GPU, kernel compilation) is not timed.
-    for e in encoders.values() {
+    for (_, e) in &encoders {
         e.encode(&["warm up"])?;
     }
 
@@ -519,7 +508,11 @@ fn main() -> anyhow::Result<()> {
         }
     }
     for cfg in &configs {
-        let encoder = Arc::clone(&encoders[&cfg.precision]);
+        let encoder = encoders
+            .iter()
+            .find(|(p, _)| *p == cfg.precision)
+            .map(|(_, e)| Arc::clone(e))
+            .expect("an encoder per precision of the configurations");
         let plan = batches(&encoder, &texts, cfg.batch, cfg.sorted)?;
         reset_peak_rss();
         let cpu0 = process_cpu();
@@ -529,8 +522,10 @@ fn main() -> anyhow::Result<()> {
             Layout::Workers(n) => {
                 let mut handles = Vec::new();
                 for w in 0..n {
-                    let enc = match copies.get(w.wrapping_sub(1)) {
-                        Some(copy) if w > 0 && cfg.precision == first => Arc::clone(copy),
+                    // Worker 0 uses the shared encoder, the others their
+                    // copy (of the first precision) when they have one.
+                    let enc = match w.checked_sub(1).and_then(|i| copies.get(i)) {
+                        Some(copy) if cfg.precision == first => Arc::clone(copy),
                         _ => Arc::clone(&encoder),
                     };
                     let share: Vec<Vec<usize>> = plan.iter().skip(w).step_by(n).cloned().collect();
