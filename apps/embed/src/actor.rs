@@ -457,7 +457,8 @@ impl Actor for Embedder {
         std::thread::Builder::new()
             .name("flotilla-embedder".into())
             .spawn(move || {
-                let found = if choice == DeviceChoice::Cpu {
+                // CUDA is looked for only where a GPU may be used.
+                let found = if choice == DeviceChoice::Cpu || gpus.count() == 0 {
                     Vec::new()
                 } else {
                     cuda_devices()

@@ -165,28 +165,23 @@ fn decide(
     if choice == DeviceChoice::Cpu {
         return Ok(cpu(None));
     }
-    let why_not = if !cuda_built {
-        if slots.count() == 0 {
-            // No GPU and no CUDA build: the CPU, nothing to report.
-            return match choice {
-                DeviceChoice::Cuda => Err(DeviceError::NotBuilt),
-                _ => Ok(cpu(None)),
-            };
+    if !cuda_built {
+        if choice == DeviceChoice::Cuda {
+            return Err(DeviceError::NotBuilt);
         }
-        return match choice {
-            DeviceChoice::Cuda => Err(DeviceError::NotBuilt),
-            _ => Ok(cpu(Some(format!(
+        // GPUs this binary cannot use are worth a word; none, nothing.
+        return Ok(cpu((slots.count() > 0).then(|| {
+            format!(
                 "the node has {} GPU(s) but this build has no CUDA backend (build with --features cuda)",
                 slots.count()
-            )))),
-        };
-    } else if gpus.is_empty() {
-        "no CUDA device was found (no NVIDIA driver or GPU)".to_owned()
-    } else if slots.count() == 0 {
-        "the node offers no GPU (its `gpu` resource is 0)".to_owned()
-    } else {
-        let slot = slots.take(holder).expect("the node has GPUs");
-        match gpus.get(slot.index()) {
+            )
+        })));
+    }
+    let why_not = match slots.take(holder) {
+        None => {
+            "the node offers no GPU (nvidia-smi lists none, or its `gpu` resource is 0)".to_owned()
+        }
+        Some(slot) => match gpus.get(slot.index()) {
             Some(device) => {
                 return Ok(ActorDevice {
                     device: device.clone(),
@@ -195,12 +190,15 @@ fn decide(
                     fallback: None,
                 });
             }
+            None if gpus.is_empty() => {
+                "CUDA found no device (no NVIDIA driver, or none this process may use)".to_owned()
+            }
             None => format!(
                 "the node offers GPU {} but CUDA found only {}",
                 slot.index(),
                 gpus.len()
             ),
-        }
+        },
     };
     match choice {
         DeviceChoice::Cuda => Err(DeviceError::NoGpu(why_not)),
