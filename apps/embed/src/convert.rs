@@ -41,10 +41,7 @@ pub fn convert_folder(
     precision: Precision,
 ) -> Result<Converted, LoadError> {
     let folder = ModelFolder::open(src)?;
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LoadError::Io { path, source }
-    };
+    let io = LoadError::io;
     if dst.exists() {
         return Err(LoadError::Io {
             path: dst.to_path_buf(),
@@ -56,14 +53,9 @@ pub fn convert_folder(
     }
     let weights_path = folder.weights_path();
     let bytes = std::fs::read(&weights_path).map_err(io(&weights_path))?;
-    let tensors = SafeTensors::deserialize(&bytes).map_err(|e| LoadError::Weights {
-        path: weights_path.clone(),
-        reason: e.to_string(),
-    })?;
-    let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| LoadError::Weights {
-        path: weights_path.clone(),
-        reason: e.to_string(),
-    })?;
+    let tensors = SafeTensors::deserialize(&bytes).map_err(LoadError::weights(&weights_path))?;
+    let (_, metadata) =
+        SafeTensors::read_metadata(&bytes).map_err(LoadError::weights(&weights_path))?;
     let target = match precision {
         Precision::F32 => Dtype::F32,
         Precision::F16 => Dtype::F16,
@@ -121,17 +113,11 @@ pub fn convert_folder(
                 .map(|v| (name.clone(), v))
         })
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| LoadError::Weights {
-            path: weights_path.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(LoadError::weights(&weights_path))?;
     let mut metadata = metadata.metadata().clone().unwrap_or_default();
     metadata.insert("flotilla.converted_to".into(), precision.to_string());
     let serialized =
-        safetensors::serialize(views, Some(metadata)).map_err(|e| LoadError::Weights {
-            path: weights_path.clone(),
-            reason: e.to_string(),
-        })?;
+        safetensors::serialize(views, Some(metadata)).map_err(LoadError::weights(&weights_path))?;
 
     // Written beside the destination, then renamed into place whole.
     let partial = dst.with_extension("partial");
@@ -153,10 +139,7 @@ pub fn convert_folder(
 /// Copies the regular files of `src` into `dst`, folders included, except
 /// weights files.
 fn copy_tree(src: &Path, dst: &Path) -> Result<(), LoadError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LoadError::Io { path, source }
-    };
+    let io = LoadError::io;
     std::fs::create_dir_all(dst).map_err(io(dst))?;
     for entry in std::fs::read_dir(src).map_err(io(src))? {
         let entry = entry.map_err(io(src))?;

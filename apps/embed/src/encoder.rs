@@ -93,10 +93,7 @@ impl SentenceEncoder {
         let folder = ModelFolder::open(dir)?;
         let tokenizer = TextTokenizer::load(&folder.tokenizer_path(), folder.max_seq_length)?;
         let path = folder.weights_path();
-        let bytes = std::fs::read(&path).map_err(|source| LoadError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes = std::fs::read(&path).map_err(LoadError::io(&path))?;
         let revision = ModelRevision::of_bytes(&bytes);
         let model = Bert::from_safetensors(&folder.config, &path, &bytes, device, precision)?;
         Ok(Self {

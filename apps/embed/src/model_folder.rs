@@ -109,6 +109,23 @@ pub enum LoadError {
     },
 }
 
+impl LoadError {
+    /// The [`LoadError::Io`] of `path`, for `map_err`.
+    pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LoadError {
+        let path = path.to_path_buf();
+        move |source| LoadError::Io { path, source }
+    }
+
+    /// The [`LoadError::Weights`] of `path`, for `map_err`.
+    pub(crate) fn weights(path: &Path) -> impl FnOnce(safetensors::SafeTensorError) -> LoadError {
+        let path = path.to_path_buf();
+        move |e| LoadError::Weights {
+            path,
+            reason: e.to_string(),
+        }
+    }
+}
+
 /// The activation function of the feed-forward blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
@@ -316,10 +333,7 @@ pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, LoadError> {
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = std::fs::read(path).map_err(LoadError::io(path))?;
     serde_json::from_slice(&bytes).map_err(|e| LoadError::Malformed {
         path: path.to_path_buf(),
         reason: e.to_string(),

@@ -33,10 +33,7 @@ impl<'a> WeightFile<'a> {
         bytes: &'a [u8],
         device: &'a Device,
     ) -> Result<Self, LoadError> {
-        let tensors = SafeTensors::deserialize(bytes).map_err(|e| LoadError::Weights {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        let tensors = SafeTensors::deserialize(bytes).map_err(LoadError::weights(path))?;
         let prefix = if tensors
             .names()
             .iter()
