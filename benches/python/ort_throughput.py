@@ -44,10 +44,14 @@ def build_graph(model_dir):
          if v.dtype != np.int64}
     h, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["layer_norm_eps"]
 
-    def ln(name):
+    def ln(name, out):
+        """The layer norm `name`'s scale and shift as constants `{out}_g`
+        and `{out}_b` (stored as weight/bias or gamma/beta)."""
         for g, b in (("weight", "bias"), ("gamma", "beta")):
             if f"{name}.{g}" in w:
-                return w[f"{name}.{g}"], w[f"{name}.{b}"]
+                const(f"{out}_g", w[f"{name}.{g}"])
+                const(f"{out}_b", w[f"{name}.{b}"])
+                return
         raise KeyError(name)
 
     inits, nodes = [], []
@@ -64,9 +68,7 @@ def build_graph(model_dir):
     const("word", w["embeddings.word_embeddings.weight"])
     const("pos", w["embeddings.position_embeddings.weight"])
     const("type0", w["embeddings.token_type_embeddings.weight"][0])
-    g, b = ln("embeddings.LayerNorm")
-    const("emb_g", g)
-    const("emb_b", b)
+    ln("embeddings.LayerNorm", "emb")
     node("Shape", ["input_ids"], ["ids_shape"])
     const("one_i", np.array([1], dtype=np.int64))
     const("two_i", np.array([2], dtype=np.int64))
@@ -91,9 +93,7 @@ def build_graph(model_dir):
                    [f"l{i}_ctx"], domain=MS, num_heads=heads)
         const(f"l{i}_o_w", w[f"{p}.attention.output.dense.weight"].T)
         const(f"l{i}_o_b", w[f"{p}.attention.output.dense.bias"])
-        g, b = ln(f"{p}.attention.output.LayerNorm")
-        const(f"l{i}_ln1_g", g)
-        const(f"l{i}_ln1_b", b)
+        ln(f"{p}.attention.output.LayerNorm", f"l{i}_ln1")
         o = node("MatMul", [ctx, f"l{i}_o_w"], [f"l{i}_o"])
         x = node("SkipLayerNormalization",
                  [o, x, f"l{i}_ln1_g", f"l{i}_ln1_b", f"l{i}_o_b"],
@@ -102,9 +102,7 @@ def build_graph(model_dir):
         const(f"l{i}_i_b", w[f"{p}.intermediate.dense.bias"])
         const(f"l{i}_f_w", w[f"{p}.output.dense.weight"].T)
         const(f"l{i}_f_b", w[f"{p}.output.dense.bias"])
-        g, b = ln(f"{p}.output.LayerNorm")
-        const(f"l{i}_ln2_g", g)
-        const(f"l{i}_ln2_b", b)
+        ln(f"{p}.output.LayerNorm", f"l{i}_ln2")
         a = node("MatMul", [x, f"l{i}_i_w"], [f"l{i}_a"])
         a = node("BiasGelu", [a, f"l{i}_i_b"], [f"l{i}_g"], domain=MS)
         f_ = node("MatMul", [a, f"l{i}_f_w"], [f"l{i}_f"])
