@@ -172,6 +172,12 @@ impl PlacementService {
             tokio::select! {
                 cmd = self.rx.recv() => {
                     let Some(cmd) = cmd else { return };
+                    // A request sent after its sender saw a member up is
+                    // placed knowing that member, even when the table's
+                    // change and the request are ready at once.
+                    if self.view.has_changed().unwrap_or(false) {
+                        self.members_changed(&mut out);
+                    }
                     self.handle(cmd, &mut out);
                     // Take what else is queued before the next pass.
                     while let Ok(cmd) = self.rx.try_recv() {

@@ -38,20 +38,32 @@ fn total_reserved(nodes: &[flotilla::placement_groups::NodeAccount]) -> f64 {
 async fn groups_are_placed_as_their_strategy_promises_and_released() {
     let certs = scratch_certs("placement", &["head", "n1", "n2", "n3"]).unwrap();
     let head = start(NodeConfig::new("head", free_addr(), &certs)).await;
-    let mut members = Vec::new();
-    for n in ["n1", "n2", "n3"] {
-        members.push(start(cpus(2, n, &certs, head.addr())).await);
-    }
-    let all_up = |t: &flotilla::Table| {
-        ["head", "n1", "n2", "n3"]
-            .iter()
-            .all(|n| t.get(n).is_some_and(|m| m.state == MemberState::Up))
-    };
-    head.wait_members(Duration::from_secs(10), all_up)
-        .await
-        .expect("all up");
     let wait = Duration::from_secs(10);
     let one_cpu = bundle(&[("cpu", 1.0)]);
+    // A SPREAD group created the moment the head sees a new member up uses
+    // that member. The head's placement once took such a request before the
+    // member table's change that came first, and put two bundles on one
+    // node while a third stood idle.
+    let mut members = Vec::new();
+    for (i, n) in ["n1", "n2", "n3"].into_iter().enumerate() {
+        members.push(start(cpus(2, n, &certs, head.addr())).await);
+        head.wait_members(wait, |t| {
+            t.get(n).is_some_and(|m| m.state == MemberState::Up)
+        })
+        .await
+        .expect("member up");
+        let id = head
+            .create_group(GroupSpec::new(
+                Strategy::Spread,
+                vec![one_cpu.clone(); i + 1],
+            ))
+            .await
+            .unwrap();
+        let v = head.wait_group(&id, wait).await.unwrap();
+        let distinct: BTreeSet<_> = v.nodes.iter().collect();
+        assert_eq!(distinct.len(), i + 1, "{v:?}");
+        assert!(head.remove_group(&id).await.unwrap());
+    }
 
     let spread = head
         .create_group(GroupSpec::new(Strategy::Spread, vec![one_cpu.clone(); 3]))
