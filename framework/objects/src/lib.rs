@@ -33,7 +33,7 @@ mod store;
 mod sweep;
 
 pub use flotilla_proto::objects::ObjectStats;
-pub use in_place::{ArchiveError, f32s};
+pub use in_place::{ArchiveBuf, ArchiveError, f32s};
 pub use object_ref::{
     ArchivedObjectId, ArchivedObjectRef, MAX_NAME_LEN, MAX_OBJECT_SIZE, ObjectId, ObjectRef,
     RefError, checksum,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use flotilla::ractor::{self, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
+use flotilla::wire::Sealed;
 
 /// Kind name of [`Echo`].
 pub const ECHO: &str = "flotilla.echo";
@@ -80,6 +81,9 @@ flotilla::remote_type!(Payload, RelayRequest, RelayReply, NoArgs, Tally);
 pub enum EchoMsg {
     /// Fire and forget: counted, not answered.
     Note(Payload),
+    /// A note whose payload is read in place where it lands; tallied with
+    /// the notes.
+    SealedNote(Sealed<Payload>),
     /// Answer with the same payload.
     #[rpc]
     Echo(Payload, RpcReplyPort<Payload>),
@@ -115,6 +119,7 @@ impl Actor for Echo {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             EchoMsg::Note(p) => tally.add(&p.0),
+            EchoMsg::SealedNote(p) => tally.add(p.get().0.as_slice()),
             EchoMsg::Echo(p, reply) => {
                 let _ = reply.send(p);
             }

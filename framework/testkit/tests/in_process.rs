@@ -53,6 +53,17 @@ async fn a_head_and_two_members_in_one_process_see_each_other_and_call_across() 
             .await
             .unwrap();
     }
+    // Sealed payloads, small and on the bulk lane, are read where they
+    // land and tallied the same.
+    for size in [2usize << 20, 100] {
+        let payload: Vec<u8> = (0..size).map(|i| (i * 7) as u8).collect();
+        expected.add(&payload);
+        let sealed = flotilla::wire::Sealed::new(&Payload(payload));
+        outbound
+            .cast(&echo, EchoMsg::SealedNote(sealed))
+            .await
+            .unwrap();
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let tally = call_t!(echo, EchoMsg::Tally, 2_000).unwrap();
@@ -66,7 +77,7 @@ async fn a_head_and_two_members_in_one_process_see_each_other_and_call_across() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        outbound.bulk_bytes() >= 1 << 20,
+        outbound.bulk_bytes() >= 3 << 20,
         "the large cast took the bulk lane"
     );
     assert_eq!(n2.outbound().bulk_bytes(), 0, "each node counts its own");

@@ -101,13 +101,25 @@ pub async fn recv_frame(recv: &mut RecvStream, max: u32) -> Result<Option<Vec<u8
         }
     }
     let len = frame::payload_len(prefix, max)?;
-    let mut payload = vec![0u8; len];
-    recv.read_exact(&mut payload).await.map_err(|e| match e {
-        quinn::ReadExactError::FinishedEarly(got) => {
-            StreamError::Frame(FrameError::Truncated { got, want: len })
+    // Chunks are appended as they come: the buffer is written once, never
+    // zeroed first (a bulk frame is megabytes).
+    let mut payload = Vec::with_capacity(len);
+    while payload.len() < len {
+        match recv
+            .read_chunk(len - payload.len(), true)
+            .await
+            .map_err(io)?
+        {
+            Some(chunk) => payload.extend_from_slice(&chunk.bytes),
+            None => {
+                return Err(FrameError::Truncated {
+                    got: payload.len(),
+                    want: len,
+                }
+                .into());
+            }
         }
-        quinn::ReadExactError::ReadError(e) => io(e),
-    })?;
+    }
     Ok(Some(payload))
 }
 
