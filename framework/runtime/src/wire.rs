@@ -64,7 +64,7 @@ pub fn reject(error: WireError) -> ! {
 /// serializes it once ([`Sealed::new`]), the receiving node validates it
 /// once where it lands, and the handler reads it with [`Sealed::get`] —
 /// no owned copy is deserialized. For large payloads (see
-/// docs/runtime-semantics.md, "Messages"); small ones are simpler as
+/// docs/runtime-semantics.md, "Delivery" and "Objects"); small ones are simpler as
 /// [`remote_type!`](crate::remote_type) fields.
 ///
 /// ```
