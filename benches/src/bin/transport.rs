@@ -31,6 +31,13 @@ use flotilla::{Node, NodeConfig, Outbound};
 use flotilla_benches::{peak_rss_bytes, percentile, reset_peak_rss};
 use serde::{Deserialize as De, Serialize as Ser};
 
+// The `node` binary's allocator. With the system allocator, 4 MiB messages
+// measured the allocator more than the transport: glibc maps and unmaps (or
+// trims) their blocks, page-faulting every message, at rates that moved
+// with the order of the bench's own allocations.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Bytes carried by a cast or call.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone)]
 #[rkyv(crate = flotilla::rkyv)]

@@ -24,12 +24,39 @@ pub struct WireError {
 
 /// Types that can be written with [`encode`].
 pub trait Encode:
-    for<'a> Serialize<HighSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>
+    for<'a> Serialize<HighSerializer<WireBuf, ArenaHandle<'a>, rancor::Error>>
 {
 }
 impl<T> Encode for T where
-    T: for<'a> Serialize<HighSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>
+    T: for<'a> Serialize<HighSerializer<WireBuf, ArenaHandle<'a>, rancor::Error>>
 {
+}
+
+/// Room reserved past a write that does not fit: rkyv writes a value's
+/// out-of-line data first and its root last, and the root must not move a
+/// large archive to a buffer twice its size.
+const ROOT_ROOM: usize = 256;
+
+/// The buffer [`encode`] writes an archive into: a `Vec` that grows by what
+/// a write needs plus room for the root written last, so a megabyte payload
+/// is copied into it once.
+#[derive(Debug, Default)]
+pub struct WireBuf(Vec<u8>);
+
+impl rkyv::ser::Positional for WireBuf {
+    fn pos(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl<E> rkyv::ser::Writer<E> for WireBuf {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), E> {
+        if self.0.capacity() - self.0.len() < bytes.len() {
+            self.0.reserve(bytes.len() + ROOT_ROOM);
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
 }
 
 /// The alignment checked access needs (rkyv's `AlignedVec` default): the
@@ -60,8 +87,9 @@ impl<T> Decode for T where
 /// Serialization of the plain data types used on the wire cannot fail; a
 /// failure means the type itself is unfit for the wire and panics.
 pub fn encode<T: Encode>(value: &T) -> Vec<u8> {
-    rkyv::api::high::to_bytes_in::<_, rancor::Error>(value, Vec::new())
+    rkyv::api::high::to_bytes_in::<_, rancor::Error>(value, WireBuf::default())
         .expect("wire types serialize infallibly")
+        .0
 }
 
 /// Copies `bytes` into an aligned buffer, as checked access requires.
@@ -155,6 +183,17 @@ mod tests {
         let at = &shifted[1..];
         assert!(!(at.as_ptr() as usize).is_multiple_of(ALIGNMENT));
         assert_eq!(decode::<Sample>(at).unwrap(), s);
+    }
+
+    #[test]
+    fn a_large_archive_fits_the_buffer_its_payload_was_written_into() {
+        let bytes = encode(&vec![5u8; 4 << 20]);
+        assert!(
+            bytes.capacity() < (4 << 20) + 2 * ROOT_ROOM,
+            "{}",
+            bytes.capacity()
+        );
+        assert_eq!(decode::<Vec<u8>>(&bytes).unwrap().len(), 4 << 20);
     }
 
     #[test]
