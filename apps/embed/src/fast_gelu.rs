@@ -46,9 +46,14 @@ const CHUNK: usize = 1 << 14;
 /// Applies exact-form GELU to every value in place.
 pub(crate) fn gelu_in_place(values: &mut [f32]) {
     let arch = pulp::Arch::new();
+    each_chunk(values, |g| arch.dispatch(g));
+}
+
+/// Runs `run` on every chunk of `values`, in parallel.
+fn each_chunk(values: &mut [f32], run: impl Fn(Gelu<'_>) + Sync) {
     values
         .par_chunks_mut(CHUNK)
-        .for_each(|chunk| arch.dispatch(Gelu(chunk)));
+        .for_each(|chunk| run(Gelu(chunk)));
 }
 
 /// One chunk of values: the unit of run-time dispatch.
@@ -119,6 +124,38 @@ mod tests {
                 err <= 1e-7 * (1.0 + f64::from(x.abs())) + f64::from(f32::EPSILON) * want.abs(),
                 "gelu({x}) = {g}, want {want}, err {err:e}"
             );
+        }
+    }
+
+    /// The loop compiled for each instruction set this CPU has gives the
+    /// same values: a CPU without AVX-512 runs the AVX2 one.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_instruction_set_level_gives_the_same_values() {
+        use pulp::{Simd, WithSimd};
+        let xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 / 4000.0).collect();
+        let mut levels: Vec<(&str, Vec<f32>)> = Vec::new();
+        let mut run = |name, f: &(dyn Fn(Gelu<'_>) + Sync)| {
+            let mut v = xs.clone();
+            each_chunk(&mut v, f);
+            levels.push((name, v));
+        };
+        run("scalar", &|g| g.with_simd(pulp::Scalar::new()));
+        if let Some(v3) = pulp::x86::V3::try_new() {
+            run("avx2+fma", &|g| Simd::vectorize(v3, g));
+        }
+        if let Some(v4) = pulp::x86::V4::try_new() {
+            run("avx-512", &|g| Simd::vectorize(v4, g));
+        }
+        let (_, first) = &levels[0];
+        for (name, got) in &levels[1..] {
+            for (i, (g, f)) in got.iter().zip(first).enumerate() {
+                assert!(
+                    (g - f).abs() <= 1e-6 * (1.0 + f.abs()),
+                    "{name} at {}: {g} vs scalar {f}",
+                    xs[i]
+                );
+            }
         }
     }
 
