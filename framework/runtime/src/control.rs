@@ -81,11 +81,12 @@ impl ControlService {
         match &self.head {
             None => {
                 while let Some(request) = requests.next().await {
-                    let reply = match request? {
+                    let request = request?;
+                    let reply = match request {
+                        ControlRequest::Supervisors
+                        | ControlRequest::Objects
+                        | ControlRequest::Gpus => self.own_state(&request),
                         ControlRequest::Status => members_reply(&self.view.borrow()),
-                        ControlRequest::Supervisors => {
-                            ControlReply::Supervisors(self.board.reports())
-                        }
                         ControlRequest::Leave { .. } => ControlReply::Ack,
                         ControlRequest::Stop { name } => match self.stop(&peer, name).await {
                             Some(reply) => reply,
@@ -101,8 +102,6 @@ impl ControlService {
                             ControlReply::Ledger(self.ledger_op(&peer, op))
                         }
                         ControlRequest::Jobs(_) => ControlReply::Jobs(JobsReply::NotServed),
-                        ControlRequest::Objects => ControlReply::Objects(self.objects.stats()),
-                        ControlRequest::Gpus => ControlReply::Gpus(self.gpus.report()),
                     };
                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                 }
@@ -125,18 +124,8 @@ impl ControlService {
                                 continue;
                             }
                             let request = match request {
-                                ControlRequest::Supervisors => {
-                                    let reply = ControlReply::Supervisors(self.board.reports());
-                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                                    continue;
-                                }
-                                ControlRequest::Objects => {
-                                    let reply = ControlReply::Objects(self.objects.stats());
-                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                                    continue;
-                                }
-                                ControlRequest::Gpus => {
-                                    let reply = ControlReply::Gpus(self.gpus.report());
+                                ControlRequest::Supervisors | ControlRequest::Objects | ControlRequest::Gpus => {
+                                    let reply = self.own_state(&request);
                                     send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
                                     continue;
                                 }
@@ -193,6 +182,18 @@ impl ControlService {
 }
 
 impl ControlService {
+    /// The answer to a request about this node's own state (its
+    /// supervisors, object store or GPUs), which every node serves alike.
+    /// Both loops pass only those three; anything else is refused.
+    fn own_state(&self, request: &ControlRequest) -> ControlReply {
+        match request {
+            ControlRequest::Supervisors => ControlReply::Supervisors(self.board.reports()),
+            ControlRequest::Objects => ControlReply::Objects(self.objects.stats()),
+            ControlRequest::Gpus => ControlReply::Gpus(self.gpus.report()),
+            _ => ControlReply::Refused(Refusal::NotHead),
+        }
+    }
+
     /// Applies an operation of the head on this node's reservations;
     /// refused from anyone else.
     fn ledger_op(&self, peer: &str, op: flotilla_proto::ledger::LedgerOp) -> LedgerReply {
