@@ -391,6 +391,34 @@ fn pipelined_threads(
 }
 
 impl Embedder {
+    /// Waits for the model threads' answer to batch `batch_id` and sends
+    /// it to the caller (its vectors lent as an object when the batch came
+    /// as one). When the threads dropped the batch (they panicked), the
+    /// caller is told the batch failed and the error says why.
+    async fn deliver(
+        &self,
+        batch_id: u64,
+        as_object: bool,
+        answer: oneshot::Receiver<EmbedReply>,
+        reply: RpcReplyPort<EmbedReply>,
+    ) -> Result<(), &'static str> {
+        const PANICKED: &str = "the model thread panicked";
+        let Ok(answer) = answer.await else {
+            let _ = reply.send(EmbedReply {
+                batch_id,
+                outcome: EmbedOutcome::Failed(PANICKED.into()),
+            });
+            return Err(PANICKED);
+        };
+        let answer = if as_object {
+            self.lend_result(answer).await
+        } else {
+            answer
+        };
+        let _ = reply.send(answer);
+        Ok(())
+    }
+
     /// The answer with its vectors moved into an object of this node's
     /// store, lent to the caller; unchanged if the store cannot take them.
     async fn lend_result(&self, answer: EmbedReply) -> EmbedReply {
@@ -595,42 +623,18 @@ impl Actor for Embedder {
                     // reloaded.
                     let this = self.clone();
                     tokio::spawn(async move {
-                        let Ok(answer) = rx.await else {
-                            let _ = reply.send(EmbedReply {
-                                batch_id,
-                                outcome: EmbedOutcome::Failed("the model thread panicked".into()),
-                            });
-                            me.stop(Some("the model thread panicked".into()));
-                            return;
-                        };
-                        let answer = if as_object {
-                            this.lend_result(answer).await
-                        } else {
-                            answer
-                        };
-                        let _ = reply.send(answer);
+                        if let Err(why) = this.deliver(batch_id, as_object, rx, reply).await {
+                            me.stop(Some(why.into()));
+                        }
                     });
                     return Ok(());
                 }
                 // One batch at a time per actor: the caller's window decides
-                // how many are queued here.
-                let Ok(answer) = rx.await else {
-                    // The model thread panicked: answer, then fail, so that
-                    // a supervisor restarts the actor with its model
-                    // reloaded instead of keeping a worker that fails every
-                    // batch.
-                    let _ = reply.send(EmbedReply {
-                        batch_id,
-                        outcome: EmbedOutcome::Failed("the model thread panicked".into()),
-                    });
-                    return Err("the model thread panicked".into());
-                };
-                let answer = if as_object {
-                    self.lend_result(answer).await
-                } else {
-                    answer
-                };
-                let _ = reply.send(answer);
+                // how many are queued here. A model thread that panicked
+                // fails the actor, so that a supervisor restarts it with
+                // its model reloaded instead of keeping a worker that fails
+                // every batch.
+                self.deliver(batch_id, as_object, rx, reply).await?;
             }
             EmbedMsg::Info(reply) => {
                 let _ = reply.send(state.info.clone());
