@@ -18,6 +18,7 @@ use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::model_folder::{Activation, BertConfig, LoadError};
 use crate::precision::Precision;
+use crate::quantized::{DenseValues, HostNorm, InputRanges, LayerValues, QuantizedLayer, Scratch};
 use crate::tokenize::TokenBatch;
 use crate::weights::WeightFile;
 
@@ -52,6 +53,62 @@ struct Norm {
     beta: Tensor<1>,
 }
 
+/// The encoder's layers: Burn tensors, or the CPU's int8 host layers.
+enum Layers {
+    Burn(Vec<Layer>),
+    Int8(Vec<QuantizedLayer>),
+}
+
+impl Dense {
+    /// The layer's parameters read back from the device.
+    fn values(&self) -> Result<DenseValues, LoadError> {
+        Ok(DenseValues {
+            weight: read_back(&self.weight)?,
+            bias: read_back(&self.bias)?,
+        })
+    }
+}
+
+impl Norm {
+    /// The norm's parameters read back from the device.
+    fn host(&self) -> Result<HostNorm, LoadError> {
+        Ok(HostNorm {
+            gamma: read_back(&self.gamma)?,
+            beta: read_back(&self.beta)?,
+        })
+    }
+}
+
+fn read_back<const D: usize>(t: &Tensor<D>) -> Result<Vec<f32>, LoadError> {
+    t.clone()
+        .try_into_vec_as::<f32>()
+        .map_err(|e| LoadError::Backend(e.to_string()))
+}
+
+impl Layer {
+    /// The layer in int8, smoothed for inputs that reach `ranges`.
+    fn quantize(
+        &self,
+        ranges: &InputRanges,
+        config: &BertConfig,
+    ) -> Result<QuantizedLayer, LoadError> {
+        let values = LayerValues {
+            qkv: self.qkv.values()?,
+            attn_out: self.attn_out.values()?,
+            attn_norm: self.attn_norm.host()?,
+            ffn_in: self.ffn_in.values()?,
+            ffn_out: self.ffn_out.values()?,
+            ffn_norm: self.ffn_norm.host()?,
+        };
+        Ok(QuantizedLayer::quantize(
+            values,
+            ranges,
+            config.hidden_size,
+            config.intermediate_size,
+        ))
+    }
+}
+
 struct Layer {
     /// Query, key and value projections fused into one `[h, 3h]` matmul.
     qkv: Dense,
@@ -76,7 +133,7 @@ pub struct Bert {
     position: Tensor<2>,
     token_type: Tensor<2>,
     emb_norm: Norm,
-    layers: Vec<Layer>,
+    layers: Layers,
     /// Whether GELU and attention run as the encoder's own host loops (CPU
     /// backends) rather than as backend kernels.
     host_kernels: bool,
@@ -105,7 +162,10 @@ impl Bert {
         device: &Device,
         precision: Precision,
     ) -> Result<Self, LoadError> {
-        if !device.supports_dtype(precision.dtype()) {
+        let host_kernels = *device == Device::flex();
+        if !device.supports_dtype(precision.dtype())
+            || (precision == Precision::Int8 && !host_kernels)
+        {
             return Err(LoadError::Precision {
                 precision,
                 device: format!("{device:?}"),
@@ -171,17 +231,21 @@ impl Bert {
             });
         }
         w.finish()?;
-        Ok(Self {
+        let mut bert = Self {
             config: config.clone(),
             device: device.clone(),
             word,
             position,
             token_type,
             emb_norm,
-            layers,
-            host_kernels: *device == Device::flex(),
+            layers: Layers::Burn(layers),
+            host_kernels,
             precision,
-        })
+        };
+        if precision == Precision::Int8 {
+            bert.quantize()?;
+        }
+        Ok(bert)
     }
 
     /// The float type of the dense layers and attention.
@@ -197,6 +261,64 @@ impl Bert {
     /// The device holding the weights.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Replaces the float layers with int8 ones, smoothed for the input
+    /// ranges the float model reaches on [`calibration_batch`].
+    fn quantize(&mut self) -> Result<(), LoadError> {
+        let Layers::Burn(layers) = &self.layers else {
+            return Ok(());
+        };
+        let ranges = self
+            .calibrate(layers, &calibration_batch(&self.config))
+            .map_err(|e| LoadError::Backend(e.0))?;
+        let quantized = layers
+            .iter()
+            .zip(&ranges)
+            .map(|(layer, r)| layer.quantize(r, &self.config))
+            .collect::<Result<_, _>>()?;
+        self.layers = Layers::Int8(quantized);
+        Ok(())
+    }
+
+    /// The largest magnitude of each input channel of every product, per
+    /// layer, when the float layers run `tokens`.
+    fn calibrate(
+        &self,
+        layers: &[Layer],
+        tokens: &TokenBatch,
+    ) -> Result<Vec<InputRanges>, BackendError> {
+        let (h, f) = (self.config.hidden_size, self.config.intermediate_size);
+        let read = |t: &Tensor<3>| host_values(t.clone());
+        let mut x = self.embeddings(tokens);
+        let mut all = Vec::with_capacity(layers.len());
+        for layer in layers {
+            let mut r = InputRanges::default();
+            InputRanges::fold(&mut r.qkv, &read(&x)?, h);
+            let ctx = self.host_attention(layer.qkv.forward(x.clone()), tokens)?;
+            InputRanges::fold(&mut r.attn_out, &read(&ctx)?, h);
+            x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
+            InputRanges::fold(&mut r.ffn_in, &read(&x)?, h);
+            let act = self.activate(layer.ffn_in.forward(x.clone()))?;
+            InputRanges::fold(&mut r.ffn_out, &read(&act)?, f);
+            x = self.norm(layer.ffn_out.forward_f32(act) + x, &layer.ffn_norm);
+            all.push(r);
+        }
+        Ok(all)
+    }
+
+    /// Word, position and token-type embeddings, summed and normalised.
+    fn embeddings(&self, tokens: &TokenBatch) -> Tensor<3> {
+        let (b, s) = (tokens.batch, tokens.seq_len);
+        let dev = &self.device;
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(tokens.ids.clone(), [b, s]), dev);
+        let types =
+            Tensor::<2, Int>::from_data(TensorData::new(tokens.type_ids.clone(), [b, s]), dev);
+        let positions = self.position.clone().narrow(0, 0, s).unsqueeze::<3>();
+        let x = embedding(self.word.clone(), ids)
+            + positions
+            + embedding(self.token_type.clone(), types);
+        self.norm(x, &self.emb_norm)
     }
 
     fn norm(&self, x: Tensor<3>, n: &Norm) -> Tensor<3> {
@@ -226,6 +348,16 @@ impl Bert {
         })
     }
 
+    /// The shape of an attention call on `b` texts of `s` tokens.
+    fn shape(&self, b: usize, s: usize) -> crate::attention::Shape {
+        crate::attention::Shape {
+            batch: b,
+            seq: s,
+            hidden: self.config.hidden_size,
+            heads: self.config.num_attention_heads,
+        }
+    }
+
     /// Self-attention on the host (CPU backends): `qkv` read back as one
     /// buffer, attention computed per text and head over its real tokens.
     fn host_attention(
@@ -235,16 +367,8 @@ impl Bert {
     ) -> Result<Tensor<3>, BackendError> {
         let [b, s, _] = qkv.dims();
         let h = self.config.hidden_size;
-        let values = qkv
-            .try_into_vec_as::<f32>()
-            .map_err(|e| BackendError(e.to_string()))?;
-        let shape = crate::attention::Shape {
-            batch: b,
-            seq: s,
-            hidden: h,
-            heads: self.config.num_attention_heads,
-        };
-        let ctx = crate::attention::self_attention(&values, &tokens.mask, shape);
+        let values = host_values(qkv)?;
+        let ctx = crate::attention::self_attention(&values, &tokens.mask, self.shape(b, s));
         Ok(Tensor::from_data(
             TensorData::new(ctx, [b, s, h]),
             &self.device,
@@ -291,9 +415,6 @@ impl Bert {
         let heads = self.config.num_attention_heads;
         let dev = &self.device;
 
-        let ids = Tensor::<2, Int>::from_data(TensorData::new(tokens.ids.clone(), [b, s]), dev);
-        let types =
-            Tensor::<2, Int>::from_data(TensorData::new(tokens.type_ids.clone(), [b, s]), dev);
         let mask_f: Vec<f32> = tokens.mask.iter().map(|&m| m as f32).collect();
         let mask_f = Tensor::<2>::from_data(TensorData::new(mask_f, [b, s]), dev);
         let attn_mask: Option<Tensor<4, Bool>> = (!self.host_kernels).then(|| {
@@ -302,24 +423,34 @@ impl Bert {
             pad.reshape([b, 1, 1, s]).expand([b, heads, s, s])
         });
 
-        let positions = self.position.clone().narrow(0, 0, s).unsqueeze::<3>();
-        let x = embedding(self.word.clone(), ids)
-            + positions
-            + embedding(self.token_type.clone(), types);
-        let mut x = self.norm(x, &self.emb_norm);
+        let mut x = self.embeddings(tokens);
 
-        for layer in &self.layers {
-            let qkv = layer.qkv.forward(x.clone());
-            let ctx = if self.host_kernels {
-                self.host_attention(qkv, tokens)?
-            } else {
-                self.backend_attention(qkv, &attn_mask, [b, s, h])
-            };
-            x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
-            let ffn = layer
-                .ffn_out
-                .forward_f32(self.activate(layer.ffn_in.forward(x.clone()))?);
-            x = self.norm(ffn + x, &layer.ffn_norm);
+        match &self.layers {
+            Layers::Burn(layers) => {
+                for layer in layers {
+                    let qkv = layer.qkv.forward(x.clone());
+                    let ctx = if self.host_kernels {
+                        self.host_attention(qkv, tokens)?
+                    } else {
+                        self.backend_attention(qkv, &attn_mask, [b, s, h])
+                    };
+                    x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
+                    let ffn = layer
+                        .ffn_out
+                        .forward_f32(self.activate(layer.ffn_in.forward(x.clone()))?);
+                    x = self.norm(ffn + x, &layer.ffn_norm);
+                }
+            }
+            Layers::Int8(layers) => {
+                let mut values = host_values(x)?;
+                let shape = self.shape(b, s);
+                let mut scratch = Scratch::default();
+                let eps = self.config.layer_norm_eps as f32;
+                for layer in layers {
+                    layer.forward(&mut values, &tokens.mask, shape, eps, &mut scratch);
+                }
+                x = Tensor::from_data(TensorData::new(values, [b, s, h]), dev);
+            }
         }
 
         let m = mask_f.unsqueeze_dim::<3>(2);
@@ -335,6 +466,39 @@ impl Bert {
         let out = mean / norms;
         out.try_into_vec_as::<f32>()
             .map_err(|e| BackendError(e.to_string()))
+    }
+}
+
+/// A tensor's values, read back to the host.
+fn host_values<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, BackendError> {
+    t.try_into_vec_as::<f32>()
+        .map_err(|e| BackendError(e.to_string()))
+}
+
+/// Token ids the int8 mode calibrates on: 8 rows of 48 ids spread over
+/// the vocabulary (skipping its first tenth, where special and unused
+/// entries sit), the same for every load. The ranges only set how each
+/// input channel is shared between activations and weights; every token
+/// still gets its own scale at run time.
+fn calibration_batch(config: &BertConfig) -> TokenBatch {
+    let (rows, len) = (8, 48.min(config.max_position_embeddings));
+    let low = config.vocab_size / 10;
+    let span = (config.vocab_size - low).max(1) as u64;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let ids = (0..rows * len)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (low as u64 + seed % span) as i64
+        })
+        .collect();
+    TokenBatch {
+        batch: rows,
+        seq_len: len,
+        ids,
+        type_ids: vec![0; rows * len],
+        mask: vec![1; rows * len],
     }
 }
 
@@ -466,9 +630,9 @@ mod tests {
         t
     }
 
-    #[test]
-    fn tiny_checkpoint_loads_and_padding_does_not_change_vectors() {
-        let model = load(&checkpoint(&tiny_config())).unwrap();
+    /// A short text's vector alone, and a long and the short text's
+    /// vectors in one padded batch; asserts padding changed nothing.
+    fn alone_and_padded(model: &Bert) -> (Vec<f32>, Vec<f32>) {
         let short: &[i64] = &[1, 5, 2];
         let long: &[i64] = &[1, 3, 4, 7, 9, 10, 6, 2];
         let alone = model.embed(&batch(&[short])).unwrap();
@@ -480,6 +644,13 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
         assert!(diff < 1e-6, "padding changed the vector by {diff}");
+        (alone, padded)
+    }
+
+    #[test]
+    fn tiny_checkpoint_loads_and_padding_does_not_change_vectors() {
+        let model = load(&checkpoint(&tiny_config())).unwrap();
+        let (alone, _) = alone_and_padded(&model);
         let norm: f32 = alone.iter().map(|v| v * v).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-5);
     }
@@ -499,6 +670,31 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
         assert!(diff < 1e-5, "host and backend differ by {diff}");
+    }
+
+    /// The int8 layers: padding changes no vector, and the vectors stay
+    /// close to the float model's.
+    #[test]
+    fn int8_layers_ignore_padding_and_stay_close_to_f32() {
+        let bytes = serialize(&checkpoint(&tiny_config()));
+        let load = |p| {
+            Bert::from_safetensors(
+                &tiny_config(),
+                Path::new("model.safetensors"),
+                &bytes,
+                &Device::flex(),
+                p,
+            )
+            .unwrap()
+        };
+        let (float, int8) = (load(Precision::F32), load(Precision::Int8));
+        assert_eq!(int8.precision(), Precision::Int8);
+        let (_, padded) = alone_and_padded(&int8);
+        let (_, reference) = alone_and_padded(&float);
+        for (q, f) in padded.chunks(8).zip(reference.chunks(8)) {
+            let cosine: f32 = q.iter().zip(f).map(|(a, b)| a * b).sum();
+            assert!(cosine > 0.99, "cosine {cosine} to the float model");
+        }
     }
 
     #[test]

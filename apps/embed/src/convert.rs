@@ -60,6 +60,7 @@ pub fn convert_folder(
         Precision::F32 => Dtype::F32,
         Precision::F16 => Dtype::F16,
         Precision::Bf16 => Dtype::BF16,
+        Precision::Int8 => return Err(LoadError::StoredPrecision(precision)),
     };
     let (mut converted, mut kept) = (0, 0);
     let mut out: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -87,16 +88,16 @@ pub fn convert_folder(
         match floats {
             Some(values) => {
                 converted += 1;
-                let bytes: Vec<u8> = match precision {
-                    Precision::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                    Precision::F16 => values
+                let bytes: Vec<u8> = match target {
+                    Dtype::F16 => values
                         .iter()
                         .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
                         .collect(),
-                    Precision::Bf16 => values
+                    Dtype::BF16 => values
                         .iter()
                         .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
                         .collect(),
+                    _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
                 };
                 out.push((name, target, view.shape().to_vec(), bytes));
             }

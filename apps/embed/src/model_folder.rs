@@ -99,6 +99,13 @@ pub enum LoadError {
         /// The device, as Burn names it.
         device: String,
     },
+    /// The backend failed to hand back weights it had loaded.
+    #[error("backend error while loading: {0}")]
+    Backend(String),
+    /// Weights are not stored in this precision: it is chosen when a
+    /// model loads (`int8`).
+    #[error("weights are not stored in {0}: it is chosen when a model loads")]
+    StoredPrecision(crate::Precision),
     /// tokenizer.json could not be parsed or configured.
     #[error("cannot use tokenizer {path}: {reason}")]
     Tokenizer {

@@ -301,3 +301,36 @@ fn weights_stored_as_f16_load_and_match_reference() {
     matches_references(&enc, "f16 weights", &bar);
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// The int8 mode (`--precision int8`) stays within its bar: cosine 0.99 to
+/// sentence-transformers' f32 vectors for every reference sentence, alone
+/// and in one padded batch.
+#[test]
+fn int8_matches_reference_within_its_bar() {
+    let enc = SentenceEncoder::load_with(model_dir(), &cpu_device(), Precision::Int8).unwrap();
+    assert_eq!(enc.precision(), Precision::Int8);
+    let refs = all_references();
+    let texts: Vec<&str> = refs.iter().map(|(t, _)| t.as_str()).collect();
+    let batched = enc.encode(&texts).unwrap();
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        dot / (a.iter().map(|x| x * x).sum::<f32>() * b.iter().map(|y| y * y).sum::<f32>()).sqrt()
+    };
+    let mut lowest = (f32::INFINITY, String::new());
+    for (i, (text, want)) in refs.iter().enumerate() {
+        let alone = enc.encode(&[text.as_str()]).unwrap();
+        for (how, got) in [("alone", alone.row(0)), ("in batch", batched.row(i))] {
+            let c = cosine(got, want);
+            if c < lowest.0 {
+                lowest = (c, format!("{text:?} {how}"));
+            }
+        }
+    }
+    eprintln!("int8: lowest cosine {} ({})", lowest.0, lowest.1);
+    assert!(
+        lowest.0 >= 0.99,
+        "int8: cosine {} for {}",
+        lowest.0,
+        lowest.1
+    );
+}

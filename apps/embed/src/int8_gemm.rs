@@ -1,0 +1,557 @@
+//! Int8 matrix products for the quantized encoder (`--precision int8`).
+//!
+//! Weights are quantized once at load, symmetric per output column
+//! ([`Int8Matrix`]); activations per row just before each product, over the
+//! row's own range with a zero point ([`Int8Rows`]), so one outlier token
+//! cannot coarsen the others and a one-sided row (GELU's output) gets all
+//! 256 steps. The product sums in 32-bit integers, exactly, then each
+//! output is scaled back to `f32` and gets its bias:
+//!
+//! ```text
+//! x [rows, k] f32 ─► q = round(x / sₓ) + z, sₓ = (max − min) / 255 over the row, u8
+//! W [k, n]    f32 ─► w = round(W / s_w), s_w = max|W_col| / 127, i8, packed at load
+//! y[r, c] = (Σ q·w − z·Σ w) · sₓ[r] · s_w[c] + b[c]
+//! ```
+//!
+//! Two kernels compute the same integers: on CPUs with AVX-512 VNNI, tiles
+//! of 6 rows × 64 columns in 24 registers, four byte products per lane and
+//! instruction ([`flotilla_objects::Vnni512`]); elsewhere a portable loop
+//! compiled for the widest vector unit the CPU has through [`pulp`]. Blocks
+//! of rows run in parallel on the caller's rayon pool.
+//!
+//! Weight layout: 64-column panels; within a panel, for each group of four
+//! `k`, four 64-byte blocks of 16 columns × 4 bytes (a column's four
+//! weights side by side, as `vpdpbusd` takes them).
+
+use rayon::prelude::*;
+
+/// Columns per panel: four 16-lane registers.
+const PANEL: usize = 64;
+/// Rows per register tile of the VNNI kernel.
+const TILE_ROWS: usize = 6;
+/// Rows per parallel task: a multiple of [`TILE_ROWS`].
+const BLOCK_ROWS: usize = 48;
+
+/// A weight matrix `[k, n]` quantized to int8 per output column, packed for
+/// the kernels.
+#[derive(Debug, Clone)]
+pub(crate) struct Int8Matrix {
+    n: usize,
+    /// `k` rounded up to a multiple of 4, divided by 4.
+    quads: usize,
+    panels: usize,
+    /// `panels × quads × 4` blocks of 16 columns × 4 bytes.
+    packed: Vec<[i8; 64]>,
+    /// Per column (padded to `panels × 64`): the weights' scale.
+    scale: Vec<f32>,
+    /// Per column: `Σ w`, what a row's zero point multiplies.
+    sums: Vec<i32>,
+    /// Per column: the bias.
+    bias: Vec<f32>,
+}
+
+impl Int8Matrix {
+    /// Quantizes `weight`, row-major `[k, n]` (`x · W` layout), and keeps
+    /// `bias` (`n` values) beside it.
+    pub(crate) fn quantize(weight: &[f32], bias: &[f32], k: usize, n: usize) -> Self {
+        assert_eq!(weight.len(), k * n, "weight shape");
+        assert_eq!(bias.len(), n, "bias shape");
+        let quads = k.div_ceil(4);
+        let panels = n.div_ceil(PANEL);
+        let width = panels * PANEL;
+        let mut scale = vec![0.0f32; width];
+        let mut q = vec![0i8; quads * 4 * width];
+        for c in 0..n {
+            let amax = (0..k)
+                .map(|r| weight[r * n + c].abs())
+                .fold(0.0f32, f32::max);
+            let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+            scale[c] = s;
+            for r in 0..k {
+                q[r * width + c] = (weight[r * n + c] / s).round().clamp(-127.0, 127.0) as i8;
+            }
+        }
+        let mut sums = vec![0i32; width];
+        for (c, sum) in sums.iter_mut().enumerate() {
+            *sum = (0..k).map(|r| q[r * width + c] as i32).sum::<i32>();
+        }
+        let mut packed = vec![[0i8; 64]; panels * quads * 4];
+        for p in 0..panels {
+            for g in 0..quads {
+                for block in 0..4 {
+                    let dst = &mut packed[(p * quads + g) * 4 + block];
+                    for lane in 0..16 {
+                        let c = p * PANEL + block * 16 + lane;
+                        for b in 0..4 {
+                            dst[lane * 4 + b] = q[(g * 4 + b) * width + c];
+                        }
+                    }
+                }
+            }
+        }
+        let mut padded_bias = vec![0.0f32; width];
+        padded_bias[..n].copy_from_slice(bias);
+        Self {
+            n,
+            quads,
+            panels,
+            packed,
+            scale,
+            sums,
+            bias: padded_bias,
+        }
+    }
+
+    /// Columns of the output.
+    pub(crate) fn outputs(&self) -> usize {
+        self.n
+    }
+
+    fn panel(&self, p: usize) -> &[[i8; 64]] {
+        &self.packed[p * self.quads * 4..(p + 1) * self.quads * 4]
+    }
+}
+
+/// Rows of activations quantized to unsigned bytes, four to a `u32`, with
+/// a scale and a zero point per row.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Int8Rows {
+    rows: usize,
+    quads: usize,
+    values: Vec<u32>,
+    scale: Vec<f32>,
+    zero: Vec<i32>,
+}
+
+impl Int8Rows {
+    /// Quantizes `x`, row-major `[rows, k]`, reusing this buffer; with
+    /// `factors` (`k` values), each column is multiplied by its factor
+    /// first.
+    pub(crate) fn quantize_from(&mut self, x: &[f32], k: usize, factors: Option<&[f32]>) {
+        assert!(k > 0 && x.len().is_multiple_of(k), "rows of {k} values");
+        let rows = x.len() / k;
+        self.rows = rows;
+        self.quads = k.div_ceil(4);
+        self.values.clear();
+        // What the rounding-up of `k` pads with meets zero weights.
+        self.values.resize(rows * self.quads, 0);
+        self.scale.clear();
+        self.scale.resize(rows, 0.0);
+        self.zero.clear();
+        self.zero.resize(rows, 0);
+        let arch = pulp::Arch::new();
+        let quads = self.quads;
+        let bytes: &mut [u8] = pulp::bytemuck::cast_slice_mut(&mut self.values);
+        for (((row, out), scale), zero) in x
+            .chunks_exact(k)
+            .zip(bytes.chunks_exact_mut(quads * 4))
+            .zip(self.scale.iter_mut())
+            .zip(self.zero.iter_mut())
+        {
+            (*scale, *zero) = arch.dispatch(QuantizeRow { row, factors, out });
+        }
+    }
+}
+
+/// One row to quantize: the unit of run-time dispatch.
+struct QuantizeRow<'a> {
+    row: &'a [f32],
+    factors: Option<&'a [f32]>,
+    out: &'a mut [u8],
+}
+
+impl pulp::WithSimd for QuantizeRow<'_> {
+    type Output = (f32, i32);
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) -> (f32, i32) {
+        match self.factors {
+            None => quantize_row(self.row.iter().copied(), self.out),
+            Some(f) => {
+                assert_eq!(f.len(), self.row.len(), "a factor per column");
+                quantize_row(self.row.iter().zip(f).map(|(v, f)| v * f), self.out)
+            }
+        }
+    }
+}
+
+/// Quantizes one row's values into `out` and returns the row's scale and
+/// zero point.
+#[inline(always)]
+fn quantize_row(row: impl Iterator<Item = f32> + Clone, out: &mut [u8]) -> (f32, i32) {
+    // The range always holds zero, so zero is a step exactly.
+    let (lo, hi) = row
+        .clone()
+        .fold((0.0f32, 0.0f32), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let range = hi - lo;
+    if range.is_nan() || range <= 0.0 {
+        // All zeros (or not a number): every byte stays zero.
+        return (1.0, 0);
+    }
+    let inv = 255.0 / (hi - lo);
+    let zero = (-lo * inv).round_ties_even();
+    // round(v) lands in the low bits of v + 1.5·2²³ (0 ≤ v ≤ 255 here):
+    // integer bits vectorise, a float-to-integer cast saturates and does
+    // not.
+    const SHIFT: f32 = 12_582_912.0;
+    for (o, v) in out.iter_mut().zip(row) {
+        let t = (v * inv + zero).clamp(0.0, 255.0);
+        *o = (t + SHIFT).to_bits() as u8;
+    }
+    ((hi - lo) / 255.0, zero as i32)
+}
+
+/// Which kernel computes the integer products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// AVX-512 VNNI register tiles.
+    Vnni,
+    /// The portable loop, vectorised by the compiler.
+    Portable,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if flotilla_objects::Vnni512::try_new().is_some() {
+            return Kernel::Vnni;
+        }
+        Kernel::Portable
+    }
+}
+
+/// `out = x · W + b`, row-major `[rows, n]`, with the fastest kernel.
+pub(crate) fn matmul(w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
+    matmul_with(Kernel::detect(), w, x, out)
+}
+
+/// [`matmul`] with the kernel chosen by the caller (tests compare them).
+pub(crate) fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
+    assert_eq!(x.quads, w.quads, "input width");
+    assert_eq!(out.len(), x.rows * w.n, "output shape");
+    if out.is_empty() {
+        return;
+    }
+    let n = w.n;
+    out.par_chunks_mut(BLOCK_ROWS * n)
+        .enumerate()
+        .for_each(|(i, block)| {
+            let rows = i * BLOCK_ROWS..i * BLOCK_ROWS + block.len() / n;
+            match kernel {
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Vnni => match flotilla_objects::Vnni512::try_new() {
+                    Some(simd) => vnni::block(simd, w, x, rows, block),
+                    None => panic!("the VNNI kernel was chosen on a CPU without AVX-512 VNNI"),
+                },
+                #[cfg(not(target_arch = "x86_64"))]
+                Kernel::Vnni => panic!("the VNNI kernel was chosen on a CPU without AVX-512 VNNI"),
+                Kernel::Portable => pulp::Arch::new().dispatch(PortableBlock {
+                    w,
+                    x,
+                    rows,
+                    out: block,
+                }),
+            }
+        });
+}
+
+/// Writes one row's outputs for columns `c0..c0 + 16` (clipped to `n`):
+/// integer sums scaled back to `f32` plus the bias.
+#[inline(always)]
+fn finish(w: &Int8Matrix, x: &Int8Rows, r: usize, c0: usize, sums: &[i32; 16], out: &mut [f32]) {
+    let end = (c0 + 16).min(w.n);
+    let (scale, zero) = (x.scale[r], x.zero[r]);
+    for (c, o) in (c0..end).zip(out[c0..end].iter_mut()) {
+        *o = (sums[c - c0] - zero * w.sums[c]) as f32 * (scale * w.scale[c]) + w.bias[c];
+    }
+}
+
+/// The portable kernel on a block of rows: the unit of run-time dispatch.
+struct PortableBlock<'a> {
+    w: &'a Int8Matrix,
+    x: &'a Int8Rows,
+    rows: std::ops::Range<usize>,
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for PortableBlock<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let Self { w, x, rows, out } = self;
+        let quads = w.quads;
+        for (r, out_row) in rows.zip(out.chunks_exact_mut(w.n)) {
+            let a = &x.values[r * quads..(r + 1) * quads];
+            for p in 0..w.panels {
+                let panel = w.panel(p);
+                let mut sums = [[0i32; 16]; 4];
+                for (&quad, blocks) in a.iter().zip(panel.chunks_exact(4)) {
+                    let q = quad.to_le_bytes().map(i32::from);
+                    for (sum, block) in sums.iter_mut().zip(blocks) {
+                        for (s, wq) in sum.iter_mut().zip(block.chunks_exact(4)) {
+                            *s += q[0] * wq[0] as i32
+                                + q[1] * wq[1] as i32
+                                + q[2] * wq[2] as i32
+                                + q[3] * wq[3] as i32;
+                        }
+                    }
+                }
+                for (b, sum) in sums.iter().enumerate() {
+                    let c0 = p * PANEL + b * 16;
+                    if c0 < w.n {
+                        finish(w, x, r, c0, sum, out_row);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::__m512i;
+    use std::ops::Range;
+
+    use flotilla_objects::Vnni512;
+
+    use super::{Int8Matrix, Int8Rows, PANEL, TILE_ROWS, finish};
+
+    /// The VNNI kernel on a block of rows (`out` holds exactly them).
+    pub(super) fn block(
+        simd: Vnni512,
+        w: &Int8Matrix,
+        x: &Int8Rows,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        simd.vectorize(Block {
+            simd,
+            w,
+            x,
+            rows,
+            out,
+        })
+    }
+
+    /// One block of rows: what runs with AVX-512 and VNNI enabled. (A
+    /// struct rather than a closure: a closure's `call_once` shim is not
+    /// inlined into the feature-enabled frame, and the intrinsics then run
+    /// as calls.)
+    struct Block<'a> {
+        simd: Vnni512,
+        w: &'a Int8Matrix,
+        x: &'a Int8Rows,
+        rows: Range<usize>,
+        out: &'a mut [f32],
+    }
+
+    impl pulp::NullaryFnOnce for Block<'_> {
+        type Output = ();
+
+        #[inline(always)]
+        fn call(self) {
+            let Self {
+                simd,
+                w,
+                x,
+                rows,
+                out,
+            } = self;
+            for p in 0..w.panels {
+                let panel = w.panel(p);
+                let mut r = rows.start;
+                while r < rows.end {
+                    let o = &mut out[(r - rows.start) * w.n..];
+                    match (rows.end - r).min(TILE_ROWS) {
+                        6 => tile::<6>(simd, w, x, panel, p, r, o),
+                        5 => tile::<5>(simd, w, x, panel, p, r, o),
+                        4 => tile::<4>(simd, w, x, panel, p, r, o),
+                        3 => tile::<3>(simd, w, x, panel, p, r, o),
+                        2 => tile::<2>(simd, w, x, panel, p, r, o),
+                        _ => tile::<1>(simd, w, x, panel, p, r, o),
+                    }
+                    r += TILE_ROWS;
+                }
+            }
+        }
+    }
+
+    /// Rows `r0..r0 + R` × the 64 columns of panel `p`, summed in 4·R
+    /// registers; `out` starts at row `r0`.
+    #[inline(always)]
+    fn tile<const R: usize>(
+        simd: Vnni512,
+        w: &Int8Matrix,
+        x: &Int8Rows,
+        panel: &[[i8; 64]],
+        p: usize,
+        r0: usize,
+        out: &mut [f32],
+    ) {
+        let quads = w.quads;
+        let a: [&[u32]; R] = std::array::from_fn(|i| &x.values[(r0 + i) * quads..][..quads]);
+        let zero = simd.avx512f._mm512_setzero_si512();
+        let mut acc = [[zero; 4]; R];
+        for (g, blocks) in panel.chunks_exact(4).enumerate() {
+            let b: [__m512i; 4] = [
+                pulp::cast(blocks[0]),
+                pulp::cast(blocks[1]),
+                pulp::cast(blocks[2]),
+                pulp::cast(blocks[3]),
+            ];
+            for i in 0..R {
+                let av = simd.avx512f._mm512_set1_epi32(a[i][g] as i32);
+                for j in 0..4 {
+                    acc[i][j] = simd.dot_u8_i8(acc[i][j], av, b[j]);
+                }
+            }
+        }
+        for (i, row_acc) in acc.iter().enumerate() {
+            let row = &mut out[i * w.n..(i + 1) * w.n];
+            for (j, sums) in row_acc.iter().enumerate() {
+                let c0 = p * PANEL + j * 16;
+                if c0 < w.n {
+                    finish(w, x, r0 + i, c0, &pulp::cast(*sums), row);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u64, spread: f32) -> Vec<f32> {
+        let mut s = seed | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * spread
+            })
+            .collect()
+    }
+
+    /// The integer sums the kernels must produce, from the quantized
+    /// values directly.
+    fn reference(w: &Int8Matrix, x: &Int8Rows) -> Vec<f32> {
+        let width = w.panels * PANEL;
+        let mut out = vec![0.0f32; x.rows * w.n];
+        for r in 0..x.rows {
+            let bytes: Vec<u8> = x.values[r * x.quads..(r + 1) * x.quads]
+                .iter()
+                .flat_map(|q| q.to_le_bytes())
+                .collect();
+            for c in 0..w.n {
+                let (p, rest) = (c / PANEL, c % PANEL);
+                let (block, lane) = (rest / 16, rest % 16);
+                let mut sum = 0i32;
+                for (kk, &a) in bytes.iter().enumerate() {
+                    let wq = w.packed[(p * w.quads + kk / 4) * 4 + block][lane * 4 + kk % 4];
+                    sum += a as i32 * wq as i32;
+                }
+                let mut sums = [0i32; 16];
+                sums[c % 16] = sum;
+                let mut row = vec![0.0f32; w.n];
+                finish(w, x, r, c - c % 16, &sums, &mut row);
+                out[r * w.n + c] = row[c];
+            }
+        }
+        assert!(width >= w.n);
+        out
+    }
+
+    fn float_product(x: &[f32], wt: &[f32], bias: &[f32], k: usize, n: usize) -> Vec<f32> {
+        let rows = x.len() / k;
+        let mut out = bias.repeat(rows);
+        for r in 0..rows {
+            for kk in 0..k {
+                for c in 0..n {
+                    out[r * n + c] += x[r * k + kk] * wt[kk * n + c];
+                }
+            }
+        }
+        out
+    }
+
+    fn kernels() -> Vec<Kernel> {
+        let mut k = vec![Kernel::Portable];
+        if Kernel::detect() == Kernel::Vnni {
+            k.push(Kernel::Vnni);
+        }
+        k
+    }
+
+    /// Shapes that fill whole tiles and panels and ones that do not (rows
+    /// not a multiple of 6 or 48, columns not of 16 or 64, `k` not of 4):
+    /// every kernel gives the reference's integers, bit for bit.
+    #[test]
+    fn every_kernel_computes_the_reference_integers() {
+        for (rows, k, n) in [
+            (1, 4, 16),
+            (7, 13, 70),
+            (53, 384, 128),
+            (100, 36, 200),
+            (6, 8, 64),
+        ] {
+            let wt = values(k * n, 7 + k as u64, 0.2);
+            let bias = values(n, 11, 0.5);
+            let x = values(rows * k, 3 + rows as u64, 4.0);
+            let w = Int8Matrix::quantize(&wt, &bias, k, n);
+            let mut q = Int8Rows::default();
+            q.quantize_from(&x, k, None);
+            let want = reference(&w, &q);
+            for kernel in kernels() {
+                let mut got = vec![f32::NAN; rows * n];
+                matmul_with(kernel, &w, &q, &mut got);
+                assert_eq!(got, want, "{kernel:?} on {rows}×{k}×{n}");
+            }
+        }
+    }
+
+    /// Quantized products stay close to the float product, and a row's
+    /// outlier coarsens that row only (one scale per row).
+    #[test]
+    fn quantized_product_is_close_to_the_float_product() {
+        let (rows, k, n) = (20, 384, 96);
+        let wt = values(k * n, 5, 0.2);
+        let bias = values(n, 9, 0.5);
+        let mut x = values(rows * k, 13, 4.0);
+        for r in (0..rows).step_by(2) {
+            x[r * k + (r * 37) % k] = 40.0;
+        }
+        let w = Int8Matrix::quantize(&wt, &bias, k, n);
+        let mut q = Int8Rows::default();
+        q.quantize_from(&x, k, None);
+        let mut got = vec![0.0f32; rows * n];
+        matmul(&w, &q, &mut got);
+        let want = float_product(&x, &wt, &bias, k, n);
+        let error = |r: usize| {
+            let (g, w) = (&got[r * n..(r + 1) * n], &want[r * n..(r + 1) * n]);
+            let err: f32 = g.iter().zip(w).map(|(a, b)| (a - b).powi(2)).sum();
+            (err / w.iter().map(|b| b * b).sum::<f32>()).sqrt()
+        };
+        for r in 0..rows {
+            let bar = if r % 2 == 0 { 0.05 } else { 0.01 };
+            assert!(error(r) < bar, "row {r}: relative error {}", error(r));
+        }
+        assert_eq!(w.outputs(), n);
+    }
+
+    #[test]
+    fn zero_rows_quantize_to_zero_and_give_the_bias() {
+        let (k, n) = (8, 16);
+        let w = Int8Matrix::quantize(&values(k * n, 1, 1.0), &vec![0.25; n], k, n);
+        let mut q = Int8Rows::default();
+        q.quantize_from(&[0.0; 16], k, None);
+        for kernel in kernels() {
+            let mut out = vec![0.0f32; 2 * n];
+            matmul_with(kernel, &w, &q, &mut out);
+            assert!(out.iter().all(|&v| v == 0.25), "{kernel:?}: {out:?}");
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! The int8 dot product of AVX-512 VNNI (`vpdpbusd`) behind a safe token.
+//!
+//! The encoder's quantized matrix products need one instruction that
+//! [`pulp`] does not wrap: four unsigned-by-signed byte products summed
+//! into each 32-bit lane. Calling an intrinsic is `unsafe` in Rust unless
+//! the caller proves the CPU has the feature, and the workspace keeps every
+//! `unsafe` in this crate, so the proof and the call live here:
+//!
+//! - [`Vnni512`] can only be made by [`Vnni512::try_new`], which checks the
+//!   CPU at run time (or by `new_unchecked`, itself `unsafe`).
+//! - [`Vnni512::dot_u8_i8`] takes the token by value, so holding one is the
+//!   proof the instruction exists.
+//! - Code run through [`Vnni512::vectorize`] is compiled with AVX-512 and
+//!   VNNI enabled, so the instruction is inlined where it is used.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::{__m512i, _mm512_dpbusd_epi32};
+
+pulp::simd_type! {
+    /// Proof that the CPU runs AVX-512 (F, BW, VL) with VNNI. Each field is
+    /// pulp's token for one feature, whose methods are that feature's
+    /// intrinsics (`simd.avx512f._mm512_set1_epi32(..)`).
+    #[allow(missing_docs)]
+    pub struct Vnni512 {
+        pub sse: "sse",
+        pub sse2: "sse2",
+        pub fma: "fma",
+        pub avx: "avx",
+        pub avx2: "avx2",
+        pub avx512f: "avx512f",
+        pub avx512bw: "avx512bw",
+        pub avx512vl: "avx512vl",
+        pub avx512vnni: "avx512vnni",
+    }
+}
+
+impl Vnni512 {
+    /// `acc + Σ a·b` per 32-bit lane, over the lane's four bytes: `a`'s
+    /// bytes unsigned, `b`'s signed, no saturation (`vpdpbusd`).
+    #[inline(always)]
+    pub fn dot_u8_i8(self, acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: a `Vnni512` exists only where `try_new` found AVX-512 F,
+        // BW, VL and VNNI on this CPU, or where the caller of the `unsafe`
+        // `new_unchecked` promised them; the intrinsic needs nothing else
+        // (it reads and writes registers only).
+        unsafe { _mm512_dpbusd_epi32(acc, a, b) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_sums_four_byte_products_per_lane() {
+        let Some(simd) = Vnni512::try_new() else {
+            eprintln!("no AVX-512 VNNI on this CPU: nothing to check");
+            return;
+        };
+        let a: [u8; 64] = std::array::from_fn(|i| (i * 4 + 3) as u8);
+        let b: [i8; 64] = std::array::from_fn(|i| (i as i8).wrapping_mul(7).wrapping_sub(100));
+        let acc: [i32; 16] = std::array::from_fn(|i| i as i32 * 1000 - 7000);
+        let got: [i32; 16] = simd.vectorize(
+            #[inline(always)]
+            || pulp::cast(simd.dot_u8_i8(pulp::cast(acc), pulp::cast(a), pulp::cast(b))),
+        );
+        for lane in 0..16 {
+            let want = acc[lane]
+                + (0..4)
+                    .map(|k| a[lane * 4 + k] as i32 * b[lane * 4 + k] as i32)
+                    .sum::<i32>();
+            assert_eq!(got[lane], want, "lane {lane}");
+        }
+    }
+}
