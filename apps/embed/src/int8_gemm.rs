@@ -311,7 +311,7 @@ impl pulp::WithSimd for PortableBlock<'_> {
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use std::arch::x86_64::__m512i;
+    use std::arch::x86_64::{__m512, __m512i};
     use std::ops::Range;
 
     use flotilla_objects::Vnni512;
@@ -408,15 +408,41 @@ mod vnni {
                 }
             }
         }
+        let f = simd.avx512f;
         for (i, row_acc) in acc.iter().enumerate() {
             let row = &mut out[i * w.n..(i + 1) * w.n];
-            for (j, sums) in row_acc.iter().enumerate() {
+            let r = r0 + i;
+            let zero = f._mm512_set1_epi32(x.zero[r]);
+            let scale = f._mm512_set1_ps(x.scale[r]);
+            for (j, &sums) in row_acc.iter().enumerate() {
                 let c0 = p * PANEL + j * 16;
-                if c0 < w.n {
-                    finish(w, x, r0 + i, c0, &pulp::cast(*sums), row);
+                if c0 + 16 <= w.n {
+                    // The same arithmetic as `finish`, 16 columns at once.
+                    let col = c0..c0 + 16;
+                    let w_sums: __m512i = pulp::cast(lanes(&w.sums[col.clone()]));
+                    let w_scale: __m512 = pulp::cast(lanes(&w.scale[col.clone()]));
+                    let bias: __m512 = pulp::cast(lanes(&w.bias[col.clone()]));
+                    let exact = f._mm512_sub_epi32(sums, f._mm512_mullo_epi32(zero, w_sums));
+                    let y = f._mm512_add_ps(
+                        f._mm512_mul_ps(
+                            f._mm512_cvtepi32_ps(exact),
+                            f._mm512_mul_ps(scale, w_scale),
+                        ),
+                        bias,
+                    );
+                    let y: [f32; 16] = pulp::cast(y);
+                    row[col].copy_from_slice(&y);
+                } else if c0 < w.n {
+                    finish(w, x, r, c0, &pulp::cast(sums), row);
                 }
             }
         }
+    }
+
+    /// Sixteen values of a column vector.
+    #[inline(always)]
+    fn lanes<T: Copy>(v: &[T]) -> [T; 16] {
+        v.try_into().expect("16 columns")
     }
 }
 
