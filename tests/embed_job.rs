@@ -859,30 +859,57 @@ fn a_gpu_asked_for_where_there_is_none_is_refused_with_the_reason() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The lowest cosine between two jobs' vectors over `ids`.
+fn worst_cosine(
+    a: &std::collections::HashMap<String, Vec<f32>>,
+    b: &std::collections::HashMap<String, Vec<f32>>,
+    ids: &[String],
+) -> f32 {
+    ids.iter()
+        .map(|id| {
+            let (a, b) = (&a[id], &b[id]);
+            let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+            let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+            dot / (na * nb)
+        })
+        .fold(1.0f32, f32::min)
+}
+
 /// `--precision bf16` runs the job in bfloat16 (on the CPU here): every
 /// row is written once, within cosine 0.999 of the f32 job's vector, and
 /// the summary names the precision. `node model convert` writes an f16
-/// copy of the model folder that the same job loads.
+/// copy of the model folder that the same job loads, and refuses int8.
+/// `--precision int8` (with `--device auto`: the CPU) writes every row once
+/// within cosine 0.99 of the f32 job's vector.
 #[test]
-fn a_half_precision_job_stays_within_its_bar_of_the_f32_job() {
+fn quantized_and_half_precision_jobs_stay_within_their_bars_of_the_f32_job() {
     let dir = scratch("precision");
     let (corpus, ids) = common::corpus(&dir, 300);
     let f32_out = dir.join("f32");
     let (ok, stdout, stderr) = embed(&corpus, &f32_out, &["--format", "jsonl"]);
     assert!(ok, "{stdout}{stderr}");
 
+    let convert = |precision: &str, out: &Path| {
+        Command::new(NODE)
+            .args(["model", "convert", "--precision", precision])
+            .args(["--model", model().to_str().unwrap()])
+            .args(["--out", out.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
     let f16_model = dir.join("model-f16");
-    let out = Command::new(NODE)
-        .args(["model", "convert", "--precision", "f16"])
-        .args(["--model", model().to_str().unwrap()])
-        .args(["--out", f16_model.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = convert("f16", &f16_model);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let refused = convert("int8", &dir.join("model-int8"));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(why.contains("chosen when a model loads"), "{why}");
+
     let bf16_out = dir.join("bf16");
     let half = [
         "--model",
@@ -897,20 +924,19 @@ fn a_half_precision_job_stays_within_its_bar_of_the_f32_job() {
     let (ok, stdout, stderr) = embed(&corpus, &bf16_out, &half);
     assert!(ok, "{stdout}{stderr}");
     assert!(stdout.contains("(bf16)"), "{stdout}");
-
     assert_exactly_once(&bf16_out, &ids);
+
+    let int8_out = dir.join("int8");
+    let quantized = ["--format", "jsonl", "--precision", "int8"];
+    let (ok, stdout, stderr) = embed(&corpus, &int8_out, &quantized);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("(int8)"), "{stdout}");
+    assert_exactly_once(&int8_out, &ids);
+
     let full = read_output(&f32_out);
-    let half = read_output(&bf16_out);
-    let worst = ids
-        .iter()
-        .map(|id| {
-            let (a, b) = (&full[id], &half[id]);
-            let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-            let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-            let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-            dot / (na * nb)
-        })
-        .fold(1.0f32, f32::min);
-    assert!(worst >= 0.999, "worst cosine {worst}");
+    let worst = worst_cosine(&full, &read_output(&bf16_out), &ids);
+    assert!(worst >= 0.999, "bf16: worst cosine {worst}");
+    let worst = worst_cosine(&full, &read_output(&int8_out), &ids);
+    assert!(worst >= 0.99, "int8: worst cosine {worst}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

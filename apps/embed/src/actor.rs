@@ -469,6 +469,11 @@ impl Actor for Embedder {
     ) -> Result<EmbedderState, ActorProcessingErr> {
         let choice: DeviceChoice = args.device.parse()?;
         let precision: Precision = args.precision.parse()?;
+        let choice = if precision.cpu_only() && choice == DeviceChoice::Auto {
+            DeviceChoice::Cpu
+        } else {
+            choice
+        };
         let (jobs, queue) = mpsc::channel::<Job>();
         type Loaded = Result<(ModelInfo, Option<flotilla::gpus::GpuSlot>, bool), String>;
         let (loaded_tx, loaded) = oneshot::channel::<Loaded>();

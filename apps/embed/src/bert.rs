@@ -163,9 +163,7 @@ impl Bert {
         precision: Precision,
     ) -> Result<Self, LoadError> {
         let host_kernels = *device == Device::flex();
-        if !device.supports_dtype(precision.dtype())
-            || (precision == Precision::Int8 && !host_kernels)
-        {
+        if !device.supports_dtype(precision.dtype()) || (precision.cpu_only() && !host_kernels) {
             return Err(LoadError::Precision {
                 precision,
                 device: format!("{device:?}"),

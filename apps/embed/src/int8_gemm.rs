@@ -13,11 +13,15 @@
 //! y[r, c] = (Σ q·w − z·Σ w) · sₓ[r] · s_w[c] + b[c]
 //! ```
 //!
-//! Two kernels compute the same integers: on CPUs with AVX-512 VNNI, tiles
-//! of 6 rows × 64 columns in 24 registers, four byte products per lane and
-//! instruction ([`flotilla_objects::Vnni512`]); elsewhere a portable loop
-//! compiled for the widest vector unit the CPU has through [`pulp`]. Blocks
-//! of rows run in parallel on the caller's rayon pool.
+//! Three kernels compute the same integers, so a text gets the same vector
+//! on every CPU: with AVX-512 VNNI, tiles of 6 rows × 64 columns in 24
+//! registers, four byte products per lane and instruction
+//! ([`flotilla_objects::Vnni512`]); with AVX2, tiles of 6 rows × 16 columns
+//! on weights and activations widened to 16 bits, two products per lane
+//! and instruction (`vpmaddwd`: exact, where AVX2's byte product saturates);
+//! elsewhere a portable loop compiled for the widest vector unit the CPU
+//! has through [`pulp`]. Blocks of rows run in parallel on the caller's
+//! rayon pool.
 //!
 //! Weight layout: 64-column panels; within a panel, for each group of four
 //! `k`, four 64-byte blocks of 16 columns × 4 bytes (a column's four
@@ -35,7 +39,7 @@ const BLOCK_ROWS: usize = 48;
 /// A weight matrix `[k, n]` quantized to int8 per output column, packed for
 /// the kernels.
 #[derive(Debug, Clone)]
-pub(crate) struct Int8Matrix {
+pub struct Int8Matrix {
     n: usize,
     /// `k` rounded up to a multiple of 4, divided by 4.
     quads: usize,
@@ -48,12 +52,15 @@ pub(crate) struct Int8Matrix {
     sums: Vec<i32>,
     /// Per column: the bias.
     bias: Vec<f32>,
+    /// The weights widened to 16 bits for the AVX2 kernel, made on its
+    /// first use.
+    widened: std::sync::OnceLock<Vec<[i16; 16]>>,
 }
 
 impl Int8Matrix {
     /// Quantizes `weight`, row-major `[k, n]` (`x · W` layout), and keeps
     /// `bias` (`n` values) beside it.
-    pub(crate) fn quantize(weight: &[f32], bias: &[f32], k: usize, n: usize) -> Self {
+    pub fn quantize(weight: &[f32], bias: &[f32], k: usize, n: usize) -> Self {
         assert_eq!(weight.len(), k * n, "weight shape");
         assert_eq!(bias.len(), n, "bias shape");
         let quads = k.div_ceil(4);
@@ -99,11 +106,18 @@ impl Int8Matrix {
             scale,
             sums,
             bias: padded_bias,
+            widened: std::sync::OnceLock::new(),
         }
     }
 
+    /// The quantized weight of input `k`, column `c`.
+    fn weight(&self, k: usize, c: usize) -> i8 {
+        let (p, rest) = (c / PANEL, c % PANEL);
+        self.packed[(p * self.quads + k / 4) * 4 + rest / 16][(rest % 16) * 4 + k % 4]
+    }
+
     /// Columns of the output.
-    pub(crate) fn outputs(&self) -> usize {
+    pub fn outputs(&self) -> usize {
         self.n
     }
 
@@ -115,7 +129,7 @@ impl Int8Matrix {
 /// Rows of activations quantized to unsigned bytes, four to a `u32`, with
 /// a scale and a zero point per row.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Int8Rows {
+pub struct Int8Rows {
     rows: usize,
     quads: usize,
     values: Vec<u32>,
@@ -127,7 +141,7 @@ impl Int8Rows {
     /// Quantizes `x`, row-major `[rows, k]`, reusing this buffer; with
     /// `factors` (`k` values), each column is multiplied by its factor
     /// first.
-    pub(crate) fn quantize_from(&mut self, x: &[f32], k: usize, factors: Option<&[f32]>) {
+    pub fn quantize_from(&mut self, x: &[f32], k: usize, factors: Option<&[f32]>) {
         assert!(k > 0 && x.len().is_multiple_of(k), "rows of {k} values");
         let rows = x.len() / k;
         self.rows = rows;
@@ -203,37 +217,65 @@ fn quantize_row(row: impl Iterator<Item = f32> + Clone, out: &mut [u8]) -> (f32,
 
 /// Which kernel computes the integer products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kernel {
+pub enum Kernel {
     /// AVX-512 VNNI register tiles.
     Vnni,
+    /// AVX2 register tiles on 16-bit values.
+    Avx2,
     /// The portable loop, vectorised by the compiler.
     Portable,
 }
 
 impl Kernel {
     /// The fastest kernel this CPU runs.
-    pub(crate) fn detect() -> Self {
+    pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if flotilla_objects::Vnni512::try_new().is_some() {
-            return Kernel::Vnni;
+        {
+            if flotilla_objects::Vnni512::try_new().is_some() {
+                return Kernel::Vnni;
+            }
+            if pulp::x86::V3::try_new().is_some() {
+                return Kernel::Avx2;
+            }
         }
         Kernel::Portable
+    }
+
+    /// Every kernel this CPU runs, the portable one first.
+    pub fn available() -> Vec<Kernel> {
+        let mut all = vec![Kernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if pulp::x86::V3::try_new().is_some() {
+                all.push(Kernel::Avx2);
+            }
+            if flotilla_objects::Vnni512::try_new().is_some() {
+                all.push(Kernel::Vnni);
+            }
+        }
+        all
     }
 }
 
 /// `out = x · W + b`, row-major `[rows, n]`, with the fastest kernel.
-pub(crate) fn matmul(w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
+pub fn matmul(w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
     matmul_with(Kernel::detect(), w, x, out)
 }
 
-/// [`matmul`] with the kernel chosen by the caller (tests compare them).
-pub(crate) fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
+/// [`matmul`] with the kernel chosen by the caller (one of
+/// [`Kernel::available`]; tests and benches compare them).
+pub fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
     assert_eq!(x.quads, w.quads, "input width");
     assert_eq!(out.len(), x.rows * w.n, "output shape");
     if out.is_empty() {
         return;
     }
     let n = w.n;
+    #[cfg(target_arch = "x86_64")]
+    let pairs = match kernel {
+        Kernel::Avx2 => avx2::widen_rows(x),
+        _ => Vec::new(),
+    };
     out.par_chunks_mut(BLOCK_ROWS * n)
         .enumerate()
         .for_each(|(i, block)| {
@@ -244,8 +286,15 @@ pub(crate) fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mu
                     Some(simd) => vnni::block(simd, w, x, rows, block),
                     None => panic!("the VNNI kernel was chosen on a CPU without AVX-512 VNNI"),
                 },
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx2 => match pulp::x86::V3::try_new() {
+                    Some(simd) => avx2::block(simd, w, x, &pairs, rows, block),
+                    None => panic!("the AVX2 kernel was chosen on a CPU without AVX2"),
+                },
                 #[cfg(not(target_arch = "x86_64"))]
-                Kernel::Vnni => panic!("the VNNI kernel was chosen on a CPU without AVX-512 VNNI"),
+                Kernel::Vnni | Kernel::Avx2 => {
+                    panic!("an x86 kernel was chosen on another architecture")
+                }
                 Kernel::Portable => pulp::Arch::new().dispatch(PortableBlock {
                     w,
                     x,
@@ -256,15 +305,21 @@ pub(crate) fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mu
         });
 }
 
-/// Writes one row's outputs for columns `c0..c0 + 16` (clipped to `n`):
-/// integer sums scaled back to `f32` plus the bias.
+/// Writes one row's outputs for columns `c0..c0 + sums.len()` (clipped to
+/// `n`): integer sums scaled back to `f32` plus the bias.
 #[inline(always)]
-fn finish(w: &Int8Matrix, x: &Int8Rows, r: usize, c0: usize, sums: &[i32; 16], out: &mut [f32]) {
-    let end = (c0 + 16).min(w.n);
+fn finish(w: &Int8Matrix, x: &Int8Rows, r: usize, c0: usize, sums: &[i32], out: &mut [f32]) {
+    let end = (c0 + sums.len()).min(w.n);
     let (scale, zero) = (x.scale[r], x.zero[r]);
     for (c, o) in (c0..end).zip(out[c0..end].iter_mut()) {
         *o = (sums[c - c0] - zero * w.sums[c]) as f32 * (scale * w.scale[c]) + w.bias[c];
     }
+}
+
+/// `N` consecutive values of a per-column vector, for one register.
+#[inline(always)]
+fn lanes<T: Copy, const N: usize>(v: &[T]) -> [T; N] {
+    v.try_into().expect("a register's worth of columns")
 }
 
 /// The portable kernel on a block of rows: the unit of run-time dispatch.
@@ -316,7 +371,7 @@ mod vnni {
 
     use flotilla_objects::Vnni512;
 
-    use super::{Int8Matrix, Int8Rows, PANEL, TILE_ROWS, finish};
+    use super::{Int8Matrix, Int8Rows, PANEL, TILE_ROWS, finish, lanes};
 
     /// The VNNI kernel on a block of rows (`out` holds exactly them).
     pub(super) fn block(
@@ -419,9 +474,9 @@ mod vnni {
                 if c0 + 16 <= w.n {
                     // The same arithmetic as `finish`, 16 columns at once.
                     let col = c0..c0 + 16;
-                    let w_sums: __m512i = pulp::cast(lanes(&w.sums[col.clone()]));
-                    let w_scale: __m512 = pulp::cast(lanes(&w.scale[col.clone()]));
-                    let bias: __m512 = pulp::cast(lanes(&w.bias[col.clone()]));
+                    let w_sums: __m512i = pulp::cast(lanes::<_, 16>(&w.sums[col.clone()]));
+                    let w_scale: __m512 = pulp::cast(lanes::<_, 16>(&w.scale[col.clone()]));
+                    let bias: __m512 = pulp::cast(lanes::<_, 16>(&w.bias[col.clone()]));
                     let exact = f._mm512_sub_epi32(sums, f._mm512_mullo_epi32(zero, w_sums));
                     let y = f._mm512_add_ps(
                         f._mm512_mul_ps(
@@ -433,16 +488,205 @@ mod vnni {
                     let y: [f32; 16] = pulp::cast(y);
                     row[col].copy_from_slice(&y);
                 } else if c0 < w.n {
-                    finish(w, x, r, c0, &pulp::cast(sums), row);
+                    finish(w, x, r, c0, &pulp::cast::<_, [i32; 16]>(sums), row);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::{__m256, __m256i};
+    use std::ops::Range;
+
+    use pulp::x86::V3;
+
+    use super::{Int8Matrix, Int8Rows, TILE_ROWS, finish, lanes};
+
+    /// Columns per AVX2 panel: two 8-lane registers.
+    const PANEL: usize = 16;
+
+    /// Each row's bytes as 16-bit pairs: `k` and `k + 1` in one `u32`, what
+    /// one lane of `vpmaddwd` takes.
+    pub(super) fn widen_rows(x: &Int8Rows) -> Vec<u32> {
+        x.values
+            .iter()
+            .flat_map(|q| {
+                let [b0, b1, b2, b3] = q.to_le_bytes().map(u32::from);
+                [b0 | b1 << 16, b2 | b3 << 16]
+            })
+            .collect()
+    }
+
+    /// The weights as 16-column panels: per pair of `k`, two blocks of 8
+    /// columns × the pair's two 16-bit weights.
+    fn widen_weights(w: &Int8Matrix) -> Vec<[i16; 16]> {
+        let pairs = w.quads * 2;
+        let panels = w.panels * (super::PANEL / PANEL);
+        let mut out = vec![[0i16; 16]; panels * pairs * 2];
+        for p in 0..panels {
+            for g in 0..pairs {
+                for half in 0..2 {
+                    let block = &mut out[(p * pairs + g) * 2 + half];
+                    for lane in 0..8 {
+                        for b in 0..2 {
+                            block[lane * 2 + b] =
+                                w.weight(g * 2 + b, p * PANEL + half * 8 + lane).into();
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The AVX2 kernel on a block of rows (`out` holds exactly them);
+    /// `pairs` is [`widen_rows`] of `x`.
+    pub(super) fn block(
+        simd: V3,
+        w: &Int8Matrix,
+        x: &Int8Rows,
+        pairs: &[u32],
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let widened = w.widened.get_or_init(|| widen_weights(w));
+        simd.vectorize(Block {
+            simd,
+            w,
+            widened,
+            x,
+            pairs,
+            rows,
+            out,
+        })
+    }
+
+    /// One block of rows: what runs with AVX2 and FMA enabled.
+    struct Block<'a> {
+        simd: V3,
+        w: &'a Int8Matrix,
+        widened: &'a [[i16; 16]],
+        x: &'a Int8Rows,
+        pairs: &'a [u32],
+        rows: Range<usize>,
+        out: &'a mut [f32],
+    }
+
+    impl pulp::NullaryFnOnce for Block<'_> {
+        type Output = ();
+
+        #[inline(always)]
+        fn call(self) {
+            let Self {
+                simd,
+                w,
+                widened,
+                x,
+                pairs,
+                rows,
+                out,
+            } = self;
+            let per_panel = w.quads * 4;
+            for (p, panel) in widened.chunks_exact(per_panel).enumerate() {
+                if p * PANEL >= w.n {
+                    break;
+                }
+                let tile = Tile {
+                    simd,
+                    w,
+                    x,
+                    pairs,
+                    panel,
+                    p,
+                };
+                let mut r = rows.start;
+                while r < rows.end {
+                    let o = &mut out[(r - rows.start) * w.n..];
+                    match (rows.end - r).min(TILE_ROWS) {
+                        6 => tile.run::<6>(r, o),
+                        5 => tile.run::<5>(r, o),
+                        4 => tile.run::<4>(r, o),
+                        3 => tile.run::<3>(r, o),
+                        2 => tile.run::<2>(r, o),
+                        _ => tile.run::<1>(r, o),
+                    }
+                    r += TILE_ROWS;
                 }
             }
         }
     }
 
-    /// Sixteen values of a column vector.
-    #[inline(always)]
-    fn lanes<T: Copy>(v: &[T]) -> [T; 16] {
-        v.try_into().expect("16 columns")
+    /// One panel of 16 columns against tiles of rows.
+    #[derive(Clone, Copy)]
+    struct Tile<'a> {
+        simd: V3,
+        w: &'a Int8Matrix,
+        x: &'a Int8Rows,
+        pairs: &'a [u32],
+        panel: &'a [[i16; 16]],
+        p: usize,
+    }
+
+    impl Tile<'_> {
+        /// Rows `r0..r0 + R` × the panel's 16 columns, summed in 2·R
+        /// registers; `out` starts at row `r0`.
+        #[inline(always)]
+        fn run<const R: usize>(self, r0: usize, out: &mut [f32]) {
+            let Self {
+                simd,
+                w,
+                x,
+                pairs,
+                panel,
+                p,
+            } = self;
+            let width = w.quads * 2;
+            let a: [&[u32]; R] = std::array::from_fn(|i| &pairs[(r0 + i) * width..][..width]);
+            let zero = simd.avx._mm256_setzero_si256();
+            let mut acc = [[zero; 2]; R];
+            for (g, blocks) in panel.chunks_exact(2).enumerate() {
+                let b: [__m256i; 2] = [pulp::cast(blocks[0]), pulp::cast(blocks[1])];
+                for i in 0..R {
+                    let av = simd.avx._mm256_set1_epi32(a[i][g] as i32);
+                    for j in 0..2 {
+                        let product = simd.avx2._mm256_madd_epi16(av, b[j]);
+                        acc[i][j] = simd.avx2._mm256_add_epi32(acc[i][j], product);
+                    }
+                }
+            }
+            for (i, row_acc) in acc.iter().enumerate() {
+                let row = &mut out[i * w.n..(i + 1) * w.n];
+                let r = r0 + i;
+                let zero = simd.avx._mm256_set1_epi32(x.zero[r]);
+                let scale = simd.avx._mm256_set1_ps(x.scale[r]);
+                for (j, &sums) in row_acc.iter().enumerate() {
+                    let c0 = p * PANEL + j * 8;
+                    if c0 + 8 <= w.n {
+                        // The same arithmetic as `finish`, 8 columns at once.
+                        let col = c0..c0 + 8;
+                        let w_sums: __m256i = pulp::cast(lanes::<_, 8>(&w.sums[col.clone()]));
+                        let w_scale: __m256 = pulp::cast(lanes::<_, 8>(&w.scale[col.clone()]));
+                        let bias: __m256 = pulp::cast(lanes::<_, 8>(&w.bias[col.clone()]));
+                        let exact = simd
+                            .avx2
+                            ._mm256_sub_epi32(sums, simd.avx2._mm256_mullo_epi32(zero, w_sums));
+                        let y = simd.avx._mm256_add_ps(
+                            simd.avx._mm256_mul_ps(
+                                simd.avx._mm256_cvtepi32_ps(exact),
+                                simd.avx._mm256_mul_ps(scale, w_scale),
+                            ),
+                            bias,
+                        );
+                        let y: [f32; 8] = pulp::cast(y);
+                        row[col].copy_from_slice(&y);
+                    } else if c0 < w.n {
+                        finish(w, x, r, c0, &pulp::cast::<_, [i32; 8]>(sums), row);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -473,12 +717,9 @@ mod tests {
                 .flat_map(|q| q.to_le_bytes())
                 .collect();
             for c in 0..w.n {
-                let (p, rest) = (c / PANEL, c % PANEL);
-                let (block, lane) = (rest / 16, rest % 16);
                 let mut sum = 0i32;
                 for (kk, &a) in bytes.iter().enumerate() {
-                    let wq = w.packed[(p * w.quads + kk / 4) * 4 + block][lane * 4 + kk % 4];
-                    sum += a as i32 * wq as i32;
+                    sum += a as i32 * w.weight(kk, c) as i32;
                 }
                 let mut sums = [0i32; 16];
                 sums[c % 16] = sum;
@@ -504,14 +745,6 @@ mod tests {
         out
     }
 
-    fn kernels() -> Vec<Kernel> {
-        let mut k = vec![Kernel::Portable];
-        if Kernel::detect() == Kernel::Vnni {
-            k.push(Kernel::Vnni);
-        }
-        k
-    }
-
     /// Shapes that fill whole tiles and panels and ones that do not (rows
     /// not a multiple of 6 or 48, columns not of 16 or 64, `k` not of 4):
     /// every kernel gives the reference's integers, bit for bit.
@@ -531,7 +764,7 @@ mod tests {
             let mut q = Int8Rows::default();
             q.quantize_from(&x, k, None);
             let want = reference(&w, &q);
-            for kernel in kernels() {
+            for kernel in Kernel::available() {
                 let mut got = vec![f32::NAN; rows * n];
                 matmul_with(kernel, &w, &q, &mut got);
                 assert_eq!(got, want, "{kernel:?} on {rows}×{k}×{n}");
@@ -574,7 +807,7 @@ mod tests {
         let w = Int8Matrix::quantize(&values(k * n, 1, 1.0), &vec![0.25; n], k, n);
         let mut q = Int8Rows::default();
         q.quantize_from(&[0.0; 16], k, None);
-        for kernel in kernels() {
+        for kernel in Kernel::available() {
             let mut out = vec![0.0f32; 2 * n];
             matmul_with(kernel, &w, &q, &mut out);
             assert!(out.iter().all(|&v| v == 0.25), "{kernel:?}: {out:?}");

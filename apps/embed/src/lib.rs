@@ -21,7 +21,7 @@ pub mod convert;
 pub mod devices;
 mod encoder;
 mod fast_gelu;
-mod int8_gemm;
+pub mod int8_gemm;
 pub mod job;
 pub mod model_folder;
 mod precision;

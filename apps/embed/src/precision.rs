@@ -50,6 +50,12 @@ impl Precision {
         }
     }
 
+    /// Whether only the CPU computes in it (`int8`): `--device auto` then
+    /// means the CPU, and a GPU refuses it.
+    pub fn cpu_only(self) -> bool {
+        self == Precision::Int8
+    }
+
     /// The name `--precision` takes and prints.
     pub fn as_str(self) -> &'static str {
         match self {
