@@ -316,6 +316,33 @@ fn finish(w: &Int8Matrix, x: &Int8Rows, r: usize, c0: usize, sums: &[i32], out: 
     }
 }
 
+/// One panel of columns against tiles of up to [`TILE_ROWS`] rows: what
+/// each register-tiled kernel provides.
+trait RowTile {
+    /// Rows `r0..r0 + R` of the panel's columns; `out` starts at row `r0`
+    /// (rows of `n` values).
+    fn run<const R: usize>(&self, r0: usize, out: &mut [f32]);
+}
+
+/// Runs `tile` over `rows` in tiles of [`TILE_ROWS`] (the last one
+/// shorter); `out` holds exactly those rows of `n` values.
+#[inline(always)]
+fn each_tile(tile: &impl RowTile, rows: std::ops::Range<usize>, n: usize, out: &mut [f32]) {
+    let mut r = rows.start;
+    while r < rows.end {
+        let o = &mut out[(r - rows.start) * n..];
+        match (rows.end - r).min(TILE_ROWS) {
+            6 => tile.run::<6>(r, o),
+            5 => tile.run::<5>(r, o),
+            4 => tile.run::<4>(r, o),
+            3 => tile.run::<3>(r, o),
+            2 => tile.run::<2>(r, o),
+            _ => tile.run::<1>(r, o),
+        }
+        r += TILE_ROWS;
+    }
+}
+
 /// `N` consecutive values of a per-column vector, for one register.
 #[inline(always)]
 fn lanes<T: Copy, const N: usize>(v: &[T]) -> [T; N] {
@@ -371,7 +398,7 @@ mod vnni {
 
     use flotilla_objects::Vnni512;
 
-    use super::{Int8Matrix, Int8Rows, PANEL, TILE_ROWS, finish, lanes};
+    use super::{Int8Matrix, Int8Rows, PANEL, RowTile, each_tile, finish, lanes};
 
     /// The VNNI kernel on a block of rows (`out` holds exactly them).
     pub(super) fn block(
@@ -416,79 +443,84 @@ mod vnni {
             } = self;
             for p in 0..w.panels {
                 let panel = w.panel(p);
-                let mut r = rows.start;
-                while r < rows.end {
-                    let o = &mut out[(r - rows.start) * w.n..];
-                    match (rows.end - r).min(TILE_ROWS) {
-                        6 => tile::<6>(simd, w, x, panel, p, r, o),
-                        5 => tile::<5>(simd, w, x, panel, p, r, o),
-                        4 => tile::<4>(simd, w, x, panel, p, r, o),
-                        3 => tile::<3>(simd, w, x, panel, p, r, o),
-                        2 => tile::<2>(simd, w, x, panel, p, r, o),
-                        _ => tile::<1>(simd, w, x, panel, p, r, o),
-                    }
-                    r += TILE_ROWS;
-                }
+                let tile = Tile {
+                    simd,
+                    w,
+                    x,
+                    panel,
+                    p,
+                };
+                each_tile(&tile, rows.clone(), w.n, out);
             }
         }
     }
 
-    /// Rows `r0..r0 + R` × the 64 columns of panel `p`, summed in 4·R
-    /// registers; `out` starts at row `r0`.
-    #[inline(always)]
-    fn tile<const R: usize>(
+    /// One panel of 64 columns against tiles of rows.
+    struct Tile<'a> {
         simd: Vnni512,
-        w: &Int8Matrix,
-        x: &Int8Rows,
-        panel: &[[i8; 64]],
+        w: &'a Int8Matrix,
+        x: &'a Int8Rows,
+        panel: &'a [[i8; 64]],
         p: usize,
-        r0: usize,
-        out: &mut [f32],
-    ) {
-        let quads = w.quads;
-        let a: [&[u32]; R] = std::array::from_fn(|i| &x.values[(r0 + i) * quads..][..quads]);
-        let zero = simd.avx512f._mm512_setzero_si512();
-        let mut acc = [[zero; 4]; R];
-        for (g, blocks) in panel.chunks_exact(4).enumerate() {
-            let b: [__m512i; 4] = [
-                pulp::cast(blocks[0]),
-                pulp::cast(blocks[1]),
-                pulp::cast(blocks[2]),
-                pulp::cast(blocks[3]),
-            ];
-            for i in 0..R {
-                let av = simd.avx512f._mm512_set1_epi32(a[i][g] as i32);
-                for j in 0..4 {
-                    acc[i][j] = simd.dot_u8_i8(acc[i][j], av, b[j]);
+    }
+
+    impl RowTile for Tile<'_> {
+        /// Rows `r0..r0 + R` × the panel's 64 columns, summed in 4·R
+        /// registers.
+        #[inline(always)]
+        fn run<const R: usize>(&self, r0: usize, out: &mut [f32]) {
+            let &Tile {
+                simd,
+                w,
+                x,
+                panel,
+                p,
+            } = self;
+            let quads = w.quads;
+            let a: [&[u32]; R] = std::array::from_fn(|i| &x.values[(r0 + i) * quads..][..quads]);
+            let zero = simd.avx512f._mm512_setzero_si512();
+            let mut acc = [[zero; 4]; R];
+            for (g, blocks) in panel.chunks_exact(4).enumerate() {
+                let b: [__m512i; 4] = [
+                    pulp::cast(blocks[0]),
+                    pulp::cast(blocks[1]),
+                    pulp::cast(blocks[2]),
+                    pulp::cast(blocks[3]),
+                ];
+                for i in 0..R {
+                    let av = simd.avx512f._mm512_set1_epi32(a[i][g] as i32);
+                    for j in 0..4 {
+                        acc[i][j] = simd.dot_u8_i8(acc[i][j], av, b[j]);
+                    }
                 }
             }
-        }
-        let f = simd.avx512f;
-        for (i, row_acc) in acc.iter().enumerate() {
-            let row = &mut out[i * w.n..(i + 1) * w.n];
-            let r = r0 + i;
-            let zero = f._mm512_set1_epi32(x.zero[r]);
-            let scale = f._mm512_set1_ps(x.scale[r]);
-            for (j, &sums) in row_acc.iter().enumerate() {
-                let c0 = p * PANEL + j * 16;
-                if c0 + 16 <= w.n {
-                    // The same arithmetic as `finish`, 16 columns at once.
-                    let col = c0..c0 + 16;
-                    let w_sums: __m512i = pulp::cast(lanes::<_, 16>(&w.sums[col.clone()]));
-                    let w_scale: __m512 = pulp::cast(lanes::<_, 16>(&w.scale[col.clone()]));
-                    let bias: __m512 = pulp::cast(lanes::<_, 16>(&w.bias[col.clone()]));
-                    let exact = f._mm512_sub_epi32(sums, f._mm512_mullo_epi32(zero, w_sums));
-                    let y = f._mm512_add_ps(
-                        f._mm512_mul_ps(
-                            f._mm512_cvtepi32_ps(exact),
-                            f._mm512_mul_ps(scale, w_scale),
-                        ),
-                        bias,
-                    );
-                    let y: [f32; 16] = pulp::cast(y);
-                    row[col].copy_from_slice(&y);
-                } else if c0 < w.n {
-                    finish(w, x, r, c0, &pulp::cast::<_, [i32; 16]>(sums), row);
+            let f = simd.avx512f;
+            for (i, row_acc) in acc.iter().enumerate() {
+                let row = &mut out[i * w.n..(i + 1) * w.n];
+                let r = r0 + i;
+                let zero = f._mm512_set1_epi32(x.zero[r]);
+                let scale = f._mm512_set1_ps(x.scale[r]);
+                for (j, &sums) in row_acc.iter().enumerate() {
+                    let c0 = p * PANEL + j * 16;
+                    if c0 + 16 <= w.n {
+                        // The same arithmetic as `finish`, 16 columns at once.
+                        let col = c0..c0 + 16;
+                        let w_sums: __m512i = pulp::cast(lanes::<_, 16>(&w.sums[col.clone()]));
+                        let w_scale: __m512 = pulp::cast(lanes::<_, 16>(&w.scale[col.clone()]));
+                        let bias: __m512 = pulp::cast(lanes::<_, 16>(&w.bias[col.clone()]));
+                        let exact = f._mm512_sub_epi32(sums, f._mm512_mullo_epi32(zero, w_sums));
+                        let y = f._mm512_add_ps(
+                            f._mm512_mul_ps(
+                                f._mm512_cvtepi32_ps(exact),
+                                f._mm512_mul_ps(scale, w_scale),
+                            ),
+                            bias,
+                        );
+                        let y: [f32; 16] = pulp::cast(y);
+                        row[col].copy_from_slice(&y);
+                    } else if c0 < w.n {
+                        finish(w, x, r, c0, &pulp::cast::<_, [i32; 16]>(sums), row);
+                    }
                 }
             }
         }
@@ -502,7 +534,7 @@ mod avx2 {
 
     use pulp::x86::V3;
 
-    use super::{Int8Matrix, Int8Rows, TILE_ROWS, finish, lanes};
+    use super::{Int8Matrix, Int8Rows, RowTile, each_tile, finish, lanes};
 
     /// Columns per AVX2 panel: two 8-lane registers.
     const PANEL: usize = 16;
@@ -601,25 +633,12 @@ mod avx2 {
                     panel,
                     p,
                 };
-                let mut r = rows.start;
-                while r < rows.end {
-                    let o = &mut out[(r - rows.start) * w.n..];
-                    match (rows.end - r).min(TILE_ROWS) {
-                        6 => tile.run::<6>(r, o),
-                        5 => tile.run::<5>(r, o),
-                        4 => tile.run::<4>(r, o),
-                        3 => tile.run::<3>(r, o),
-                        2 => tile.run::<2>(r, o),
-                        _ => tile.run::<1>(r, o),
-                    }
-                    r += TILE_ROWS;
-                }
+                each_tile(&tile, rows.clone(), w.n, out);
             }
         }
     }
 
     /// One panel of 16 columns against tiles of rows.
-    #[derive(Clone, Copy)]
     struct Tile<'a> {
         simd: V3,
         w: &'a Int8Matrix,
@@ -629,12 +648,12 @@ mod avx2 {
         p: usize,
     }
 
-    impl Tile<'_> {
+    impl RowTile for Tile<'_> {
         /// Rows `r0..r0 + R` × the panel's 16 columns, summed in 2·R
-        /// registers; `out` starts at row `r0`.
+        /// registers.
         #[inline(always)]
-        fn run<const R: usize>(self, r0: usize, out: &mut [f32]) {
-            let Self {
+        fn run<const R: usize>(&self, r0: usize, out: &mut [f32]) {
+            let &Self {
                 simd,
                 w,
                 x,
