@@ -65,6 +65,10 @@ struct Args {
     /// Skip part 2 (scaling).
     #[arg(long)]
     skip_scaling: bool,
+    /// The encoder's precision in part 1 (`f32`, or `int8` for the CPU's
+    /// quantized mode); Ray's sentence-transformers run f32 either way.
+    #[arg(long, default_value = "f32")]
+    precision: flotilla_embed::Precision,
     /// Python interpreter with ray and sentence-transformers: when given,
     /// Ray runs the same job on the same texts after Flotilla's.
     #[arg(long)]
@@ -374,8 +378,12 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
 /// in bytes).
 fn bare_loop(args: &Args, texts: &[String]) -> anyhow::Result<(f64, f64)> {
     let before = rss_bytes();
-    let device = default_device();
-    let model = SentenceEncoder::load(&args.corpus.model, &device)?;
+    let device = if args.precision.cpu_only() {
+        flotilla_embed::cpu_device()
+    } else {
+        default_device()
+    };
+    let model = SentenceEncoder::load_with(&args.corpus.model, &device, args.precision)?;
     let per_model = rss_bytes().saturating_sub(before) as f64;
     let encoders: Vec<&SentenceEncoder> = (0..args.actors).map(|_| &model).collect();
     let batches: Vec<&[String]> = texts.chunks(args.batch_size).collect();
@@ -428,10 +436,11 @@ async fn model(args: &Args) -> anyhow::Result<()> {
     std::fs::write(&input, jsonl)?;
 
     println!(
-        "## Embed job vs bare model loop: {} texts, {} model threads/actors, batches of {}\n",
+        "## Embed job vs bare model loop: {} texts, {} model threads/actors, batches of {}, {}\n",
         rows.len(),
         args.actors,
-        args.batch_size
+        args.batch_size,
+        args.precision
     );
     println!(
         "| run | texts/s (after load) | vs bare loop | time to first batch | memory per model |"
@@ -457,6 +466,7 @@ async fn model(args: &Args) -> anyhow::Result<()> {
             batch_size: args.batch_size,
             actors_per_node: Some(args.actors),
             sort_window: window,
+            precision: args.precision,
             ..flotilla_embed::job::JobConfig::new(
                 input.to_string_lossy(),
                 scratch.join(format!("out-w{window}")).to_string_lossy(),
