@@ -13,10 +13,12 @@
 //! y[r, c] = (Σ q·w − z·Σ w) · sₓ[r] · s_w[c] + b[c]
 //! ```
 //!
-//! Three kernels compute the same integers, so a text gets the same vector
+//! Four kernels compute the same integers, so a text gets the same vector
 //! on every CPU: with AVX-512 VNNI, tiles of 6 rows × 64 columns in 24
 //! registers, four byte products per lane and instruction
-//! ([`flotilla_objects::Vnni512`]); with AVX2, tiles of 6 rows × 16 columns
+//! ([`flotilla_objects::Vnni512`]); with AVX-VNNI and no AVX-512, the same
+//! at 256 bits on 6 rows × 16 columns ([`flotilla_objects::AvxVnni`]);
+//! with AVX2 alone, tiles of 6 rows × 16 columns
 //! on weights and activations widened to 16 bits, two products per lane
 //! and instruction (`vpmaddwd`: exact, where AVX2's byte product saturates);
 //! elsewhere a portable loop compiled for the widest vector unit the CPU
@@ -220,6 +222,8 @@ fn quantize_row(row: impl Iterator<Item = f32> + Clone, out: &mut [u8]) -> (f32,
 pub enum Kernel {
     /// AVX-512 VNNI register tiles.
     Vnni,
+    /// AVX-VNNI (256-bit) register tiles, on CPUs without AVX-512.
+    AvxVnni,
     /// AVX2 register tiles on 16-bit values.
     Avx2,
     /// The portable loop, vectorised by the compiler.
@@ -233,6 +237,9 @@ impl Kernel {
         {
             if flotilla_objects::Vnni512::try_new().is_some() {
                 return Kernel::Vnni;
+            }
+            if flotilla_objects::AvxVnni::try_new().is_some() {
+                return Kernel::AvxVnni;
             }
             if pulp::x86::V3::try_new().is_some() {
                 return Kernel::Avx2;
@@ -248,6 +255,9 @@ impl Kernel {
         {
             if pulp::x86::V3::try_new().is_some() {
                 all.push(Kernel::Avx2);
+            }
+            if flotilla_objects::AvxVnni::try_new().is_some() {
+                all.push(Kernel::AvxVnni);
             }
             if flotilla_objects::Vnni512::try_new().is_some() {
                 all.push(Kernel::Vnni);
@@ -287,12 +297,17 @@ pub fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]
                     None => panic!("the VNNI kernel was chosen on a CPU without AVX-512 VNNI"),
                 },
                 #[cfg(target_arch = "x86_64")]
+                Kernel::AvxVnni => match flotilla_objects::AvxVnni::try_new() {
+                    Some(simd) => avx_vnni::block(simd, w, x, rows, block),
+                    None => panic!("the AVX-VNNI kernel was chosen on a CPU without AVX-VNNI"),
+                },
+                #[cfg(target_arch = "x86_64")]
                 Kernel::Avx2 => match pulp::x86::V3::try_new() {
                     Some(simd) => avx2::block(simd, w, x, &pairs, rows, block),
                     None => panic!("the AVX2 kernel was chosen on a CPU without AVX2"),
                 },
                 #[cfg(not(target_arch = "x86_64"))]
-                Kernel::Vnni | Kernel::Avx2 => {
+                Kernel::Vnni | Kernel::AvxVnni | Kernel::Avx2 => {
                     panic!("an x86 kernel was chosen on another architecture")
                 }
                 Kernel::Portable => pulp::Arch::new().dispatch(PortableBlock {
@@ -677,32 +692,157 @@ mod avx2 {
             }
             for (i, row_acc) in acc.iter().enumerate() {
                 let row = &mut out[i * w.n..(i + 1) * w.n];
-                let r = r0 + i;
-                let zero = simd.avx._mm256_set1_epi32(x.zero[r]);
-                let scale = simd.avx._mm256_set1_ps(x.scale[r]);
                 for (j, &sums) in row_acc.iter().enumerate() {
-                    let c0 = p * PANEL + j * 8;
-                    if c0 + 8 <= w.n {
-                        // The same arithmetic as `finish`, 8 columns at once.
-                        let col = c0..c0 + 8;
-                        let w_sums: __m256i = pulp::cast(lanes::<_, 8>(&w.sums[col.clone()]));
-                        let w_scale: __m256 = pulp::cast(lanes::<_, 8>(&w.scale[col.clone()]));
-                        let bias: __m256 = pulp::cast(lanes::<_, 8>(&w.bias[col.clone()]));
-                        let exact = simd
-                            .avx2
-                            ._mm256_sub_epi32(sums, simd.avx2._mm256_mullo_epi32(zero, w_sums));
-                        let y = simd.avx._mm256_add_ps(
-                            simd.avx._mm256_mul_ps(
-                                simd.avx._mm256_cvtepi32_ps(exact),
-                                simd.avx._mm256_mul_ps(scale, w_scale),
-                            ),
-                            bias,
-                        );
-                        let y: [f32; 8] = pulp::cast(y);
-                        row[col].copy_from_slice(&y);
-                    } else if c0 < w.n {
-                        finish(w, x, r, c0, &pulp::cast::<_, [i32; 8]>(sums), row);
+                    store8(simd, w, x, r0 + i, p * PANEL + j * 8, sums, row);
+                }
+            }
+        }
+    }
+
+    /// Row `r`'s outputs for the 8 columns from `c0` (clipped to `n`): the
+    /// same arithmetic as `finish`, 8 columns per instruction.
+    #[inline(always)]
+    pub(super) fn store8(
+        simd: V3,
+        w: &Int8Matrix,
+        x: &Int8Rows,
+        r: usize,
+        c0: usize,
+        sums: __m256i,
+        row: &mut [f32],
+    ) {
+        if c0 + 8 <= w.n {
+            let col = c0..c0 + 8;
+            let zero = simd.avx._mm256_set1_epi32(x.zero[r]);
+            let scale = simd.avx._mm256_set1_ps(x.scale[r]);
+            let w_sums: __m256i = pulp::cast(lanes::<_, 8>(&w.sums[col.clone()]));
+            let w_scale: __m256 = pulp::cast(lanes::<_, 8>(&w.scale[col.clone()]));
+            let bias: __m256 = pulp::cast(lanes::<_, 8>(&w.bias[col.clone()]));
+            let exact = simd
+                .avx2
+                ._mm256_sub_epi32(sums, simd.avx2._mm256_mullo_epi32(zero, w_sums));
+            let y = simd.avx._mm256_add_ps(
+                simd.avx._mm256_mul_ps(
+                    simd.avx._mm256_cvtepi32_ps(exact),
+                    simd.avx._mm256_mul_ps(scale, w_scale),
+                ),
+                bias,
+            );
+            let y: [f32; 8] = pulp::cast(y);
+            row[col].copy_from_slice(&y);
+        } else if c0 < w.n {
+            finish(w, x, r, c0, &pulp::cast::<_, [i32; 8]>(sums), row);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx_vnni {
+    use std::arch::x86_64::__m256i;
+    use std::ops::Range;
+
+    use flotilla_objects::AvxVnni;
+
+    use super::{Int8Matrix, Int8Rows, PANEL, RowTile, avx2::store8, each_tile};
+
+    /// The AVX-VNNI kernel on a block of rows (`out` holds exactly them):
+    /// the VNNI kernel's weight layout read 16 columns (one 64-byte block,
+    /// two registers) at a time.
+    pub(super) fn block(
+        simd: AvxVnni,
+        w: &Int8Matrix,
+        x: &Int8Rows,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        simd.vectorize(Block {
+            simd,
+            w,
+            x,
+            rows,
+            out,
+        })
+    }
+
+    /// One block of rows: what runs with AVX2 and AVX-VNNI enabled.
+    struct Block<'a> {
+        simd: AvxVnni,
+        w: &'a Int8Matrix,
+        x: &'a Int8Rows,
+        rows: Range<usize>,
+        out: &'a mut [f32],
+    }
+
+    impl pulp::NullaryFnOnce for Block<'_> {
+        type Output = ();
+
+        #[inline(always)]
+        fn call(self) {
+            let Self {
+                simd,
+                w,
+                x,
+                rows,
+                out,
+            } = self;
+            for p in 0..w.panels {
+                for group in 0..PANEL / 16 {
+                    if p * PANEL + group * 16 >= w.n {
+                        break;
                     }
+                    let tile = Tile {
+                        simd,
+                        w,
+                        x,
+                        p,
+                        group,
+                    };
+                    each_tile(&tile, rows.clone(), w.n, out);
+                }
+            }
+        }
+    }
+
+    /// Sixteen columns (group `group` of panel `p`) against tiles of rows.
+    struct Tile<'a> {
+        simd: AvxVnni,
+        w: &'a Int8Matrix,
+        x: &'a Int8Rows,
+        p: usize,
+        group: usize,
+    }
+
+    impl RowTile for Tile<'_> {
+        /// Rows `r0..r0 + R` × the group's 16 columns, summed in 2·R
+        /// registers.
+        #[inline(always)]
+        fn run<const R: usize>(&self, r0: usize, out: &mut [f32]) {
+            let &Tile {
+                simd,
+                w,
+                x,
+                p,
+                group,
+            } = self;
+            let v3 = simd.v3();
+            let quads = w.quads;
+            let a: [&[u32]; R] = std::array::from_fn(|i| &x.values[(r0 + i) * quads..][..quads]);
+            let zero = v3.avx._mm256_setzero_si256();
+            let mut acc = [[zero; 2]; R];
+            let panel = w.panel(p);
+            for (g, blocks) in panel.chunks_exact(4).enumerate() {
+                let b: [__m256i; 2] = pulp::cast(blocks[group]);
+                for i in 0..R {
+                    let av = v3.avx._mm256_set1_epi32(a[i][g] as i32);
+                    for j in 0..2 {
+                        acc[i][j] = simd.dot_u8_i8(acc[i][j], av, b[j]);
+                    }
+                }
+            }
+            for (i, row_acc) in acc.iter().enumerate() {
+                let row = &mut out[i * w.n..(i + 1) * w.n];
+                for (j, &sums) in row_acc.iter().enumerate() {
+                    store8(v3, w, x, r0 + i, p * PANEL + group * 16 + j * 8, sums, row);
                 }
             }
         }

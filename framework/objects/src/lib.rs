@@ -25,9 +25,9 @@
 //!
 //! Every `unsafe` of the workspace is in this crate's `segment`,
 //! `in_place` and `int8_dot` modules, with the invariants that justify it.
-//! [`Vnni512`] is not part of the store: it is the one CPU instruction the
-//! encoder's quantized kernel calls that no safe wrapper offers, kept here
-//! so that rule holds.
+//! [`Vnni512`] and [`AvxVnni`] are not part of the store: they wrap the one
+//! CPU instruction the encoder's quantized kernel calls that no safe
+//! wrapper offers, kept here so that rule holds.
 
 mod in_place;
 #[cfg(target_arch = "x86_64")]
@@ -40,7 +40,7 @@ mod sweep;
 pub use flotilla_proto::objects::ObjectStats;
 pub use in_place::{ArchiveBuf, ArchiveError, f32s};
 #[cfg(target_arch = "x86_64")]
-pub use int8_dot::Vnni512;
+pub use int8_dot::{AvxVnni, Vnni512};
 pub use object_ref::{
     ArchivedObjectId, ArchivedObjectRef, MAX_NAME_LEN, MAX_OBJECT_SIZE, ObjectId, ObjectRef,
     RefError, checksum,
