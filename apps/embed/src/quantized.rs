@@ -23,6 +23,7 @@
 
 use crate::attention::{Shape, self_attention};
 use crate::int8_gemm::{Int8Matrix, Int8Rows, matmul};
+use crate::model_folder::Activation;
 
 /// LayerNorm parameters on the host.
 #[derive(Debug, Clone)]
@@ -94,6 +95,7 @@ pub(crate) struct QuantizedLayer {
     attn_out: Smoothed,
     attn_norm: HostNorm,
     ffn_in: Smoothed,
+    activation: Activation,
     ffn_out: Smoothed,
     ffn_norm: HostNorm,
 }
@@ -150,12 +152,14 @@ impl Smoothed {
 }
 
 impl QuantizedLayer {
-    /// Quantizes a layer whose products' inputs reach `ranges`.
+    /// Quantizes a layer whose products' inputs reach `ranges`; its
+    /// feed-forward block applies `activation`.
     pub(crate) fn quantize(
         v: LayerValues,
         ranges: &InputRanges,
         hidden: usize,
         intermediate: usize,
+        activation: Activation,
     ) -> Self {
         let (h, f) = (hidden, intermediate);
         Self {
@@ -163,6 +167,7 @@ impl QuantizedLayer {
             attn_out: Smoothed::new(v.attn_out, &ranges.attn_out, h, h),
             attn_norm: v.attn_norm,
             ffn_in: Smoothed::new(v.ffn_in, &ranges.ffn_in, h, f),
+            activation,
             ffn_out: Smoothed::new(v.ffn_out, &ranges.ffn_out, f, h),
             ffn_norm: v.ffn_norm,
         }
@@ -183,9 +188,25 @@ impl QuantizedLayer {
         add_norm(x, &s.narrow, &self.attn_norm, eps);
 
         self.ffn_in.forward(x, &mut s.q, &mut s.wide);
-        crate::fast_gelu::gelu_in_place(&mut s.wide);
+        activate(&mut s.wide, self.activation);
         self.ffn_out.forward(&s.wide, &mut s.q, &mut s.narrow);
         add_norm(x, &s.narrow, &self.ffn_norm, eps);
+    }
+}
+
+/// The feed-forward activation on host values, as the float layers apply
+/// it.
+fn activate(values: &mut [f32], activation: Activation) {
+    match activation {
+        Activation::Gelu => crate::fast_gelu::gelu_in_place(values),
+        Activation::GeluTanh => {
+            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+            for x in values.iter_mut() {
+                let v = *x;
+                *x = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + 0.044_715 * v * v * v)).tanh());
+            }
+        }
+        Activation::Relu => values.iter_mut().for_each(|x| *x = x.max(0.0)),
     }
 }
 
