@@ -268,12 +268,22 @@ impl Kernel {
 }
 
 /// `out = x · W + b`, row-major `[rows, n]`, with the fastest kernel.
+///
+/// # Panics
+///
+/// When `x`'s rows are not as wide as `w`'s inputs or `out` is not `rows ×
+/// outputs` long.
 pub fn matmul(w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
     matmul_with(Kernel::detect(), w, x, out)
 }
 
 /// [`matmul`] with the kernel chosen by the caller (one of
 /// [`Kernel::available`]; tests and benches compare them).
+///
+/// # Panics
+///
+/// When `x`'s rows are not as wide as `w`'s inputs, `out` is not `rows ×
+/// outputs` long, or the CPU lacks the kernel's instructions.
 pub fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
     assert_eq!(x.quads, w.quads, "input width");
     assert_eq!(out.len(), x.rows * w.n, "output shape");
