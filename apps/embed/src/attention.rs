@@ -155,13 +155,18 @@ fn text_attention(t: Text<'_>) {
                 }
                 start += KEYS;
             }
-            softmax(&mut scores[..n]);
+            // Padded keys' scores are -inf, so the softmax runs on whole
+            // registers: their weights come out below 1e-37, and the
+            // weighted sum reads only the first `n`.
+            scores[n..].fill(f32::NEG_INFINITY);
+            let inv = softmax(&mut scores);
             let ctx = &mut out[i * hidden + head * dim..i * hidden + (head + 1) * dim];
             match dim {
                 32 => weighted_sum::<32>(&scores[..n], &v, ctx),
                 64 => weighted_sum::<64>(&scores[..n], &v, ctx),
                 _ => weighted_sum_any(&scores[..n], &v, ctx),
             }
+            ctx.iter_mut().for_each(|c| *c *= inv);
         }
     }
 }
@@ -191,10 +196,13 @@ fn score_block<const W: usize>(
     }
 }
 
-/// Softmax in place, shifted by the maximum; each loop vectorises (the
-/// reductions keep one partial result per lane).
+/// Softmax in place up to its normalisation: each score becomes
+/// `e^(s − max)`, and the function returns `1 / Σ`, which the caller
+/// applies to the weighted sum (a head's few values) rather than to every
+/// weight. The loops vectorise, and the reductions keep one partial result
+/// per lane, folded pairwise at the end.
 #[inline(always)]
-fn softmax(scores: &mut [f32]) {
+fn softmax(scores: &mut [f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = scores.chunks_exact(LANES);
     for chunk in &mut chunks {
@@ -202,28 +210,40 @@ fn softmax(scores: &mut [f32]) {
             *m = if x > *m { x } else { *m };
         }
     }
-    let mut max = chunks
-        .remainder()
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    for m in lanes {
-        max = max.max(m);
-    }
-    for s in scores.iter_mut() {
-        *s = exp_neg(*s - max);
-    }
+    let max = chunks.remainder().iter().fold(
+        fold_lanes(lanes, |a, b| if a > b { a } else { b }),
+        |m, &x| {
+            if x > m { x } else { m }
+        },
+    );
     let mut sums = [0.0f32; LANES];
-    let mut chunks = scores.chunks_exact(LANES);
+    let mut chunks = scores.chunks_exact_mut(LANES);
     for chunk in &mut chunks {
-        for (t, &x) in sums.iter_mut().zip(chunk) {
-            *t += x;
+        for (t, x) in sums.iter_mut().zip(chunk) {
+            *x = exp_neg(*x - max);
+            *t += *x;
         }
     }
-    let sum: f32 = sums.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>();
-    let inv = 1.0 / sum;
-    for s in scores.iter_mut() {
-        *s *= inv;
+    let mut rest = 0.0f32;
+    for x in chunks.into_remainder() {
+        *x = exp_neg(*x - max);
+        rest += *x;
     }
+    1.0 / (fold_lanes(sums, |a, b| a + b) + rest)
+}
+
+/// The lanes combined pairwise, halving the width each step (a few vector
+/// operations, where folding one lane after another waits on each).
+#[inline(always)]
+fn fold_lanes(mut v: [f32; LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            v[i] = f(v[i], v[i + width]);
+        }
+        width /= 2;
+    }
+    v[0]
 }
 
 /// `ctx = Σ p[j] · v[j]` with the context in registers: two accumulators
