@@ -957,6 +957,13 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
         s.issue(w);
         workers.push(s.spawn_with("join", w, free_addr(), Some(head.addr), &s.certs(), &fast));
     }
+    // The child goes to the first of its nodes that is up when the
+    // supervisor starts: both workers must be up before it does, or a slow
+    // join of w1 sends it to w2.
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr)
+            .filter(|st| all_up(st, &["head", "w1", "w2"]))
+    });
     let ckpt = s.dir.join("ckpt");
     let config = s.dir.join("sup.toml");
     std::fs::write(
