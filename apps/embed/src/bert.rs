@@ -18,7 +18,9 @@ use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::model_folder::{Activation, BertConfig, LoadError};
 use crate::precision::Precision;
-use crate::quantized::{DenseValues, HostNorm, InputRanges, LayerValues, QuantizedLayer, Scratch};
+use crate::quantized::{
+    DenseValues, HostNorm, InputRanges, LayerValues, Product, QuantizedLayer, Scratch,
+};
 use crate::tokenize::TokenBatch;
 use crate::weights::WeightFile;
 
@@ -46,6 +48,14 @@ impl Dense {
             bias: self.bias.cast(precision.dtype()),
         }
     }
+
+    /// The layer's parameters read back from the device.
+    fn values(&self) -> Result<DenseValues, LoadError> {
+        Ok(DenseValues {
+            weight: read_back(&self.weight)?,
+            bias: read_back(&self.bias)?,
+        })
+    }
 }
 
 struct Norm {
@@ -59,16 +69,6 @@ enum Layers {
     Int8(Vec<QuantizedLayer>),
 }
 
-impl Dense {
-    /// The layer's parameters read back from the device.
-    fn values(&self) -> Result<DenseValues, LoadError> {
-        Ok(DenseValues {
-            weight: read_back(&self.weight)?,
-            bias: read_back(&self.bias)?,
-        })
-    }
-}
-
 impl Norm {
     /// The norm's parameters read back from the device.
     fn host(&self) -> Result<HostNorm, LoadError> {
@@ -79,10 +79,9 @@ impl Norm {
     }
 }
 
+/// [`host_values`] while loading.
 fn read_back<const D: usize>(t: &Tensor<D>) -> Result<Vec<f32>, LoadError> {
-    t.clone()
-        .try_into_vec_as::<f32>()
-        .map_err(|e| LoadError::Backend(e.to_string()))
+    host_values(t.clone()).map_err(|e| LoadError::Backend(e.0))
 }
 
 impl Layer {
@@ -287,23 +286,44 @@ impl Bert {
         layers: &[Layer],
         tokens: &TokenBatch,
     ) -> Result<Vec<InputRanges>, BackendError> {
-        let (h, f) = (self.config.hidden_size, self.config.intermediate_size);
-        let read = |t: &Tensor<3>| host_values(t.clone());
         let mut x = self.embeddings(tokens);
         let mut all = Vec::with_capacity(layers.len());
         for layer in layers {
             let mut r = InputRanges::default();
-            InputRanges::fold(&mut r.qkv, &read(&x)?, h);
-            let ctx = self.host_attention(layer.qkv.forward(x.clone()), tokens)?;
-            InputRanges::fold(&mut r.attn_out, &read(&ctx)?, h);
-            x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
-            InputRanges::fold(&mut r.ffn_in, &read(&x)?, h);
-            let act = self.activate(layer.ffn_in.forward(x.clone()))?;
-            InputRanges::fold(&mut r.ffn_out, &read(&act)?, f);
-            x = self.norm(layer.ffn_out.forward_f32(act) + x, &layer.ffn_norm);
+            x = self.float_layer(layer, x, tokens, &None, |product, input| {
+                let width = input.dims()[2];
+                InputRanges::fold(r.of(product), &host_values(input.clone())?, width);
+                Ok(())
+            })?;
             all.push(r);
         }
         Ok(all)
+    }
+
+    /// One float layer on `x`; `seen` is shown each product's input
+    /// (calibration looks, inference passes a no-op).
+    fn float_layer(
+        &self,
+        layer: &Layer,
+        x: Tensor<3>,
+        tokens: &TokenBatch,
+        attn_mask: &Option<Tensor<4, Bool>>,
+        mut seen: impl FnMut(Product, &Tensor<3>) -> Result<(), BackendError>,
+    ) -> Result<Tensor<3>, BackendError> {
+        seen(Product::Qkv, &x)?;
+        let qkv = layer.qkv.forward(x.clone());
+        let ctx = if self.host_kernels {
+            self.host_attention(qkv, tokens)?
+        } else {
+            self.backend_attention(qkv, attn_mask, x.dims())
+        };
+        seen(Product::AttnOut, &ctx)?;
+        let x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
+        seen(Product::FfnIn, &x)?;
+        let act = self.activate(layer.ffn_in.forward(x.clone()))?;
+        seen(Product::FfnOut, &act)?;
+        let ffn = layer.ffn_out.forward_f32(act);
+        Ok(self.norm(ffn + x, &layer.ffn_norm))
     }
 
     /// Word, position and token-type embeddings, summed and normalised.
@@ -427,17 +447,7 @@ impl Bert {
         match &self.layers {
             Layers::Burn(layers) => {
                 for layer in layers {
-                    let qkv = layer.qkv.forward(x.clone());
-                    let ctx = if self.host_kernels {
-                        self.host_attention(qkv, tokens)?
-                    } else {
-                        self.backend_attention(qkv, &attn_mask, [b, s, h])
-                    };
-                    x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
-                    let ffn = layer
-                        .ffn_out
-                        .forward_f32(self.activate(layer.ffn_in.forward(x.clone()))?);
-                    x = self.norm(ffn + x, &layer.ffn_norm);
+                    x = self.float_layer(layer, x, tokens, &attn_mask, |_, _| Ok(()))?;
                 }
             }
             Layers::Int8(layers) => {
@@ -462,9 +472,7 @@ impl Bert {
             .sum_dim(1)
             .sqrt()
             .clamp_min(1e-12);
-        let out = mean / norms;
-        out.try_into_vec_as::<f32>()
-            .map_err(|e| BackendError(e.to_string()))
+        host_values(mean / norms)
     }
 }
 

@@ -73,7 +73,30 @@ pub(crate) struct InputRanges {
     pub ffn_out: Vec<f32>,
 }
 
+/// One of a layer's four products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Product {
+    /// The fused query, key and value projection.
+    Qkv,
+    /// The attention output projection.
+    AttnOut,
+    /// The feed-forward input.
+    FfnIn,
+    /// The feed-forward output.
+    FfnOut,
+}
+
 impl InputRanges {
+    /// The ranges of `product`'s input.
+    pub(crate) fn of(&mut self, product: Product) -> &mut Vec<f32> {
+        match product {
+            Product::Qkv => &mut self.qkv,
+            Product::AttnOut => &mut self.attn_out,
+            Product::FfnIn => &mut self.ffn_in,
+            Product::FfnOut => &mut self.ffn_out,
+        }
+    }
+
     /// Column-wise largest magnitudes of `x`, rows of `width`, folded into
     /// `into`.
     pub(crate) fn fold(into: &mut Vec<f32>, x: &[f32], width: usize) {
