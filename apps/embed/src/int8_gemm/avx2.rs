@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use pulp::x86::V3;
 
-use super::{Int8Matrix, Int8Rows, RowTile, each_tile, finish, lanes};
+use super::{Int8Matrix, Int8Rows, Panels, RowTile, finish, lanes};
 
 /// Columns per AVX2 panel: two 8-lane registers.
 const PANEL: usize = 16;
@@ -57,58 +57,24 @@ pub(super) fn block(
     out: &mut [f32],
 ) {
     let widened = w.widened.get_or_init(|| widen_weights(w));
-    simd.vectorize(Block {
-        simd,
-        w,
-        widened,
-        x,
-        pairs,
-        rows,
-        out,
-    })
-}
-
-/// One block of rows: what runs with AVX2 and FMA enabled.
-struct Block<'a> {
-    simd: V3,
-    w: &'a Int8Matrix,
-    widened: &'a [[i16; 16]],
-    x: &'a Int8Rows,
-    pairs: &'a [u32],
-    rows: Range<usize>,
-    out: &'a mut [f32],
-}
-
-impl pulp::NullaryFnOnce for Block<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn call(self) {
-        let Self {
+    let tiles = widened
+        .chunks_exact(w.quads * 4)
+        .take(w.n.div_ceil(PANEL))
+        .enumerate()
+        .map(|(p, panel)| Tile {
             simd,
             w,
-            widened,
             x,
             pairs,
-            rows,
-            out,
-        } = self;
-        let per_panel = w.quads * 4;
-        for (p, panel) in widened.chunks_exact(per_panel).enumerate() {
-            if p * PANEL >= w.n {
-                break;
-            }
-            let tile = Tile {
-                simd,
-                w,
-                x,
-                pairs,
-                panel,
-                p,
-            };
-            each_tile(&tile, rows.clone(), w.n, out);
-        }
-    }
+            panel,
+            p,
+        });
+    simd.vectorize(Panels {
+        tiles,
+        rows,
+        n: w.n,
+        out,
+    })
 }
 
 /// One panel of 16 columns against tiles of rows.

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use flotilla_objects::AvxVnni;
 
-use super::{Int8Matrix, Int8Rows, PANEL, RowTile, avx2::store8, each_tile};
+use super::{Int8Matrix, Int8Rows, PANEL, Panels, RowTile, avx2::store8};
 
 /// The AVX-VNNI kernel on a block of rows (`out` holds exactly them):
 /// the VNNI kernel's weight layout read 16 columns (one 64-byte block,
@@ -18,52 +18,19 @@ pub(super) fn block(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    simd.vectorize(Block {
+    let tiles = (0..w.n.div_ceil(16)).map(|sixteen| Tile {
         simd,
         w,
         x,
+        p: sixteen / (PANEL / 16),
+        group: sixteen % (PANEL / 16),
+    });
+    simd.vectorize(Panels {
+        tiles,
         rows,
+        n: w.n,
         out,
     })
-}
-
-/// One block of rows: what runs with AVX2 and AVX-VNNI enabled.
-struct Block<'a> {
-    simd: AvxVnni,
-    w: &'a Int8Matrix,
-    x: &'a Int8Rows,
-    rows: Range<usize>,
-    out: &'a mut [f32],
-}
-
-impl pulp::NullaryFnOnce for Block<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn call(self) {
-        let Self {
-            simd,
-            w,
-            x,
-            rows,
-            out,
-        } = self;
-        for p in 0..w.panels {
-            for group in 0..PANEL / 16 {
-                if p * PANEL + group * 16 >= w.n {
-                    break;
-                }
-                let tile = Tile {
-                    simd,
-                    w,
-                    x,
-                    p,
-                    group,
-                };
-                each_tile(&tile, rows.clone(), w.n, out);
-            }
-        }
-    }
 }
 
 /// Sixteen columns (group `group` of panel `p`) against tiles of rows.

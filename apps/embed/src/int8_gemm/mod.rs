@@ -204,7 +204,7 @@ fn quantize_row(row: impl Iterator<Item = f32> + Clone, out: &mut [u8]) -> (f32,
         // All zeros (or not a number): every byte stays zero.
         return (1.0, 0);
     }
-    let inv = 255.0 / (hi - lo);
+    let inv = 255.0 / range;
     let zero = (-lo * inv).round_ties_even();
     // round(v) lands in the low bits of v + 1.5·2²³ (0 ≤ v ≤ 255 here):
     // integer bits vectorise, a float-to-integer cast saturates and does
@@ -214,7 +214,7 @@ fn quantize_row(row: impl Iterator<Item = f32> + Clone, out: &mut [u8]) -> (f32,
         let t = (v * inv + zero).clamp(0.0, 255.0);
         *o = (t + SHIFT).to_bits() as u8;
     }
-    ((hi - lo) / 255.0, zero as i32)
+    (range / 255.0, zero as i32)
 }
 
 /// Which kernel computes the integer products.
@@ -231,39 +231,42 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// Every kernel, the fastest first.
+    const ALL: [Kernel; 4] = [
+        Kernel::Vnni,
+        Kernel::AvxVnni,
+        Kernel::Avx2,
+        Kernel::Portable,
+    ];
+
+    /// Whether this CPU has the kernel's instructions.
+    pub fn runs_here(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return match self {
+            Kernel::Vnni => flotilla_objects::Vnni512::try_new().is_some(),
+            Kernel::AvxVnni => flotilla_objects::AvxVnni::try_new().is_some(),
+            Kernel::Avx2 => pulp::x86::V3::try_new().is_some(),
+            Kernel::Portable => true,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        return self == Kernel::Portable;
+    }
+
     /// The fastest kernel this CPU runs.
     pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if flotilla_objects::Vnni512::try_new().is_some() {
-                return Kernel::Vnni;
-            }
-            if flotilla_objects::AvxVnni::try_new().is_some() {
-                return Kernel::AvxVnni;
-            }
-            if pulp::x86::V3::try_new().is_some() {
-                return Kernel::Avx2;
-            }
-        }
-        Kernel::Portable
+        Self::ALL
+            .into_iter()
+            .find(|k| k.runs_here())
+            .unwrap_or(Kernel::Portable)
     }
 
     /// Every kernel this CPU runs, the portable one first.
     pub fn available() -> Vec<Kernel> {
-        let mut all = vec![Kernel::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if pulp::x86::V3::try_new().is_some() {
-                all.push(Kernel::Avx2);
-            }
-            if flotilla_objects::AvxVnni::try_new().is_some() {
-                all.push(Kernel::AvxVnni);
-            }
-            if flotilla_objects::Vnni512::try_new().is_some() {
-                all.push(Kernel::Vnni);
-            }
-        }
-        all
+        Self::ALL
+            .into_iter()
+            .rev()
+            .filter(|k| k.runs_here())
+            .collect()
     }
 }
 
@@ -365,6 +368,28 @@ fn each_tile(tile: &impl RowTile, rows: std::ops::Range<usize>, n: usize, out: &
             _ => tile.run::<1>(r, o),
         }
         r += TILE_ROWS;
+    }
+}
+
+/// A kernel's tiles, one per panel of columns, run over a block of rows:
+/// what a kernel runs with its instruction set enabled. (A struct rather
+/// than a closure: a closure's `call_once` shim is not inlined into the
+/// feature-enabled frame, and the intrinsics then run as calls.)
+struct Panels<'a, I> {
+    tiles: I,
+    rows: std::ops::Range<usize>,
+    n: usize,
+    out: &'a mut [f32],
+}
+
+impl<I: Iterator<Item: RowTile>> pulp::NullaryFnOnce for Panels<'_, I> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        for tile in self.tiles {
+            each_tile(&tile, self.rows.clone(), self.n, self.out);
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use flotilla_objects::Vnni512;
 
-use super::{Int8Matrix, Int8Rows, PANEL, RowTile, each_tile, finish, lanes};
+use super::{Int8Matrix, Int8Rows, PANEL, Panels, RowTile, finish, lanes};
 
 /// The VNNI kernel on a block of rows (`out` holds exactly them).
 pub(super) fn block(
@@ -16,51 +16,19 @@ pub(super) fn block(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    simd.vectorize(Block {
+    let tiles = (0..w.panels).map(|p| Tile {
         simd,
         w,
         x,
+        panel: w.panel(p),
+        p,
+    });
+    simd.vectorize(Panels {
+        tiles,
         rows,
+        n: w.n,
         out,
     })
-}
-
-/// One block of rows: what runs with AVX-512 and VNNI enabled. (A
-/// struct rather than a closure: a closure's `call_once` shim is not
-/// inlined into the feature-enabled frame, and the intrinsics then run
-/// as calls.)
-struct Block<'a> {
-    simd: Vnni512,
-    w: &'a Int8Matrix,
-    x: &'a Int8Rows,
-    rows: Range<usize>,
-    out: &'a mut [f32],
-}
-
-impl pulp::NullaryFnOnce for Block<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn call(self) {
-        let Self {
-            simd,
-            w,
-            x,
-            rows,
-            out,
-        } = self;
-        for p in 0..w.panels {
-            let panel = w.panel(p);
-            let tile = Tile {
-                simd,
-                w,
-                x,
-                panel,
-                p,
-            };
-            each_tile(&tile, rows.clone(), w.n, out);
-        }
-    }
 }
 
 /// One panel of 64 columns against tiles of rows.
