@@ -399,6 +399,10 @@ fn malformed_frames_close_only_the_offending_connection() {
         Some(Purpose::Bulk),
     ));
     runtime().block_on(async {
+        // Bulk streams are for members: the prober joins, then speaks as
+        // itself from an endpoint of its own.
+        let member = join_in_process(&s, "prober", head.addr).await;
+        let incarnation = member.incarnation();
         let id = flotilla_transport::Identity::load(&s.certs(), "prober").unwrap();
         let cookie = flotilla_transport::certs::cookie_digest(id.cookie.as_deref().unwrap());
         let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
@@ -408,7 +412,8 @@ fn malformed_frames_close_only_the_offending_connection() {
             let mut send = match hello {
                 None => pc.connection.open_bi().await.unwrap().0,
                 Some(purpose) => {
-                    let hello = flotilla_proto::hello::Hello::new(purpose, "prober", 1, cookie);
+                    let hello =
+                        flotilla_proto::hello::Hello::new(purpose, "prober", incarnation, cookie);
                     let dialled = flotilla_transport::handshake::dial(&pc.connection, &hello).await;
                     let belongs = (purpose == Purpose::Bulk) == (addr == bulk_addr);
                     match dialled {
@@ -430,6 +435,7 @@ fn malformed_frames_close_only_the_offending_connection() {
                 "{what}: closed with {closed:?}"
             );
         }
+        member.shutdown().await;
     });
     let st = s.status(head.addr).expect("head still answers");
     assert!(all_up(&st, &["head", "w1"]));
@@ -488,30 +494,12 @@ fn missing_certificates_fail_at_start_with_exit_code_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("NODE-CONFIG-003"));
 }
 
-/// Starts `node ROLE` for `name` (issuing its certificate) with
-/// `--metrics-listen` on a free port and `extra` flags; the process and
-/// where its metrics are served.
-fn spawn_with_metrics(
-    s: &Scratch,
-    role: &str,
-    name: &str,
-    head: Option<std::net::SocketAddr>,
-    extra: &[&str],
-) -> (Proc, std::net::SocketAddr) {
-    s.issue(name);
-    let metrics = flotilla_testkit::ca::free_tcp_addr();
-    let listen = metrics.to_string();
-    let flags = [extra, &["--metrics-listen", &listen]].concat();
-    let proc = s.spawn_with(role, name, free_addr(), head, &s.certs(), &flags);
-    (proc, metrics)
-}
-
 /// A head and a worker `w2` serving its metrics, both seen up; the head,
 /// the worker and where the worker's metrics are served.
 fn head_and_metered_worker(s: &Scratch) -> (Proc, Proc, std::net::SocketAddr) {
     s.issue("head");
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    let (w2, metrics) = spawn_with_metrics(s, "join", "w2", Some(head.addr), &[]);
+    let (w2, metrics) = s.spawn_metered("join", "w2", Some(head.addr), &[]);
     eventually(Duration::from_secs(20), || {
         s.status(head.addr).filter(|st| all_up(st, &["head", "w2"]))
     });
@@ -524,7 +512,7 @@ fn head_and_metered_worker(s: &Scratch) -> (Proc, Proc, std::net::SocketAddr) {
 fn a_node_with_another_cookie_is_refused_and_counted() {
     let s = Scratch::new("cookie", NODE);
     s.issue("w1");
-    let (head, metrics) = spawn_with_metrics(&s, "head", "head", None, &[]);
+    let (head, metrics) = s.spawn_metered("head", "head", None, &[]);
     eventually(Duration::from_secs(20), || {
         s.status(head.addr).filter(|st| all_up(st, &["head"]))
     });
@@ -565,7 +553,7 @@ fn a_frozen_worker_returns_only_as_a_newer_incarnation() {
     let s = Scratch::new("frozen", NODE);
     s.issue("w1");
     let fast = ["--heartbeat-ms", "200", "--down-after-ms", "1000"];
-    let (head, metrics) = spawn_with_metrics(&s, "head", "head", None, &fast);
+    let (head, metrics) = s.spawn_metered("head", "head", None, &fast);
     let w1 = s.spawn_with(
         "join",
         "w1",
@@ -622,48 +610,53 @@ fn a_frozen_worker_returns_only_as_a_newer_incarnation() {
     );
 }
 
-/// Clause "security: authority": a member that sends another worker's
-/// spawner a member table saying the owner of that worker's actor is gone
-/// does not stop the actor, and the worker counts the refusal.
+/// Clause "security: authority": a node's spawner is reachable from no
+/// other node (it is in no process group), so no member can tell it who is
+/// up, and a member that joins the process group another node's spawner
+/// was once found by captures no spawn request: spawns go on a control
+/// stream to the node itself.
 #[test]
-fn a_forged_member_table_does_not_stop_another_workers_actors() {
+fn no_node_reaches_another_nodes_spawner_nor_captures_its_spawns() {
     use flotilla::ractor::{ActorRef, call_t};
-    use flotilla::spawner::{LocalMembers, MemberStates, SpawnerMsg};
     use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload};
 
     let s = Scratch::new("forged", NODE);
-    let (head, _w2, metrics) = head_and_metered_worker(&s);
+    let (head, _w2, _metrics) = head_and_metered_worker(&s);
     runtime().block_on(async {
         let node = join_in_process(&s, "t3", head.addr).await;
+        let rogue = join_in_process(&s, "t5", head.addr).await;
+        assert!(node.wait_session("w2", Duration::from_secs(15)).await);
+        // The rogue poses as w2's spawner: an actor of its own in the group
+        // a spawner used to be found by, which counts what it is sent.
+        let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (pose, _) =
+            flotilla::ractor::Actor::spawn(None, flotilla_testkit::probe::Recorder, seen_tx)
+                .await
+                .unwrap();
+        flotilla::ractor::pg::join("flotilla.spawner.w2".to_owned(), vec![pose.get_cell()]);
         let echo: ActorRef<EchoMsg> = node
             .spawn_on("w2", ECHO, "echo-forged", &NoArgs, Duration::from_secs(15))
             .await
             .unwrap();
-        let spawner: ActorRef<SpawnerMsg> =
-            flotilla::ractor::pg::get_members(&"flotilla.spawner.w2".to_owned())
-                .into_iter()
-                .next()
-                .expect("w2's spawner is visible")
-                .into();
-        // "t3 restarted": every actor it owns on w2 would stop.
-        let forged = MemberStates(vec![("t3".into(), u64::MAX, true)]);
-        spawner
-            .cast(SpawnerMsg::Members(LocalMembers(forged)))
-            .unwrap();
-        let (refused, _) = eventually(Duration::from_secs(5), || {
-            scrape(metrics)
-                .map(|m| {
-                    counter(
-                        &m,
-                        "flotilla_authority_refused_total{message=\"spawner_members\"}",
-                    )
-                })
-                .filter(|n| *n >= 1)
-        });
-        assert_eq!(refused, 1);
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let on_w2 = node.lookup_on::<EchoMsg>("w2", "echo-forged");
+        assert!(on_w2.is_ok(), "the actor runs on w2: {on_w2:?}");
         let reply = call_t!(echo, EchoMsg::Echo, 2_000, Payload(b"still".to_vec())).unwrap();
-        assert_eq!(reply, Payload(b"still".to_vec()), "the actor still runs");
+        assert_eq!(reply, Payload(b"still".to_vec()));
+        assert!(seen_rx.try_recv().is_err(), "the pose received nothing");
+        // No spawner of another node is visible from here: nothing of w2's
+        // or the head's is in the group but the pose (reflected back).
+        for (on, group) in [
+            ("w2", "flotilla.spawner.w2"),
+            ("head", "flotilla.spawner.head"),
+        ] {
+            let found = node.lookup_on::<EchoMsg>(on, group);
+            assert!(
+                matches!(found, Err(flotilla::LookupError::NotFound(_))),
+                "{on}: {found:?}"
+            );
+        }
+        pose.stop(None);
+        rogue.shutdown().await;
         node.shutdown().await;
     });
 }
@@ -724,7 +717,10 @@ fn only_the_owner_or_the_head_stops_a_remote_actor() {
         assert_eq!(reply, Payload(b"alive".to_vec()));
         let m = scrape(metrics).unwrap();
         assert_eq!(
-            counter(&m, "flotilla_authority_refused_total{message=\"stop\"}"),
+            counter(
+                &m,
+                "flotilla_authority_refused_total{service=\"stop\",reason=\"not_actor_owner\"}"
+            ),
             1,
             "{m}"
         );
@@ -772,12 +768,16 @@ fn bulk_frames_for_actors_that_are_not_remote_are_dropped_and_counted() {
         .parse()
         .unwrap();
     runtime().block_on(async {
+        // Bulk streams are for members: the prober joins, then speaks as
+        // itself from an endpoint of its own.
+        let member = join_in_process(&s, "prober", head.addr).await;
+        let incarnation = member.incarnation();
         let id = flotilla_transport::Identity::load(&s.certs(), "prober").unwrap();
         let cookie = flotilla_transport::certs::cookie_digest(id.cookie.as_deref().unwrap());
         let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
             .unwrap();
         let pc = ep.connect(bulk_addr, None).await.unwrap();
-        let hello = flotilla_proto::hello::Hello::new(Purpose::Bulk, "prober", 1, cookie);
+        let hello = flotilla_proto::hello::Hello::new(Purpose::Bulk, "prober", incarnation, cookie);
         let (mut send, ..) = flotilla_transport::handshake::dial(&pc.connection, &hello)
             .await
             .unwrap();
@@ -806,6 +806,7 @@ fn bulk_frames_for_actors_that_are_not_remote_are_dropped_and_counted() {
                 .filter(|n| *n >= 1)
         });
         assert!(dropped >= 1);
+        member.shutdown().await;
     });
     // The worker still serves.
     assert!(

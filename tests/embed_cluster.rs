@@ -372,9 +372,17 @@ fn a_job_completes_through_a_head_killed_and_restarted() {
         "the job finished before the head was killed"
     );
     let head = s.spawn_with("head", "head", addr, None, &s.certs(), &slow);
+    // The driver is a member of its own, `admin~TAG`.
+    let driver_up = |st: &serde_json::Value| {
+        st["nodes"].as_array().is_some_and(|nodes| {
+            nodes.iter().any(|n| {
+                n["name"].as_str().is_some_and(|n| n.starts_with("admin~")) && n["state"] == "up"
+            })
+        })
+    };
     eventually(Duration::from_secs(60), || {
         s.status(head.addr)
-            .filter(|st| all_up(st, &["head", "w1", "w2", "admin"]))
+            .filter(|st| all_up(st, &["head", "w1", "w2"]) && driver_up(st))
     });
     assert!(
         parts(&out).len() < total,
@@ -551,8 +559,10 @@ fn reserved_total(s: &Scratch, head: &Proc) -> Option<f64> {
 /// A head and `names` as workers that each declare `--resource cpu=2`,
 /// all up.
 fn two_cpu_cluster(s: &Scratch, names: &[&str]) -> (Proc, Vec<Proc>) {
-    s.issue("head");
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    // Detached jobs read and write the test's folder and the model only.
+    let scratch = s.dir.canonicalize().unwrap();
+    let model = model().canonicalize().unwrap();
     let workers = names
         .iter()
         .map(|w| {
@@ -563,7 +573,14 @@ fn two_cpu_cluster(s: &Scratch, names: &[&str]) -> (Proc, Vec<Proc>) {
                 free_addr(),
                 Some(head.addr),
                 &s.certs(),
-                &["--resource", "cpu=2"],
+                &[
+                    "--resource",
+                    "cpu=2",
+                    "--allow-path",
+                    scratch.to_str().unwrap(),
+                    "--allow-path",
+                    model.to_str().unwrap(),
+                ],
                 &[],
             )
         })
@@ -774,4 +791,69 @@ fn a_detached_job_survives_the_death_of_its_drivers_node() {
     let j = jobs_json(&s, &head).unwrap();
     assert_eq!(j["jobs"][0]["state"], "succeeded", "{j}");
     assert_eq!(j["jobs"][0]["done"], 4000, "{j}");
+}
+
+/// Clause "identity: one identity per process": eight `node embed --head`
+/// drivers started together from one certificate (the admin's) on a head
+/// and two workers. Each process is a member of its own (`admin~TAG`), with
+/// its own placement group and actors, so none evicts another: every job
+/// completes, each writing every id of its own input exactly once.
+#[test]
+fn eight_drivers_from_one_certificate_share_a_cluster_and_each_completes_exactly_once() {
+    let s = Scratch::new("eight-drivers", NODE);
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    // Room for every driver's two actors at once.
+    let workers: Vec<Proc> = ["w1", "w2"]
+        .iter()
+        .map(|w| {
+            s.issue(w);
+            s.spawn_with(
+                "join",
+                w,
+                free_addr(),
+                Some(head.addr),
+                &s.certs(),
+                &["--resource", "cpu=8"],
+            )
+        })
+        .collect();
+    eventually(Duration::from_secs(30), || {
+        s.status(head.addr)
+            .filter(|st| all_up(st, &["head", "w1", "w2"]))
+    });
+    let jobs: Vec<(PathBuf, PathBuf, Vec<String>)> = (0..8u64)
+        .map(|i| {
+            let input = s.dir.join(format!("corpus-{i}.jsonl"));
+            let mut out = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
+            flotilla_testkit::corpus::write_jsonl(&mut out, 100 + i, 96).unwrap();
+            std::io::Write::flush(&mut out).unwrap();
+            let ids = flotilla_testkit::corpus::rows(100 + i, 96)
+                .map(|(id, _)| id)
+                .collect();
+            (input, s.dir.join(format!("out-{i}")), ids)
+        })
+        .collect();
+    let drivers: Vec<Driver> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, (input, output, _))| driver(&s, &head, input, output, &format!("d{i}"), &[]))
+        .collect();
+    for (i, d) in drivers.into_iter().enumerate() {
+        let (ok, summary) = finish(&s, d, &format!("d{i}"));
+        assert!(ok, "driver {i}: {summary}");
+    }
+    for (_, output, ids) in &jobs {
+        assert_exactly_once(output, ids);
+    }
+    // Eight drivers were eight members; none is left behind.
+    let st = s.status(head.addr).unwrap();
+    let drivers: Vec<_> = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["role"] == "admin")
+        .collect();
+    assert_eq!(drivers.len(), 8, "{st}");
+    assert!(drivers.iter().all(|n| n["state"] == "left"), "{st}");
+    drop(workers);
 }

@@ -398,7 +398,7 @@ impl Embedder {
     async fn deliver(
         &self,
         batch_id: u64,
-        as_object: bool,
+        as_object: Option<String>,
         answer: oneshot::Receiver<EmbedReply>,
         reply: RpcReplyPort<EmbedReply>,
     ) -> Result<(), &'static str> {
@@ -410,18 +410,18 @@ impl Embedder {
             });
             return Err(PANICKED);
         };
-        let answer = if as_object {
-            self.lend_result(answer).await
-        } else {
-            answer
+        let answer = match as_object {
+            Some(borrower) => self.lend_result(answer, &borrower).await,
+            None => answer,
         };
         let _ = reply.send(answer);
         Ok(())
     }
 
     /// The answer with its vectors moved into an object of this node's
-    /// store, lent to the caller; unchanged if the store cannot take them.
-    async fn lend_result(&self, answer: EmbedReply) -> EmbedReply {
+    /// store, lent to `borrower` (the caller: the owner of the request's
+    /// texts object); unchanged if the store cannot take them.
+    async fn lend_result(&self, answer: EmbedReply, borrower: &str) -> EmbedReply {
         let (EmbedOutcome::Embedded(vectors), Some(node)) = (
             &answer.outcome,
             self.node.as_ref().and_then(flotilla::NodeHandle::get),
@@ -436,7 +436,7 @@ impl Embedder {
                     revision: vectors.revision.clone(),
                     dim: vectors.dim,
                     rows: (vectors.values.len() / vectors.dim.max(1) as usize) as u32,
-                    object: objects.lend(object, RESULT_LEASE),
+                    object: objects.lend(object, borrower, RESULT_LEASE),
                 }),
             },
             Err(e) => {
@@ -600,7 +600,9 @@ impl Actor for Embedder {
         match msg {
             EmbedMsg::Embed(req, reply) => {
                 let batch_id = req.batch_id;
-                let as_object = req.object.is_some();
+                // Results go back as objects to a caller that sent its texts
+                // as one, lent to it.
+                let as_object = req.object.as_ref().map(|o| o.owner.clone());
                 let texts = match req.object {
                     None => Texts::Owned(req.texts),
                     Some(object) => match self.read(&object).await {

@@ -558,10 +558,9 @@ fn main() -> anyhow::Result<()> {
     let certs =
         std::env::temp_dir().join(format!("flotilla-bench-transport-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&certs);
-    flotilla_transport::certs::init_ca(&certs, "bench")?;
-    for n in ["sender", "receiver"] {
-        flotilla_transport::certs::issue(&certs, n, &certs)?;
-    }
+    // The sender runs the head; the receiver joins it.
+    flotilla_transport::certs::init_ca(&certs, "bench", "sender")?;
+    flotilla_testkit::ca::issue_role(&certs, "receiver", flotilla_proto::role::Role::Worker)?;
     // Rounds alternate the transports, so that a slow spell of a shared
     // machine falls on all three; each figure is the median of its rounds.
     let rounds: usize = arg("--rounds").map_or(Ok(3), |r| r.parse())?;

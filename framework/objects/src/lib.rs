@@ -24,7 +24,9 @@
 //! cluster that opens on the host.
 //!
 //! Every `unsafe` of the workspace is in this crate's `segment`,
-//! `in_place` and `int8_dot` modules, with the invariants that justify it.
+//! `in_place`, `int8_dot` and `meter` modules, with the invariants that
+//! justify it. [`meter::Metered`] is not part of the store either: the
+//! allocator the decoder fuzz tests measure allocations with.
 //! [`Vnni512`] and [`AvxVnni`] are not part of the store: they wrap the one
 //! CPU instruction the encoder's quantized kernel calls that no safe
 //! wrapper offers, kept here so that rule holds.
@@ -32,6 +34,7 @@
 mod in_place;
 #[cfg(target_arch = "x86_64")]
 mod int8_dot;
+pub mod meter;
 mod object_ref;
 mod segment;
 mod store;
@@ -46,5 +49,5 @@ pub use object_ref::{
     RefError, checksum,
 };
 pub use segment::SegmentError;
-pub use store::{Object, ObjectBytes, ObjectError, ObjectWriter, Store, StoreConfig};
+pub use store::{Object, ObjectBytes, ObjectError, ObjectWriter, Release, Store, StoreConfig};
 pub use sweep::{segments, sweep_dead};

@@ -82,6 +82,10 @@ pub struct ObjectRef {
     pub size: u64,
     /// xxh3-64 of the bytes; a pulled copy must match it.
     pub checksum: u64,
+    /// The owner's secret for this object: a pull from another host must
+    /// carry it, so only those given the reference can read the object
+    /// over the network (see [`crate::Store::token_of`]).
+    pub token: u64,
 }
 
 /// A reference that cannot name an object.
@@ -95,7 +99,7 @@ pub enum RefError {
     #[error("object reference with an empty or overlong {0}")]
     BadName(&'static str),
     /// Text that is not an object reference.
-    #[error("not an object reference (obj:SCOPE-PID-SEQ:SIZE:CHECKSUM:OWNER:HOST): {0:?}")]
+    #[error("not an object reference (obj:SCOPE-PID-SEQ:SIZE:CHECKSUM:TOKEN:OWNER:HOST): {0:?}")]
     BadToken(String),
 }
 
@@ -116,19 +120,20 @@ impl ObjectRef {
 
 impl ObjectRef {
     /// The reference as one line of text, for tools and logs:
-    /// `obj:SCOPE-PID-SEQ:SIZE:CHECKSUM:OWNER:HOST` (hex where
-    /// [`ObjectId`]'s display is, checksum in hex).
+    /// `obj:SCOPE-PID-SEQ:SIZE:CHECKSUM:TOKEN:OWNER:HOST` (hex where
+    /// [`ObjectId`]'s display is, checksum and token in hex). The owner's
+    /// name may hold `:` nowhere, the host id last may.
     pub fn to_token(&self) -> String {
         format!(
-            "obj:{}:{}:{:x}:{}:{}",
-            self.id, self.size, self.checksum, self.owner, self.host
+            "obj:{}:{}:{:x}:{:x}:{}:{}",
+            self.id, self.size, self.checksum, self.token, self.owner, self.host
         )
     }
 
     /// Reads [`ObjectRef::to_token`]'s form back, checked.
     pub fn from_token(token: &str) -> Result<Self, RefError> {
         let bad = || RefError::BadToken(token.chars().take(80).collect());
-        let mut parts = token.trim().splitn(6, ':');
+        let mut parts = token.trim().splitn(7, ':');
         if parts.next() != Some("obj") {
             return Err(bad());
         }
@@ -141,6 +146,7 @@ impl ObjectRef {
         }
         let size = parts.next().ok_or_else(bad)?.parse().map_err(|_| bad())?;
         let checksum = u64::from_str_radix(parts.next().ok_or_else(bad)?, 16).map_err(|_| bad())?;
+        let secret = u64::from_str_radix(parts.next().ok_or_else(bad)?, 16).map_err(|_| bad())?;
         let owner = parts.next().ok_or_else(bad)?.to_owned();
         let host = parts.next().ok_or_else(bad)?.to_owned();
         let reference = Self {
@@ -149,6 +155,7 @@ impl ObjectRef {
             host,
             size,
             checksum,
+            token: secret,
         };
         reference.check()?;
         Ok(reference)
@@ -202,6 +209,7 @@ mod tests {
             host: "h:with:colons".into(),
             size: 123,
             checksum: 0xdead,
+            token: 0x0123_4567_89ab_cdef,
         };
         assert_eq!(ObjectRef::from_token(&r.to_token()), Ok(r.clone()));
         for junk in [
@@ -211,7 +219,8 @@ mod tests {
             "obj:1-2-3:x:4:a:b",
             "obj:1-2-3:3:4:a",
             "obj:1-2-3:3:4::b",
-            "ref:1-2-3:3:4:a:b",
+            "obj:1-2-3:3:4:zz:a:b",
+            "ref:1-2-3:3:4:5:a:b",
         ] {
             assert!(ObjectRef::from_token(junk).is_err(), "{junk:?}");
         }
@@ -229,6 +238,7 @@ mod tests {
             host: "h".into(),
             size: 10,
             checksum: 0,
+            token: 0,
         };
         assert_eq!(good.check(), Ok(()));
         let big = ObjectRef {

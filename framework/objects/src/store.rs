@@ -124,6 +124,9 @@ struct Inner {
     pid: u32,
     /// High 24 bits of every `seq` of this store.
     nonce: u64,
+    /// The keyed hash (SipHash, keys drawn at open) that gives each object
+    /// its token.
+    tokens: std::collections::hash_map::RandomState,
     state: Mutex<State>,
     space: Notify,
     puts: AtomicU64,
@@ -146,8 +149,9 @@ struct State {
     /// of their last use.
     copies: HashMap<ObjectId, (Arc<Mapped>, u64)>,
     tick: u64,
-    /// Objects lent to other holders, until released or their lease ends.
-    lent: HashMap<ObjectId, (Object, Instant)>,
+    /// Objects lent to other holders, until released or their lease ends,
+    /// with the member each was lent to.
+    lent: HashMap<ObjectId, (Object, Instant, String)>,
 }
 
 /// One mapping of one object's segment.
@@ -200,6 +204,17 @@ pub struct ObjectWriter {
     hasher: Box<xxhash_rust::xxh3::Xxh3>,
 }
 
+/// What became of a [`Store::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// No longer held for its borrower.
+    Released,
+    /// Not lent (never, or released or expired already).
+    NotLent,
+    /// Lent to another member than the one asking: still held.
+    NotBorrower,
+}
+
 impl Store {
     /// Opens a store, first removing the segments of this cluster's dead
     /// processes on this host (a node killed with SIGKILL leaves its
@@ -217,6 +232,7 @@ impl Store {
                 config,
                 pid,
                 nonce,
+                tokens: std::collections::hash_map::RandomState::new(),
                 state: Mutex::new(State::default()),
                 space: Notify::new(),
                 puts: AtomicU64::new(0),
@@ -374,43 +390,63 @@ impl Store {
         Some(ObjectBytes { mapped })
     }
 
-    /// An object this store created or copied, by id, without counting a
-    /// get: what serving a pull reads.
-    pub fn lookup(&self, id: ObjectId) -> Option<ObjectBytes> {
-        let state = self.inner.lock();
-        let mapped = match state.copies.get(&id) {
-            Some((copy, _)) => Some(Arc::clone(copy)),
-            None => state.own.get(&id).and_then(Weak::upgrade),
-        };
-        drop(state);
+    /// The token of the object `id` of this store: a keyed hash of its id
+    /// under keys drawn when the store opened, so nobody without the
+    /// object's reference can tell it.
+    pub fn token_of(&self, id: ObjectId) -> u64 {
+        use std::hash::BuildHasher;
+        self.inner.tokens.hash_one((id.scope, id.pid, id.seq))
+    }
+
+    /// An object this store created, by id, without counting a get: what
+    /// serving a pull reads. `None` unless `token` is the object's (see
+    /// [`Store::token_of`]) and the object is still held.
+    pub fn lookup(&self, id: ObjectId, token: u64) -> Option<ObjectBytes> {
+        if self.token_of(id) != token {
+            return None;
+        }
+        let mapped = self.inner.lock().own.get(&id).and_then(Weak::upgrade);
         Some(ObjectBytes { mapped: mapped? })
     }
 
-    /// Keeps `object` alive for holders elsewhere until one of them
+    /// Keeps `object` alive for the member `borrower` elsewhere until it
     /// [`Store::release`]s it or `until` passes (then it is dropped at the
     /// next lend or release after that). Returns its reference.
-    pub fn lend(&self, object: Object, until: Instant) -> ObjectRef {
+    pub fn lend(&self, object: Object, borrower: &str, until: Instant) -> ObjectRef {
         let reference = object.reference.clone();
         let expired = {
             let mut state = self.inner.lock();
-            state.lent.insert(reference.id, (object, until));
+            state
+                .lent
+                .insert(reference.id, (object, until, borrower.to_owned()));
             expire(&mut state, Instant::now())
         };
         drop(expired);
         reference
     }
 
-    /// Stops holding the lent object `id`; whether it was held.
-    pub fn release(&self, id: ObjectId) -> bool {
+    /// Stops holding the lent object `id` for `by` (`None`: this node
+    /// itself, which may release anything it lent).
+    pub fn release(&self, id: ObjectId, by: Option<&str>) -> Release {
         let (released, expired) = {
             let mut state = self.inner.lock();
-            let released = state.lent.remove(&id);
-            (released, expire(&mut state, Instant::now()))
+            let outcome = match (state.lent.get(&id), by) {
+                (None, _) => None,
+                (Some((_, _, borrower)), Some(by)) if borrower != by => {
+                    return Release::NotBorrower;
+                }
+                _ => state.lent.remove(&id),
+            };
+            (outcome, expire(&mut state, Instant::now()))
         };
-        let found = released.is_some();
+        let outcome = if released.is_some() {
+            Release::Released
+        } else {
+            Release::NotLent
+        };
         // Dropped outside the lock: the last handle frees the segment.
         drop((released, expired));
-        found
+        outcome
     }
 
     /// Objects lent and not yet released.
@@ -491,18 +527,18 @@ impl Store {
 /// Takes the lent objects whose lease ended by `now` out of the table, to
 /// be dropped once the lock is released.
 fn expire(state: &mut State, now: Instant) -> Vec<Object> {
-    if !state.lent.values().any(|(_, until)| *until <= now) {
+    if !state.lent.values().any(|(_, until, _)| *until <= now) {
         return Vec::new();
     }
     let ended: Vec<ObjectId> = state
         .lent
         .iter()
-        .filter(|(_, (_, until))| *until <= now)
+        .filter(|(_, (_, until, _))| *until <= now)
         .map(|(id, _)| *id)
         .collect();
     ended
         .into_iter()
-        .filter_map(|id| state.lent.remove(&id).map(|(o, _)| o))
+        .filter_map(|id| state.lent.remove(&id).map(|(o, _, _)| o))
         .collect()
 }
 
@@ -569,12 +605,17 @@ impl ObjectWriter {
         self.mapped.segment.seal(id, size, sum);
         self.mapped.checksum = sum;
         let config = &self.inner.config;
+        let token = {
+            use std::hash::BuildHasher;
+            self.inner.tokens.hash_one((id.scope, id.pid, id.seq))
+        };
         let reference = ObjectRef {
             id,
             owner: config.owner.clone(),
             host: config.host.clone(),
             size,
             checksum: sum,
+            token,
         };
         let inner = Arc::clone(&self.inner);
         let mapped = Arc::new(self.mapped);
@@ -896,20 +937,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_pull_must_carry_the_objects_token() {
+        let s = scope("token");
+        let a = store(s, "a", 1 << 20);
+        let object = a.put(b"secret", T).await.unwrap();
+        let r = object.reference().clone();
+        assert_eq!(r.token, a.token_of(r.id));
+        assert_eq!(
+            &*a.lookup(r.id, r.token).expect("with its token"),
+            b"secret"
+        );
+        assert!(a.lookup(r.id, r.token ^ 1).is_none(), "a guessed token");
+        let next = ObjectId {
+            seq: r.id.seq + 1,
+            ..r.id
+        };
+        assert_ne!(a.token_of(next), r.token, "tokens are not sequential");
+        // Another store draws other keys.
+        let b = store(s, "b", 1 << 20);
+        assert_ne!(b.token_of(r.id), r.token);
+    }
+
+    #[tokio::test]
     async fn lent_objects_live_until_released_or_their_lease_ends() {
         let s = scope("lend");
         let a = store(s, "a", 1 << 20);
         let first = a.put(b"one", T).await.unwrap();
-        let r1 = a.lend(first, Instant::now() + Duration::from_secs(60));
+        let r1 = a.lend(first, "d~1", Instant::now() + Duration::from_secs(60));
         assert_eq!((a.lent(), a.stats().count), (1, 1), "held without a handle");
-        assert!(a.release(r1.id));
-        assert!(!a.release(r1.id), "released once");
+        // Only its borrower (or the store's own node) releases it.
+        assert_eq!(a.release(r1.id, Some("d~2")), Release::NotBorrower);
+        assert_eq!(a.lent(), 1);
+        assert_eq!(a.release(r1.id, Some("d~1")), Release::Released);
+        assert_eq!(
+            a.release(r1.id, Some("d~1")),
+            Release::NotLent,
+            "released once"
+        );
         assert_eq!(a.stats().count, 0, "freed on release");
         let second = a.put(b"two", T).await.unwrap();
-        let r2 = a.lend(second, Instant::now());
+        let r2 = a.lend(second, "d~1", Instant::now());
         // The next lend drops what has expired.
         let third = a.put(b"three", T).await.unwrap();
-        let r3 = a.lend(third, Instant::now() + Duration::from_secs(60));
+        let r3 = a.lend(third, "d~1", Instant::now() + Duration::from_secs(60));
+        assert_eq!(a.release(r3.id, None), Release::Released);
+        let fourth = a.put(b"four", T).await.unwrap();
+        let r3 = a.lend(fourth, "d~1", Instant::now() + Duration::from_secs(60));
         assert!(a.held(&r2).is_none(), "its lease ended");
         assert!(a.held(&r3).is_some());
     }
@@ -928,6 +1001,7 @@ mod tests {
             host: "host-b".into(),
             size: 400,
             checksum: sum,
+            token: 0,
         };
         let sum = checksum(&[5u8; 400]);
         for n in 0..2 {

@@ -4,11 +4,13 @@
 //!
 //! ```text
 //! member ── Join ─────────► head        tool ── Status ──► head
-//!        ◄─ Members ───────                  ◄─ Members ──
+//!        ◄─ Members ───────                  ◄─ Members ──   (a large table in several pages)
 //!        ── Heartbeat ────►  (every heartbeat interval)
 //!        ◄─ Changes ───────  (the members that changed, at most once per push gap)
 //!        ── Leave ────────►  (clean stop)
 //!
+//! any member ── Spawn{kind, name, args} ──► the node to run it (owned by the stream's member)
+//!            ◄─ Spawned(reply)
 //! owner or head ── Stop{name} ──► the node hosting `name`
 //!               ◄─ Stop(outcome)
 //!
@@ -24,11 +26,12 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::authority::Unauthorized;
 use crate::groups::{GroupSpec, GroupView, NodeAccount};
 use crate::hello::Refusal;
 use crate::jobs::{JobsReply, JobsRequest};
 use crate::ledger::{LedgerOp, LedgerReply};
-use crate::membership::{JoinRequest, MemberView};
+use crate::membership::{JoinRequest, MemberView, NameHolder};
 use crate::objects::ObjectStats;
 
 /// A request on a control stream.
@@ -78,17 +81,69 @@ pub enum ControlRequest {
     /// The receiving node's GPUs and the actors holding them; served by
     /// any node.
     Gpus,
+    /// Start an actor of a registered kind on the receiving node, owned by
+    /// the member the stream's hello proved; served by any node.
+    Spawn(SpawnOrder),
+}
+
+/// What to spawn (see [`ControlRequest::Spawn`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SpawnOrder {
+    /// The registered kind.
+    pub kind: String,
+    /// The actor's name, unique on the node.
+    pub name: String,
+    /// The actor's arguments, an rkyv archive of the kind's `Arguments`.
+    pub args: Vec<u8>,
+    /// The message type the caller will send the actor
+    /// (`std::any::type_name`); the kind's must be the same.
+    pub message_type: String,
+}
+
+/// A kind asked for with another message type than its actors take.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TypeMismatch {
+    /// The kind.
+    pub kind: String,
+    /// Its actors' message type.
+    pub takes: String,
+    /// The caller's.
+    pub asked: String,
+}
+
+/// The spawning node's answer.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpawnReply {
+    /// Started; the actor is in the process group of its name.
+    #[error("spawned")]
+    Spawned,
+    /// The node has no kind of that name registered.
+    #[error(
+        "no actor kind {0:?} is registered on that node; register it with NodeBuilder::register"
+    )]
+    UnknownKind(String),
+    /// An actor of that name already runs on the node.
+    #[error("an actor named {0:?} already runs there")]
+    NameTaken(String),
+    /// The arguments are not a valid archive of the kind's arguments.
+    #[error("invalid arguments: {0}")]
+    BadArgs(String),
+    /// The kind's actors take another message type than the caller's.
+    #[error("actors of kind {:?} take {}, not {}", .0.kind, .0.takes, .0.asked)]
+    WrongMessageType(TypeMismatch),
+    /// The actor failed in `pre_start`.
+    #[error("actor failed to start: {0}")]
+    Failed(String),
 }
 
 /// A request about placement groups.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum PlacementRequest {
-    /// Create a group owned by the sender (at `incarnation`).
+    /// Create a group owned by the member (and incarnation) the stream's
+    /// hello proved.
     Create {
         /// What to create.
         spec: GroupSpec,
-        /// The sender's incarnation.
-        incarnation: u64,
     },
     /// Remove a group.
     Remove {
@@ -179,16 +234,23 @@ pub enum StopOutcome {
 /// An answer on a control stream.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum ControlReply {
-    /// The current member table and its version.
+    /// The current member table and its version; a table too large for
+    /// one frame comes as several, each but the last with `more` set (see
+    /// [`paginate`]).
     Members {
         /// Table version.
         version: u64,
         /// Name of the node answering (the head).
         head: String,
-        /// Every member.
+        /// Every member (of this page).
         members: Vec<MemberView>,
+        /// Serial numbers of revoked certificates (on the first page).
+        revoked: Vec<Vec<u8>>,
+        /// Whether more pages of this table follow.
+        more: bool,
     },
-    /// The members that changed since the last table this stream carried.
+    /// The members that changed since the last table this stream carried,
+    /// in pages as [`ControlReply::Members`].
     Changes {
         /// The table version the changes apply to.
         since: u64,
@@ -196,8 +258,14 @@ pub enum ControlReply {
         version: u64,
         /// Name of the node answering (the head).
         head: String,
-        /// The members that changed, each as it is now.
+        /// The members that changed, each as it is now (of this page).
         changed: Vec<MemberView>,
+        /// The members forgotten (on the first page): drop them.
+        removed: Vec<String>,
+        /// The revoked serials, when they changed (on the first page).
+        revoked: Option<Vec<Vec<u8>>>,
+        /// Whether more pages of these changes follow.
+        more: bool,
     },
     /// The leave is recorded.
     Ack,
@@ -219,6 +287,200 @@ pub enum ControlReply {
     Objects(ObjectStats),
     /// The node's GPUs and their holders, by index.
     Gpus(Vec<GpuReport>),
+    /// The answer to a spawn request.
+    Spawned(SpawnReply),
+    /// The request was refused by the permission table
+    /// ([`crate::authority`]).
+    Denied(Unauthorized),
+    /// The join was refused: another live process holds the name.
+    NameTaken(NameHolder),
+}
+
+/// Largest encoded page of a table reply: well under the frame limit
+/// ([`crate::frame::DEFAULT_MAX_FRAME`]), whatever the members carry.
+pub const PAGE_BYTES: usize = 512 << 10;
+
+/// Splits a table reply ([`ControlReply::Members`] or
+/// [`ControlReply::Changes`]) into pages whose members encode to at most
+/// [`PAGE_BYTES`] (a member alone larger than that still gets a page of
+/// its own), each but the last with `more` set; any other reply is
+/// returned as it is. The receiver joins the pages back ([`Pages`]).
+pub fn paginate(reply: ControlReply) -> Vec<ControlReply> {
+    paginate_by(reply, PAGE_BYTES)
+}
+
+pub(crate) fn paginate_by(reply: ControlReply, budget: usize) -> Vec<ControlReply> {
+    fn split(members: Vec<MemberView>, budget: usize) -> Vec<Vec<MemberView>> {
+        let mut pages = vec![Vec::new()];
+        let mut used = 0;
+        for m in members {
+            let size = crate::wire::encode(&m).len();
+            let page = pages.last_mut().expect("one page at least");
+            if !page.is_empty() && used + size > budget {
+                pages.push(Vec::new());
+                used = 0;
+            }
+            used += size;
+            pages.last_mut().expect("one page at least").push(m);
+        }
+        pages
+    }
+    match reply {
+        ControlReply::Members {
+            version,
+            head,
+            members,
+            mut revoked,
+            ..
+        } => {
+            let pages = split(members, budget);
+            let last = pages.len() - 1;
+            pages
+                .into_iter()
+                .enumerate()
+                .map(|(i, members)| ControlReply::Members {
+                    version,
+                    head: head.clone(),
+                    members,
+                    revoked: std::mem::take(&mut revoked),
+                    more: i < last,
+                })
+                .collect()
+        }
+        ControlReply::Changes {
+            since,
+            version,
+            head,
+            changed,
+            mut removed,
+            mut revoked,
+            ..
+        } => {
+            let pages = split(changed, budget);
+            let last = pages.len() - 1;
+            pages
+                .into_iter()
+                .enumerate()
+                .map(|(i, changed)| ControlReply::Changes {
+                    since,
+                    version,
+                    head: head.clone(),
+                    changed,
+                    removed: std::mem::take(&mut removed),
+                    revoked: revoked.take(),
+                    more: i < last,
+                })
+                .collect()
+        }
+        other => vec![other],
+    }
+}
+
+/// Joins the pages of table replies back into one reply: feed every reply
+/// received; a whole table reply comes out once its last page is in, any
+/// other reply at once. Pages of a table are sent back to back on one
+/// stream, so a reply of another kind, or a page of another table, before
+/// the last page means the stream is corrupt: the pages gathered so far
+/// are dropped.
+#[derive(Debug, Clone, Default)]
+pub struct Pages {
+    gathered: Option<ControlReply>,
+    members: usize,
+}
+
+/// Most members a joined table may hold: a table past it is dropped, so a
+/// peer cannot grow a receiver's memory without bound one page at a time.
+pub const MAX_TABLE_MEMBERS: usize = 1 << 20;
+
+impl Pages {
+    /// Takes one received reply; the whole reply once complete.
+    pub fn push(&mut self, reply: ControlReply) -> Option<ControlReply> {
+        let (more, page_len) = match &reply {
+            ControlReply::Members { more, members, .. } => (*more, members.len()),
+            ControlReply::Changes { more, changed, .. } => (*more, changed.len()),
+            _ => {
+                self.gathered = None;
+                return Some(reply);
+            }
+        };
+        let merged = match (self.gathered.take(), reply) {
+            (None, first) => {
+                self.members = page_len;
+                first
+            }
+            (
+                Some(ControlReply::Members {
+                    version,
+                    head,
+                    mut members,
+                    revoked,
+                    ..
+                }),
+                ControlReply::Members {
+                    version: v,
+                    members: page,
+                    ..
+                },
+            ) if v == version => {
+                members.extend(page);
+                ControlReply::Members {
+                    version,
+                    head,
+                    members,
+                    revoked,
+                    more,
+                }
+            }
+            (
+                Some(ControlReply::Changes {
+                    since,
+                    version,
+                    head,
+                    mut changed,
+                    removed,
+                    revoked,
+                    ..
+                }),
+                ControlReply::Changes {
+                    since: s,
+                    version: v,
+                    changed: page,
+                    ..
+                },
+            ) if s == since && v == version => {
+                changed.extend(page);
+                ControlReply::Changes {
+                    since,
+                    version,
+                    head,
+                    changed,
+                    removed,
+                    revoked,
+                    more,
+                }
+            }
+            // A page of another table: start again from it.
+            (Some(_), other) => {
+                self.members = 0;
+                other
+            }
+        };
+        self.members = match &merged {
+            ControlReply::Members { members, .. } => members.len(),
+            ControlReply::Changes { changed, .. } => changed.len(),
+            _ => 0,
+        };
+        if self.members > MAX_TABLE_MEMBERS {
+            self.members = 0;
+            return None;
+        }
+        if more {
+            self.gathered = Some(merged);
+            None
+        } else {
+            Some(merged)
+        }
+    }
 }
 
 /// One GPU of a node and the actors holding it.
@@ -228,4 +490,110 @@ pub struct GpuReport {
     pub index: u32,
     /// Who holds it, in the order they took it (an actor's kind and name).
     pub holders: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::{DetectorConfig, MemberState, Membership};
+    use crate::resources::Resources;
+    use crate::role::Role;
+
+    fn member(i: usize) -> MemberView {
+        MemberView {
+            name: format!("w{i:05}"),
+            addr: format!("10.0.{}.{}:7420", i / 250, i % 250),
+            bulk_addr: format!("10.0.{}.{}:7430", i / 250, i % 250),
+            host: format!("host-{i}"),
+            incarnation: 1_700_000_000_000_000 + i as u64,
+            state: MemberState::Up,
+            resources: Resources {
+                cpus: 64,
+                memory_bytes: 256 << 30,
+                gpus: 8,
+                labels: [("zone".to_owned(), "eu-west-1a".to_owned())].into(),
+                custom: Default::default(),
+            },
+            actors: 12,
+            role: Role::Worker,
+        }
+    }
+
+    /// A cluster of 10,000 members: its table does not fit one frame, so
+    /// the head's join reply goes in pages under the frame limit, and they
+    /// join back into the whole table.
+    #[test]
+    fn a_ten_thousand_member_table_lists_in_pages_under_the_frame_limit() {
+        let members: Vec<MemberView> = (0..10_000).map(member).collect();
+        let whole = ControlReply::Members {
+            version: 42,
+            head: "head".into(),
+            members: members.clone(),
+            revoked: vec![vec![7; 16]],
+            more: false,
+        };
+        assert!(
+            crate::wire::encode(&whole).len() > crate::frame::DEFAULT_MAX_FRAME as usize,
+            "the table would not fit one frame"
+        );
+        let pages = paginate(whole);
+        assert!(pages.len() >= 2, "{} pages", pages.len());
+        let mut joined = Pages::default();
+        let last = pages.len() - 1;
+        for (i, page) in pages.into_iter().enumerate() {
+            let bytes = crate::wire::encode(&page);
+            assert!(bytes.len() <= crate::frame::DEFAULT_MAX_FRAME as usize);
+            let page = crate::wire::decode::<ControlReply>(&bytes).unwrap();
+            match joined.push(page) {
+                Some(ControlReply::Members {
+                    version,
+                    members: got,
+                    revoked,
+                    more: false,
+                    ..
+                }) => {
+                    assert_eq!(i, last);
+                    assert_eq!(version, 42);
+                    assert_eq!(got, members);
+                    assert_eq!(revoked, vec![vec![7; 16]]);
+                }
+                None => assert!(i < last),
+                other => panic!("page {i}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_small_reply_is_one_page_and_other_replies_pass_through() {
+        let mut m = Membership::new(DetectorConfig::default());
+        let _ = &mut m;
+        let reply = crate::head::members_reply("head", &m);
+        assert_eq!(paginate(reply.clone()), vec![reply.clone()]);
+        assert_eq!(paginate(ControlReply::Ack), vec![ControlReply::Ack]);
+        let mut pages = Pages::default();
+        assert_eq!(pages.push(reply.clone()), Some(reply));
+        assert_eq!(pages.push(ControlReply::Ack), Some(ControlReply::Ack));
+    }
+
+    #[test]
+    fn a_page_of_another_table_drops_what_was_gathered() {
+        let page = |version, from: usize, more| ControlReply::Members {
+            version,
+            head: "head".into(),
+            members: (from..from + 2).map(member).collect(),
+            revoked: Vec::new(),
+            more,
+        };
+        let mut pages = Pages::default();
+        assert_eq!(pages.push(page(1, 0, true)), None);
+        // Version 2 starts over: only its own pages come out.
+        assert_eq!(pages.push(page(2, 10, true)), None);
+        match pages.push(page(2, 12, false)) {
+            Some(ControlReply::Members { members, .. }) => {
+                assert_eq!(members.len(), 4);
+                assert_eq!(members[0].name, "w00010");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

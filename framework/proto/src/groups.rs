@@ -1035,6 +1035,7 @@ impl Groups {
                     nodes,
                     selector: e.spec.selector.clone(),
                     owner: e.owner.clone(),
+                    seal: Vec::new(),
                 };
                 let per = by_node(plan.iter().map(|(b, n)| (*b, n)));
                 let bundles = e.spec.bundles.clone();
@@ -1128,6 +1129,7 @@ mod tests {
                 ..Offer::default()
             },
             actors: 0,
+            role: crate::role::Role::Worker,
         }
     }
 

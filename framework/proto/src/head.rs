@@ -14,22 +14,28 @@
 //! member one push, and a steady heartbeat costs the head O(log n) work and
 //! no push at all.
 //!
-//! Requests are checked against the name the peer's certificate proves: a
-//! join or heartbeat for another name is refused. The machine holds no
+//! Requests are checked against the stream's identity (the member name and
+//! incarnation its hello proved, and its certificate's role): a join or
+//! heartbeat for another name is refused, and so is a second live process
+//! under a taken name ([`ControlReply::NameTaken`]). The machine holds no
 //! table itself; the caller passes the head's [`Membership`] in.
 
 use std::time::{Duration, Instant};
 
 use crate::control::{ControlReply, ControlRequest};
 use crate::hello::Refusal;
-use crate::membership::{HeartbeatOutcome, Membership, check_join};
+use crate::membership::{HeartbeatOutcome, JoinRefused, Membership, NameHolder, check_join};
+use crate::role::Role;
 
-/// The current table as a control reply.
+/// The current table as a control reply (one page: see
+/// [`crate::control::paginate`]).
 pub fn members_reply(head: &str, m: &Membership) -> ControlReply {
     ControlReply::Members {
         version: m.version(),
         head: head.to_owned(),
         members: m.view(),
+        revoked: m.revoked().to_vec(),
+        more: false,
     }
 }
 
@@ -40,8 +46,12 @@ pub const DEFAULT_PUSH_GAP: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone)]
 pub struct HeadSession {
     head: String,
-    /// The peer's certificate name.
+    /// The member name the peer's hello proved.
     peer: String,
+    /// The incarnation the peer's hello named.
+    peer_incarnation: u64,
+    /// The peer's certificate role.
+    role: Role,
     /// The member this stream joined, once it has.
     joined: Option<(String, u64)>,
     /// The table version last sent on this stream.
@@ -60,6 +70,8 @@ pub enum Noted {
     Joined(String, u64),
     /// A join was refused.
     JoinRefused(String, Refusal),
+    /// A join was refused: the name is a live member's.
+    NameTaken(NameHolder),
     /// A heartbeat from a member that is not up for its incarnation.
     NotUp(String, HeartbeatOutcome),
     /// A member left.
@@ -67,12 +79,20 @@ pub enum Noted {
 }
 
 impl HeadSession {
-    /// A session of the head `head` with the peer whose certificate names
-    /// it `peer`.
-    pub fn new(head: impl Into<String>, peer: impl Into<String>) -> Self {
+    /// A session of the head `head` with the peer whose stream's hello
+    /// proved the member name `peer` at `incarnation`, with a certificate
+    /// of `role`.
+    pub fn new(
+        head: impl Into<String>,
+        peer: impl Into<String>,
+        incarnation: u64,
+        role: Role,
+    ) -> Self {
         Self {
             head: head.into(),
             peer: peer.into(),
+            peer_incarnation: incarnation,
+            role,
             joined: None,
             pushed: 0,
             push_gap: DEFAULT_PUSH_GAP,
@@ -108,11 +128,15 @@ impl HeadSession {
             | ControlRequest::Ledger(_)
             | ControlRequest::Jobs(_)
             | ControlRequest::Objects
-            | ControlRequest::Gpus => (None, Noted::Nothing),
+            | ControlRequest::Gpus
+            | ControlRequest::Spawn(_) => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let name = req.name.clone();
                 let incarnation = req.incarnation;
-                match check_join(&req, &self.peer).and_then(|()| m.join(now, req)) {
+                let joined = check_join(&req, &self.peer, self.peer_incarnation, self.role)
+                    .map_err(JoinRefused::from)
+                    .and_then(|()| m.join(now, req, self.role));
+                match joined {
                     Ok(()) => {
                         self.joined = Some((name.clone(), incarnation));
                         self.pushed = m.version();
@@ -122,7 +146,13 @@ impl HeadSession {
                             Noted::Joined(name, incarnation),
                         )
                     }
-                    Err(r) => (Some(ControlReply::Refused(r)), Noted::JoinRefused(name, r)),
+                    Err(JoinRefused::Refused(r)) => {
+                        (Some(ControlReply::Refused(r)), Noted::JoinRefused(name, r))
+                    }
+                    Err(JoinRefused::NameTaken(holder)) => (
+                        Some(ControlReply::NameTaken(holder.clone())),
+                        Noted::NameTaken(holder),
+                    ),
                 }
             }
             ControlRequest::Heartbeat {
@@ -151,7 +181,7 @@ impl HeadSession {
                 }
             }
             ControlRequest::Leave { name, incarnation } => {
-                let left = name == self.peer && m.leave(&name, incarnation);
+                let left = name == self.peer && m.leave(now, &name, incarnation);
                 (
                     Some(ControlReply::Ack),
                     if left {
@@ -175,6 +205,8 @@ impl HeadSession {
         }
         let since = self.pushed;
         let changed = m.changes_since(since);
+        let revoked = m.revoked_since(since);
+        let removed = m.removed_since(since);
         self.pushed = m.version();
         self.next_push = Some(now + self.push_gap);
         Some(ControlReply::Changes {
@@ -182,6 +214,9 @@ impl HeadSession {
             version: self.pushed,
             head: self.head.clone(),
             changed,
+            removed,
+            revoked,
+            more: false,
         })
     }
 
@@ -226,7 +261,7 @@ mod tests {
     fn a_member_joins_heartbeats_gets_pushes_and_leaves() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        let mut s = HeadSession::new("head", "n1");
+        let mut s = HeadSession::new("head", "n1", 3, Role::Worker);
         assert_eq!(s.poll_push(t0, &m), None, "not joined: no push");
         let (reply, noted) = s.handle_request(t0, join("n1", 3), &mut m);
         assert!(matches!(reply, Some(ControlReply::Members { .. })));
@@ -239,9 +274,9 @@ mod tests {
         let v = m.version();
         assert_eq!(s.handle_request(t0, heartbeat("n1", 3, v), &mut m).0, None);
 
-        let mut other = HeadSession::new("head", "n2");
+        let mut other = HeadSession::new("head", "n2", 1, Role::Worker);
         other.handle_request(t0, join("n2", 1), &mut m);
-        HeadSession::new("head", "n3").handle_request(t0, join("n3", 1), &mut m);
+        HeadSession::new("head", "n3", 1, Role::Worker).handle_request(t0, join("n3", 1), &mut m);
         assert_eq!(s.poll_push(t0, &m), None, "within the push gap");
         let due = s.poll_timeout(&m).unwrap();
         assert_eq!(due, t0 + DEFAULT_PUSH_GAP);
@@ -284,7 +319,7 @@ mod tests {
     fn requests_for_another_name_are_refused() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        let mut s = HeadSession::new("head", "n1");
+        let mut s = HeadSession::new("head", "n1", 3, Role::Worker);
         let (reply, _) = s.handle_request(t0, join("n2", 1), &mut m);
         assert_eq!(
             reply,
@@ -311,7 +346,7 @@ mod tests {
     }
 
     fn other_joins(m: &mut Membership, t0: Instant) {
-        HeadSession::new("head", "n2").handle_request(t0, join("n2", 1), m);
+        HeadSession::new("head", "n2", 1, Role::Worker).handle_request(t0, join("n2", 1), m);
     }
 
     #[test]
@@ -319,7 +354,7 @@ mod tests {
         let t0 = Instant::now();
         let config = DetectorConfig::default();
         let mut m = Membership::new(config);
-        let mut s = HeadSession::new("head", "n1");
+        let mut s = HeadSession::new("head", "n1", 1, Role::Worker);
         s.handle_request(t0, join("n1", 1), &mut m);
         let later = t0 + config.down_after * 2;
         m.poll_down(later);
@@ -332,7 +367,36 @@ mod tests {
             reply,
             Some(ControlReply::Refused(Refusal::StaleIncarnation))
         );
+        // A newer incarnation opens a stream of its own.
+        let mut s = HeadSession::new("head", "n1", 2, Role::Worker);
         let (reply, _) = s.handle_request(later, join("n1", 2), &mut m);
         assert!(matches!(reply, Some(ControlReply::Members { .. })));
+    }
+
+    #[test]
+    fn a_second_live_process_is_told_the_name_is_taken_and_the_first_stays() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(DetectorConfig::default());
+        HeadSession::new("head", "w1", 1, Role::Worker).handle_request(t0, join("w1", 1), &mut m);
+        let mut second = HeadSession::new("head", "w1", 2, Role::Worker);
+        let (reply, noted) = second.handle_request(t0, join("w1", 2), &mut m);
+        assert!(
+            matches!(&reply, Some(ControlReply::NameTaken(h)) if h.incarnation == 1),
+            "{reply:?}"
+        );
+        assert!(matches!(noted, Noted::NameTaken(_)));
+        assert_eq!(second.joined(), None);
+        assert_eq!(m.get("w1").unwrap().incarnation, 1);
+    }
+
+    #[test]
+    fn an_observer_may_ask_for_status_but_not_join() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(DetectorConfig::default());
+        let mut s = HeadSession::new("head", "ops~0a", 1, Role::Observer);
+        let (reply, _) = s.handle_request(t0, ControlRequest::Status, &mut m);
+        assert!(matches!(reply, Some(ControlReply::Members { .. })));
+        let (reply, _) = s.handle_request(t0, join("ops~0a", 1), &mut m);
+        assert_eq!(reply, Some(ControlReply::Refused(Refusal::RoleCannotJoin)));
     }
 }

@@ -11,7 +11,7 @@
 //! ```text
 //! dialer                                        acceptor
 //!   ── TLS 1.3, both certificates ──────────────────►
-//!   ── Hello {version, purpose, node, inc, cookie} ─►  check_hello(cert name, cookie)
+//!   ── Hello {version, purpose, node, inc, cookie} ─►  check_hello(cert name and role, cookie)
 //!                                                      check_incarnation(table entry)
 //!   ◄─ HelloReply::Accepted / Refused ──────────────
 //!   ══ cluster stream (ractor_cluster), control requests or bulk frames ══
@@ -19,12 +19,19 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
-/// Version of the hello exchange and of the control messages.
-pub const PROTOCOL_VERSION: u16 = 7;
+use crate::role::{Role, may_speak_as};
 
-/// The certificate name of operators' tools: `node status`, and `node embed`
-/// drivers, which join as members that offer no resources.
+/// Version of the hello exchange and of the control messages.
+pub const PROTOCOL_VERSION: u16 = 8;
+
+/// The name of the operator's certificate that `node certs init` issues
+/// (role admin): `node status`, `node jobs`, and `node embed` drivers,
+/// which join as members that offer no resources.
 pub const ADMIN_NAME: &str = "admin";
+
+/// The name of the head's certificate that `node certs init` issues
+/// unless told another.
+pub const HEAD_NAME: &str = "head";
 
 /// What a connection is for.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +59,9 @@ pub struct Hello {
     pub version: u16,
     /// What the connection is for.
     pub purpose: Purpose,
-    /// The name the dialer claims; must equal its certificate's name.
+    /// The member name the dialer speaks as: its certificate's name, with
+    /// an instance tag for roles that run many processes (see
+    /// [`crate::role`]).
     pub node: String,
     /// The dialer's incarnation (0 for tools, which open control streams
     /// only).
@@ -87,7 +96,10 @@ pub enum Refusal {
         "NODE-PROTO-001: protocol version mismatch; run the same `node` release on every member"
     )]
     Version,
-    /// The claimed name differs from the name in the dialer's certificate.
+    /// The claimed name is not one the dialer's certificate may speak as
+    /// (its name for heads and workers, its name with an instance tag for
+    /// other roles), or differs from the name an earlier stream of the
+    /// connection proved.
     #[error(
         "NODE-AUTH-002: claimed node name differs from the certificate's name; issue a certificate for this name with `node certs issue`"
     )]
@@ -123,6 +135,32 @@ pub enum Refusal {
     /// Incarnation 0 is for tools, which open control streams only.
     #[error("NODE-AUTH-007: incarnation 0 opens control streams only")]
     ToolIncarnation,
+    /// The dialer's certificate carries no role.
+    #[error(
+        "NODE-AUTH-018: the certificate carries no role; issue a new one with `node certs issue --role …`"
+    )]
+    NoRole,
+    /// Observers read the cluster's state; they never join it.
+    #[error("NODE-AUTH-019: an observer certificate queries the cluster; it cannot join it")]
+    RoleCannotJoin,
+    /// Cluster, bulk and pull streams are for up members only.
+    #[error(
+        "NODE-AUTH-016: only up members open cluster, bulk and pull streams; join the cluster first"
+    )]
+    NotMember,
+    /// The dialer's certificate has been revoked.
+    #[error(
+        "NODE-AUTH-020: this certificate has been revoked; issue a new one with `node certs issue`"
+    )]
+    Revoked,
+    /// A join whose addresses, labels or resources exceed their bounds.
+    #[error(
+        "NODE-JOIN-007: the join's addresses, labels or resources exceed their bounds (64 labels and 64 custom resources of at most 64-byte names and 256-byte values)"
+    )]
+    TooLarge,
+    /// A join's incarnation differs from the one its stream's hello named.
+    #[error("NODE-JOIN-008: the join names another incarnation than its stream's hello")]
+    IncarnationMismatch,
 }
 
 impl Refusal {
@@ -138,6 +176,12 @@ impl Refusal {
             Self::Cookie => "cookie",
             Self::OldIncarnation => "old_incarnation",
             Self::ToolIncarnation => "tool_incarnation",
+            Self::NoRole => "no_role",
+            Self::RoleCannotJoin => "role_cannot_join",
+            Self::NotMember => "not_member",
+            Self::Revoked => "revoked",
+            Self::TooLarge => "too_large",
+            Self::IncarnationMismatch => "incarnation_mismatch",
         }
     }
 }
@@ -166,13 +210,19 @@ mod reply {
     }
 }
 
-/// Checks a hello against the name proven by the dialer's certificate and
-/// the acceptor's own cookie digest.
-pub fn check_hello(hello: &Hello, cert_name: &str, cookie: &CookieDigest) -> Result<(), Refusal> {
+/// Checks a hello against the name and role proven by the dialer's
+/// certificate and the acceptor's own cookie digest.
+pub fn check_hello(
+    hello: &Hello,
+    cert_name: &str,
+    role: Option<Role>,
+    cookie: &CookieDigest,
+) -> Result<(), Refusal> {
     if hello.version != PROTOCOL_VERSION {
         return Err(Refusal::Version);
     }
-    if hello.node != cert_name {
+    let role = role.ok_or(Refusal::NoRole)?;
+    if !may_speak_as(&hello.node, cert_name, role) {
         return Err(Refusal::IdentityMismatch);
     }
     // Compared without an early exit, so the time taken says nothing of
@@ -214,6 +264,25 @@ mod tests {
     use crate::wire;
 
     const COOKIE: CookieDigest = [7; 32];
+    const W: Option<Role> = Some(Role::Worker);
+    const A: Option<Role> = Some(Role::Admin);
+
+    #[test]
+    fn a_certificate_without_a_role_or_speaking_as_another_is_refused() {
+        assert_eq!(
+            check_hello(&hello("n1", Purpose::Control), "n1", None, &COOKIE),
+            Err(Refusal::NoRole)
+        );
+        // An admin's process speaks with an instance tag; a worker without.
+        assert_eq!(
+            check_hello(&hello("admin", Purpose::Control), "admin", A, &COOKIE),
+            Err(Refusal::IdentityMismatch)
+        );
+        assert_eq!(
+            check_hello(&hello("n1~0a", Purpose::Control), "n1", W, &COOKIE),
+            Err(Refusal::IdentityMismatch)
+        );
+    }
 
     fn hello(node: &str, purpose: Purpose) -> Hello {
         Hello::new(purpose, node, 7, COOKIE)
@@ -222,11 +291,11 @@ mod tests {
     #[test]
     fn matching_name_is_accepted() {
         assert_eq!(
-            check_hello(&hello("n1", Purpose::Cluster), "n1", &COOKIE),
+            check_hello(&hello("n1", Purpose::Cluster), "n1", W, &COOKIE),
             Ok(())
         );
         assert_eq!(
-            check_hello(&hello("admin", Purpose::Control), "admin", &COOKIE),
+            check_hello(&hello("admin~0a", Purpose::Control), "admin", A, &COOKIE),
             Ok(())
         );
     }
@@ -234,7 +303,7 @@ mod tests {
     #[test]
     fn name_other_than_certificate_is_refused() {
         assert_eq!(
-            check_hello(&hello("n2", Purpose::Cluster), "n1", &COOKIE),
+            check_hello(&hello("n2", Purpose::Cluster), "n1", W, &COOKIE),
             Err(Refusal::IdentityMismatch)
         );
     }
@@ -243,7 +312,7 @@ mod tests {
     fn other_version_is_refused() {
         let mut h = hello("n1", Purpose::Cluster);
         h.version = PROTOCOL_VERSION + 1;
-        assert_eq!(check_hello(&h, "n1", &COOKIE), Err(Refusal::Version));
+        assert_eq!(check_hello(&h, "n1", W, &COOKIE), Err(Refusal::Version));
     }
 
     #[test]
@@ -251,20 +320,20 @@ mod tests {
         for purpose in [Purpose::Cluster, Purpose::Control, Purpose::Bulk] {
             let mut h = hello("n1", purpose);
             h.cookie[31] ^= 1;
-            assert_eq!(check_hello(&h, "n1", &COOKIE), Err(Refusal::Cookie));
+            assert_eq!(check_hello(&h, "n1", W, &COOKIE), Err(Refusal::Cookie));
         }
     }
 
     #[test]
     fn incarnation_zero_opens_control_streams_only() {
-        let tool = |purpose| Hello::new(purpose, "admin", 0, COOKIE);
+        let tool = |purpose| Hello::new(purpose, "admin~0a", 0, COOKIE);
         assert_eq!(
-            check_hello(&tool(Purpose::Control), "admin", &COOKIE),
+            check_hello(&tool(Purpose::Control), "admin", A, &COOKIE),
             Ok(())
         );
         for purpose in [Purpose::Cluster, Purpose::Bulk] {
             assert_eq!(
-                check_hello(&tool(purpose), "admin", &COOKIE),
+                check_hello(&tool(purpose), "admin", A, &COOKIE),
                 Err(Refusal::ToolIncarnation)
             );
         }

@@ -94,6 +94,9 @@ pub struct JobView {
     pub id: String,
     /// What it does.
     pub description: String,
+    /// The certificate that submitted it (`None`: the head itself): it,
+    /// an admin or the head may stop it.
+    pub owner: Option<String>,
     /// Where it is.
     pub state: JobState,
     /// Units done.
@@ -158,11 +161,17 @@ impl std::ops::Deref for JobRecord {
 }
 
 impl JobRecord {
-    /// A job just submitted.
-    pub fn new(id: impl Into<String>, description: impl Into<String>) -> Self {
+    /// A job just submitted by the certificate `owner` (`None`: the head
+    /// itself).
+    pub fn new(
+        id: impl Into<String>,
+        description: impl Into<String>,
+        owner: Option<String>,
+    ) -> Self {
         Self(JobView {
             id: id.into(),
             description: description.into(),
+            owner,
             state: JobState::Pending,
             done: 0,
             total: 0,
@@ -257,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_job_runs_moves_and_ends_once() {
-        let mut j = JobRecord::new("j1", "embed");
+        let mut j = JobRecord::new("j1", "embed", Some("alice".into()));
         assert_eq!(j.state, JobState::Pending);
         j.started("w1", 0);
         assert_eq!(
@@ -287,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_supervisor_that_gives_up_fails_the_job() {
-        let mut j = JobRecord::new("j2", "embed");
+        let mut j = JobRecord::new("j2", "embed", None);
         j.started("w1", 0);
         j.exited(false);
         assert_eq!(j.state, JobState::Running, "an exit alone is not an end");

@@ -48,6 +48,11 @@ pub struct GroupRecord {
     /// The node that created it and its incarnation; `None` for a group
     /// that outlives its creator.
     pub owner: Option<(String, u64)>,
+    /// The head's seal over the fields above but the revision and nodes (a
+    /// keyed MAC only the head can make): a restarted head adopts a group
+    /// a member reports holding only if its seal checks, so no member can
+    /// make it adopt a group it never created. Empty until sealed.
+    pub seal: Vec<u8>,
 }
 
 /// One operation of the head on a node's ledger.
@@ -295,6 +300,7 @@ mod tests {
 
     fn record(id: &str, revision: u64, bundles: Vec<Resources>) -> GroupRecord {
         GroupRecord {
+            seal: Vec::new(),
             id: id.into(),
             revision,
             strategy: "pack".into(),

@@ -6,7 +6,7 @@
 //! exhaustively without a network.
 //!
 //! ```text
-//! authority   who may change what a node runs
+//! authority   who may ask what of a node: the permission table
 //! bulk        large messages on their own stream
 //! control     join, heartbeats and status requests to the head
 //! frame       length prefixes checked against a limit before any allocation
@@ -23,6 +23,8 @@
 //! mesh        which ractor sessions a node dials, re-dials and closes
 //! placement   where a placement group's bundles go: PACK, SPREAD, STRICT_*
 //! resources   what a node offers: CPUs, memory, GPUs, labels
+//! role        a certificate's role, and the member names its processes speak as
+//! roots       where a node lets detached jobs read and write
 //! supervision restart policy: intensity, backoff, strategies, shutdown timeouts
 //! window      the batch pipeline's credit window: routing, deadlines, retries
 //! ```
@@ -43,6 +45,8 @@ pub mod mesh;
 pub mod objects;
 pub mod placement;
 pub mod resources;
+pub mod role;
+pub mod roots;
 pub mod supervision;
 pub mod window;
 pub mod wire;

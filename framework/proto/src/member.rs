@@ -8,7 +8,14 @@
 //!      └──────────────────────┴──────── link lost ───┴──── or Rejoin ◄─────────┘ interval
 //!                                    (Rejoin: a new incarnation first)
 //! shutdown (Joined): Leave ──► Leaving ── Ack, or leave_grace passed ──► Left
+//! Joining ── NameTaken ──► Disconnected (retry) … past name_grace ──► Refused
 //! ```
+//!
+//! A join answered [`ControlReply::NameTaken`] (another live process has
+//! the name) is tried again every heartbeat interval for `name_grace`: a
+//! restart after a crash gets in once the head has not heard its
+//! predecessor for two heartbeat intervals; a second live process gives
+//! up, naming the first ([`MemberEvent::NameTaken`]).
 //!
 //! The caller owns the stream: it opens one on [`MemberEvent::Connect`],
 //! reports [`MemberLink::handle_connected`] or [`MemberLink::handle_link_lost`],
@@ -18,9 +25,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::control::{ControlReply, ControlRequest};
+use crate::control::{ControlReply, ControlRequest, Pages};
 use crate::hello::Refusal;
-use crate::membership::{JoinRequest, MemberView};
+use crate::membership::{JoinRequest, MemberView, NameHolder};
 
 /// Timing of a member's control link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +40,9 @@ pub struct MemberConfig {
     /// How long a join may wait for its answer before the stream is given
     /// up and opened again.
     pub join_timeout: Duration,
+    /// How long a join keeps trying while the head says another live
+    /// process has the name.
+    pub name_grace: Duration,
 }
 
 impl Default for MemberConfig {
@@ -41,6 +51,7 @@ impl Default for MemberConfig {
             heartbeat_interval: Duration::from_secs(1),
             leave_grace: Duration::from_secs(2),
             join_timeout: Duration::from_secs(10),
+            name_grace: Duration::from_secs(5),
         }
     }
 }
@@ -56,6 +67,11 @@ pub struct TableUpdate {
     pub whole: bool,
     /// Every member, or the members that changed.
     pub members: Vec<MemberView>,
+    /// Members forgotten: drop them (with changes only).
+    pub removed: Vec<String>,
+    /// The serials of revoked certificates, when they changed (always with
+    /// a whole table).
+    pub revoked: Option<Vec<Vec<u8>>>,
 }
 
 /// What the caller must know or do.
@@ -71,6 +87,9 @@ pub enum MemberEvent {
     Reincarnate,
     /// The head refused the join.
     Refused(Refusal),
+    /// The head refused the join for `name_grace`: another live process
+    /// has the name.
+    NameTaken(NameHolder),
     /// The leave is done (acknowledged, or its grace ran out).
     Left,
 }
@@ -96,6 +115,10 @@ pub struct MemberLink {
     state: State,
     /// Joins sent so far.
     joins_sent: u32,
+    /// Since when the head has said the name is taken.
+    name_taken_since: Option<Instant>,
+    /// Pages of a table reply not yet complete.
+    pages: Pages,
     transmits: VecDeque<ControlRequest>,
     events: VecDeque<MemberEvent>,
 }
@@ -111,6 +134,8 @@ impl MemberLink {
             version: 0,
             state: State::Disconnected { retry_at: now },
             joins_sent: 0,
+            name_taken_since: None,
+            pages: Pages::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -159,8 +184,26 @@ impl MemberLink {
         }
     }
 
+    /// The head refused the stream itself at its gate (its hello), while
+    /// connecting: a refusal of this incarnation as no longer a member
+    /// (the head marked it down while the link was cut) brings the member
+    /// back as a new incarnation; any other refusal is final.
+    pub fn handle_refused(&mut self, now: Instant, refusal: Refusal) {
+        match self.state {
+            State::Left | State::Refused => {}
+            State::Leaving { .. } => self.finish_leave(),
+            _ if refusal == Refusal::OldIncarnation => self.reincarnate(now),
+            _ => {
+                self.transmits.clear();
+                self.state = State::Refused;
+                self.events.push_back(MemberEvent::Refused(refusal));
+            }
+        }
+    }
+
     /// The stream could not be opened, or broke.
     pub fn handle_link_lost(&mut self, now: Instant) {
+        self.pages = Pages::default();
         match self.state {
             State::Leaving { .. } => self.finish_leave(),
             State::Left | State::Refused => {}
@@ -173,8 +216,12 @@ impl MemberLink {
         }
     }
 
-    /// A reply from the head arrived.
+    /// A reply from the head arrived (a page of a table is held until its
+    /// last page is in).
     pub fn handle_reply(&mut self, now: Instant, reply: ControlReply) {
+        let Some(reply) = self.pages.push(reply) else {
+            return;
+        };
         match (self.state, reply) {
             (
                 State::Joining { .. } | State::Joined { .. },
@@ -182,8 +229,11 @@ impl MemberLink {
                     version,
                     head,
                     members,
+                    revoked,
+                    ..
                 },
             ) => {
+                self.name_taken_since = None;
                 // An older table than the one held is stale.
                 if version < self.version && self.is_joined() {
                     return;
@@ -199,6 +249,8 @@ impl MemberLink {
                     head,
                     whole: true,
                     members,
+                    removed: Vec::new(),
+                    revoked: Some(revoked),
                 }));
             }
             (
@@ -208,6 +260,9 @@ impl MemberLink {
                     version,
                     head,
                     changed,
+                    removed,
+                    revoked,
+                    ..
                 },
             ) => {
                 // Changes against a later table than the one held mean a
@@ -222,6 +277,8 @@ impl MemberLink {
                     head,
                     whole: false,
                     members: changed,
+                    removed,
+                    revoked,
                 }));
             }
             // This incarnation's earlier join was recorded and then marked
@@ -234,6 +291,18 @@ impl MemberLink {
             (State::Joining { .. }, ControlReply::Refused(r)) => {
                 self.state = State::Refused;
                 self.events.push_back(MemberEvent::Refused(r));
+            }
+            (State::Joining { .. }, ControlReply::NameTaken(holder)) => {
+                let since = *self.name_taken_since.get_or_insert(now);
+                self.transmits.clear();
+                if now.saturating_duration_since(since) >= self.config.name_grace {
+                    self.state = State::Refused;
+                    self.events.push_back(MemberEvent::NameTaken(holder));
+                } else {
+                    self.state = State::Disconnected {
+                        retry_at: now + self.config.heartbeat_interval,
+                    };
+                }
             }
             (State::Joined { .. }, ControlReply::Rejoin | ControlReply::Refused(_)) => {
                 self.reincarnate(now);
@@ -349,6 +418,8 @@ mod tests {
             version,
             head: "head".into(),
             members: Vec::new(),
+            revoked: Vec::new(),
+            more: false,
         }
     }
 
@@ -404,6 +475,9 @@ mod tests {
             version,
             head: "head".into(),
             changed: Vec::new(),
+            removed: Vec::new(),
+            revoked: None,
+            more: false,
         }
     }
 
@@ -525,5 +599,104 @@ mod tests {
         let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
         link.handle_shutdown(t0);
         assert_eq!(drain(&mut link).1, [MemberEvent::Left], "never joined");
+    }
+
+    #[test]
+    fn a_taken_name_is_tried_again_until_its_grace_then_refused_naming_the_holder() {
+        let t0 = Instant::now();
+        let config = MemberConfig::default();
+        let mut link = MemberLink::new(t0, config, join(2));
+        let holder = NameHolder {
+            name: "n1".into(),
+            addr: "127.0.0.1:9".into(),
+            incarnation: 1,
+            silent_ms: 100,
+        };
+        let mut now = t0;
+        loop {
+            link.handle_timeout(now);
+            link.handle_connected(now);
+            drain(&mut link);
+            link.handle_reply(now, ControlReply::NameTaken(holder.clone()));
+            if link.is_done() {
+                break;
+            }
+            assert_eq!(link.poll_timeout(), Some(now + config.heartbeat_interval));
+            now += config.heartbeat_interval;
+        }
+        assert_eq!(now, t0 + config.name_grace);
+        assert_eq!(drain(&mut link).1, [MemberEvent::NameTaken(holder.clone())]);
+
+        // The holder fell silent (it had crashed): the next try gets in.
+        let mut link = MemberLink::new(t0, config, join(2));
+        link.handle_timeout(t0);
+        link.handle_connected(t0);
+        link.handle_reply(t0, ControlReply::NameTaken(holder));
+        let later = t0 + config.heartbeat_interval;
+        link.handle_timeout(later);
+        link.handle_connected(later);
+        link.handle_reply(later, table(3));
+        assert!(link.is_joined());
+    }
+
+    #[test]
+    fn a_table_in_pages_is_applied_once_whole() {
+        let t0 = Instant::now();
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        link.handle_timeout(t0);
+        link.handle_connected(t0);
+        drain(&mut link);
+        let member = |i: u32| MemberView {
+            name: format!("m{i:05}"),
+            addr: "127.0.0.1:1".into(),
+            bulk_addr: "127.0.0.1:2".into(),
+            host: "h".into(),
+            incarnation: 1,
+            state: crate::membership::MemberState::Up,
+            resources: Resources::default(),
+            actors: 0,
+            role: crate::role::Role::Worker,
+        };
+        let whole = ControlReply::Members {
+            version: 7,
+            head: "head".into(),
+            members: (0..3000).map(member).collect(),
+            revoked: Vec::new(),
+            more: false,
+        };
+        let pages = crate::control::paginate_by(whole, 16 << 10);
+        assert!(pages.len() > 3);
+        let last = pages.len() - 1;
+        for (i, page) in pages.into_iter().enumerate() {
+            link.handle_reply(t0, page);
+            let (_, events) = drain(&mut link);
+            if i < last {
+                assert_eq!(events, [], "page {i} of a table is not applied alone");
+                assert!(!link.is_joined());
+            } else {
+                assert!(
+                    matches!(&events[..], [MemberEvent::Table(t)] if t.whole && t.members.len() == 3000)
+                );
+            }
+        }
+        assert!(link.is_joined());
+    }
+
+    #[test]
+    fn a_gate_refusal_of_an_old_incarnation_rejoins_and_any_other_is_final() {
+        let t0 = Instant::now();
+        let mut link = joined(t0);
+        link.handle_link_lost(t0);
+        let later = t0 + Duration::from_secs(1);
+        link.handle_timeout(later);
+        drain(&mut link);
+        link.handle_refused(later, Refusal::OldIncarnation);
+        assert_eq!(drain(&mut link).1, [MemberEvent::Reincarnate]);
+        assert!(!link.is_done());
+        link.handle_timeout(later + Duration::from_secs(1));
+        assert_eq!(drain(&mut link).1, [MemberEvent::Connect]);
+        link.handle_refused(later, Refusal::Revoked);
+        assert_eq!(drain(&mut link).1, [MemberEvent::Refused(Refusal::Revoked)]);
+        assert!(link.is_done());
     }
 }

@@ -23,6 +23,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use crate::hello::Refusal;
 use crate::ledger::Held;
 use crate::resources::Resources;
+use crate::role::Role;
 
 /// Failure-detector timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,21 @@ pub struct DetectorConfig {
     pub heartbeat_interval: Duration,
     /// Silence after which a member is marked down.
     pub down_after: Duration,
+    /// How long a member of a role that runs many processes (a driver, an
+    /// admin's or an observer's, whose instance names never come back)
+    /// stays in the table once it left or is down, before it is forgotten.
+    pub forget_after: Duration,
+}
+
+impl DetectorConfig {
+    /// How recently a member must have been heard for a join of a newer
+    /// incarnation under its name to be refused as a second live process
+    /// ([`JoinRefused::NameTaken`]): two heartbeat intervals. A process
+    /// restarted after a crash joins once its predecessor has been silent
+    /// that long.
+    pub fn live_window(&self) -> Duration {
+        self.heartbeat_interval * 2
+    }
 }
 
 impl Default for DetectorConfig {
@@ -38,6 +54,7 @@ impl Default for DetectorConfig {
         Self {
             heartbeat_interval: Duration::from_secs(1),
             down_after: Duration::from_secs(5),
+            forget_after: Duration::from_secs(300),
         }
     }
 }
@@ -85,6 +102,9 @@ pub struct MemberView {
     pub resources: Resources,
     /// Actors running on the node, from its last heartbeat.
     pub actors: u32,
+    /// The role its certificate carries: workers (and the head) host
+    /// work; drivers, admins and tools do not.
+    pub role: Role,
 }
 
 /// A node asking to become a member.
@@ -106,18 +126,102 @@ pub struct JoinRequest {
     pub held: Vec<Held>,
 }
 
-/// Checks a join request against the name proven by the joiner's
-/// certificate: the names must match, and the admin identity may join only
-/// as a driver that offers no resources (work is never placed on it).
-pub fn check_join(req: &JoinRequest, cert_name: &str) -> Result<(), Refusal> {
-    if req.name != cert_name {
+/// How many removals a table remembers, to tell members that are behind.
+pub const REMOVALS_KEPT: usize = 4096;
+
+/// Longest address or host id a join may carry, in bytes.
+pub const MAX_JOIN_ADDR: usize = 256;
+/// Most labels, and most custom resources, a join may carry.
+pub const MAX_JOIN_ENTRIES: usize = 64;
+/// Longest label key or resource name, in bytes.
+pub const MAX_JOIN_KEY: usize = 64;
+/// Longest label value, in bytes.
+pub const MAX_JOIN_VALUE: usize = 256;
+/// Most held placement-group records a join may report.
+pub const MAX_JOIN_HELD: usize = 4096;
+
+/// Checks a join request against the stream it came on: the member name
+/// and incarnation its hello proved (`member`, `incarnation`) and its
+/// certificate's `role`. The names and incarnations must match, observers
+/// never join, drivers and admins only offering no resources (work is
+/// never placed on them), and what the join carries must be within its
+/// bounds ([`MAX_JOIN_ENTRIES`] and the others), so one member cannot make
+/// the table too large for everyone else.
+pub fn check_join(
+    req: &JoinRequest,
+    member: &str,
+    incarnation: u64,
+    role: Role,
+) -> Result<(), Refusal> {
+    if req.name != member {
         return Err(Refusal::IdentityMismatch);
     }
+    if req.incarnation == 0 {
+        return Err(Refusal::ToolIncarnation);
+    }
+    if req.incarnation != incarnation {
+        return Err(Refusal::IncarnationMismatch);
+    }
     let r = &req.resources;
-    if req.name == crate::hello::ADMIN_NAME && (r.cpus > 0 || r.gpus > 0 || r.memory_bytes > 0) {
-        return Err(Refusal::AdminCannotJoin);
+    crate::authority::may_join(
+        role,
+        r.cpus > 0 || r.gpus > 0 || r.memory_bytes > 0 || r.custom.values().any(|v| *v > 0.0),
+    )?;
+    let long = |s: &str, max: usize| s.len() > max;
+    if long(&req.addr, MAX_JOIN_ADDR)
+        || long(&req.bulk_addr, MAX_JOIN_ADDR)
+        || long(&req.host, MAX_JOIN_ADDR)
+        || r.labels.len() > MAX_JOIN_ENTRIES
+        || r.custom.len() > MAX_JOIN_ENTRIES
+        || r.labels
+            .iter()
+            .any(|(k, v)| long(k, MAX_JOIN_KEY) || long(v, MAX_JOIN_VALUE))
+        || r.custom.keys().any(|k| long(k, MAX_JOIN_KEY))
+        || req.held.len() > MAX_JOIN_HELD
+    {
+        return Err(Refusal::TooLarge);
     }
     Ok(())
+}
+
+/// The live member whose name a join asked for.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct NameHolder {
+    /// The name.
+    pub name: String,
+    /// The address it was joined from.
+    pub addr: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// How long ago it was last heard, in milliseconds.
+    pub silent_ms: u64,
+}
+
+impl std::fmt::Display for NameHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NODE-JOIN-009: a live member is named {:?} (incarnation {} at {}, heard {} ms ago); stop it first, or give this node another name",
+            self.name, self.incarnation, self.addr, self.silent_ms
+        )
+    }
+}
+
+/// Why [`Membership::join`] refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinRefused {
+    /// Refused for good (see [`Refusal`]).
+    Refused(Refusal),
+    /// Another live process holds the name: it was heard within the
+    /// [`DetectorConfig::live_window`]. A process restarted after a crash
+    /// sees this until its predecessor has been silent that long.
+    NameTaken(NameHolder),
+}
+
+impl From<Refusal> for JoinRefused {
+    fn from(r: Refusal) -> Self {
+        Self::Refused(r)
+    }
 }
 
 /// What became of a heartbeat.
@@ -158,6 +262,18 @@ pub struct Membership {
     silence: BTreeSet<(Instant, String)>,
     /// `(version of last change, name)` of every member.
     changes: BTreeSet<(u64, String)>,
+    /// `(when it ended, name)` of every member of a role that runs many
+    /// processes that left or is down: forgotten after `forget_after`.
+    ended: BTreeSet<(Instant, String)>,
+    /// `version → name` of the members forgotten lately, so that changes
+    /// since a version can say which to drop (the last
+    /// [`REMOVALS_KEPT`]).
+    removed: BTreeMap<u64, String>,
+    /// Serial numbers of revoked certificates (normalised, sorted), handed
+    /// to every member with the table.
+    revoked: Vec<Vec<u8>>,
+    /// The table version of the revoked list's last change.
+    revoked_changed: u64,
 }
 
 impl Membership {
@@ -169,7 +285,84 @@ impl Membership {
             version: 0,
             silence: BTreeSet::new(),
             changes: BTreeSet::new(),
+            ended: BTreeSet::new(),
+            removed: BTreeMap::new(),
+            revoked: Vec::new(),
+            revoked_changed: 0,
         }
+    }
+
+    /// Records that `name` left or went down at `now`: a member of a role
+    /// that runs many processes is forgotten `forget_after` later.
+    fn ended_at(&mut self, now: Instant, name: &str) {
+        if self
+            .members
+            .get(name)
+            .is_some_and(|e| !e.view.role.is_singular())
+        {
+            self.ended.insert((now, name.to_owned()));
+        }
+    }
+
+    /// Forgets the members of roles that run many processes that left or
+    /// went down `forget_after` ago or more; returns their names. Members
+    /// hear of it with the next changes ([`Membership::removed_since`]).
+    pub fn poll_forget(&mut self, now: Instant) -> Vec<String> {
+        let mut forgotten = Vec::new();
+        while let Some((at, name)) = self.ended.first().cloned() {
+            if now.saturating_duration_since(at) < self.config.forget_after {
+                break;
+            }
+            self.ended.pop_first();
+            let Some(entry) = self.members.get(&name) else {
+                continue;
+            };
+            if entry.view.state == MemberState::Up {
+                continue;
+            }
+            self.changes.remove(&(entry.changed, name.clone()));
+            self.members.remove(&name);
+            self.version += 1;
+            self.removed.insert(self.version, name.clone());
+            while self.removed.len() > REMOVALS_KEPT {
+                self.removed.pop_first();
+            }
+            forgotten.push(name);
+        }
+        forgotten
+    }
+
+    /// The members forgotten after `version`.
+    pub fn removed_since(&self, version: u64) -> Vec<String> {
+        self.removed
+            .range(version + 1..)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+
+    /// Sets the serial numbers of revoked certificates (what the CA's
+    /// revocation list names); a change is a new table version, pushed to
+    /// every member. Returns whether it changed.
+    pub fn set_revoked(&mut self, mut serials: Vec<Vec<u8>>) -> bool {
+        serials.sort();
+        serials.dedup();
+        if serials == self.revoked {
+            return false;
+        }
+        self.revoked = serials;
+        self.version += 1;
+        self.revoked_changed = self.version;
+        true
+    }
+
+    /// The serial numbers of revoked certificates, sorted.
+    pub fn revoked(&self) -> &[Vec<u8>] {
+        &self.revoked
+    }
+
+    /// The revoked serials if they changed after `version`.
+    pub fn revoked_since(&self, version: u64) -> Option<Vec<Vec<u8>>> {
+        (self.revoked_changed > version).then(|| self.revoked.clone())
     }
 
     /// The timing in force.
@@ -177,25 +370,42 @@ impl Membership {
         self.config
     }
 
-    /// Adds the table's own node, which silence never marks down.
+    /// Adds the table's own node (the head), which silence never marks
+    /// down.
     pub fn add_local(&mut self, now: Instant, join: JoinRequest) {
-        self.insert(now, join, true);
+        self.insert(now, join, Role::Head, true);
     }
 
-    /// Admits a node, or a newer incarnation of a known one.
+    /// Admits a node of `role` (its certificate's), or a newer incarnation
+    /// of a known one.
     ///
     /// The same incarnation joining again is idempotent while it is up; an
-    /// older incarnation than the table's is refused.
-    pub fn join(&mut self, now: Instant, join: JoinRequest) -> Result<(), Refusal> {
+    /// older incarnation than the table's is refused. A newer incarnation
+    /// is refused while the current one is up and was heard within the
+    /// [`DetectorConfig::live_window`]: two live processes never take turns
+    /// under one name.
+    pub fn join(&mut self, now: Instant, join: JoinRequest, role: Role) -> Result<(), JoinRefused> {
         if let Some(entry) = self.members.get(&join.name) {
             let known = entry.view.incarnation;
             if join.incarnation < known
                 || (join.incarnation == known && entry.view.state != MemberState::Up)
             {
-                return Err(Refusal::StaleIncarnation);
+                return Err(Refusal::StaleIncarnation.into());
+            }
+            let silent = now.saturating_duration_since(entry.last_heard);
+            if join.incarnation > known
+                && entry.view.state == MemberState::Up
+                && (entry.local || silent < self.config.live_window())
+            {
+                return Err(JoinRefused::NameTaken(NameHolder {
+                    name: join.name.clone(),
+                    addr: entry.view.addr.clone(),
+                    incarnation: known,
+                    silent_ms: silent.as_millis() as u64,
+                }));
             }
         }
-        self.insert(now, join, false);
+        self.insert(now, join, role, false);
         Ok(())
     }
 
@@ -209,7 +419,7 @@ impl Membership {
         }
     }
 
-    fn insert(&mut self, now: Instant, join: JoinRequest, local: bool) {
+    fn insert(&mut self, now: Instant, join: JoinRequest, role: Role, local: bool) {
         let view = MemberView {
             name: join.name.clone(),
             addr: join.addr,
@@ -219,6 +429,7 @@ impl Membership {
             state: MemberState::Up,
             resources: join.resources,
             actors: 0,
+            role,
         };
         let previous = self.members.get(&join.name);
         let changed = previous.is_none_or(|e| e.view != view);
@@ -292,8 +503,9 @@ impl Membership {
         }
     }
 
-    /// Marks `name` as having left cleanly. Returns whether anything changed.
-    pub fn leave(&mut self, name: &str, incarnation: u64) -> bool {
+    /// Marks `name` as having left cleanly at `now`. Returns whether
+    /// anything changed.
+    pub fn leave(&mut self, now: Instant, name: &str, incarnation: u64) -> bool {
         match self.members.get_mut(name) {
             Some(entry)
                 if entry.view.incarnation == incarnation && entry.view.state == MemberState::Up =>
@@ -305,6 +517,7 @@ impl Membership {
                 }
                 self.version += 1;
                 self.stamp(name);
+                self.ended_at(now, name);
                 true
             }
             _ => false,
@@ -324,6 +537,7 @@ impl Membership {
                 entry.view.state = MemberState::Down;
                 entry.view.actors = 0;
             }
+            self.ended_at(now, &name);
             downed.push(name);
         }
         if !downed.is_empty() {
@@ -340,9 +554,15 @@ impl Membership {
     /// member down if nothing is heard from it before (just after its
     /// silence passes `down_after`), if any member can be.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.silence
+        let down = self
+            .silence
             .first()
-            .map(|(heard, _)| *heard + self.config.down_after + Duration::from_nanos(1))
+            .map(|(heard, _)| *heard + self.config.down_after + Duration::from_nanos(1));
+        let forget = self
+            .ended
+            .first()
+            .map(|(at, _)| *at + self.config.forget_after);
+        down.into_iter().chain(forget).min()
     }
 
     /// Every member, sorted by name.
@@ -406,7 +626,7 @@ mod tests {
     }
 
     #[test]
-    fn admin_joins_only_as_a_driver_without_resources() {
+    fn drivers_join_only_without_resources_and_observers_never() {
         let join = |name: &str, cpus: u32| JoinRequest {
             name: name.into(),
             addr: "127.0.0.1:1".into(),
@@ -419,23 +639,152 @@ mod tests {
             },
             held: Vec::new(),
         };
-        assert_eq!(check_join(&join("admin", 0), "admin"), Ok(()));
+        let d = "admin~0a";
+        assert_eq!(check_join(&join(d, 0), d, 1, Role::Admin), Ok(()));
         assert_eq!(
-            check_join(&join("admin", 4), "admin"),
+            check_join(&join(d, 4), d, 1, Role::Admin),
             Err(Refusal::AdminCannotJoin)
         );
-        assert_eq!(check_join(&join("n1", 4), "n1"), Ok(()));
         assert_eq!(
-            check_join(&join("n1", 4), "n2"),
+            check_join(&join(d, 4), d, 1, Role::Driver),
+            Err(Refusal::AdminCannotJoin)
+        );
+        assert_eq!(
+            check_join(&join(d, 0), d, 1, Role::Observer),
+            Err(Refusal::RoleCannotJoin)
+        );
+        assert_eq!(check_join(&join("n1", 4), "n1", 1, Role::Worker), Ok(()));
+        assert_eq!(
+            check_join(&join("n1", 4), "n2", 1, Role::Worker),
             Err(Refusal::IdentityMismatch)
         );
+        // The stream's hello named incarnation 2; the body may not say 1.
+        assert_eq!(
+            check_join(&join("n1", 4), "n1", 2, Role::Worker),
+            Err(Refusal::IncarnationMismatch)
+        );
+    }
+
+    #[test]
+    fn a_join_past_its_bounds_is_refused_at_each_bound() {
+        let ok = req("n1", 1);
+        assert_eq!(check_join(&ok, "n1", 1, Role::Worker), Ok(()));
+        let mut at = ok.clone();
+        for i in 0..MAX_JOIN_ENTRIES {
+            at.resources.labels.insert(
+                format!("{i:0width$}", width = MAX_JOIN_KEY),
+                "v".repeat(MAX_JOIN_VALUE),
+            );
+        }
+        at.addr = "a".repeat(MAX_JOIN_ADDR);
+        assert_eq!(
+            check_join(&at, "n1", 1, Role::Worker),
+            Ok(()),
+            "at the bounds"
+        );
+        let past: [&dyn Fn(&mut JoinRequest); 6] = [
+            &|j| {
+                j.resources.labels.insert("one-more".into(), "v".into());
+            },
+            &|j| {
+                let k = j.resources.labels.keys().next().unwrap().clone();
+                j.resources.labels.insert(k, "v".repeat(MAX_JOIN_VALUE + 1));
+            },
+            &|j| {
+                j.resources.labels.clear();
+                j.resources
+                    .labels
+                    .insert("k".repeat(MAX_JOIN_KEY + 1), "v".into());
+            },
+            &|j| j.addr.push('a'),
+            &|j| j.host = "h".repeat(MAX_JOIN_ADDR + 1),
+            &|j| {
+                for i in 0..=MAX_JOIN_ENTRIES {
+                    j.resources.custom.insert(format!("r{i}"), 1.0);
+                }
+            },
+        ];
+        for (i, f) in past.iter().enumerate() {
+            let mut j = at.clone();
+            f(&mut j);
+            assert_eq!(
+                check_join(&j, "n1", 1, Role::Worker),
+                Err(Refusal::TooLarge),
+                "case {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn drivers_that_left_or_went_down_are_forgotten_and_workers_are_not() {
+        let t0 = Instant::now();
+        let config = DetectorConfig::default();
+        let mut m = Membership::new(config);
+        m.join(t0, req("w1", 1), Role::Worker).unwrap();
+        m.join(t0, req("admin~0a", 1), Role::Admin).unwrap();
+        m.join(t0, req("alice~0b", 1), Role::Driver).unwrap();
+        let v = m.version();
+        assert!(m.leave(t0, "admin~0a", 1));
+        assert!(m.leave(t0, "w1", 1));
+        // alice falls silent: down, then forgotten too.
+        let down = t0 + config.down_after * 2;
+        assert_eq!(m.poll_down(down), vec!["alice~0b".to_owned()]);
+        let first = t0 + config.forget_after;
+        assert_eq!(m.poll_timeout(), Some(first));
+        assert!(m.poll_forget(first - Duration::from_millis(1)).is_empty());
+        assert_eq!(m.poll_forget(first), vec!["admin~0a".to_owned()]);
+        assert_eq!(
+            m.poll_forget(down + config.forget_after),
+            vec!["alice~0b".to_owned()]
+        );
+        assert!(m.get("admin~0a").is_none() && m.get("alice~0b").is_none());
+        assert_eq!(
+            m.get("w1").unwrap().state,
+            MemberState::Left,
+            "a worker's name stays"
+        );
+        assert_eq!(m.removed_since(v), ["admin~0a", "alice~0b"]);
+        assert!(m.removed_since(m.version()).is_empty());
+        assert_eq!(m.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_second_live_process_under_a_name_is_refused_naming_the_first() {
+        let t0 = Instant::now();
+        let config = DetectorConfig::default();
+        let mut m = Membership::new(config);
+        m.join(t0, req("w1", 1), Role::Worker).unwrap();
+        // Heard a moment ago: a second process is refused, the first kept.
+        let t1 = t0 + config.heartbeat_interval;
+        assert_eq!(m.heartbeat(t1, "w1", 1, 0), HeartbeatOutcome::Alive);
+        let refused = m.join(t1 + Duration::from_millis(300), req("w1", 2), Role::Worker);
+        assert_eq!(
+            refused,
+            Err(JoinRefused::NameTaken(NameHolder {
+                name: "w1".into(),
+                addr: "127.0.0.1:7001".into(),
+                incarnation: 1,
+                silent_ms: 300,
+            }))
+        );
+        assert_eq!(m.get("w1").unwrap().incarnation, 1);
+        // Silent for the live window (it crashed): the restart gets in.
+        let later = t1 + config.live_window();
+        m.join(later, req("w1", 2), Role::Worker).unwrap();
+        assert_eq!(m.get("w1").unwrap().incarnation, 2);
+        // The head's own name is never taken over.
+        m.add_local(t0, req("head", 1));
+        assert!(matches!(
+            m.join(later + secs(60), req("head", 9), Role::Worker),
+            Err(JoinRefused::NameTaken(_))
+        ));
     }
 
     #[test]
     fn silent_member_is_marked_down_after_the_threshold() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1)).unwrap();
+        m.join(t0, req("n1", 1), Role::Worker).unwrap();
         assert!(
             m.poll_down(t0 + secs(5)).is_empty(),
             "exactly 5 s is not yet down"
@@ -456,7 +805,7 @@ mod tests {
     fn heartbeats_keep_a_member_up() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1)).unwrap();
+        m.join(t0, req("n1", 1), Role::Worker).unwrap();
         for s in 1..=30 {
             assert_eq!(
                 m.heartbeat(t0 + secs(s), "n1", 1, 3),
@@ -480,8 +829,8 @@ mod tests {
     fn clean_stop_is_left_not_down() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1)).unwrap();
-        assert!(m.leave("n1", 1));
+        m.join(t0, req("n1", 1), Role::Worker).unwrap();
+        assert!(m.leave(t0, "n1", 1));
         assert!(m.poll_down(t0 + secs(60)).is_empty());
         assert_eq!(state(&m, "n1"), MemberState::Left);
         assert_eq!(
@@ -494,17 +843,17 @@ mod tests {
     fn down_member_returns_only_with_a_new_incarnation() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1)).unwrap();
+        m.join(t0, req("n1", 1), Role::Worker).unwrap();
         m.poll_down(t0 + secs(6));
         assert_eq!(
             m.heartbeat(t0 + secs(7), "n1", 1, 0),
             HeartbeatOutcome::NotUp
         );
         assert_eq!(
-            m.join(t0 + secs(7), req("n1", 1)),
-            Err(Refusal::StaleIncarnation)
+            m.join(t0 + secs(7), req("n1", 1), Role::Worker),
+            Err(Refusal::StaleIncarnation.into())
         );
-        m.join(t0 + secs(8), req("n1", 2)).unwrap();
+        m.join(t0 + secs(8), req("n1", 2), Role::Worker).unwrap();
         assert_eq!(state(&m, "n1"), MemberState::Up);
         assert_eq!(
             m.heartbeat(t0 + secs(8), "n1", 1, 0),
@@ -516,9 +865,12 @@ mod tests {
     fn older_incarnation_cannot_replace_a_newer_one() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 5)).unwrap();
-        assert_eq!(m.join(t0, req("n1", 4)), Err(Refusal::StaleIncarnation));
-        m.join(t0, req("n1", 5)).unwrap();
+        m.join(t0, req("n1", 5), Role::Worker).unwrap();
+        assert_eq!(
+            m.join(t0, req("n1", 4), Role::Worker),
+            Err(Refusal::StaleIncarnation.into())
+        );
+        m.join(t0, req("n1", 5), Role::Worker).unwrap();
         assert_eq!(m.get("n1").unwrap().incarnation, 5);
     }
 
@@ -549,6 +901,7 @@ mod tests {
             let mut m = Membership::new(DetectorConfig::default());
             // name -> (incarnation, up, last_heard)
             let mut model: BTreeMap<String, (u64, bool, Instant)> = BTreeMap::new();
+            let live = DetectorConfig::default().live_window();
             let mut snapshots: Vec<(u64, Vec<MemberView>)> = vec![(0, Vec::new())];
             let limit = DetectorConfig::default().down_after;
             for op in ops {
@@ -557,9 +910,12 @@ mod tests {
                         let name = format!("n{n}");
                         let allowed = match model.get(&name) {
                             None => true,
-                            Some(&(inc, up, _)) => i > inc || (i == inc && up),
+                            Some(&(inc, up, heard)) => {
+                                (i > inc && (!up || now.duration_since(heard) >= live))
+                                    || (i == inc && up)
+                            }
                         };
-                        prop_assert_eq!(m.join(now, req(&name, i)).is_ok(), allowed);
+                        prop_assert_eq!(m.join(now, req(&name, i), Role::Worker).is_ok(), allowed);
                         if allowed {
                             model.insert(name, (i, true, now));
                         }
@@ -581,7 +937,7 @@ mod tests {
                     Op::Leave(n, i) => {
                         let name = format!("n{n}");
                         let expect = matches!(model.get(&name), Some(&(inc, true, _)) if inc == i);
-                        prop_assert_eq!(m.leave(&name, i), expect);
+                        prop_assert_eq!(m.leave(now, &name, i), expect);
                         if expect {
                             model.get_mut(&name).unwrap().1 = false;
                         }

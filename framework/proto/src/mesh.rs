@@ -253,6 +253,7 @@ mod tests {
             state,
             resources: Resources::default(),
             actors: 0,
+            role: crate::role::Role::Worker,
         }
     }
 

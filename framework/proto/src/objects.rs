@@ -10,10 +10,16 @@
 //!
 //! ```text
 //! reader ── Hello(Pull) ─► owner's bulk endpoint
-//!        ── ObjectRequest::Pull{id, size, checksum} ─►
+//!        ── ObjectRequest::Pull{id, size, checksum, token} ─►
 //!        ◄─ PullReply::Sending{size} ── size raw bytes ──   (or Gone / Mismatch, then the stream ends)
-//! holder ── ObjectRequest::Release[ids] ─► (the stream ends)
+//! holder ── ObjectRequest::Release[ids] ─►
+//!        ◄─ ReleaseReply{refused} ── (the stream ends)
 //! ```
+//!
+//! A pull must carry the object's token, which only its reference holds
+//! (an unguessable number the owner's store drew when it put the object):
+//! a peer that guesses ids learns nothing, not even which exist. A release
+//! is honoured only from the member the object was lent to.
 
 // rkyv's derive emits undocumented public helper items for enums with
 // struct variants; every type written here is documented by hand.
@@ -55,6 +61,17 @@ pub struct PullRequest {
     pub size: u64,
     /// Its checksum, per the reference.
     pub checksum: u64,
+    /// Its token, per the reference.
+    pub token: u64,
+}
+
+/// The owner's answer to a release.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseReply {
+    /// How many of the objects were released.
+    pub released: u32,
+    /// Those lent to another member than the sender, which stay held.
+    pub refused: Vec<ObjectKey>,
 }
 
 /// The owner's answer to a [`PullRequest`].

@@ -23,6 +23,7 @@ use flotilla_proto::groups::GroupsConfig;
 use flotilla_proto::member::MemberConfig;
 use flotilla_proto::mesh::{Mesh, MeshConfig};
 use flotilla_proto::resources::Resources;
+use flotilla_proto::role::{self, Role};
 use flotilla_transport::{BindError, Endpoint, Tuning};
 use ractor::Actor;
 use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
@@ -48,7 +49,7 @@ use crate::pool::Pool;
 use crate::reservations::Reservations;
 use crate::router::Router;
 use crate::sessions::Sessions;
-use crate::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members, spawner_group};
+use crate::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members};
 use crate::table::Table;
 use crate::tasks::Tasks;
 use crate::wire::{Decode, Encode};
@@ -61,6 +62,21 @@ pub enum StartError {
     /// Certificates are missing or invalid: fix the certificates folder.
     #[error(transparent)]
     Certs(#[from] flotilla_transport::CertError),
+    /// The certificate carries no role.
+    #[error(
+        "NODE-AUTH-018: {0}.crt carries no role; issue a new one with `node certs issue --role …`"
+    )]
+    NoRole(String),
+    /// A head needs a certificate of the head role.
+    #[error(
+        "NODE-AUTH-022: {name}.crt has role {role}; a head needs the head's certificate (`node certs init` issues it)"
+    )]
+    NotHeadRole {
+        /// The certificate's name.
+        name: String,
+        /// Its role.
+        role: flotilla_proto::role::Role,
+    },
     /// Neither the configuration nor the certificates folder gives a
     /// cluster cookie.
     #[error(
@@ -95,6 +111,9 @@ pub enum StartError {
     #[error("NODE-START-002: the actor system stopped while the node started")]
     ActorSystemStopped,
 }
+
+/// How often the head looks at the CA's revocation list.
+const REVOCATIONS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Registers actor kinds, then starts a [`Node`].
 pub struct NodeBuilder {
@@ -196,6 +215,18 @@ impl NodeBuilder {
         let config = self.config;
         crate::counters::register();
         let certs = flotilla_transport::Identity::load(&config.certs, &config.name)?;
+        let role = certs
+            .role
+            .ok_or_else(|| StartError::NoRole(config.name.clone()))?;
+        if config.is_head() && role != Role::Head {
+            return Err(StartError::NotHeadRole {
+                name: config.name.clone(),
+                role,
+            });
+        }
+        let member_name = role::member_name(&config.name, role, crate::nonce::nonce());
+        let seal_key = certs.derived_key("placement-groups");
+        let ca = certs.ca.clone();
         let cookie = config
             .cookie
             .clone()
@@ -219,8 +250,8 @@ impl NodeBuilder {
         let server = NodeServer::new(
             0,
             cookie.clone(),
-            config.name.clone(),
-            config.name.clone(),
+            member_name.clone(),
+            member_name.clone(),
             Some(IncomingEncryptionMode::Tls(
                 tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
             )),
@@ -257,13 +288,17 @@ impl NodeBuilder {
             .clone()
             .unwrap_or_else(crate::host::detect_host_id);
         let cookie_digest = flotilla_transport::certs::cookie_digest(&cookie);
+        let record = role
+            .is_singular()
+            .then(|| IncarnationRecord::new(state_dir, &config.name));
         let identity = match Identity::new(
-            config.name.clone(),
+            member_name.clone(),
+            role,
             advertise,
             bulk_addr,
             resources,
             cookie_digest,
-            IncarnationRecord::new(state_dir, &config.name),
+            record,
         ) {
             Ok(identity) => Arc::new(identity.with_host(host.clone())),
             Err(e) => {
@@ -273,7 +308,7 @@ impl NodeBuilder {
         };
         let (store, swept) = Store::open(StoreConfig {
             scope: crate::objects::scope_of(&cookie_digest),
-            owner: config.name.clone(),
+            owner: member_name.clone(),
             host,
             capacity: config
                 .object_store_bytes
@@ -304,27 +339,28 @@ impl NodeBuilder {
                 (Some(head), None)
             }
             Some(addr) => {
-                let member = Member::new(
+                let link = Member::new(
                     Arc::clone(&identity),
                     Arc::clone(&pool),
                     addr,
+                    config.head_name.clone(),
                     view_tx,
                     hosted.clone(),
                     ledger.clone(),
                     MemberConfig {
                         heartbeat_interval: config.detector.heartbeat_interval,
+                        name_grace: config.detector.down_after,
                         ..MemberConfig::default()
                     },
                 );
-                (None, Some(member))
+                (None, Some(link))
             }
         };
 
         let spawner = match Actor::spawn(
-            Some(spawner_group(&config.name)),
+            None,
             Spawner,
             SpawnerArgs {
-                node: config.name.clone(),
                 kinds: Arc::new(self.kinds),
                 hosted: hosted.clone(),
             },
@@ -349,6 +385,7 @@ impl NodeBuilder {
                     confirm_grace: config.detector.down_after * 2,
                     ..GroupsConfig::default()
                 },
+                seal_key,
             )
         });
         let (placement, placement_handle) = match placement {
@@ -424,16 +461,38 @@ impl NodeBuilder {
                 sessions: sessions.clone(),
                 backlog: Arc::clone(&backlog),
                 control,
+                pool: Arc::clone(&pool),
                 tasks: tasks.clone(),
             }
             .run(router_rx),
         );
         {
-            let pool = Arc::clone(&pool);
+            let (pool, handshakes) = (Arc::clone(&pool), tasks.clone());
             tasks.spawn(async move {
-                while let Some(pc) = pool.endpoint().accept().await {
-                    tracing::debug!(peer = %pc.peer, "connection accepted");
-                    pool.accepted(pc).await;
+                while let Some(incoming) = pool.endpoint().accept_incoming().await {
+                    let handshake = match incoming {
+                        Ok(h) => h,
+                        Err(refused) => {
+                            crate::counters::tls_refused(refused.reason);
+                            tracing::warn!(error = %refused, "connection refused");
+                            continue;
+                        }
+                    };
+                    // Each handshake in a task of its own: a peer that
+                    // stalls holds only its own slot.
+                    let pool = Arc::clone(&pool);
+                    handshakes.spawn(async move {
+                        match handshake.finish().await {
+                            Ok(pc) => {
+                                tracing::debug!(peer = %pc.peer, "connection accepted");
+                                pool.accepted(pc);
+                            }
+                            Err(refused) => {
+                                crate::counters::tls_refused(refused.reason);
+                                tracing::warn!(error = %refused, "connection refused");
+                            }
+                        }
+                    });
                 }
             });
         }
@@ -441,6 +500,16 @@ impl NodeBuilder {
         match (head, member) {
             (Some(head), _) => {
                 let idle = config.detector.heartbeat_interval;
+                let crl = config
+                    .revocation_list
+                    .clone()
+                    .unwrap_or_else(|| config.certs.join(flotilla_transport::certs::CRL_FILE));
+                let follower = Arc::clone(&head);
+                tasks.spawn_graceful(|stop| async move {
+                    follower
+                        .follow_revocations(crl, ca, REVOCATIONS_EVERY, stop)
+                        .await
+                });
                 tasks.spawn_graceful(
                     |stop| async move { head.run_detector(stop, idle, pulse).await },
                 );
@@ -466,7 +535,7 @@ impl NodeBuilder {
             view,
             tick: config.detector.heartbeat_interval,
         };
-        let policy = Mesh::new(config.name.clone(), MeshConfig::default());
+        let policy = Mesh::new(member_name, MeshConfig::default());
         tasks.spawn_graceful(|stop| mesh.run(policy, stop));
         tracing::info!(node = %identity.name, addr = %advertise, incarnation = identity.incarnation(), head = config.is_head(), "node started");
         Ok(node)

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::role::principal_of;
 use flotilla_transport::{BindError, ConnectError, Endpoint, PeerConnection, Tuning, handshake};
 use tokio::sync::watch;
 
@@ -142,14 +143,32 @@ impl Lane {
         let lane = Arc::clone(self);
         let conns = tasks.clone();
         tasks.spawn_on(runtime.handle(), async move {
-            while let Some(pc) = lane.endpoint.accept().await {
-                conns.spawn(serve_connection(
+            while let Some(incoming) = lane.endpoint.accept_incoming().await {
+                let handshake = match incoming {
+                    Ok(h) => h,
+                    Err(refused) => {
+                        counters::tls_refused(refused.reason);
+                        tracing::warn!(error = %refused, "bulk connection refused");
+                        continue;
+                    }
+                };
+                // Each handshake in a task of its own: a peer that stalls
+                // holds only its own slot.
+                let (identity, view, store, tasks) = (
                     Arc::clone(&identity),
                     view.clone(),
                     store.clone(),
                     conns.clone(),
-                    pc,
-                ));
+                );
+                conns.spawn(async move {
+                    match handshake.finish().await {
+                        Ok(pc) => serve_connection(identity, view, store, tasks, pc).await,
+                        Err(refused) => {
+                            counters::tls_refused(refused.reason);
+                            tracing::warn!(error = %refused, "bulk connection refused");
+                        }
+                    }
+                });
             }
         });
     }
@@ -188,7 +207,10 @@ impl Lane {
             *stream = None;
         }
         if stream.is_none() {
-            let pc = self.endpoint.connect(addr, Some(peer)).await?;
+            let pc = self
+                .endpoint
+                .connect(addr, Some(principal_of(peer)))
+                .await?;
             let hello = identity.hello(Purpose::Bulk);
             let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
             *stream = Some((incarnation, send));
@@ -254,7 +276,10 @@ impl Lane {
         {
             return Ok((send, recv));
         }
-        let pc = self.endpoint.connect(addr, Some(peer)).await?;
+        let pc = self
+            .endpoint
+            .connect(addr, Some(principal_of(peer)))
+            .await?;
         let (send, recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
         self.pulls
             .lock()
@@ -278,7 +303,8 @@ impl Drop for Lane {
 }
 
 /// Serves the bulk streams a member opens on `pc`; any other stream is
-/// refused, and it or a malformed frame closes the connection.
+/// refused, and it or a malformed frame closes the connection, and so does
+/// the revocation of the peer's certificate.
 async fn serve_connection(
     identity: Arc<Identity>,
     view: watch::Receiver<Table>,
@@ -286,13 +312,30 @@ async fn serve_connection(
     tasks: Tasks,
     pc: PeerConnection,
 ) {
+    let revoked = gate::revoked(&view, &pc.serial);
+    tokio::pin!(revoked);
+    let mut bound: Option<String> = None;
     loop {
-        let accepted = gate::accept(&identity, &view, &pc, &[Purpose::Bulk, Purpose::Pull]).await;
+        let accept = gate::accept(
+            &identity,
+            &view,
+            &pc,
+            &[Purpose::Bulk, Purpose::Pull],
+            &mut bound,
+        );
+        let accepted = tokio::select! {
+            a = accept => a,
+            () = &mut revoked => {
+                tracing::warn!(peer = %pc.peer, "NODE-AUTH-020: closing the bulk connection of a revoked certificate");
+                pc.connection.close(quinn::VarInt::from_u32(0x12), b"revoked");
+                return;
+            }
+        };
         let (send, recv) = match accepted {
             Ok((send, recv, hello)) if hello.purpose == Purpose::Pull => {
                 tasks.spawn(crate::pull_server::serve_pull(
                     store.clone(),
-                    pc.peer.clone(),
+                    hello.node,
                     send,
                     recv,
                 ));
@@ -309,7 +352,15 @@ async fn serve_connection(
         // One stream per peer: serve it here; the next accept waits for
         // the stream after it.
         {
-            if let Err(e) = receive(recv).await {
+            let received = tokio::select! {
+                r = receive(recv) => r,
+                () = &mut revoked => {
+                    tracing::warn!(%peer, "NODE-AUTH-020: closing the bulk connection of a revoked certificate");
+                    conn.close(quinn::VarInt::from_u32(0x12), b"revoked");
+                    return;
+                }
+            };
+            if let Err(e) = received {
                 tracing::warn!(%peer, error = %e, "NODE-WIRE-003: closing connection after a malformed bulk frame");
                 conn.close(
                     quinn::VarInt::from_u32(e.close_code()),

@@ -12,14 +12,24 @@ use flotilla_proto::resources::Resources;
 /// binary read it from flags and a TOML file.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
-    /// Node name; must equal the name in its certificate.
+    /// The certificate's name (`certs/NAME.crt`). A head or worker is the
+    /// member of that name; a driver's, admin's or observer's process is
+    /// the member `NAME~TAG`, with a tag of its own (see
+    /// [`flotilla_proto::role`]).
     pub name: String,
     /// UDP address to listen on.
     pub listen: SocketAddr,
     /// Address other members dial; defaults to `listen`.
     pub advertise: Option<SocketAddr>,
-    /// The head to join; `None` makes this node the head.
+    /// The head to join; `None` makes this node the head (its certificate
+    /// must carry the head role).
     pub head: Option<SocketAddr>,
+    /// The head's name, when known: joining checks the head's certificate
+    /// is issued for it (it must carry the head role in any case).
+    pub head_name: Option<String>,
+    /// The CA's revocation list the head follows and hands to every
+    /// member; `None` is `crl.pem` in the certificates folder.
+    pub revocation_list: Option<PathBuf>,
     /// Folder with `ca.crt`, `NAME.crt` and `NAME.key`.
     pub certs: PathBuf,
     /// The cluster cookie: every hello carries its digest, and
@@ -66,6 +76,8 @@ impl NodeConfig {
             listen,
             advertise: None,
             head: None,
+            head_name: None,
+            revocation_list: None,
             certs: certs.into(),
             cookie: None,
             state_dir: None,

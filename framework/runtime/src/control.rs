@@ -1,23 +1,29 @@
-//! Serving a control stream accepted by this node: on the head, through
-//! the head service and a [`HeadSession`] per stream; on any other node,
-//! status requests only (joins are for the head). On every node, stop
-//! requests for its actors, passed to its spawner with the stream's
-//! certificate name for the authority check.
+//! Serving a control stream accepted by this node, on behalf of the caller
+//! its hello proved (member name, incarnation, certificate role). Every
+//! request is checked against the permission table
+//! ([`flotilla_proto::authority`]) with that identity — never with a name
+//! written in the request — and a refusal is a typed answer
+//! ([`ControlReply::Denied`]) and a counter. On the head, joins,
+//! heartbeats and leaves go through a [`HeadSession`] per stream, whose
+//! table pushes follow the head's table; placement and jobs requests go
+//! to their services with the caller. On every node: status, its own
+//! state, spawns and stops of its actors, and (from the head only) changes
+//! to its reservations.
 //!
 //! ```text
-//! Frames<ControlRequest> ─► HeadSession::handle_request ─► reply
+//! Frames<ControlRequest> ─► permission check (caller) ─► HeadSession / services ─► reply (in pages)
 //! table watch / push timer ─► HeadSession::poll_push ─► Changes
-//! Stop{name} ─► spawner (sender = the stream's certificate name) ─► Stop(outcome)
+//! Spawn / Stop ─► spawner (owner / sender = the caller) ─► Spawned / Stop(outcome)
 //! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply};
+use flotilla_proto::authority::{self, Unauthorized};
+use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply, paginate};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::head::{HeadSession, Noted};
 use flotilla_proto::hello::Refusal;
-use flotilla_proto::jobs::JobsReply;
 use flotilla_proto::ledger::LedgerReply;
 use flotilla_transport::handshake::{Frames, StreamError, send_msg};
 use quinn::{RecvStream, SendStream};
@@ -26,12 +32,13 @@ use tokio::sync::watch;
 
 use crate::board::Board;
 use crate::call::call;
+use crate::caller::Caller;
 use crate::clock::{now, sleep_until};
 use crate::head::HeadService;
 use crate::jobs_slot::JobsSlot;
 use crate::placement::PlacementHandle;
 use crate::reservations::Reservations;
-use crate::spawner::{LocalStop, SpawnerMsg, StopReply};
+use crate::spawner::{LocalSpawn, LocalStop, SpawnerMsg, StopReply};
 use crate::table::Table;
 
 /// What answers control streams on this node.
@@ -41,7 +48,7 @@ pub(crate) struct ControlService {
     pub(crate) head: Option<Arc<HeadService>>,
     /// This node's view of the table.
     pub(crate) view: watch::Receiver<Table>,
-    /// This node's spawner, for stop requests.
+    /// This node's spawner, for spawn and stop requests.
     pub(crate) spawner: ActorRef<SpawnerMsg>,
     /// This node's supervisors, for status requests.
     pub(crate) board: Board,
@@ -60,131 +67,166 @@ pub(crate) struct ControlService {
 /// How long the spawner may take to answer a stop request.
 const STOP_ANSWER: Duration = Duration::from_secs(5);
 
+/// How long a spawn (the actor's `pre_start`, a model load) may take.
+const SPAWN_ANSWER: Duration = Duration::from_secs(300);
+
 fn members_reply(table: &Table) -> ControlReply {
     ControlReply::Members {
         version: table.version,
         head: table.head.clone(),
         members: table.members.clone(),
+        revoked: table.revoked.clone(),
+        more: false,
     }
 }
 
+/// Counts and logs a refusal by the permission table; the answer to send.
+fn denied(service: &'static str, caller: &Caller, why: Unauthorized) -> ControlReply {
+    crate::counters::authority_refused(service, why.code());
+    tracing::warn!(member = %caller.member, role = %caller.role, service, error = %why, "request refused");
+    ControlReply::Denied(why)
+}
+
+/// Sends `reply`, a table in pages under the frame limit.
+async fn send_paged(send: &mut SendStream, reply: ControlReply) -> Result<(), StreamError> {
+    for page in paginate(reply) {
+        send_msg(send, &page, DEFAULT_MAX_FRAME).await?;
+    }
+    Ok(())
+}
+
 impl ControlService {
-    /// Serves one control stream accepted from `peer` (its certificate
-    /// name) until it ends.
+    /// Serves one control stream from `caller` until it ends.
     pub(crate) async fn serve(
         &self,
-        peer: String,
+        caller: Caller,
         mut send: SendStream,
         recv: RecvStream,
     ) -> Result<(), StreamError> {
         let mut requests = Frames::<ControlRequest>::new(recv, DEFAULT_MAX_FRAME);
-        match &self.head {
-            None => {
-                while let Some(request) = requests.next().await {
-                    let request = request?;
-                    let reply = match request {
-                        ControlRequest::Supervisors
-                        | ControlRequest::Objects
-                        | ControlRequest::Gpus => self.own_state(&request),
-                        ControlRequest::Status => members_reply(&self.view.borrow()),
-                        ControlRequest::Leave { .. } => ControlReply::Ack,
-                        ControlRequest::Stop { name } => match self.stop(&peer, name).await {
-                            Some(reply) => reply,
-                            None => return Ok(()),
-                        },
-                        ControlRequest::Join(_) | ControlRequest::Heartbeat { .. } => {
-                            ControlReply::Refused(Refusal::NotHead)
-                        }
-                        ControlRequest::Placement(_) => {
-                            ControlReply::Placement(PlacementReply::NotHead)
-                        }
-                        ControlRequest::Ledger(op) => {
-                            ControlReply::Ledger(self.ledger_op(&peer, op))
-                        }
-                        ControlRequest::Jobs(_) => ControlReply::Jobs(JobsReply::NotServed),
-                    };
-                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
+        let mut session = self.head.as_ref().map(|h| {
+            HeadSession::new(
+                h.name(),
+                caller.member.clone(),
+                caller.incarnation,
+                caller.role,
+            )
+        });
+        let mut table = self.head.as_ref().map(|h| h.watch());
+        loop {
+            let push_at = match (&self.head, &session) {
+                (Some(h), Some(s)) => h.with(|m| s.poll_timeout(m)),
+                _ => None,
+            };
+            let changed = async {
+                match table.as_mut() {
+                    Some(t) => t.changed().await.is_ok(),
+                    None => std::future::pending().await,
                 }
-                Ok(())
+            };
+            tokio::select! {
+                request = requests.next() => {
+                    let Some(request) = request else { return Ok(()) };
+                    match self.answer(&caller, request?, session.as_mut()).await {
+                        Ok(Some(reply)) => send_paged(&mut send, reply).await?,
+                        Ok(None) => {}
+                        // The node is stopping.
+                        Err(()) => return Ok(()),
+                    }
+                }
+                alive = changed => if !alive { return Ok(()) },
+                () = sleep_until(push_at) => {}
             }
-            Some(head) => {
-                let mut session = HeadSession::new(head.name(), peer.clone());
-                let mut view = head.watch();
-                loop {
-                    let push_at = head.with(|m| session.poll_timeout(m));
-                    tokio::select! {
-                        request = requests.next() => {
-                            let Some(request) = request else { return Ok(()) };
-                            let request = request?;
-                            if let ControlRequest::Stop { name } = request {
-                                let Some(reply) = self.stop(&peer, name).await else {
-                                    return Ok(());
-                                };
-                                send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                                continue;
-                            }
-                            let request = match request {
-                                ControlRequest::Supervisors | ControlRequest::Objects | ControlRequest::Gpus => {
-                                    let reply = self.own_state(&request);
-                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                                    continue;
-                                }
-                                ControlRequest::Placement(request) => {
-                                    let reply = match &self.placement {
-                                        Some(p) => p.request(&peer, request).await,
-                                        None => PlacementReply::NotHead,
-                                    };
-                                    send_msg(&mut send, &ControlReply::Placement(reply), DEFAULT_MAX_FRAME).await?;
-                                    continue;
-                                }
-                                ControlRequest::Jobs(request) => {
-                                    let reply = ControlReply::Jobs(self.jobs.request(request).await);
-                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                                    continue;
-                                }
-                                ControlRequest::Ledger(_) => {
-                                    // The head's own ledger is changed in-process only.
-                                    let reply = ControlReply::Ledger(LedgerReply::NotHead);
-                                    send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                                    continue;
-                                }
-                                request => request,
-                            };
-                            let held = match &request {
-                                ControlRequest::Join(j) => Some(j.held.clone()),
-                                _ => None,
-                            };
-                            let (reply, noted) = head.with(|m| session.handle_request(now(), request, m));
-                            if let (Noted::Joined(node, incarnation), Some(held), Some(p)) =
-                                (&noted, held, &self.placement)
-                            {
-                                p.report(node.clone(), *incarnation, held);
-                            }
-                            log(&noted);
-                            if let Some(reply) = reply {
-                                send_msg(&mut send, &reply, DEFAULT_MAX_FRAME).await?;
-                            }
-                        }
-                        changed = view.changed() => {
-                            if changed.is_err() {
-                                return Ok(());
-                            }
-                        }
-                        () = sleep_until(push_at) => {}
-                    }
-                    if let Some(push) = head.with(|m| session.poll_push(now(), m)) {
-                        send_msg(&mut send, &push, DEFAULT_MAX_FRAME).await?;
-                    }
-                }
+            if let (Some(h), Some(s)) = (&self.head, session.as_mut())
+                && let Some(push) = h.with(|m| s.poll_push(now(), m))
+            {
+                send_paged(&mut send, push).await?;
             }
         }
     }
-}
 
-impl ControlService {
+    /// The answer to one request of `caller`: `None` for nothing to send
+    /// (a live heartbeat), `Err` when the node is stopping.
+    async fn answer(
+        &self,
+        caller: &Caller,
+        request: ControlRequest,
+        session: Option<&mut HeadSession>,
+    ) -> Result<Option<ControlReply>, ()> {
+        let sender = caller.sender();
+        let reply = match request {
+            ControlRequest::Status => match (&self.head, session) {
+                (Some(h), Some(s)) => {
+                    h.with(|m| s.handle_request(now(), ControlRequest::Status, m))
+                        .0
+                }
+                _ => Some(members_reply(&self.view.borrow())),
+            },
+            ControlRequest::Supervisors | ControlRequest::Objects | ControlRequest::Gpus => {
+                Some(match authority::may_read(sender) {
+                    Ok(()) => self.own_state(&request),
+                    Err(why) => denied("status", caller, why),
+                })
+            }
+            ControlRequest::Stop { name } => Some(self.stop(caller, name).await.ok_or(())?),
+            ControlRequest::Spawn(order) => Some(self.spawn(caller, order).await?),
+            request @ (ControlRequest::Join(_)
+            | ControlRequest::Heartbeat { .. }
+            | ControlRequest::Leave { .. }) => match (&self.head, session) {
+                (Some(h), Some(s)) => self.membership(h, s, request),
+                _ if matches!(request, ControlRequest::Leave { .. }) => Some(ControlReply::Ack),
+                _ => Some(ControlReply::Refused(Refusal::NotHead)),
+            },
+            ControlRequest::Placement(request) => {
+                Some(ControlReply::Placement(match &self.placement {
+                    Some(p) => match p.request(caller, request).await {
+                        Ok(reply) => reply,
+                        Err(why) => return Ok(Some(denied("placement", caller, why))),
+                    },
+                    None => PlacementReply::NotHead,
+                }))
+            }
+            ControlRequest::Ledger(op) => Some(if self.head.is_some() {
+                // The head's own ledger is changed in-process only.
+                ControlReply::Ledger(LedgerReply::NotHead)
+            } else {
+                let head = self.view.borrow().head.clone();
+                match authority::may_change_ledger(sender, &head) {
+                    Ok(()) => ControlReply::Ledger(self.ledger.apply(op)),
+                    Err(why) => denied("ledger", caller, why),
+                }
+            }),
+            ControlRequest::Jobs(request) => Some(match self.jobs.request(caller, request).await {
+                Ok(reply) => ControlReply::Jobs(reply),
+                Err(why) => denied("jobs", caller, why),
+            }),
+        };
+        Ok(reply)
+    }
+
+    /// A join, heartbeat or leave on the head.
+    fn membership(
+        &self,
+        head: &HeadService,
+        session: &mut HeadSession,
+        request: ControlRequest,
+    ) -> Option<ControlReply> {
+        let held = match &request {
+            ControlRequest::Join(j) => Some(j.held.clone()),
+            _ => None,
+        };
+        let (reply, noted) = head.with(|m| session.handle_request(now(), request, m));
+        if let (Noted::Joined(node, incarnation), Some(held), Some(p)) =
+            (&noted, held, &self.placement)
+        {
+            p.report(node.clone(), *incarnation, held);
+        }
+        log(&noted);
+        reply
+    }
+
     /// The answer to a request about this node's own state (its
     /// supervisors, object store or GPUs), which every node serves alike.
-    /// Both loops pass only those three; anything else is refused.
     fn own_state(&self, request: &ControlRequest) -> ControlReply {
         match request {
             ControlRequest::Supervisors => ControlReply::Supervisors(self.board.reports()),
@@ -194,24 +236,13 @@ impl ControlService {
         }
     }
 
-    /// Applies an operation of the head on this node's reservations;
-    /// refused from anyone else.
-    fn ledger_op(&self, peer: &str, op: flotilla_proto::ledger::LedgerOp) -> LedgerReply {
-        if peer != self.view.borrow().head {
-            crate::counters::authority_refused("ledger");
-            tracing::warn!(%peer, "refused a reservation change from a node that is not the head");
-            return LedgerReply::NotHead;
-        }
-        self.ledger.apply(op)
-    }
-
-    /// Passes a stop request from `peer` to the spawner; `None` when the
+    /// Passes a stop request from `caller` to the spawner; `None` when the
     /// spawner does not answer (the node is stopping), which ends the
     /// stream.
-    async fn stop(&self, peer: &str, name: String) -> Option<ControlReply> {
+    async fn stop(&self, caller: &Caller, name: String) -> Option<ControlReply> {
         let req = LocalStop {
             name,
-            sender: Some(peer.to_owned()),
+            sender: Some((caller.member.clone(), caller.role)),
             head: self.view.borrow().head.clone(),
         };
         call(
@@ -223,6 +254,34 @@ impl ControlService {
         .ok()
         .map(|StopReply(outcome)| ControlReply::Stop(outcome))
     }
+
+    /// Passes a spawn request from `caller` to the spawner, the caller as
+    /// the actor's owner; `Err` when the spawner does not answer.
+    async fn spawn(
+        &self,
+        caller: &Caller,
+        order: flotilla_proto::control::SpawnOrder,
+    ) -> Result<ControlReply, ()> {
+        if let Err(why) = authority::may_spawn(caller.sender()) {
+            return Ok(denied("spawn", caller, why));
+        }
+        if caller.incarnation == 0 {
+            // A tool is no member: nothing would stop its actors.
+            return Ok(denied("spawn", caller, Unauthorized::NotMember));
+        }
+        let req = LocalSpawn {
+            order,
+            owner: (caller.member.clone(), caller.incarnation),
+        };
+        call(
+            &self.spawner,
+            |port| SpawnerMsg::Spawn(req, port),
+            SPAWN_ANSWER,
+        )
+        .await
+        .map(ControlReply::Spawned)
+        .map_err(|_| ())
+    }
 }
 
 fn log(noted: &Noted) {
@@ -233,6 +292,9 @@ fn log(noted: &Noted) {
         }
         Noted::JoinRefused(node, refusal) => {
             tracing::warn!(%node, %refusal, "join refused");
+        }
+        Noted::NameTaken(holder) => {
+            tracing::warn!(%holder, "join refused: the name is a live member's");
         }
         Noted::NotUp(node, outcome) => {
             tracing::warn!(%node, ?outcome, "heartbeat from a member that is not up; asking it to rejoin");

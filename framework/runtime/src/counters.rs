@@ -6,7 +6,8 @@
 //! ```text
 //! flotilla_hello_refused_total{reason}          streams refused at the gate
 //! flotilla_frames_dropped_total{lane,reason}    frames dropped after the gate
-//! flotilla_authority_refused_total{message}     messages from a peer without authority
+//! flotilla_authority_refused_total{service,reason}  requests refused by the permission table
+//! flotilla_tls_refused_total{reason}            connections refused before their first stream
 //! flotilla_sessions_opened_total                ractor_cluster sessions opened
 //! flotilla_sessions_closed_total                ractor_cluster sessions closed
 //! flotilla_sent_bytes_total{lane}               bytes sent per lane
@@ -28,10 +29,18 @@ pub(crate) fn frame_dropped(lane: &'static str, reason: &'static str) {
         .increment(1);
 }
 
-/// A message that would change what this node runs, refused because its
-/// sender has no authority for it.
-pub(crate) fn authority_refused(message: &'static str) {
-    metrics::counter!("flotilla_authority_refused_total", "message" => message).increment(1);
+/// A request refused by the permission table: `service` is what it asked
+/// of (`jobs`, `placement`, `spawn`, `stop`, `ledger`, `objects`,
+/// `spawner`, `status`), `reason` the refusal's code.
+pub(crate) fn authority_refused(service: &'static str, reason: &'static str) {
+    metrics::counter!("flotilla_authority_refused_total", "service" => service, "reason" => reason)
+        .increment(1);
+}
+
+/// A connection refused before it carried a stream: its TLS handshake
+/// failed or timed out, or the node had too many handshakes in progress.
+pub(crate) fn tls_refused(reason: &'static str) {
+    metrics::counter!("flotilla_tls_refused_total", "reason" => reason).increment(1);
 }
 
 /// A ractor_cluster session opened.
@@ -68,7 +77,11 @@ pub(crate) fn register() {
     );
     metrics::describe_counter!(
         "flotilla_authority_refused_total",
-        "Messages refused because their sender has no authority for them"
+        "Requests refused by the permission table, by service and reason"
+    );
+    metrics::describe_counter!(
+        "flotilla_tls_refused_total",
+        "Connections refused before their first stream (handshake failed, timed out, or too many at once)"
     );
     metrics::describe_counter!(
         "flotilla_sessions_opened_total",

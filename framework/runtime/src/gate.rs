@@ -1,18 +1,26 @@
 //! The gate every accepted stream passes: the hello is checked against the
-//! peer's certificate, this node's cookie, the purposes the endpoint
-//! serves, and what the member table holds of the peer's incarnation (a
-//! stream from an incarnation that is down, left or replaced is refused).
-//! Every refusal is logged by the caller and counted here.
+//! peer's certificate (its name, role and serial: a revoked one is
+//! refused), this node's cookie, the purposes the endpoint serves, the
+//! member the connection already speaks for, and what the member table
+//! holds of the peer's incarnation (a stream from an incarnation that is
+//! down, left or replaced is refused). Cluster, bulk and pull streams are
+//! for up members only: a hello from a member the table does not show up
+//! yet (one that has just joined, whose entry is on its way) waits for it
+//! a moment, then is refused. Every refusal is logged by the caller and
+//! counted here.
 //!
 //! ```text
-//! accept_bi ─► Hello ─► Gate::check ─┬─ Accepted ─► stream
-//!                        ▲           └─ Refused(reason) ─► counted, closed
-//!   identity (name, incarnation, cookie) · watch<Table> (peer incarnations)
+//! accept_bi ─► Hello (within its deadline) ─► Gate::check ─┬─ member-only purpose: wait for the table
+//!                                    ▲                    ├─ Accepted ─► stream
+//!                                    │                    └─ Refused(reason) ─► counted, closed
+//!   identity (name, incarnation, cookie) · watch<Table> (peer incarnations, revoked serials)
 //! ```
 
-use flotilla_proto::hello::{Hello, Purpose};
+use std::time::Duration;
+
+use flotilla_proto::hello::{Hello, Purpose, Refusal};
 use flotilla_transport::PeerConnection;
-use flotilla_transport::handshake::{self, Gate, StreamError};
+use flotilla_transport::handshake::{self, Gate, StreamError, needs_membership};
 use quinn::{RecvStream, SendStream};
 use tokio::sync::watch;
 
@@ -20,26 +28,70 @@ use crate::counters;
 use crate::identity::Identity;
 use crate::table::Table;
 
+/// How long a member-only stream from a member the table does not show up
+/// yet waits for it: the head pushes a join to every member within its
+/// push gap (100 ms) and a round trip.
+const MEMBER_WAIT: Duration = Duration::from_secs(3);
+
 /// Accepts the next stream `pc`'s peer opens on an endpoint serving
-/// `serves`, checked against `identity` and the peers' incarnations in
-/// `view`.
+/// `serves`, checked against `identity`, the peers' incarnations and the
+/// revoked serials in `view`, and `bound`: the member an earlier stream of
+/// the connection proved (set by the first one accepted).
 pub(crate) async fn accept(
     identity: &Identity,
     view: &watch::Receiver<Table>,
     pc: &PeerConnection,
     serves: &[Purpose],
+    bound: &mut Option<String>,
 ) -> Result<(SendStream, RecvStream, Hello), StreamError> {
-    let known = |name: &str| view.borrow().known(name);
-    let gate = Gate {
-        name: &identity.name,
-        incarnation: identity.incarnation(),
-        cookie: identity.cookie,
-        serves,
-        known: &known,
+    let (mut send, recv, hello) = handshake::read_hello(&pc.connection).await?;
+    let verdict = {
+        let known = |name: &str| view.borrow().known(name);
+        let revoked = |serial: &[u8]| view.borrow().is_revoked(serial);
+        let gate = Gate {
+            name: &identity.name,
+            incarnation: identity.incarnation(),
+            cookie: identity.cookie,
+            serves,
+            known: &known,
+            revoked: &revoked,
+            bound: bound.as_deref(),
+        };
+        gate.check(&hello, pc)
     };
-    let accepted = handshake::accept(&pc.connection, &pc.peer, &gate).await;
-    if let Err(StreamError::RefusedPeer(refusal)) = &accepted {
+    let verdict = match verdict {
+        Ok(()) if needs_membership(hello.purpose) && hello.node != identity.name => {
+            member_up(view, &hello).await
+        }
+        v => v,
+    };
+    let answered =
+        handshake::answer(&mut send, verdict, &identity.name, identity.incarnation()).await;
+    if let Err(StreamError::RefusedPeer(refusal)) = &answered {
         counters::hello_refused(*refusal);
     }
-    accepted
+    answered?;
+    bound.get_or_insert_with(|| hello.node.clone());
+    Ok((send, recv, hello))
+}
+
+/// Whether the table shows the hello's member up at its incarnation,
+/// waiting up to [`MEMBER_WAIT`] for it to.
+async fn member_up(view: &watch::Receiver<Table>, hello: &Hello) -> Result<(), Refusal> {
+    let mut view = view.clone();
+    let up = |t: &Table| t.known(&hello.node) == Some((hello.incarnation, true));
+    let waited = tokio::time::timeout(MEMBER_WAIT, view.wait_for(up)).await;
+    match waited {
+        Ok(Ok(_)) => Ok(()),
+        _ => Err(Refusal::NotMember),
+    }
+}
+
+/// Resolves once `view` says the certificate `serial` is revoked; never
+/// while it is not (and never once the table's sender is gone).
+pub(crate) async fn revoked(view: &watch::Receiver<Table>, serial: &[u8]) {
+    let mut view = view.clone();
+    if view.wait_for(|t| t.is_revoked(serial)).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }

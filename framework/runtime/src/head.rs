@@ -66,9 +66,49 @@ impl HeadService {
             t.version = m.version();
             t.head = self.name.clone();
             t.members = m.view();
+            if t.revoked != m.revoked() {
+                t.revoked = m.revoked().to_vec();
+            }
             true
         });
         r
+    }
+
+    /// Follows the CA's revocation list at `path` (checked against the CA
+    /// certificates `ca`) until `stop`: read at start and whenever its
+    /// size or modification time changes (looked at every `every`), and
+    /// handed to every member with the table. A list that does not check
+    /// is logged and the one in force kept.
+    pub(crate) async fn follow_revocations(
+        &self,
+        path: std::path::PathBuf,
+        ca: Vec<rustls::pki_types::CertificateDer<'static>>,
+        every: Duration,
+        stop: CancellationToken,
+    ) {
+        let mut seen = None;
+        loop {
+            let stamp = std::fs::metadata(&path)
+                .ok()
+                .map(|m| (m.len(), m.modified().ok()));
+            if stamp != seen {
+                seen = stamp;
+                match flotilla_transport::certs::load_revocations(&path, &ca) {
+                    Ok(serials) => {
+                        let serials = serials.unwrap_or_default();
+                        let n = serials.len();
+                        if self.with(|m| m.set_revoked(serials)) {
+                            tracing::warn!(revoked = n, path = %path.display(), "revocation list loaded; revoked certificates are refused and their streams closed");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "revocation list not applied"),
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stop.cancelled() => return,
+            }
+        }
     }
 
     /// Marks silent members down at the failure detector's deadlines, until
@@ -85,6 +125,10 @@ impl HeadService {
             pulse.send_modify(|n| *n = n.wrapping_add(1));
             let (deadline, downed) = self.with(|m| {
                 let downed = m.poll_down(now());
+                let forgotten = m.poll_forget(now());
+                if !forgotten.is_empty() {
+                    tracing::debug!(?forgotten, "drivers and tools that left are forgotten");
+                }
                 (m.poll_timeout(), downed)
             });
             for name in downed {
@@ -130,7 +174,8 @@ mod tests {
         ));
         let mut view = head.watch();
         assert_eq!(view.borrow().members.len(), 1);
-        head.with(|m| m.join(now(), join("n1"))).unwrap();
+        head.with(|m| m.join(now(), join("n1"), flotilla_proto::role::Role::Worker))
+            .unwrap();
         assert_eq!(view.borrow_and_update().members.len(), 2);
         let stop = CancellationToken::new();
         let detector = tokio::spawn({

@@ -96,7 +96,7 @@ impl HeadClient {
                 None => {
                     let pc = self
                         .pool
-                        .connect(Some(head_name), addr)
+                        .connect_head(Some(head_name), addr)
                         .await
                         .map_err(|e| unreachable(e.to_string()))?;
                     let hello = self.identity.hello(Purpose::Control);

@@ -1,8 +1,12 @@
-//! Who this node is: its name, its current incarnation, the addresses it
-//! advertises, what it offers, its cookie, and the hello it opens streams
-//! with. Incarnations follow proto's rule ([`next_incarnation`]): each one
-//! is recorded in `STATE_DIR/NAME.incarnation` before it is used, so they
-//! increase across restarts even when the clock steps back.
+//! Who this node is: its member name (its certificate's name, with an
+//! instance tag for roles that run many processes: see
+//! [`flotilla_proto::role`]), its certificate's role, its current
+//! incarnation, the addresses it advertises, what it offers, its cookie,
+//! and the hello it opens streams with. Incarnations follow proto's rule
+//! ([`next_incarnation`]): a head's or worker's is recorded in
+//! `STATE_DIR/NAME.incarnation` before it is used, so they increase across
+//! restarts even when the clock steps back; a process with an instance
+//! name of its own has no earlier starts and records nothing.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,6 +17,7 @@ use flotilla_proto::hello::{CookieDigest, Hello, Purpose};
 use flotilla_proto::incarnation::{next_incarnation, parse_recorded};
 use flotilla_proto::membership::JoinRequest;
 use flotilla_proto::resources::Resources;
+use flotilla_proto::role::Role;
 
 /// Why the node's incarnation record could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -87,10 +92,13 @@ fn clock_micros() -> u64 {
 /// start; the incarnation grows when the head asks the node to rejoin.
 #[derive(Debug)]
 pub(crate) struct Identity {
-    /// The node's name (its certificate's).
+    /// The node's member name.
     pub(crate) name: String,
-    /// The current incarnation and where it is recorded.
-    incarnation: Mutex<(u64, IncarnationRecord)>,
+    /// Its certificate's role.
+    pub(crate) role: Role,
+    /// The current incarnation and where it is recorded (nowhere for an
+    /// instance name).
+    incarnation: Mutex<(u64, Option<IncarnationRecord>)>,
     /// Digest of the cluster cookie.
     pub(crate) cookie: CookieDigest,
     /// The address members dial.
@@ -105,18 +113,24 @@ pub(crate) struct Identity {
 
 impl Identity {
     /// The identity of a node starting now, with its first incarnation
-    /// taken from `record`.
+    /// taken from `record` (the clock's, for an instance name that keeps
+    /// none).
     pub(crate) fn new(
         name: String,
+        role: Role,
         advertise: SocketAddr,
         bulk_addr: SocketAddr,
         resources: Resources,
         cookie: CookieDigest,
-        record: IncarnationRecord,
+        record: Option<IncarnationRecord>,
     ) -> Result<Self, RecordError> {
-        let first = record.take_next()?;
+        let first = match &record {
+            Some(record) => record.take_next()?,
+            None => next_incarnation(clock_micros(), None),
+        };
         Ok(Self {
             name,
+            role,
             incarnation: Mutex::new((first, record)),
             cookie,
             advertise,
@@ -143,12 +157,13 @@ impl Identity {
     /// clock stepped back could then reuse a number.
     pub(crate) fn reincarnate(&self) -> u64 {
         let mut current = self.incarnation.lock().unwrap_or_else(|e| e.into_inner());
-        let next = match current.1.take_next() {
-            Ok(next) => next.max(current.0 + 1),
-            Err(e) => {
+        let next = match current.1.as_ref().map(IncarnationRecord::take_next) {
+            Some(Ok(next)) => next.max(current.0 + 1),
+            Some(Err(e)) => {
                 tracing::error!(error = %e, "cannot record the new incarnation");
                 next_incarnation(clock_micros(), Some(current.0))
             }
+            None => next_incarnation(clock_micros(), Some(current.0)),
         };
         current.0 = next;
         next
@@ -188,11 +203,12 @@ mod tests {
     fn identity(dir: &Path) -> Identity {
         Identity::new(
             "n1".into(),
+            Role::Worker,
             "127.0.0.1:1".parse().unwrap(),
             "127.0.0.1:2".parse().unwrap(),
             Resources::default(),
             [1; 32],
-            IncarnationRecord::new(dir, "n1"),
+            Some(IncarnationRecord::new(dir, "n1")),
         )
         .unwrap()
     }
@@ -221,6 +237,25 @@ mod tests {
         assert_eq!(again, ahead + 2);
         // The record holds what the node runs as; a restart goes past it.
         assert_eq!(identity(&dir).incarnation(), ahead + 3);
+    }
+
+    #[test]
+    fn an_instance_name_records_nothing_and_still_grows() {
+        let dir = scratch("instance");
+        let id = Identity::new(
+            "admin~00aa".into(),
+            Role::Admin,
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+            Resources::default(),
+            [1; 32],
+            None,
+        )
+        .unwrap();
+        let first = id.incarnation();
+        assert!(first > 0);
+        assert!(id.reincarnate() > first);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no record");
     }
 
     #[test]

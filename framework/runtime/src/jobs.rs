@@ -14,7 +14,13 @@
 //!
 //! A job actor is any registered kind whose message type is [`JobMsg`]:
 //! it answers `Progress` with where it is, and keeps answering with its
-//! end once it has one, until the head stops it.
+//! end once it has one, until the head stops it. Its name is the job's id
+//! and a tag nobody can guess, and the head asks it only on the node its
+//! supervisor started it on: no other node can answer for a job.
+//!
+//! Who may do what: drivers, admins and the head submit; a job belongs to
+//! the certificate that submitted it, which (or an admin, or the head) may
+//! stop it; any role may list jobs ([`flotilla_proto::authority`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use futures::future::BoxFuture;
 
+use crate::caller::{Caller, sender_of};
 use crate::head_client::HeadUnavailable;
 use crate::jobs_slot::ServeJobs;
 use crate::node::Node;
@@ -39,6 +46,8 @@ use crate::placement_groups::GroupSpec;
 use crate::supervisor::{
     Child, RemoteChild, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg,
 };
+use flotilla_proto::authority::{self, Unauthorized};
+use flotilla_proto::role::principal_of;
 
 pub use flotilla_proto::jobs::{JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest};
 
@@ -83,6 +92,9 @@ pub enum JobsError {
     /// The head answered with something else.
     #[error("NODE-JOB-003: the head answered a jobs request with {0}")]
     Unexpected(String),
+    /// The head's permission table refused the request.
+    #[error("NODE-JOB-006: the head refused: {0}")]
+    Denied(Unauthorized),
 }
 
 /// The jobs service's side of the node's [`crate::jobs_slot::JobsSlot`].
@@ -90,20 +102,26 @@ struct JobsHandle {
     tx: mpsc::UnboundedSender<Command>,
 }
 
+type Answer = Result<JobsReply, Unauthorized>;
+
 impl ServeJobs for JobsHandle {
-    fn request(&self, request: JobsRequest) -> BoxFuture<'_, JobsReply> {
+    fn request(&self, caller: Option<Caller>, request: JobsRequest) -> BoxFuture<'_, Answer> {
         Box::pin(async move {
             let (reply, rx) = oneshot::channel();
-            if self.tx.send(Command::Request(request, reply)).is_err() {
-                return JobsReply::NotServed;
+            if self
+                .tx
+                .send(Command::Request(caller, request, reply))
+                .is_err()
+            {
+                return Ok(JobsReply::NotServed);
             }
-            rx.await.unwrap_or(JobsReply::NotServed)
+            rx.await.unwrap_or(Ok(JobsReply::NotServed))
         })
     }
 }
 
 enum Command {
-    Request(JobsRequest, oneshot::Sender<JobsReply>),
+    Request(Option<Caller>, JobsRequest, oneshot::Sender<Answer>),
     Event(String, SupervisorEvent),
     Progress(String, JobProgress),
 }
@@ -125,6 +143,8 @@ impl Jobs {
 
 struct Entry {
     record: JobRecord,
+    /// Its actor's name: the job's id and a tag nobody can guess.
+    actor: String,
     group: Option<String>,
     supervisor: Option<ActorRef<SupervisorMsg>>,
 }
@@ -158,7 +178,10 @@ impl Node {
 
     async fn jobs_request(&self, request: JobsRequest) -> Result<JobsReply, JobsError> {
         let reply = if self.placement.is_some() {
-            self.jobs.request(request).await
+            self.jobs
+                .request_as(None, request)
+                .await
+                .map_err(JobsError::Denied)?
         } else {
             let head = self.view.borrow().head.clone();
             match self
@@ -171,6 +194,7 @@ impl Node {
                 .await?
             {
                 ControlReply::Jobs(r) => r,
+                ControlReply::Denied(why) => return Err(JobsError::Denied(why)),
                 other => return Err(JobsError::Unexpected(format!("{other:?}"))),
             }
         };
@@ -221,8 +245,8 @@ impl Service {
         loop {
             tokio::select! {
                 cmd = rx.recv() => match cmd {
-                    Some(Command::Request(r, reply)) => {
-                        let answer = self.request(r).await;
+                    Some(Command::Request(caller, r, reply)) => {
+                        let answer = self.request(caller.as_ref(), r).await;
                         let _ = reply.send(answer);
                     }
                     Some(Command::Event(id, e)) => self.event(&id, e).await,
@@ -261,10 +285,16 @@ impl Service {
         e.record.view(group, work)
     }
 
-    async fn request(&mut self, r: JobsRequest) -> JobsReply {
-        match r {
-            JobsRequest::Submit(spec) => self.submit(spec).await,
+    async fn request(&mut self, caller: Option<&Caller>, r: JobsRequest) -> Answer {
+        let sender = sender_of(caller);
+        Ok(match r {
+            JobsRequest::Submit(spec) => {
+                authority::may_submit_job(sender)?;
+                let owner = caller.map(|c| principal_of(&c.member).to_owned());
+                self.submit(spec, owner).await
+            }
             JobsRequest::List => {
+                authority::may_read(sender)?;
                 let mut out = Vec::new();
                 for e in self.jobs.values() {
                     out.push(self.view(e).await);
@@ -272,6 +302,7 @@ impl Service {
                 JobsReply::Jobs(out)
             }
             JobsRequest::Get(id) => {
+                authority::may_read(sender)?;
                 let e = self.jobs.values().find(|e| e.record.id == id);
                 match e {
                     Some(e) => JobsReply::Job(Some(Box::new(self.view(e).await))),
@@ -280,25 +311,27 @@ impl Service {
             }
             JobsRequest::Stop(id) => {
                 let Some(e) = self.find(&id) else {
-                    return JobsReply::Stopped(false);
+                    return Ok(JobsReply::Stopped(false));
                 };
+                authority::may_stop_job(sender, e.record.owner.as_deref())?;
                 if e.record.state.is_end() {
-                    return JobsReply::Stopped(false);
+                    return Ok(JobsReply::Stopped(false));
                 }
                 e.record.failed("stopped by request");
                 self.finish(&id).await;
                 JobsReply::Stopped(true)
             }
-        }
+        })
     }
 
-    async fn submit(&mut self, spec: JobSpec) -> JobsReply {
+    async fn submit(&mut self, spec: JobSpec, owner: Option<String>) -> JobsReply {
         if spec.kind.is_empty() {
             return JobsReply::Invalid("a job names the kind of its actor".into());
         }
         let n = self.next;
         self.next += 1;
         let id = format!("job-{:x}-{n}", self.node.incarnation());
+        let actor = format!("{id}.{:016x}", crate::nonce::nonce());
         let group = GroupSpec::new(Strategy::Pack, vec![spec.resources.clone()])
             .with_timeout(Duration::from_secs(24 * 3600))
             .detached();
@@ -309,7 +342,7 @@ impl Service {
         let child = RemoteChild::raw(
             Arc::clone(&self.node),
             spec.kind.clone(),
-            id.clone(),
+            actor.clone(),
             spec.args.clone(),
             spec.message_type.clone(),
             |_: &crate::Table| None,
@@ -360,7 +393,8 @@ impl Service {
         self.jobs.insert(
             n,
             Entry {
-                record: JobRecord::new(id.clone(), spec.description.clone()),
+                record: JobRecord::new(id.clone(), spec.description.clone(), owner),
+                actor,
                 group: Some(group),
                 supervisor: Some(supervisor),
             },
@@ -409,15 +443,20 @@ impl Service {
         }
     }
 
-    /// Asks every running job where it is.
+    /// Asks every running job where it is, on the node its actor was
+    /// started on.
     fn poll(&self) {
         for e in self.jobs.values() {
             if e.record.state != JobState::Running {
                 continue;
             }
+            let Some(on) = e.record.node.clone() else {
+                continue;
+            };
             let (node, tx, id) = (Arc::clone(&self.node), self.tx.clone(), e.record.id.clone());
+            let name = e.actor.clone();
             tokio::spawn(async move {
-                let Ok(actor) = node.lookup::<JobMsg>(&id) else {
+                let Ok(actor) = node.lookup_on::<JobMsg>(&on, &name) else {
                     return;
                 };
                 let asked = crate::call::call(

@@ -30,6 +30,7 @@ pub mod board;
 pub mod builder;
 pub mod bulk;
 pub mod call;
+mod caller;
 pub mod checkpoint;
 mod clock;
 pub mod config;
@@ -48,6 +49,7 @@ mod jobs_slot;
 pub mod member;
 mod mesh;
 pub mod node;
+mod nonce;
 pub mod object_url;
 pub mod objects;
 pub mod outbound;
@@ -76,7 +78,7 @@ pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
 pub use objects::{ArchivedObject, Object, ObjectBytes, ObjectRef, Objects, ObjectsError};
 pub use outbound::Outbound;
 pub use status::{
-    query_gpus, query_jobs, query_objects, query_placement, query_status, query_supervisors,
+    query, query_gpus, query_jobs, query_objects, query_placement, query_status, query_supervisors,
 };
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
 pub use table::Table;

@@ -19,6 +19,7 @@ use flotilla_proto::control::{ControlReply, ControlRequest};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::{Purpose, Refusal};
 use flotilla_proto::member::{MemberConfig, MemberEvent, MemberLink};
+use flotilla_proto::membership::NameHolder;
 use flotilla_transport::ConnectError;
 use flotilla_transport::handshake::{self, Frames, StreamError, send_msg};
 use tokio::sync::watch;
@@ -38,6 +39,9 @@ pub enum JoinError {
     /// The head refused this node.
     #[error("NODE-JOIN-002: the head refused this node: {0}")]
     Refused(Refusal),
+    /// Another live process is a member under this node's name.
+    #[error("{0}")]
+    NameTaken(NameHolder),
     /// The head did not answer in time.
     #[error("NODE-JOIN-001: no answer from the head at {head} within {after:?}")]
     Timeout {
@@ -75,6 +79,9 @@ pub(crate) struct Member {
     pub(crate) identity: Arc<Identity>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) head: SocketAddr,
+    /// The head's name, when configured: its certificate must be issued
+    /// for it.
+    pub(crate) head_name: Option<String>,
     pub(crate) view: watch::Sender<Table>,
     pub(crate) hosted: Hosted,
     pub(crate) link: MemberLink,
@@ -104,16 +111,20 @@ enum Step {
     Joined,
     /// The head refused.
     Refused(Refusal),
+    /// Another live process has the name.
+    NameTaken(NameHolder),
     /// The leave is done.
     Left,
 }
 
 impl Member {
     /// A member of the head at `head`, not yet joined.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         identity: Arc<Identity>,
         pool: Arc<Pool>,
         head: SocketAddr,
+        head_name: Option<String>,
         view: watch::Sender<Table>,
         hosted: Hosted,
         ledger: Reservations,
@@ -124,6 +135,7 @@ impl Member {
             identity,
             pool,
             head,
+            head_name,
             view,
             hosted,
             link,
@@ -143,6 +155,7 @@ impl Member {
             match self.step(None, deadline).await {
                 Step::Joined => return Ok(()),
                 Step::Refused(r) => return Err(JoinError::Refused(r)),
+                Step::NameTaken(holder) => return Err(JoinError::NameTaken(holder)),
                 Step::Left => unreachable!("no shutdown while joining"),
                 Step::Go if tokio::time::Instant::now() >= deadline => {
                     return Err(self.last_error.take().unwrap_or(JoinError::Timeout {
@@ -165,6 +178,10 @@ impl Member {
                 Step::Left => return,
                 Step::Refused(r) => {
                     tracing::error!(refusal = %r, "the head refused this node's rejoin; it is no longer a member");
+                    return;
+                }
+                Step::NameTaken(holder) => {
+                    tracing::error!(%holder, "the head refused this node's rejoin; it is no longer a member");
                     return;
                 }
                 Step::Go | Step::Joined => {}
@@ -198,6 +215,7 @@ impl Member {
                         );
                     }
                     MemberEvent::Refused(r) => return Step::Refused(r),
+                    MemberEvent::NameTaken(holder) => return Step::NameTaken(holder),
                     MemberEvent::Left => return Step::Left,
                 }
             }
@@ -275,6 +293,7 @@ impl Member {
     async fn connect(&mut self, shutdown: Option<&CancellationToken>, until: tokio::time::Instant) {
         self.stream = None;
         let (pool, identity) = (Arc::clone(&self.pool), Arc::clone(&self.identity));
+        let head_name = self.head_name.clone();
         let cancelled = async {
             match shutdown {
                 Some(token) if !self.leaving => token.cancelled().await,
@@ -282,7 +301,7 @@ impl Member {
             }
         };
         let opened = tokio::select! {
-            opened = tokio::time::timeout_at(until, open(pool, identity, self.head)) => opened.ok(),
+            opened = tokio::time::timeout_at(until, open(pool, identity, self.head, head_name)) => opened.ok(),
             () = cancelled => None,
         };
         let Some(opened) = opened else {
@@ -297,6 +316,11 @@ impl Member {
                 self.link.set_held(self.ledger.rejoin());
                 self.link.handle_connected(now());
             }
+            Err(JoinError::Refused(refusal)) => {
+                tracing::warn!(%refusal, "the head refused this node's control stream");
+                self.last_error = Some(JoinError::Refused(refusal));
+                self.link.handle_refused(now(), refusal);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot reach the head; retrying");
                 self.last_error = Some(e);
@@ -306,15 +330,17 @@ impl Member {
     }
 }
 
-/// Opens a control stream to the head at `head`.
+/// Opens a control stream to the head at `head`, whose certificate must
+/// carry the head role (and be issued for `head_name`, when given).
 async fn open(
     pool: Arc<Pool>,
     identity: Arc<Identity>,
     head: SocketAddr,
+    head_name: Option<String>,
 ) -> Result<Stream, JoinError> {
     {
         let pc = pool
-            .connect(None, head)
+            .connect_head(head_name.as_deref(), head)
             .await
             .map_err(|source| JoinError::Connect { head, source })?;
         let hello = identity.hello(Purpose::Control);

@@ -30,7 +30,7 @@ use crate::bulk::Lane;
 use crate::clock::{now, sleep_until};
 use crate::identity::Identity;
 use crate::pool::Pool;
-use crate::sessions::{QuicClusterStream, Sessions, ractor_name};
+use crate::sessions::{QuicClusterStream, Sessions};
 use crate::table::Table;
 use crate::tasks::Tasks;
 
@@ -174,17 +174,23 @@ impl Dialer {
             .map_err(|_| DialError::Address(addr.to_owned()))?;
         // A session still held with this peer is stale (it is why we dial).
         self.sessions.close(peer);
-        let pc = self.pool.connect(Some(peer), addr).await?;
+        let pc = self.pool.connect(peer, addr).await?;
         let hello = self.identity.hello(Purpose::Cluster);
-        let (send, recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
+        let (send, recv, answered_as, _) = handshake::dial(&pc.connection, &hello).await?;
+        // Another process of the same certificate at that address is not
+        // the member dialled.
+        if answered_as != peer {
+            return Err(DialError::Stream(handshake::StreamError::Refused(
+                flotilla_proto::hello::Refusal::IdentityMismatch,
+            )));
+        }
         let stream = QuicClusterStream {
             send,
             recv,
-            peer: pc.peer.clone(),
+            peer: peer.to_owned(),
             backlog: Arc::clone(&self.backlog),
         };
         ractor_cluster::client_connect_external(&self.node_server, Box::new(stream)).await?;
-        debug_assert_eq!(ractor_name(peer), ractor_name(&pc.peer));
         Ok(pc.connection)
     }
 }

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_proto::control::{ControlReply, ControlRequest, StopOutcome};
+use flotilla_proto::authority::Unauthorized;
+use flotilla_proto::control::{ControlReply, ControlRequest, SpawnOrder, StopOutcome};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::Purpose;
 use flotilla_transport::Endpoint;
@@ -28,8 +29,7 @@ use crate::pool::Pool;
 use crate::reservations::Reservations;
 use crate::sessions::{Sessions, ractor_name};
 use crate::spawner::{
-    Hosted, LocalStop, SpawnReply, SpawnRequest, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
-    spawner_group,
+    Hosted, LocalSpawn, LocalStop, SpawnReply, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
 };
 use crate::table::Table;
 use crate::tasks::Tasks;
@@ -51,6 +51,14 @@ pub enum SpawnError {
     /// another node, or wait for it.
     #[error("node {0:?} is not an up member with a ready session")]
     NoSuchNode(String),
+    /// The target node's permission table refused this node's request.
+    #[error("node {node:?} refused the spawn: {why}")]
+    Denied {
+        /// The target node.
+        node: String,
+        /// Why.
+        why: Unauthorized,
+    },
     /// The request or its answer was lost (the node died, the call timed
     /// out): the actor may or may not run; look it up before retrying under
     /// the same name.
@@ -109,7 +117,7 @@ fn typed<M: Message>(name: &str, cell: ractor::ActorCell) -> Result<ActorRef<M>,
 }
 
 /// How a spawn request was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Unavailable {
     /// No answer within the timeout.
@@ -121,6 +129,9 @@ pub enum Unavailable {
     /// Spawned, but its process group did not reach this node in time.
     #[error("spawned, but its process group did not reach this node in time")]
     NotVisible,
+    /// The node could not be reached, or the control stream failed.
+    #[error("the node could not be asked: {0}")]
+    Unreachable(String),
 }
 
 /// Why a remote stop failed. Sorted by what the caller should do.
@@ -148,6 +159,20 @@ pub enum StopError {
         /// What happened.
         source: StopUnavailable,
     },
+}
+
+/// Why a request to a member on a control stream got no answer.
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    /// No such member is up.
+    #[error("not an up member")]
+    NoSuchNode,
+    /// It could not be reached.
+    #[error(transparent)]
+    Connect(flotilla_transport::ConnectError),
+    /// The control stream failed or was refused.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
 }
 
 /// How a stop request was lost.
@@ -351,37 +376,51 @@ impl Node {
         timeout: Duration,
     ) -> Result<ractor::ActorCell, SpawnError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let spawner: ActorRef<SpawnerMsg> = if node == self.identity.name {
-            self.spawner.clone()
-        } else {
-            if !self.wait_session(node, timeout).await {
-                return Err(SpawnError::NoSuchNode(node.to_owned()));
-            }
-            let group = spawner_group(node);
-            let cell = ractor::pg::get_members(&group)
-                .into_iter()
-                .find(|c| !c.get_id().is_local())
-                .ok_or_else(|| SpawnError::NoSuchNode(node.to_owned()))?;
-            cell.into()
-        };
-        let req = SpawnRequest {
+        let order = SpawnOrder {
             kind: kind.to_owned(),
             name: name.to_owned(),
             args,
-            owner: self.identity.name.clone(),
-            owner_incarnation: self.identity.incarnation(),
             message_type: message_type.to_owned(),
         };
         let unavailable = |why| SpawnError::Unavailable {
             node: node.to_owned(),
             why,
         };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let left = left.max(Duration::from_millis(1));
-        let reply = match call(&spawner, |port| SpawnerMsg::Spawn(req, port), left).await {
-            Ok(reply) => reply,
-            Err(CallError::Timeout(_)) => return Err(unavailable(Unavailable::Timeout)),
-            Err(_) => return Err(unavailable(Unavailable::Gone)),
+        let reply = if node == self.identity.name {
+            let req = LocalSpawn {
+                order,
+                owner: (self.identity.name.clone(), self.identity.incarnation()),
+            };
+            match call(&self.spawner, |port| SpawnerMsg::Spawn(req, port), timeout).await {
+                Ok(reply) => reply,
+                Err(CallError::Timeout(_)) => return Err(unavailable(Unavailable::Timeout)),
+                Err(_) => return Err(unavailable(Unavailable::Gone)),
+            }
+        } else {
+            if !self.wait_session(node, timeout).await {
+                return Err(SpawnError::NoSuchNode(node.to_owned()));
+            }
+            let request = ControlRequest::Spawn(order);
+            let asked = tokio::time::timeout_at(deadline, self.ask_member(node, &request)).await;
+            match asked {
+                Err(_) => return Err(unavailable(Unavailable::Timeout)),
+                Ok(Err(AskError::NoSuchNode)) => {
+                    return Err(SpawnError::NoSuchNode(node.to_owned()));
+                }
+                Ok(Err(e)) => return Err(unavailable(Unavailable::Unreachable(e.to_string()))),
+                Ok(Ok(ControlReply::Spawned(reply))) => reply,
+                Ok(Ok(ControlReply::Denied(why))) => {
+                    return Err(SpawnError::Denied {
+                        node: node.to_owned(),
+                        why,
+                    });
+                }
+                Ok(Ok(other)) => {
+                    return Err(unavailable(Unavailable::Unreachable(format!(
+                        "unexpected answer {other:?}"
+                    ))));
+                }
+            }
         };
         if reply != SpawnReply::Spawned {
             return Err(SpawnError::Refused {
@@ -428,35 +467,21 @@ impl Node {
                 Err(_) => return Err(unavailable(StopUnavailable::NoAnswer)),
             }
         } else {
-            let addr = self
-                .view
-                .borrow()
-                .up()
-                .find(|m| m.name == node)
-                .and_then(|m| m.addr.parse::<SocketAddr>().ok())
-                .ok_or_else(|| StopError::NoSuchNode(node.to_owned()))?;
-            let ask = async {
-                let pc = self
-                    .pool
-                    .connect(Some(node), addr)
-                    .await
-                    .map_err(StopUnavailable::Connect)?;
-                let hello = self.identity.hello(Purpose::Control);
-                let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
-                let request = ControlRequest::Stop {
-                    name: name.to_owned(),
-                };
-                send_msg(&mut send, &request, DEFAULT_MAX_FRAME).await?;
-                let reply = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME).await?;
-                let _ = send.finish();
-                match reply {
-                    ControlReply::Stop(outcome) => Ok(outcome),
-                    _ => Err(StopUnavailable::NoAnswer),
-                }
+            let request = ControlRequest::Stop {
+                name: name.to_owned(),
             };
-            match tokio::time::timeout(timeout, ask).await {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(source)) => return Err(unavailable(source)),
+            match tokio::time::timeout(timeout, self.ask_member(node, &request)).await {
+                Ok(Ok(ControlReply::Stop(outcome))) => outcome,
+                Ok(Ok(_)) => return Err(unavailable(StopUnavailable::NoAnswer)),
+                Ok(Err(AskError::NoSuchNode)) => {
+                    return Err(StopError::NoSuchNode(node.to_owned()));
+                }
+                Ok(Err(AskError::Connect(e))) => {
+                    return Err(unavailable(StopUnavailable::Connect(e)));
+                }
+                Ok(Err(AskError::Stream(e))) => {
+                    return Err(unavailable(StopUnavailable::Stream(e)));
+                }
                 Err(_) => return Err(unavailable(StopUnavailable::Timeout)),
             }
         };
@@ -468,6 +493,53 @@ impl Node {
                 outcome,
             }),
         }
+    }
+
+    /// Sends `request` on a control stream to the up member `node` (its
+    /// address from the table, its certificate its principal's) and reads
+    /// one answer.
+    async fn ask_member(
+        &self,
+        node: &str,
+        request: &ControlRequest,
+    ) -> Result<ControlReply, AskError> {
+        let addr = self
+            .view
+            .borrow()
+            .up()
+            .find(|m| m.name == node)
+            .and_then(|m| m.addr.parse::<SocketAddr>().ok())
+            .ok_or(AskError::NoSuchNode)?;
+        let pc = self
+            .pool
+            .connect(node, addr)
+            .await
+            .map_err(AskError::Connect)?;
+        let hello = self.identity.hello(Purpose::Control);
+        let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
+        send_msg(&mut send, request, DEFAULT_MAX_FRAME).await?;
+        let reply = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME).await?;
+        let _ = send.finish();
+        Ok(reply)
+    }
+
+    /// The actor named `name` on the node `node`, if visible from here and
+    /// of message type `M` (a name registered on another node is never
+    /// taken for it).
+    pub fn lookup_on<M: Message>(
+        &self,
+        node: &str,
+        name: &str,
+    ) -> Result<ActorRef<M>, LookupError> {
+        let cell = self
+            .cell_on(node, name)
+            .ok_or_else(|| LookupError::NotFound(name.to_owned()))?;
+        typed(name, cell)
+    }
+
+    /// The role of this node's certificate.
+    pub fn role(&self) -> flotilla_proto::role::Role {
+        self.identity.role
     }
 
     /// The node an actor seen from here runs on: this node for the actors

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use flotilla_objects::{ObjectId, Store};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
-use flotilla_proto::objects::{ObjectKey, ObjectRequest, ObjectStats, PullReply, PullRequest};
+use flotilla_proto::objects::{
+    ObjectKey, ObjectRequest, ObjectStats, PullReply, PullRequest, ReleaseReply,
+};
 use flotilla_proto::wire::Encode;
 use flotilla_transport::handshake;
 use tokio::sync::watch;
@@ -70,6 +72,17 @@ pub enum ObjectsError {
         id: ObjectId,
         /// Its owner.
         owner: String,
+    },
+    /// The owner refused to release objects that were not lent to this
+    /// node (they stay held for their borrower, or until their lease).
+    #[error(
+        "NODE-OBJ-011: {owner} refused to release {refused} object(s) that were not lent to this node"
+    )]
+    NotBorrower {
+        /// The owner.
+        owner: String,
+        /// How many it refused.
+        refused: usize,
     },
     /// The pull failed on the way.
     #[error("NODE-OBJ-010: pulling object {id} from {owner} failed: {reason}")]
@@ -150,16 +163,20 @@ impl Objects {
         pulled
     }
 
-    /// Keeps `object` alive for a holder on another node (which has no
-    /// handle of its own) until the holder calls [`Objects::release`] or
-    /// `lease` passes; returns the reference to send it.
-    pub fn lend(&self, object: Object, lease: Duration) -> ObjectRef {
-        self.store.lend(object, std::time::Instant::now() + lease)
+    /// Keeps `object` alive for the member `borrower` on another node
+    /// (which has no handle of its own) until it calls
+    /// [`Objects::release`] or `lease` passes; returns the reference to
+    /// send it. Only `borrower` may release it early.
+    pub fn lend(&self, object: Object, borrower: &str, lease: Duration) -> ObjectRef {
+        self.store
+            .lend(object, borrower, std::time::Instant::now() + lease)
     }
 
     /// Tells the owner of a lent object that this holder is done with it:
     /// in this process, or on a stream to the owner's bulk lane. A release
-    /// that does not arrive leaves the object to its lease.
+    /// that does not arrive leaves the object to its lease; one of an
+    /// object lent to another member is refused
+    /// ([`ObjectsError::NotBorrower`]) and the object stays.
     pub async fn release(&self, reference: &ObjectRef) -> Result<(), ObjectsError> {
         self.release_all(std::slice::from_ref(reference)).await
     }
@@ -171,7 +188,7 @@ impl Objects {
         let mut by_owner: std::collections::BTreeMap<&str, Vec<&ObjectRef>> = Default::default();
         for r in references {
             if r.owner == self.identity.name {
-                self.store.release(r.id);
+                self.store.release(r.id, None);
             } else {
                 by_owner.entry(r.owner.as_str()).or_default().push(r);
             }
@@ -192,7 +209,7 @@ impl Objects {
             owner: owner.to_owned(),
             reason,
         };
-        let (mut send, _recv) = self
+        let (mut send, mut recv) = self
             .lane
             .open_pull(&self.identity, &self.view, owner)
             .await
@@ -209,7 +226,17 @@ impl Objects {
             .await
             .map_err(|e| failed(e.to_string()))?;
         let _ = send.finish();
-        Ok(())
+        let reply: ReleaseReply = handshake::recv_msg(&mut recv, DEFAULT_MAX_FRAME)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if reply.refused.is_empty() {
+            Ok(())
+        } else {
+            Err(ObjectsError::NotBorrower {
+                owner: owner.to_owned(),
+                refused: reply.refused.len(),
+            })
+        }
     }
 
     /// Reads the object `reference` names as the archive of a `T`, in
@@ -260,6 +287,7 @@ impl Objects {
             seq: id.seq,
             size: reference.size,
             checksum: reference.checksum,
+            token: reference.token,
         });
         handshake::send_msg(&mut send, &request, DEFAULT_MAX_FRAME)
             .await

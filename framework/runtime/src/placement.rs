@@ -14,21 +14,30 @@
 //! Each member's operations go in order on one stream, so a release sent
 //! after a prepare is applied after it. A stream that breaks fails every
 //! operation still waiting on it, and the next operation dials again.
+//!
+//! Requests are judged by who sent them ([`Caller`]): a group is created
+//! owned by its caller's member name and incarnation, removed only by its
+//! owner, an admin or the head. Every record the head hands a member is
+//! sealed with a key derived from the head's certificate key; what a
+//! member reports holding is adopted only if its seal checks, so no member
+//! can make the head adopt a group it never created.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla_proto::authority::{self, Unauthorized};
 use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply, PlacementRequest};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::groups::{Action, GroupState, GroupView, Groups, GroupsConfig, Tag};
 use flotilla_proto::hello::Purpose;
-use flotilla_proto::ledger::{Held, LedgerOp, LedgerReply};
+use flotilla_proto::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
 use flotilla_transport::handshake::{self, Frames, send_msg};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::caller::{Caller, sender_of};
 use crate::clock::{now, sleep_until};
 use crate::identity::Identity;
 use crate::pool::Pool;
@@ -38,11 +47,14 @@ use crate::table::Table;
 /// How long dialling a member for its ledger may take.
 const DIAL: Duration = Duration::from_secs(2);
 
+type Answer = Result<PlacementReply, Unauthorized>;
+
 enum Command {
     Request {
-        peer: String,
+        /// Who asked (`None`: this node).
+        caller: Option<Caller>,
         request: PlacementRequest,
-        reply: oneshot::Sender<PlacementReply>,
+        reply: oneshot::Sender<Answer>,
     },
     Report {
         node: String,
@@ -63,9 +75,19 @@ pub(crate) struct PlacementHandle {
 }
 
 impl PlacementHandle {
-    /// Serves a request from `peer` (a certificate name); a wait is
+    /// Serves a request of `caller`; a wait is answered with the group as
+    /// it is at its timeout.
+    pub(crate) async fn request(&self, caller: &Caller, request: PlacementRequest) -> Answer {
+        self.request_as(Some(caller.clone()), request).await
+    }
+
+    /// Serves a request of `caller` (`None`: this node itself); a wait is
     /// answered with the group as it is at its timeout.
-    pub(crate) async fn request(&self, peer: &str, request: PlacementRequest) -> PlacementReply {
+    pub(crate) async fn request_as(
+        &self,
+        caller: Option<Caller>,
+        request: PlacementRequest,
+    ) -> Answer {
         let timeout = match &request {
             PlacementRequest::Wait { timeout_ms, .. } => Some(Duration::from_millis(*timeout_ms)),
             _ => None,
@@ -76,20 +98,20 @@ impl PlacementHandle {
         };
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.send(Command::Request {
-            peer: peer.to_owned(),
+            caller: caller.clone(),
             request,
             reply,
         });
         if sent.is_err() {
-            return PlacementReply::NotHead;
+            return Ok(PlacementReply::NotHead);
         }
         match timeout {
-            None => rx.await.unwrap_or(PlacementReply::NotHead),
+            None => rx.await.unwrap_or(Ok(PlacementReply::NotHead)),
             Some(t) => match tokio::time::timeout(t, rx).await {
-                Ok(r) => r.unwrap_or(PlacementReply::NotHead),
+                Ok(r) => r.unwrap_or(Ok(PlacementReply::NotHead)),
                 Err(_) => {
                     let id = id.unwrap_or_default();
-                    Box::pin(self.request(peer, PlacementRequest::Get { id })).await
+                    Box::pin(self.request_as(caller, PlacementRequest::Get { id })).await
                 }
             },
         }
@@ -107,7 +129,7 @@ impl PlacementHandle {
 
 struct Waiter {
     after: Option<u64>,
-    reply: oneshot::Sender<PlacementReply>,
+    reply: oneshot::Sender<Answer>,
 }
 
 impl Waiter {
@@ -134,6 +156,8 @@ pub(crate) struct PlacementService {
     tx: mpsc::UnboundedSender<Command>,
     links: HashMap<String, Link>,
     waiters: HashMap<String, Vec<Waiter>>,
+    /// The key records are sealed with.
+    seal_key: [u8; 32],
 }
 
 impl PlacementService {
@@ -144,6 +168,7 @@ impl PlacementService {
         view: watch::Receiver<Table>,
         ledger: Reservations,
         config: GroupsConfig,
+        seal_key: [u8; 32],
     ) -> (Self, PlacementHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let prefix = format!("pg{:x}", identity.incarnation());
@@ -157,6 +182,7 @@ impl PlacementService {
             tx: tx.clone(),
             links: HashMap::new(),
             waiters: HashMap::new(),
+            seal_key,
         };
         (service, PlacementHandle { tx })
     }
@@ -213,36 +239,81 @@ impl PlacementService {
     fn handle(&mut self, cmd: Command, out: &mut Vec<Action>) {
         match cmd {
             Command::Request {
-                peer,
+                caller,
                 request,
                 reply,
-            } => self.request(peer, request, reply, out),
+            } => self.request(caller, request, reply, out),
             Command::Report {
                 node,
                 incarnation,
                 held,
-            } => self.groups.report(now(), &node, incarnation, held, out),
+            } => {
+                let held = self.checked(&node, held);
+                self.groups.report(now(), &node, incarnation, held, out);
+            }
             Command::Replied { node, tag, reply } => {
                 self.groups.replied(now(), &node, tag, reply, out);
             }
         }
     }
 
+    /// What a member reports holding, less the records whose seal does
+    /// not check (refused, counted, and released on the member).
+    fn checked(&mut self, node: &str, held: Vec<Held>) -> Vec<Held> {
+        let (good, forged): (Vec<Held>, Vec<Held>) = held.into_iter().partition(|h| {
+            self.groups.view(&h.record.id).is_some() || seal_checks(&self.seal_key, &h.record)
+        });
+        for h in forged {
+            let why = Unauthorized::UnknownGroup;
+            crate::counters::authority_refused("placement", why.code());
+            tracing::warn!(%node, group = %h.record.id, error = %why, "a reported group's seal does not check; not adopted");
+            self.send(
+                node.to_owned(),
+                LedgerOp::Release {
+                    group: h.record.id,
+                    bundles: Vec::new(),
+                },
+                Tag::Release,
+            );
+        }
+        good
+    }
+
     fn request(
         &mut self,
-        peer: String,
+        caller: Option<Caller>,
         request: PlacementRequest,
-        reply: oneshot::Sender<PlacementReply>,
+        reply: oneshot::Sender<Answer>,
         out: &mut Vec<Action>,
     ) {
+        let sender = sender_of(caller.as_ref());
         let answer = match request {
-            PlacementRequest::Create { spec, incarnation } => {
-                match self.groups.create(now(), spec, Some((peer, incarnation))) {
+            PlacementRequest::Create { spec } => {
+                if let Err(why) = authority::may_create_group(sender) {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
+                let owner = match &caller {
+                    None => (self.identity.name.clone(), self.identity.incarnation()),
+                    // A tool is no member: nothing would remove its group.
+                    Some(c) if c.incarnation == 0 => {
+                        let _ = reply.send(Err(Unauthorized::NotMember));
+                        return;
+                    }
+                    Some(c) => (c.member.clone(), c.incarnation),
+                };
+                match self.groups.create(now(), spec, Some(owner)) {
                     Ok(id) => PlacementReply::Created(id),
                     Err(e) => PlacementReply::Invalid(e.to_string()),
                 }
             }
             PlacementRequest::Remove { id } => {
+                if let Some(view) = self.groups.view(&id)
+                    && let Err(why) = authority::may_remove_group(sender, view.owner.as_deref())
+                {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
                 PlacementReply::Removed(self.groups.remove(&id, out))
             }
             PlacementRequest::Get { id } => PlacementReply::Group(self.groups.view(&id)),
@@ -253,6 +324,10 @@ impl PlacementService {
             PlacementRequest::Wait {
                 id, after_revision, ..
             } => {
+                if let Err(why) = authority::may_read(sender) {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
                 let waiter = Waiter {
                     after: after_revision,
                     reply,
@@ -262,13 +337,13 @@ impl PlacementService {
                         self.waiters.entry(id).or_default().push(waiter);
                     }
                     v => {
-                        let _ = waiter.reply.send(PlacementReply::Group(v));
+                        let _ = waiter.reply.send(Ok(PlacementReply::Group(v)));
                     }
                 }
                 return;
             }
         };
-        let _ = reply.send(answer);
+        let _ = reply.send(Ok(answer));
     }
 
     /// Carries out the machine's actions; this node's own ledger answers
@@ -276,6 +351,25 @@ impl PlacementService {
     fn execute(&mut self, out: &mut Vec<Action>) {
         while !out.is_empty() {
             for action in std::mem::take(out) {
+                let action = match action {
+                    Action::Send {
+                        node,
+                        op:
+                            LedgerOp::Prepare {
+                                mut record,
+                                bundles,
+                            },
+                        tag,
+                    } => {
+                        record.seal = seal(&self.seal_key, &record).to_vec();
+                        Action::Send {
+                            node,
+                            op: LedgerOp::Prepare { record, bundles },
+                            tag,
+                        }
+                    }
+                    other => other,
+                };
                 match action {
                     Action::Send { node, op, tag } if node == self.identity.name => {
                         let reply = self.ledger.apply(op);
@@ -303,7 +397,7 @@ impl PlacementService {
                     }
                 }
                 v => {
-                    let _ = w.reply.send(PlacementReply::Group(v.clone()));
+                    let _ = w.reply.send(Ok(PlacementReply::Group(v.clone())));
                 }
             }
         }
@@ -348,6 +442,44 @@ impl PlacementService {
             });
         }
     }
+}
+
+/// The parts of a record that never change once the group exists, in
+/// one canonical text.
+fn sealed_part(record: &GroupRecord) -> String {
+    format!(
+        "{}\0{:?}\0{}\0{:?}\0{:?}",
+        record.id, record.owner, record.strategy, record.bundles, record.selector
+    )
+}
+
+/// HMAC-SHA256 of `record`'s lasting parts under `key`.
+fn seal(key: &[u8; 32], record: &GroupRecord) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut block = [0u8; 64];
+    block[..32].copy_from_slice(key);
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(sealed_part(record).as_bytes())
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+/// Whether `record`'s seal is the head's (compared without an early exit).
+fn seal_checks(key: &[u8; 32], record: &GroupRecord) -> bool {
+    let want = seal(key, record);
+    record.seal.len() == want.len()
+        && record
+            .seal
+            .iter()
+            .zip(want)
+            .fold(0u8, |d, (a, b)| d | (a ^ b))
+            == 0
 }
 
 /// One member's ledger link: operations in order on one control stream,
@@ -444,10 +576,7 @@ async fn dial(
     node: &str,
     addr: SocketAddr,
 ) -> Result<Opened, String> {
-    let pc = pool
-        .connect(Some(node), addr)
-        .await
-        .map_err(|e| e.to_string())?;
+    let pc = pool.connect(node, addr).await.map_err(|e| e.to_string())?;
     let hello = identity.hello(Purpose::Control);
     let (send, recv, _, _) = handshake::dial(&pc.connection, &hello)
         .await
@@ -468,4 +597,44 @@ async fn dial(
         let _ = tx.send(None);
     });
     Ok((send, rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(owner: &str) -> GroupRecord {
+        GroupRecord {
+            id: "pg1-1".into(),
+            revision: 1,
+            strategy: "spread".into(),
+            bundles: vec![[("cpu".to_owned(), 1.0)].into()],
+            nodes: vec!["w1".into()],
+            selector: Default::default(),
+            owner: Some((owner.into(), 7)),
+            seal: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_seal_checks_only_under_its_key_and_for_the_fields_it_covers() {
+        let key = [3u8; 32];
+        let mut r = record("d~1");
+        assert!(!seal_checks(&key, &r), "unsealed");
+        r.seal = seal(&key, &r).to_vec();
+        assert!(seal_checks(&key, &r));
+        assert!(!seal_checks(&[4u8; 32], &r), "another head's key");
+        // A re-placement moves bundles: still the head's group.
+        let mut moved = r.clone();
+        moved.revision = 2;
+        moved.nodes = vec!["w2".into()];
+        assert!(seal_checks(&key, &moved));
+        // Another owner, or a larger bundle, is a forgery.
+        let mut other = r.clone();
+        other.owner = Some(("mallory".into(), 7));
+        assert!(!seal_checks(&key, &other));
+        let mut bigger = r;
+        bigger.bundles = vec![[("cpu".to_owned(), 64.0)].into()];
+        assert!(!seal_checks(&key, &bigger));
+    }
 }

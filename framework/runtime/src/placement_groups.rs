@@ -77,6 +77,10 @@ pub enum PlacementError {
     /// Spawning into the bundle failed.
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// The head's permission table refused the request (removing another
+    /// member's group, creating one as an observer or a tool).
+    #[error("NODE-PG-007: the head refused: {0}")]
+    Denied(flotilla_proto::authority::Unauthorized),
 }
 
 /// How long a request other than a wait may take.
@@ -90,7 +94,10 @@ impl Node {
         timeout: Duration,
     ) -> Result<PlacementReply, PlacementError> {
         let reply = if let Some(service) = &self.placement {
-            service.request(&self.identity.name, request).await
+            service
+                .request_as(None, request)
+                .await
+                .map_err(PlacementError::Denied)?
         } else {
             let head = self.view.borrow().head.clone();
             match self
@@ -99,6 +106,7 @@ impl Node {
                 .await?
             {
                 ControlReply::Placement(reply) => reply,
+                ControlReply::Denied(why) => return Err(PlacementError::Denied(why)),
                 other => return Err(PlacementError::Unexpected(format!("{other:?}"))),
             }
         };
@@ -116,10 +124,7 @@ impl Node {
     /// placed in the background: [`Node::wait_group`] waits until it is
     /// ready.
     pub async fn create_group(&self, spec: GroupSpec) -> Result<String, PlacementError> {
-        let request = PlacementRequest::Create {
-            spec,
-            incarnation: self.identity.incarnation(),
-        };
+        let request = PlacementRequest::Create { spec };
         match self.placement(request, ASK).await? {
             PlacementReply::Created(id) => Ok(id),
             other => Err(PlacementError::Unexpected(format!("{other:?}"))),

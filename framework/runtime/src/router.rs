@@ -1,16 +1,20 @@
 //! The router: every connection of the node's main endpoint (accepted, or
 //! dialled by the pool) comes here on a channel, and every stream the peer
-//! opens on it passes the [`gate`] and is routed by its hello: cluster streams to ractor_cluster,
-//! control streams to the control service. A peer whose hello or frames are
-//! malformed has its connection closed; the node keeps serving others.
+//! opens on it passes the [`gate`] and is routed by its hello: cluster
+//! streams to ractor_cluster, control streams to the control service, each
+//! with the identity the hello proved (one member per connection). A peer
+//! whose hello or frames are malformed has its connection closed, and so
+//! does one whose certificate is revoked; the node keeps serving others.
 //!
 //! ```text
-//! pool / accept loop ─► channel ─► Router ─► per connection: accept_bi + hello
+//! pool / accept loop ─► channel ─► Router ─► per connection: accept_bi + hello (gate)
 //!                                              ├─ Cluster ─► close stale sessions ─► NodeServer
-//!                                              └─ Control ─► ControlService::serve
+//!                                              └─ Control ─► ControlService::serve(caller)
+//!                                   certificate revoked (table) ─► connection closed
 //! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use flotilla_proto::hello::Purpose;
 use flotilla_transport::{PeerConnection, handshake};
@@ -19,12 +23,17 @@ use ractor_cluster::NodeServerMessage;
 use tokio::sync::{mpsc, watch};
 
 use crate::backlog::Backlog;
+use crate::caller::Caller;
 use crate::control::ControlService;
 use crate::gate;
 use crate::identity::Identity;
+use crate::pool::Pool;
 use crate::sessions::{QuicClusterStream, Sessions};
 use crate::table::Table;
 use crate::tasks::Tasks;
+
+/// How long a connection may stay open without its first stream.
+const FIRST_STREAM: Duration = Duration::from_secs(10);
 
 /// What routing needs.
 pub(crate) struct Router {
@@ -34,73 +43,77 @@ pub(crate) struct Router {
     pub(crate) sessions: Sessions,
     pub(crate) backlog: Arc<Backlog>,
     pub(crate) control: ControlService,
+    pub(crate) pool: Arc<Pool>,
     pub(crate) tasks: Tasks,
 }
 
 impl Router {
-    /// Serves every connection that arrives on `connections`.
-    pub(crate) async fn run(self, mut connections: mpsc::UnboundedReceiver<PeerConnection>) {
+    /// Serves every connection that arrives on `connections` (with
+    /// whether it was accepted rather than dialled).
+    pub(crate) async fn run(
+        self,
+        mut connections: mpsc::UnboundedReceiver<(PeerConnection, bool)>,
+    ) {
         let router = Arc::new(self);
-        while let Some(pc) = connections.recv().await {
+        while let Some((pc, accepted)) = connections.recv().await {
             let r = Arc::clone(&router);
-            router.tasks.spawn(async move { r.serve(pc).await });
+            router
+                .tasks
+                .spawn(async move { r.serve(pc, accepted).await });
         }
     }
 
-    /// Serves the streams the peer opens on `pc`.
-    async fn serve(self: Arc<Self>, pc: PeerConnection) {
+    /// Serves the streams the peer opens on `pc`, until the connection
+    /// ends or the peer's certificate is revoked. An accepted connection
+    /// whose peer opens no stream within [`FIRST_STREAM`] is closed (one
+    /// this node dialled is its own to use).
+    async fn serve(self: Arc<Self>, pc: PeerConnection, accepted: bool) {
+        let revoked = gate::revoked(&self.view, &pc.serial);
+        tokio::pin!(revoked);
+        let mut bound: Option<String> = None;
         loop {
-            let accepted = gate::accept(
+            let first = bound.is_none();
+            let accept = gate::accept(
                 &self.identity,
                 &self.view,
                 &pc,
                 &[Purpose::Cluster, Purpose::Control],
-            )
-            .await;
+                &mut bound,
+            );
+            let accepted = tokio::select! {
+                a = accept => a,
+                () = &mut revoked => {
+                    tracing::warn!(peer = %pc.peer, "NODE-AUTH-020: closing the connection of a revoked certificate");
+                    crate::counters::hello_refused(flotilla_proto::hello::Refusal::Revoked);
+                    pc.connection.close(quinn::VarInt::from_u32(0x12), b"revoked");
+                    return;
+                }
+                () = tokio::time::sleep(FIRST_STREAM), if first && accepted => {
+                    pc.connection.close(quinn::VarInt::from_u32(0x13), b"no stream");
+                    return;
+                }
+            };
             match accepted {
-                Ok((send, recv, hello)) => match hello.purpose {
-                    Purpose::Cluster => {
-                        // The peer opens a cluster stream only when it has
-                        // no session with us: any we still hold is stale.
-                        if self.sessions.close(&pc.peer) > 0 {
-                            tracing::info!(peer = %pc.peer, "replaced a stale cluster session");
+                Ok((send, recv, hello)) => {
+                    if first {
+                        self.pool.record(&hello.node, &pc.connection).await;
+                    }
+                    match hello.purpose {
+                        Purpose::Cluster => self.cluster(&hello.node, send, recv),
+                        Purpose::Bulk | Purpose::Pull => {
+                            unreachable!("the gate refuses bulk-lane streams here")
                         }
-                        let stream = QuicClusterStream {
-                            send,
-                            recv,
-                            peer: pc.peer.clone(),
-                            backlog: Arc::clone(&self.backlog),
-                        };
-                        let _ =
-                            self.node_server
-                                .cast(NodeServerMessage::ConnectionOpenedExternal {
-                                    stream: Box::new(stream),
-                                    is_server: true,
-                                });
+                        Purpose::Control => {
+                            let caller = Caller {
+                                member: hello.node.clone(),
+                                // The gate refused a certificate without one.
+                                role: pc.role.unwrap_or(flotilla_proto::role::Role::Observer),
+                                incarnation: hello.incarnation,
+                            };
+                            self.control_stream(&pc, caller, send, recv);
+                        }
                     }
-                    Purpose::Bulk | Purpose::Pull => {
-                        unreachable!("accept refuses bulk-lane streams here")
-                    }
-                    Purpose::Control => {
-                        let (control, peer, conn) =
-                            (self.control.clone(), pc.peer.clone(), pc.connection.clone());
-                        self.tasks.spawn(async move {
-                            if let Err(e) = control.serve(peer.clone(), send, recv).await {
-                                tracing::warn!(%peer, error = %e, "control stream closed");
-                                if matches!(
-                                    e,
-                                    handshake::StreamError::Frame(_)
-                                        | handshake::StreamError::Wire(_)
-                                ) {
-                                    conn.close(
-                                        quinn::VarInt::from_u32(e.close_code()),
-                                        b"malformed control frame",
-                                    );
-                                }
-                            }
-                        });
-                    }
-                },
+                }
                 Err(handshake::StreamError::Io(_)) => return,
                 Err(e) => {
                     handshake::close_after_accept(&pc, &e).await;
@@ -108,5 +121,52 @@ impl Router {
                 }
             }
         }
+    }
+
+    /// Hands a cluster stream from `member` to ractor_cluster.
+    fn cluster(&self, member: &str, send: quinn::SendStream, recv: quinn::RecvStream) {
+        // The peer opens a cluster stream only when it has no session with
+        // us: any we still hold is stale.
+        if self.sessions.close(member) > 0 {
+            tracing::info!(peer = %member, "replaced a stale cluster session");
+        }
+        let stream = QuicClusterStream {
+            send,
+            recv,
+            peer: member.to_owned(),
+            backlog: Arc::clone(&self.backlog),
+        };
+        let _ = self
+            .node_server
+            .cast(NodeServerMessage::ConnectionOpenedExternal {
+                stream: Box::new(stream),
+                is_server: true,
+            });
+    }
+
+    /// Serves a control stream from `caller` in a task of its own.
+    fn control_stream(
+        &self,
+        pc: &PeerConnection,
+        caller: Caller,
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+    ) {
+        let (control, conn) = (self.control.clone(), pc.connection.clone());
+        self.tasks.spawn(async move {
+            let peer = caller.member.clone();
+            if let Err(e) = control.serve(caller, send, recv).await {
+                tracing::warn!(%peer, error = %e, "control stream closed");
+                if matches!(
+                    e,
+                    handshake::StreamError::Frame(_) | handshake::StreamError::Wire(_)
+                ) {
+                    conn.close(
+                        quinn::VarInt::from_u32(e.close_code()),
+                        b"malformed control frame",
+                    );
+                }
+            }
+        });
     }
 }

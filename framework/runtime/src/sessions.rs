@@ -39,7 +39,8 @@ fn node_of(ractor_name: &str) -> String {
 pub(crate) struct QuicClusterStream {
     pub(crate) send: quinn::SendStream,
     pub(crate) recv: quinn::RecvStream,
-    /// The peer's certificate name.
+    /// The member name the stream's hello proved (checked against the
+    /// peer's certificate at the gate).
     pub(crate) peer: String,
     /// The backlog the written bytes are counted against.
     pub(crate) backlog: Arc<Backlog>,
@@ -56,8 +57,8 @@ impl ClusterBidiStream for QuicClusterStream {
         )
     }
 
-    /// The ractor name the peer's certificate entitles it to; the guard
-    /// compares it with the name the peer claims.
+    /// The ractor name the stream's proven member name entitles the peer
+    /// to; the guard compares it with the name the peer claims.
     fn peer_label(&self) -> Option<String> {
         Some(ractor_name(&self.peer))
     }

@@ -1,11 +1,20 @@
 //! Remote spawn of registered actor kinds.
 //!
-//! Every node runs one spawner actor, reachable from the whole cluster in the
-//! process group `flotilla.spawner.NODE`. A spawn request names a kind the
-//! node registered, the actor's name and its arguments as an rkyv archive.
-//! The spawned actor is linked to the spawner (it never runs unsupervised)
-//! and joins the process group of its own name, which is how any node looks
-//! it up.
+//! Every node runs one spawner actor, local only: other nodes ask for a
+//! spawn on a control stream to the node itself ([`ControlRequest::Spawn`]),
+//! whose control service passes it on with the stream's member as the
+//! actor's owner. A request names a kind the node registered, the actor's
+//! name and its arguments as an rkyv archive. The spawned actor is linked
+//! to the spawner (it never runs unsupervised) and joins the process group
+//! of its own name, which is how any node looks it up.
+//!
+//! The spawner is in no process group: nothing on another node can reach
+//! it, so no node can pose as another's spawner, nor tell it who is up
+//! (the member table it reaps orphans by comes from its own node), nor
+//! ask it to stop an actor except through the control stream that proves
+//! who asks.
+//!
+//! [`ControlRequest::Spawn`]: flotilla_proto::control::ControlRequest::Spawn
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -14,37 +23,15 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use flotilla_proto::authority::{Sender, Unauthorized, may_stop};
-use flotilla_proto::control::StopOutcome;
+use flotilla_proto::authority::{Sender, may_stop};
+use flotilla_proto::control::{SpawnOrder, StopOutcome};
+use flotilla_proto::role::Role;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use ractor_cluster::RactorClusterMessage;
 use rkyv::{Archive, Deserialize, Serialize};
 
+pub use flotilla_proto::control::{SpawnReply, TypeMismatch};
+
 use crate::wire::{Decode, decode};
-
-/// Process group of the spawner of `node`.
-pub(crate) fn spawner_group(node: &str) -> String {
-    format!("flotilla.spawner.{node}")
-}
-
-/// A request to start an actor of a registered kind.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct SpawnRequest {
-    /// The registered kind.
-    pub kind: String,
-    /// The actor's name, unique in the cluster.
-    pub name: String,
-    /// The actor's arguments, an rkyv archive of the kind's `Arguments`.
-    pub args: Vec<u8>,
-    /// The node that asked: the actor stops when that node is no longer up
-    /// (down, left, or restarted with a new incarnation).
-    pub owner: String,
-    /// The asking node's incarnation.
-    pub owner_incarnation: u64,
-    /// The message type the caller will send the actor
-    /// (`std::any::type_name`); the kind's must be the same.
-    pub message_type: String,
-}
 
 /// Process group of every actor spawned with message type `M`: how a
 /// lookup tells an actor's message type, on any node.
@@ -71,137 +58,47 @@ impl MemberStates {
     }
 }
 
-/// A kind asked for with another message type than its actors take.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct TypeMismatch {
-    /// The kind.
-    pub kind: String,
-    /// Its actors' message type.
-    pub takes: String,
-    /// The caller's.
-    pub asked: String,
-}
-
-/// The spawner's answer.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SpawnReply {
-    /// Started; the actor is in the process group of its name.
-    #[error("spawned")]
-    Spawned,
-    /// The node has no kind of that name registered.
-    #[error(
-        "no actor kind {0:?} is registered on that node; register it with NodeBuilder::register"
-    )]
-    UnknownKind(String),
-    /// An actor of that name already runs on the node.
-    #[error("an actor named {0:?} already runs there")]
-    NameTaken(String),
-    /// The arguments are not a valid archive of the kind's arguments.
-    #[error("invalid arguments: {0}")]
-    BadArgs(String),
-    /// The kind's actors take another message type than the caller's.
-    #[error("actors of kind {:?} take {}, not {}", .0.kind, .0.takes, .0.asked)]
-    WrongMessageType(TypeMismatch),
-    /// The actor failed in `pre_start`.
-    #[error("actor failed to start: {0}")]
-    Failed(String),
-}
-
-crate::remote_type!(SpawnRequest, SpawnReply, MemberStates);
-
-/// The member table as the spawner's own node tells it. Only the node
-/// itself may say who is up (it has the table from the head's
-/// authenticated control stream): the spawner stops children whose owner
-/// is gone, so a table from anywhere else could stop them at will. A
-/// `LocalMembers` that arrives from another node is therefore refused when
-/// it is decoded, logged and counted (`flotilla_authority_refused_total`),
-/// and never reaches the spawner.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct LocalMembers(pub MemberStates);
-
-impl ractor::BytesConvertable for LocalMembers {
-    /// Nothing: a node never sends its table to another node's spawner.
-    fn into_bytes(self) -> Vec<u8> {
-        Vec::new()
-    }
-
-    fn from_bytes(_bytes: Vec<u8>) -> Self {
-        // ractor decodes under catch_unwind: the message is dropped and
-        // the spawner keeps running.
-        refuse_remote("spawner_members", Unauthorized::MemberTable)
-    }
+/// A spawn as the node's control service passes it on: what to spawn, and
+/// its owner, the member (and incarnation) of the control stream it came
+/// on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalSpawn {
+    /// What to spawn.
+    pub order: SpawnOrder,
+    /// The member that asked, and its incarnation.
+    pub owner: (String, u64),
 }
 
 /// A request to stop one of the spawner's children, as the node's own
-/// control service passes it on: who asked (a peer's certificate name, or
-/// `None` for the node itself) and the head's name, for the authority
-/// check. Like [`LocalMembers`], it is refused (and counted) when it
-/// arrives from another node.
+/// control service passes it on: who asked (the member and role of the
+/// control stream, or `None` for the node itself) and the head's name, for
+/// the authority check.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalStop {
     /// The child's name.
     pub name: String,
     /// Who asked; `None` is this node.
-    pub sender: Option<String>,
+    pub sender: Option<(String, Role)>,
     /// The head's name as this node's table has it.
     pub head: String,
-}
-
-impl ractor::BytesConvertable for LocalStop {
-    /// Nothing: stop requests between nodes travel on control streams.
-    fn into_bytes(self) -> Vec<u8> {
-        Vec::new()
-    }
-
-    fn from_bytes(_bytes: Vec<u8>) -> Self {
-        refuse_remote("stop", Unauthorized::Stop)
-    }
 }
 
 /// The answer to a [`LocalStop`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StopReply(pub StopOutcome);
 
-impl ractor::BytesConvertable for StopReply {
-    fn into_bytes(self) -> Vec<u8> {
-        vec![match self.0 {
-            StopOutcome::Stopped => 0,
-            StopOutcome::NoSuchActor => 1,
-            StopOutcome::NotOwner => 2,
-        }]
-    }
-
-    fn from_bytes(bytes: Vec<u8>) -> Self {
-        Self(match bytes.first() {
-            Some(0) => StopOutcome::Stopped,
-            Some(1) => StopOutcome::NoSuchActor,
-            _ => StopOutcome::NotOwner,
-        })
-    }
-}
-
-/// Counts and logs a message for the spawner that came from another node
-/// although only its own node may send it, then unwinds out of ractor's
-/// decoder, which drops the message.
-fn refuse_remote(message: &'static str, why: Unauthorized) -> ! {
-    crate::counters::authority_refused(message);
-    tracing::warn!(error = %why, "refused a message to this node's spawner from another node");
-    std::panic::resume_unwind(Box::new(why))
-}
-
-/// Messages of the spawner actor.
-#[derive(RactorClusterMessage)]
+/// Messages of the spawner actor (local only).
 pub enum SpawnerMsg {
     /// Start an actor of a registered kind.
-    #[rpc]
-    Spawn(SpawnRequest, RpcReplyPort<SpawnReply>),
-    /// The member table changed (accepted from the node itself only).
-    Members(LocalMembers),
-    /// Stop a child (accepted from the node itself only, which checks the
-    /// sender of the control stream it came on).
-    #[rpc]
+    Spawn(LocalSpawn, RpcReplyPort<SpawnReply>),
+    /// The member table changed.
+    Members(MemberStates),
+    /// Stop a child (the control service has checked nothing: the spawner
+    /// checks the sender against the child's owner).
     Stop(LocalStop, RpcReplyPort<StopReply>),
 }
+
+impl ractor::Message for SpawnerMsg {}
 
 type SpawnFuture = Pin<Box<dyn Future<Output = Result<ActorCell, SpawnReply>> + Send>>;
 
@@ -272,9 +169,7 @@ pub(crate) async fn relay_members(
         if !states.is_empty()
             && states != last
             && spawner
-                .cast(SpawnerMsg::Members(LocalMembers(MemberStates(
-                    states.clone(),
-                ))))
+                .cast(SpawnerMsg::Members(MemberStates(states.clone())))
                 .is_err()
         {
             return;
@@ -323,7 +218,6 @@ pub(crate) type Kinds = Arc<HashMap<String, Arc<dyn Kind>>>;
 pub(crate) struct Spawner;
 
 pub(crate) struct SpawnerArgs {
-    pub(crate) node: String,
     pub(crate) kinds: Kinds,
     pub(crate) hosted: Hosted,
 }
@@ -361,9 +255,12 @@ impl SpawnerState {
         let Some(child) = self.children.values_mut().find(|c| c.name == req.name) else {
             return StopOutcome::NoSuchActor;
         };
-        let sender = req.sender.as_deref().map_or(Sender::Local, Sender::Peer);
+        let sender = req
+            .sender
+            .as_ref()
+            .map_or(Sender::Local, |(member, role)| Sender::peer(member, *role));
         if let Err(why) = may_stop(sender, &child.owner.0, &req.head) {
-            crate::counters::authority_refused("stop");
+            crate::counters::authority_refused("stop", why.code());
             tracing::warn!(name = %req.name, sender = ?req.sender, owner = %child.owner.0, error = %why, "stop refused");
             return StopOutcome::NotOwner;
         }
@@ -385,10 +282,9 @@ impl Actor for Spawner {
 
     async fn pre_start(
         &self,
-        myself: ActorRef<SpawnerMsg>,
+        _: ActorRef<SpawnerMsg>,
         args: SpawnerArgs,
     ) -> Result<SpawnerState, ActorProcessingErr> {
-        ractor::pg::join(spawner_group(&args.node), vec![myself.get_cell()]);
         Ok(SpawnerState {
             kinds: args.kinds,
             hosted: args.hosted,
@@ -404,7 +300,7 @@ impl Actor for Spawner {
         state: &mut SpawnerState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SpawnerMsg::Spawn(req, reply) => {
+            SpawnerMsg::Spawn(LocalSpawn { order: req, owner }, reply) => {
                 let result = match state.kinds.get(&req.kind) {
                     None => Err(SpawnReply::UnknownKind(req.kind.clone())),
                     Some(kind) if kind.message_type() != req.message_type => {
@@ -421,13 +317,13 @@ impl Actor for Spawner {
                 };
                 let answer = match result {
                     Ok(cell) => {
-                        tracing::info!(kind = %req.kind, name = %req.name, owner = %req.owner, "actor spawned");
+                        tracing::info!(kind = %req.kind, name = %req.name, owner = %owner.0, "actor spawned");
                         state.children.insert(
                             cell.get_id(),
                             Child {
                                 name: req.name,
                                 cell,
-                                owner: (req.owner, req.owner_incarnation),
+                                owner,
                                 stopping: false,
                             },
                         );
@@ -442,7 +338,7 @@ impl Actor for Spawner {
                 };
                 let _ = reply.send(answer);
             }
-            SpawnerMsg::Members(LocalMembers(up)) => {
+            SpawnerMsg::Members(up) => {
                 state.members = up;
                 state.reap_orphans();
             }

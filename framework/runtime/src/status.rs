@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use flotilla_proto::control::{
-    ControlReply, ControlRequest, PlacementReply, PlacementRequest, SupervisorReport,
+    ControlReply, ControlRequest, Pages, PlacementReply, PlacementRequest, SupervisorReport,
 };
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::{Hello, Purpose};
@@ -44,6 +44,19 @@ pub enum StatusError {
         /// Why.
         source: StreamError,
     },
+    /// The identity's certificate carries no role.
+    #[error(
+        "NODE-AUTH-018: the certificate carries no role; issue a new one with `node certs issue --role …`"
+    )]
+    NoRole,
+    /// The node's permission table refused the request.
+    #[error("NODE-STATUS-002: {addr} refused: {why}")]
+    Denied {
+        /// The node asked.
+        addr: SocketAddr,
+        /// Why.
+        why: flotilla_proto::authority::Unauthorized,
+    },
     /// The node answered with something else than a table.
     #[error("NODE-STATUS-001: {addr} answered the status request with {reply}")]
     Unexpected {
@@ -54,7 +67,8 @@ pub enum StatusError {
     },
 }
 
-/// Asks the node at `addr` for its member table.
+/// Asks the node at `addr` for its member table (read in pages when it
+/// is large).
 pub async fn query_status(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
@@ -64,10 +78,13 @@ pub async fn query_status(
             version,
             head,
             members,
+            revoked,
+            ..
         } => Ok(Table {
             version,
             head,
             members,
+            revoked,
         }),
         other => Err(StatusError::Unexpected {
             addr,
@@ -151,13 +168,30 @@ pub async fn query_jobs(
     }
 }
 
-/// Sends `request` on a control stream to the node at `addr`; its answer.
+/// Sends any control request to the node at `addr` as a tool speaking for
+/// `identity` (see [`query_status`]) and returns its answer: what scripts
+/// and tests use for requests no other query wraps. A refusal by the
+/// node's permission table is [`StatusError::Denied`].
+pub async fn query(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+    request: ControlRequest,
+) -> Result<ControlReply, StatusError> {
+    ask(addr, identity, request).await
+}
+
+/// Sends `request` on a control stream to the node at `addr`, as a tool
+/// (incarnation 0) speaking for `identity` (under an instance name of
+/// its own for roles that run many processes); its answer, a table in
+/// pages joined back. A refusal by the node's permission table is
+/// [`StatusError::Denied`].
 async fn ask(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
     request: ControlRequest,
 ) -> Result<ControlReply, StatusError> {
-    let name = identity.name.clone();
+    let role = identity.role.ok_or(StatusError::NoRole)?;
+    let name = flotilla_proto::role::member_name(&identity.name, role, crate::nonce::nonce());
     let cookie = identity
         .cookie
         .as_deref()
@@ -178,12 +212,21 @@ async fn ask(
         send_msg(&mut send, &request, DEFAULT_MAX_FRAME)
             .await
             .map_err(stream)?;
-        let reply = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME)
-            .await
-            .map_err(stream)?;
+        let mut pages = Pages::default();
+        let reply = loop {
+            let page = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME)
+                .await
+                .map_err(stream)?;
+            if let Some(reply) = pages.push(page) {
+                break reply;
+            }
+        };
         let _ = send.finish();
         pc.connection.close(quinn::VarInt::from_u32(0), b"done");
-        Ok(reply)
+        match reply {
+            ControlReply::Denied(why) => Err(StatusError::Denied { addr, why }),
+            reply => Ok(reply),
+        }
     }
     .await;
     endpoint.wait_idle().await;

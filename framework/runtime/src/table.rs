@@ -81,6 +81,9 @@ pub struct Table {
     pub head: String,
     /// Every member, sorted by name.
     pub members: Vec<MemberView>,
+    /// Serial numbers of revoked certificates (normalised, sorted), as the
+    /// head last handed them out.
+    pub revoked: Vec<Vec<u8>>,
 }
 
 impl Table {
@@ -89,9 +92,17 @@ impl Table {
     pub fn apply(&mut self, update: flotilla_proto::member::TableUpdate) {
         self.version = update.version;
         self.head = update.head;
+        if let Some(revoked) = update.revoked {
+            self.revoked = revoked;
+        }
         if update.whole {
             self.members = update.members;
             return;
+        }
+        for name in &update.removed {
+            if let Ok(i) = self.members.binary_search_by(|e| e.name.cmp(name)) {
+                self.members.remove(i);
+            }
         }
         for m in update.members {
             match self.members.binary_search_by(|e| e.name.cmp(&m.name)) {
@@ -115,7 +126,26 @@ impl Table {
 
     /// One member by name.
     pub fn get(&self, name: &str) -> Option<&MemberView> {
-        self.members.iter().find(|m| m.name == name)
+        self.members
+            .binary_search_by(|m| m.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.members[i])
+    }
+
+    /// Whether the certificate with serial `serial` (normalised) is
+    /// revoked.
+    pub fn is_revoked(&self, serial: &[u8]) -> bool {
+        self.revoked
+            .binary_search_by(|r| r.as_slice().cmp(serial))
+            .is_ok()
+    }
+
+    /// Members that host work (workers and the head), and those that do
+    /// not (drivers, admins and tools, by their certificates' roles).
+    pub fn split_by_role(&self) -> (Vec<&MemberView>, Vec<&MemberView>) {
+        self.members
+            .iter()
+            .partition(|m| m.role.may_offer_resources())
     }
 
     /// The status document printed by `node status --json`.
@@ -210,6 +240,7 @@ impl Table {
             bulk_addr: &'a str,
             host: &'a str,
             state: &'static str,
+            role: &'static str,
             incarnation: u64,
             resources: Resources<'a>,
             actors: u32,
@@ -290,6 +321,7 @@ impl Table {
                                 .collect()
                         }),
                         state: m.state.as_str(),
+                        role: m.role.as_str(),
                         incarnation: m.incarnation,
                         resources: Resources {
                             cpus: m.resources.cpus,
@@ -409,13 +441,15 @@ impl Table {
         out
     }
 
-    /// A human-readable table for `node status`.
+    /// A human-readable table for `node status`: the nodes that host work,
+    /// then (under `DRIVERS AND TOOLS`) the members of other roles.
     pub fn to_text(&self) -> String {
+        let (workers, drivers) = self.split_by_role();
         let mut out = format!(
             "{:<16} {:<22} {:<5} {:>5} {:>9} {:>4} {:>6}  {:<18} {}\n",
             "NAME", "ADDR", "STATE", "CPUS", "MEM GiB", "GPUS", "ACTORS", "INCARNATION", "OTHER"
         );
-        for m in &self.members {
+        for m in workers {
             out.push_str(&format!(
                 "{:<16} {:<22} {:<5} {:>5} {:>9.1} {:>4} {:>6}  {:<18} {}\n",
                 m.name,
@@ -433,6 +467,23 @@ impl Table {
                     .collect::<Vec<_>>()
                     .join(",")
             ));
+        }
+        if !drivers.is_empty() {
+            out.push_str(&format!(
+                "\nDRIVERS AND TOOLS\n{:<34} {:<22} {:<5} {:<8} {:>6}  {}\n",
+                "NAME", "ADDR", "STATE", "ROLE", "ACTORS", "INCARNATION"
+            ));
+            for m in drivers {
+                out.push_str(&format!(
+                    "{:<34} {:<22} {:<5} {:<8} {:>6}  {}\n",
+                    m.name,
+                    m.addr,
+                    m.state.as_str(),
+                    m.role.as_str(),
+                    m.actors,
+                    m.incarnation
+                ));
+            }
         }
         out
     }
@@ -454,6 +505,7 @@ mod tests {
             state,
             resources: Resources::default(),
             actors: 0,
+            role: flotilla_proto::role::Role::Worker,
         }
     }
 
@@ -465,15 +517,32 @@ mod tests {
             head: "h".into(),
             whole: true,
             members: vec![member("a", MemberState::Up), member("c", MemberState::Up)],
+            removed: Vec::new(),
+            revoked: Some(vec![vec![1, 2], vec![3]]),
         });
         t.apply(TableUpdate {
             version: 4,
             head: "h".into(),
             whole: false,
             members: vec![member("b", MemberState::Up), member("c", MemberState::Down)],
+            removed: Vec::new(),
+            revoked: None,
         });
         let names: Vec<&str> = t.members.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c"]);
+        assert!(t.is_revoked(&[3]) && t.is_revoked(&[1, 2]) && !t.is_revoked(&[2]));
+        assert_eq!(t.get("b").unwrap().name, "b");
+        assert!(t.get("bb").is_none());
+        t.apply(TableUpdate {
+            version: 5,
+            head: "h".into(),
+            whole: false,
+            members: Vec::new(),
+            removed: vec!["a".into(), "zz".into()],
+            revoked: None,
+        });
+        let names: Vec<&str> = t.members.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["b", "c"], "a forgotten member is dropped");
         assert_eq!(t.get("c").unwrap().state, MemberState::Down);
         assert_eq!(t.version, 4);
     }

@@ -3,15 +3,35 @@
 use std::path::PathBuf;
 
 /// A fresh folder under the system's temporary folder with a cluster CA
-/// (named `tag`) and a certificate for each of `names`.
+/// (named `tag`), the head's certificate for the first of `names` (role
+/// head), an `admin` certificate (role admin) and a worker's certificate
+/// for each of the others.
 pub fn scratch_certs(tag: &str, names: &[&str]) -> Result<PathBuf, flotilla_transport::CertError> {
     let dir = std::env::temp_dir().join(format!("flotilla-certs-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    flotilla_transport::certs::init_ca(&dir, tag)?;
+    let head = names.first().copied().unwrap_or("head");
+    flotilla_transport::certs::init_ca(&dir, tag, head)?;
     for name in names {
-        flotilla_transport::certs::issue(&dir, name, &dir)?;
+        if !dir.join(format!("{name}.crt")).exists() {
+            issue_role(&dir, name, flotilla_proto::role::Role::Worker)?;
+        }
     }
     Ok(dir)
+}
+
+/// Issues a certificate of `role` for `name` in the CA folder `dir`.
+pub fn issue_role(
+    dir: &std::path::Path,
+    name: &str,
+    role: flotilla_proto::role::Role,
+) -> Result<(), flotilla_transport::CertError> {
+    flotilla_transport::certs::issue(
+        dir,
+        name,
+        role,
+        flotilla_transport::certs::DEFAULT_VALIDITY,
+        dir,
+    )
 }
 
 /// A free UDP address on loopback (the OS picks the port).

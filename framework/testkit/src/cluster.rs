@@ -29,7 +29,8 @@ pub struct Scratch {
 
 impl Scratch {
     /// A fresh folder named after `tag` with a CA made by `binary certs
-    /// init`.
+    /// init` (with the head's certificate, `head`, and the operator's,
+    /// `admin`).
     pub fn new(tag: &str, binary: impl Into<PathBuf>) -> Self {
         let dir = std::env::temp_dir().join(format!("flotilla-it-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -52,11 +53,22 @@ impl Scratch {
         &self.binary
     }
 
-    /// Issues a certificate for `name`.
+    /// Issues a worker's certificate for `name`, unless the folder has one
+    /// of that name (`node certs init` made `head` and `admin`).
     pub fn issue(&self, name: &str) {
+        if !self.certs().join(format!("{name}.crt")).exists() {
+            self.issue_role(name, "worker");
+        }
+    }
+
+    /// Issues a certificate of `role` (`worker`, `driver`, `admin`,
+    /// `observer`, `head`) for `name`.
+    pub fn issue_role(&self, name: &str, role: &str) {
         let certs = self.certs();
         let c = certs.to_str().unwrap();
-        self.node(&["certs", "issue", "--ca", c, "--name", name, "--out", c]);
+        self.node(&[
+            "certs", "issue", "--ca", c, "--name", name, "--role", role, "--out", c,
+        ]);
     }
 
     /// Runs the binary with `args` to completion; its stdout.
@@ -124,6 +136,24 @@ impl Scratch {
             name: name.to_owned(),
             addr: listen,
         }
+    }
+
+    /// Starts `node ROLE` for `name` (issuing its certificate when the
+    /// folder has none) with `--metrics-listen` on a free port and `extra`
+    /// flags; the process and where its metrics are served.
+    pub fn spawn_metered(
+        &self,
+        role: &str,
+        name: &str,
+        head: Option<SocketAddr>,
+        extra: &[&str],
+    ) -> (Proc, SocketAddr) {
+        self.issue(name);
+        let metrics = crate::ca::free_tcp_addr();
+        let listen = metrics.to_string();
+        let flags = [extra, &["--metrics-listen", &listen]].concat();
+        let proc = self.spawn_with(role, name, free_addr(), head, &self.certs(), &flags);
+        (proc, metrics)
     }
 
     /// `node status --json --no-supervisors` against `addr` (the member
@@ -279,7 +309,6 @@ pub fn all_up(status: &Value, names: &[&str]) -> bool {
 
 /// A head and `workers`, all seen up by the head.
 pub fn cluster(s: &Scratch, workers: &[&str]) -> (Proc, Vec<Proc>) {
-    s.issue("head");
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
     let mut procs = Vec::new();
     for w in workers {

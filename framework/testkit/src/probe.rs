@@ -17,6 +17,8 @@ pub const ECHO: &str = "flotilla.echo";
 pub const RELAY: &str = "flotilla.relay";
 /// Kind name of [`Ticker`].
 pub const TICKER: &str = "flotilla.ticker";
+/// Kind name of [`Lender`].
+pub const LENDER: &str = "flotilla.lender";
 
 /// An opaque payload.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -74,7 +76,31 @@ impl Tally {
 #[rkyv(crate = flotilla::rkyv)]
 pub struct NoArgs;
 
-flotilla::remote_type!(Payload, RelayRequest, RelayReply, NoArgs, Tally);
+/// What a [`Lender`] is asked: put these bytes and lend them to `borrower`.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct LendRequest {
+    /// The object's bytes.
+    pub bytes: Vec<u8>,
+    /// The member it is lent to.
+    pub borrower: String,
+}
+
+/// A [`Lender`]'s answer: the object's reference as text
+/// ([`flotilla::ObjectRef::to_token`]), or why it could not lend.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct Lent(pub Result<String, String>);
+
+flotilla::remote_type!(
+    Payload,
+    RelayRequest,
+    RelayReply,
+    NoArgs,
+    Tally,
+    LendRequest,
+    Lent
+);
 
 /// Messages of [`Echo`].
 #[derive(RactorClusterMessage)]
@@ -129,6 +155,86 @@ impl Actor for Echo {
             EchoMsg::Tally(reply) => {
                 let _ = reply.send(*tally);
             }
+        }
+        Ok(())
+    }
+}
+
+/// Messages of [`Lender`].
+#[derive(RactorClusterMessage)]
+pub enum LenderMsg {
+    /// Put the bytes in this node's store and lend them.
+    #[rpc]
+    Lend(LendRequest, RpcReplyPort<Lent>),
+}
+
+/// Puts objects in its node's store and lends them to whom it is told: a
+/// lender on another node, for the tests of who may release what.
+pub struct Lender {
+    node: flotilla::NodeHandle,
+}
+
+impl Actor for Lender {
+    type Msg = LenderMsg;
+    type State = ();
+    type Arguments = NoArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<LenderMsg>,
+        _: NoArgs,
+    ) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<LenderMsg>,
+        msg: LenderMsg,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        let LenderMsg::Lend(req, reply) = msg;
+        let lent = match self.node.get() {
+            None => Err("the lender runs outside a node".to_owned()),
+            Some(node) => match node.objects().put(&req.bytes).await {
+                Ok(object) => Ok(node
+                    .objects()
+                    .lend(object, &req.borrower, Duration::from_secs(600))
+                    .to_token()),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        let _ = reply.send(Lent(lent));
+        Ok(())
+    }
+}
+
+/// An echo that also reports every message it receives on a channel: what
+/// a test puts where a message must never arrive.
+pub struct Recorder;
+
+impl Actor for Recorder {
+    type Msg = EchoMsg;
+    type State = tokio::sync::mpsc::UnboundedSender<()>;
+    type Arguments = tokio::sync::mpsc::UnboundedSender<()>;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<EchoMsg>,
+        seen: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(seen)
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<EchoMsg>,
+        msg: EchoMsg,
+        seen: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = seen.send(());
+        if let EchoMsg::Echo(p, reply) = msg {
+            let _ = reply.send(p);
         }
         Ok(())
     }
@@ -191,9 +297,11 @@ impl Actor for Relay {
 
 /// Registers the probe kinds on a node builder.
 pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
+    let node = builder.node_handle();
     builder
         .register(ECHO, || Echo)
         .register(RELAY, || Relay)
+        .register(LENDER, move || Lender { node: node.clone() })
         .register_configurable(TICKER, || Ticker)
 }
 

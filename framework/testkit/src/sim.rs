@@ -407,7 +407,12 @@ impl SimCluster {
                         self.members[member].open = None;
                         self.members[member].link.handle_link_lost(at);
                     } else {
-                        let session = HeadSession::new(HEAD, self.members[member].name.clone());
+                        let session = HeadSession::new(
+                            HEAD,
+                            self.members[member].name.clone(),
+                            self.members[member].link.incarnation(),
+                            flotilla_proto::role::Role::Worker,
+                        );
                         self.sessions.insert((member, link), session);
                         self.members[member].link.handle_connected(at);
                     }
@@ -533,6 +538,9 @@ impl SimCluster {
                 if update.whole {
                     member.view.clear();
                 }
+                for name in &update.removed {
+                    member.view.remove(name);
+                }
                 for m in update.members {
                     // In every view, the up incarnation of a name never
                     // goes back.
@@ -558,6 +566,14 @@ impl SimCluster {
             MemberEvent::Refused(r) => {
                 panic!(
                     "seed {}: {} refused: {r}",
+                    self.config.seed, self.members[i].name
+                )
+            }
+            // Every member has a name of its own: its own earlier
+            // incarnation is never live when it joins again.
+            MemberEvent::NameTaken(holder) => {
+                panic!(
+                    "seed {}: {} refused: {holder}",
                     self.config.seed, self.members[i].name
                 )
             }

@@ -80,7 +80,7 @@ async fn objects_are_pulled_once_and_lent_ones_released_over_the_network() {
     drop(typed);
 
     // Lent, then released by b over the network: a frees it.
-    let lent = a.objects().lend(object, Duration::from_secs(600));
+    let lent = a.objects().lend(object, b.name(), Duration::from_secs(600));
     assert_eq!(a.objects().store().lent(), 1);
     b.objects().release(&lent).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

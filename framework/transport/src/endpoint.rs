@@ -1,11 +1,14 @@
 //! A node's QUIC endpoint: one UDP socket that accepts and dials mutually
 //! authenticated connections, one per pair of nodes.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::certs::{Identity, dns_names};
+use flotilla_proto::role::Role;
+
+use crate::certs::{CertInfo, Identity, cert_info};
 use crate::tls::{self, ANY_MEMBER, TlsError};
 
 /// Why a connection could not be set up.
@@ -27,6 +30,21 @@ pub enum ConnectError {
         /// The peer's address.
         addr: SocketAddr,
     },
+    /// The peer's certificate does not carry the role expected of it (a
+    /// head that is not a head).
+    #[error(
+        "NODE-AUTH-021: the peer at {addr} is {name:?} with role {role}, not {expected}; check --head (and --head-name)"
+    )]
+    WrongRole {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// Its certificate's name.
+        name: String,
+        /// Its certificate's role (`none` when it carries none).
+        role: String,
+        /// The role expected.
+        expected: Role,
+    },
 }
 
 /// Why the endpoint could not start.
@@ -46,7 +64,7 @@ pub enum BindError {
     },
 }
 
-/// Transport timing and window sizes.
+/// Transport timing, window sizes and what one peer may hold of a node.
 #[derive(Debug, Clone)]
 pub struct Tuning {
     /// Keep-alive interval on idle connections.
@@ -55,8 +73,20 @@ pub struct Tuning {
     pub idle_timeout: Duration,
     /// Per-stream receive window in bytes.
     pub stream_window: u32,
+    /// Per-connection receive window in bytes: all of a peer's streams
+    /// together never have more than this buffered here.
+    pub receive_window: u32,
     /// Connection send window in bytes.
     pub send_window: u64,
+    /// Bidirectional streams a peer may have open at once on one
+    /// connection.
+    pub max_streams: u32,
+    /// Handshakes in progress at once, in all.
+    pub max_handshakes: usize,
+    /// Handshakes in progress at once from one source address.
+    pub max_handshakes_per_source: usize,
+    /// How long a handshake may take before its slot is freed.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for Tuning {
@@ -65,7 +95,12 @@ impl Default for Tuning {
             keep_alive: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(10),
             stream_window: 1 << 20,
+            receive_window: 8 << 20,
             send_window: 1 << 20,
+            max_streams: 256,
+            max_handshakes: 128,
+            max_handshakes_per_source: 8,
+            handshake_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -76,13 +111,15 @@ impl Tuning {
         t.keep_alive_interval(Some(self.keep_alive))
             .max_idle_timeout(quinn::IdleTimeout::try_from(self.idle_timeout).ok())
             .stream_receive_window(quinn::VarInt::from_u32(self.stream_window))
+            .receive_window(quinn::VarInt::from_u32(self.receive_window))
             .send_window(self.send_window)
-            .max_concurrent_bidi_streams(quinn::VarInt::from_u32(1024));
+            .max_concurrent_bidi_streams(quinn::VarInt::from_u32(self.max_streams))
+            .max_concurrent_uni_streams(quinn::VarInt::from_u32(0));
         Arc::new(t)
     }
 }
 
-/// A mutually authenticated connection and the name the peer's certificate
+/// A mutually authenticated connection and what the peer's certificate
 /// proves.
 #[derive(Debug, Clone)]
 pub struct PeerConnection {
@@ -90,14 +127,128 @@ pub struct PeerConnection {
     pub connection: quinn::Connection,
     /// The name in the peer's certificate.
     pub peer: String,
+    /// The role the peer's certificate carries, if any.
+    pub role: Option<Role>,
+    /// The peer certificate's serial number (normalised), for revocation.
+    pub serial: Vec<u8>,
 }
 
-fn peer_name(connection: &quinn::Connection) -> Option<String> {
+fn peer_cert(connection: &quinn::Connection) -> Option<CertInfo> {
     let identity = connection.peer_identity()?;
     let certs = identity
         .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
         .ok()?;
-    dns_names(certs.first()?).into_iter().next()
+    cert_info(certs.first()?)
+}
+
+impl PeerConnection {
+    /// A connection with what its peer's certificate proves; `None` when
+    /// the certificate carries no node name.
+    pub fn of_connection(connection: quinn::Connection) -> Option<Self> {
+        Self::of(connection)
+    }
+
+    fn of(connection: quinn::Connection) -> Option<Self> {
+        let info = peer_cert(&connection)?;
+        Some(Self {
+            connection,
+            peer: info.name,
+            role: info.role,
+            serial: info.serial,
+        })
+    }
+}
+
+/// Why an incoming connection was not accepted, for the acceptor's
+/// counters (`flotilla_tls_refused_total{reason}`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("NODE-AUTH-001: connection from {addr} refused ({reason}): {detail}")]
+pub struct HandshakeRefused {
+    /// The peer's address.
+    pub addr: SocketAddr,
+    /// A short, stable name: `busy` (too many handshakes at once, in all or
+    /// from its address), `timeout`, `tls` (certificate or protocol
+    /// refused), `no_name` (a certificate without a node name).
+    pub reason: &'static str,
+    /// What went wrong.
+    pub detail: String,
+}
+
+/// Handshakes in progress, in all and by source address.
+#[derive(Debug, Default)]
+struct Slots {
+    total: usize,
+    by_source: HashMap<IpAddr, usize>,
+}
+
+/// A handshake's slot, freed when dropped.
+struct Slot {
+    slots: Arc<Mutex<Slots>>,
+    source: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.total = s.total.saturating_sub(1);
+        if let Some(n) = s.by_source.get_mut(&self.source) {
+            *n -= 1;
+            if *n == 0 {
+                s.by_source.remove(&self.source);
+            }
+        }
+    }
+}
+
+/// An incoming connection admitted to a handshake slot: finish it in a
+/// task of its own ([`Handshake::finish`]), so one peer that stalls its
+/// handshake holds only its own slot.
+pub struct Handshake {
+    incoming: quinn::Incoming,
+    timeout: Duration,
+    _slot: Slot,
+}
+
+impl Handshake {
+    /// The peer's address.
+    pub fn remote_address(&self) -> SocketAddr {
+        self.incoming.remote_address()
+    }
+
+    /// Completes the mutual TLS handshake within the endpoint's handshake
+    /// timeout. Cancel safety: dropping it abandons the connection.
+    pub async fn finish(self) -> Result<PeerConnection, HandshakeRefused> {
+        let addr = self.incoming.remote_address();
+        let refused = |reason, detail: String| HandshakeRefused {
+            addr,
+            reason,
+            detail,
+        };
+        let connecting = self
+            .incoming
+            .accept()
+            .map_err(|e| refused("tls", e.to_string()))?;
+        let connection = match tokio::time::timeout(self.timeout, connecting).await {
+            Err(_) => {
+                return Err(refused(
+                    "timeout",
+                    format!("no handshake within {:?}", self.timeout),
+                ));
+            }
+            Ok(Err(e)) => return Err(refused("tls", e.to_string())),
+            Ok(Ok(c)) => c,
+        };
+        match PeerConnection::of(connection.clone()) {
+            Some(pc) => Ok(pc),
+            None => {
+                connection.close(quinn::VarInt::from_u32(3), b"no node name");
+                Err(refused(
+                    "no_name",
+                    "peer certificate without a node name".into(),
+                ))
+            }
+        }
+    }
 }
 
 /// A QUIC endpoint with the node's identity.
@@ -105,6 +256,8 @@ fn peer_name(connection: &quinn::Connection) -> Option<String> {
 pub struct Endpoint {
     endpoint: quinn::Endpoint,
     identity: Arc<Identity>,
+    tuning: Tuning,
+    slots: Arc<Mutex<Slots>>,
 }
 
 impl Endpoint {
@@ -117,10 +270,16 @@ impl Endpoint {
         let mut endpoint = quinn::Endpoint::server(server, addr)
             .map_err(|source| BindError::Socket { addr, source })?;
         endpoint.set_default_client_config(client);
-        Ok(Self {
+        Ok(Self::of(endpoint, identity, tuning))
+    }
+
+    fn of(endpoint: quinn::Endpoint, identity: Identity, tuning: &Tuning) -> Self {
+        Self {
             endpoint,
             identity: Arc::new(identity),
-        })
+            tuning: tuning.clone(),
+            slots: Arc::default(),
+        }
     }
 
     /// Binds `addr` like [`Endpoint::bind`], but runs everything of the
@@ -148,10 +307,7 @@ impl Endpoint {
         )
         .map_err(socket_error)?;
         endpoint.set_default_client_config(client);
-        Ok(Self {
-            endpoint,
-            identity: Arc::new(identity),
-        })
+        Ok(Self::of(endpoint, identity, tuning))
     }
 
     /// A dial-only endpoint on an ephemeral port (for tools).
@@ -161,10 +317,7 @@ impl Endpoint {
         let mut endpoint =
             quinn::Endpoint::client(addr).map_err(|source| BindError::Socket { addr, source })?;
         endpoint.set_default_client_config(client);
-        Ok(Self {
-            endpoint,
-            identity: Arc::new(identity),
-        })
+        Ok(Self::of(endpoint, identity, tuning))
     }
 
     /// The bound address.
@@ -191,26 +344,85 @@ impl Endpoint {
             .connect(addr, expected.unwrap_or(ANY_MEMBER))
             .map_err(|e| unreachable(e.to_string()))?;
         let connection = connecting.await.map_err(|e| unreachable(e.to_string()))?;
-        let peer = peer_name(&connection).ok_or(ConnectError::NoPeerName { addr })?;
-        Ok(PeerConnection { connection, peer })
+        PeerConnection::of(connection).ok_or(ConnectError::NoPeerName { addr })
     }
 
-    /// Waits for the next incoming connection that completes the mutual TLS
-    /// handshake. Returns `None` once the endpoint is closed. Failed
-    /// handshakes are logged and skipped.
+    /// [`Endpoint::connect`] to a peer whose certificate must carry `role`
+    /// (and, with `expected`, that name): how a node makes sure the head
+    /// it joins by address is a head.
+    pub async fn connect_role(
+        &self,
+        addr: SocketAddr,
+        expected: Option<&str>,
+        role: Role,
+    ) -> Result<PeerConnection, ConnectError> {
+        let pc = self.connect(addr, expected).await?;
+        if pc.role != Some(role) {
+            pc.connection
+                .close(quinn::VarInt::from_u32(4), b"unexpected role");
+            return Err(ConnectError::WrongRole {
+                addr,
+                name: pc.peer,
+                role: pc.role.map_or_else(|| "none".to_owned(), |r| r.to_string()),
+                expected: role,
+            });
+        }
+        Ok(pc)
+    }
+
+    /// Waits for the next incoming connection and admits it to a handshake
+    /// slot; `None` once the endpoint is closed. A connection over the
+    /// bounds ([`Tuning::max_handshakes`] in all,
+    /// [`Tuning::max_handshakes_per_source`] from its address) is refused
+    /// at once and returned as the error: it costs the node nothing more.
+    pub async fn accept_incoming(&self) -> Option<Result<Handshake, HandshakeRefused>> {
+        let incoming = self.endpoint.accept().await?;
+        let source = incoming.remote_address().ip();
+        let admitted = {
+            let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let from_source = s.by_source.get(&source).copied().unwrap_or(0);
+            if s.total >= self.tuning.max_handshakes
+                || from_source >= self.tuning.max_handshakes_per_source
+            {
+                false
+            } else {
+                s.total += 1;
+                *s.by_source.entry(source).or_default() += 1;
+                true
+            }
+        };
+        if !admitted {
+            let addr = incoming.remote_address();
+            incoming.refuse();
+            return Some(Err(HandshakeRefused {
+                addr,
+                reason: "busy",
+                detail: "too many handshakes in progress".into(),
+            }));
+        }
+        Some(Ok(Handshake {
+            incoming,
+            timeout: self.tuning.handshake_timeout,
+            _slot: Slot {
+                slots: Arc::clone(&self.slots),
+                source,
+            },
+        }))
+    }
+
+    /// Waits for the next incoming connection that completes the mutual
+    /// TLS handshake, one handshake at a time (for tools and benches; a
+    /// node finishes each [`Endpoint::accept_incoming`] in a task of its
+    /// own). Returns `None` once the endpoint is closed. Failed handshakes
+    /// are logged and skipped.
     pub async fn accept(&self) -> Option<PeerConnection> {
         loop {
-            let incoming = self.endpoint.accept().await?;
-            let addr = incoming.remote_address();
-            match incoming.await {
-                Ok(connection) => match peer_name(&connection) {
-                    Some(peer) => return Some(PeerConnection { connection, peer }),
-                    None => {
-                        tracing::warn!(%addr, "NODE-AUTH-003: peer certificate without a node name");
-                        connection.close(quinn::VarInt::from_u32(3), b"no node name");
-                    }
+            match self.accept_incoming().await? {
+                Ok(handshake) => match handshake.finish().await {
+                    Ok(pc) => return Some(pc),
+                    Err(e) => tracing::warn!(error = %e, "handshake refused"),
                 },
-                Err(e) => tracing::warn!(%addr, error = %e, "NODE-AUTH-001: handshake refused"),
+                Err(e) => tracing::warn!(error = %e, "handshake refused"),
             }
         }
     }
@@ -276,9 +488,16 @@ mod tests {
     fn pinned_endpoint_drives_its_connections_whoever_dials() {
         let dir = std::env::temp_dir().join(format!("flotilla-pinned-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        crate::certs::init_ca(&dir, "test").unwrap();
+        crate::certs::init_ca(&dir, "test", "head").unwrap();
         for name in ["a", "b"] {
-            crate::certs::issue(&dir, name, &dir).unwrap();
+            crate::certs::issue(
+                &dir,
+                name,
+                Role::Worker,
+                crate::certs::DEFAULT_VALIDITY,
+                &dir,
+            )
+            .unwrap();
         }
         let local: SocketAddr = ([127, 0, 0, 1], 0).into();
 

@@ -9,6 +9,7 @@ use flotilla_proto::frame::{self, FrameError, PREFIX_LEN};
 use flotilla_proto::hello::{
     CookieDigest, Hello, HelloReply, Purpose, Refusal, check_hello, check_incarnation,
 };
+use flotilla_proto::role::Role;
 use flotilla_proto::wire::{self, Decode, Encode, WireError};
 use quinn::{RecvStream, SendStream};
 
@@ -28,6 +29,9 @@ pub enum StreamError {
     /// We refused the peer's hello.
     #[error("refused peer: {0}")]
     RefusedPeer(Refusal),
+    /// The peer opened a stream but sent no hello in time.
+    #[error("NODE-WIRE-005: no hello within {0:?} of the stream opening")]
+    HelloTimeout(std::time::Duration),
     /// The connection or stream failed.
     #[error("stream failed: {0}")]
     Io(#[from] IoError),
@@ -59,6 +63,7 @@ impl StreamError {
             Self::Wire(_) => 0x11,
             Self::Refused(_) | Self::RefusedPeer(_) => 0x12,
             Self::Io(_) => 0x13,
+            Self::HelloTimeout(_) => 0x14,
         }
     }
 }
@@ -205,6 +210,9 @@ pub async fn dial(
     }
 }
 
+/// How long a peer has, once it opened a stream, to send its hello.
+pub const HELLO_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What an acceptor checks each hello against.
 pub struct Gate<'a> {
     /// The acceptor's node name, sent back in the reply.
@@ -219,13 +227,26 @@ pub struct Gate<'a> {
     /// incarnation and whether it is up (see
     /// [`flotilla_proto::hello::check_incarnation`]).
     pub known: &'a (dyn Fn(&str) -> Option<(u64, bool)> + Sync),
+    /// Whether a certificate serial number is revoked.
+    pub revoked: &'a (dyn Fn(&[u8]) -> bool + Sync),
+    /// The member name an earlier stream of this connection proved: every
+    /// stream of a connection speaks for one member.
+    pub bound: Option<&'a str>,
 }
 
 impl Gate<'_> {
-    /// The verdict on `hello` from a peer whose certificate names
-    /// `peer_cert_name`.
-    pub fn check(&self, hello: &Hello, peer_cert_name: &str) -> Result<(), Refusal> {
-        check_hello(hello, peer_cert_name, &self.cookie)?;
+    /// The verdict on `hello` from the peer of `pc`: its certificate's name,
+    /// role and serial, the cookie, the purposes served, the name the
+    /// connection is bound to, and the incarnation fence. Whether the peer
+    /// must be an up member is the caller's to check ([`needs_membership`]).
+    pub fn check(&self, hello: &Hello, pc: &crate::PeerConnection) -> Result<(), Refusal> {
+        check_hello(hello, &pc.peer, pc.role, &self.cookie)?;
+        if (self.revoked)(&pc.serial) {
+            return Err(Refusal::Revoked);
+        }
+        if self.bound.is_some_and(|b| b != hello.node) {
+            return Err(Refusal::IdentityMismatch);
+        }
         if !self.serves.contains(&hello.purpose) {
             return Err(Refusal::WrongEndpoint);
         }
@@ -233,19 +254,41 @@ impl Gate<'_> {
     }
 }
 
-/// Acceptor side: takes the next stream the peer opens, reads its hello and
-/// checks it against `peer_cert_name` and the `gate`. On refusal the reason
-/// is sent back before the error is returned.
-pub async fn accept(
+/// Whether streams of `purpose` are for up members only: every one but
+/// control streams, which tools and joining nodes open.
+pub fn needs_membership(purpose: Purpose) -> bool {
+    purpose != Purpose::Control
+}
+
+/// Acceptor side, first half: takes the next stream the peer opens and
+/// reads its hello, which must come within [`HELLO_DEADLINE`].
+pub async fn read_hello(
     connection: &quinn::Connection,
-    peer_cert_name: &str,
-    gate: &Gate<'_>,
 ) -> Result<(SendStream, RecvStream, Hello), StreamError> {
-    let (mut send, mut recv) = connection.accept_bi().await.map_err(io)?;
-    let hello = recv_msg::<Hello>(&mut recv, frame::DEFAULT_MAX_FRAME).await?;
-    if let Err(refusal) = gate.check(&hello, peer_cert_name) {
+    let (send, mut recv) = connection.accept_bi().await.map_err(io)?;
+    match tokio::time::timeout(
+        HELLO_DEADLINE,
+        recv_msg::<Hello>(&mut recv, frame::DEFAULT_MAX_FRAME),
+    )
+    .await
+    {
+        Ok(hello) => Ok((send, recv, hello?)),
+        Err(_) => Err(StreamError::HelloTimeout(HELLO_DEADLINE)),
+    }
+}
+
+/// Acceptor side, second half: answers a hello read with [`read_hello`]
+/// with the verdict. On refusal the reason is sent back before the error
+/// is returned.
+pub async fn answer(
+    send: &mut SendStream,
+    verdict: Result<(), Refusal>,
+    name: &str,
+    incarnation: u64,
+) -> Result<(), StreamError> {
+    if let Err(refusal) = verdict {
         let _ = send_msg(
-            &mut send,
+            send,
             &HelloReply::Refused(refusal),
             frame::DEFAULT_MAX_FRAME,
         )
@@ -255,11 +298,33 @@ pub async fn accept(
         return Err(StreamError::RefusedPeer(refusal));
     }
     let reply = HelloReply::Accepted {
-        node: gate.name.to_owned(),
-        incarnation: gate.incarnation,
+        node: name.to_owned(),
+        incarnation,
     };
-    send_msg(&mut send, &reply, frame::DEFAULT_MAX_FRAME).await?;
+    send_msg(send, &reply, frame::DEFAULT_MAX_FRAME).await
+}
+
+/// Acceptor side: takes the next stream the peer opens, reads its hello and
+/// checks it against the peer's certificate and the `gate`. On refusal the
+/// reason is sent back before the error is returned.
+pub async fn accept(
+    pc: &crate::PeerConnection,
+    gate: &Gate<'_>,
+) -> Result<(SendStream, RecvStream, Hello), StreamError> {
+    let (mut send, recv, hello) = read_hello(&pc.connection).await?;
+    answer(
+        &mut send,
+        gate.check(&hello, pc),
+        gate.name,
+        gate.incarnation,
+    )
+    .await?;
     Ok((send, recv, hello))
+}
+
+/// Whether a peer's certificate carries `role`.
+pub fn has_role(pc: &crate::PeerConnection, role: Role) -> bool {
+    pc.role == Some(role)
 }
 
 /// How long a refused peer's connection stays open so the refusal reaches it.

@@ -11,7 +11,9 @@
 //! ```
 //!
 //! Guarantees: no stream carries traffic before both certificates chain to
-//! the cluster CA and the claimed node name equals the certificate's name;
+//! the cluster CA, are within their validity, and the claimed member name
+//! is one the certificate (its name and role) may speak as; handshakes run
+//! side by side, bounded per source and in all, each within a deadline;
 //! frame lengths are checked before allocation; archives are validated
 //! before they are read. 0-RTT is never enabled.
 
@@ -20,6 +22,8 @@ pub mod endpoint;
 pub mod handshake;
 pub mod tls;
 
-pub use certs::{CertError, Identity};
-pub use endpoint::{BindError, ConnectError, Endpoint, PeerConnection, Tuning};
+pub use certs::{CertError, CertInfo, Identity};
+pub use endpoint::{
+    BindError, ConnectError, Endpoint, Handshake, HandshakeRefused, PeerConnection, Tuning,
+};
 pub use handshake::{IoError, StreamError};

@@ -104,7 +104,7 @@ fn refused(reply: Result<JobsReply, flotilla::status::StatusError>) -> ExitCode 
     }
 }
 
-/// The jobs as JSON: `{"jobs": [{id, state, done, total, node, restarts,
+/// The jobs as JSON: `{"jobs": [{id, state, done, total, node, owner, restarts,
 /// detail, group: {id, state, strategy, revision, owner, why, bundles:
 /// [{resources, node}]}, work: [groups of the same shape]}]}`: `group` is
 /// the job's own bundle, `work` the groups its work runs in (the embed
@@ -118,6 +118,7 @@ pub fn to_json(jobs: &[JobView]) -> String {
         done: u64,
         total: u64,
         node: Option<&'a str>,
+        owner: Option<&'a str>,
         restarts: u32,
         detail: Option<&'a str>,
         group: Option<flotilla::table::GroupJson<'a>>,
@@ -137,6 +138,7 @@ pub fn to_json(jobs: &[JobView]) -> String {
                 done: j.done,
                 total: j.total,
                 node: j.node.as_deref(),
+                owner: j.owner.as_deref(),
                 restarts: j.restarts,
                 detail: j.detail.as_deref(),
                 group: j.group.as_ref().map(flotilla::table::GroupJson::from),
@@ -154,16 +156,17 @@ pub fn to_json(jobs: &[JobView]) -> String {
 /// The jobs as a table.
 pub fn to_text(jobs: &[JobView]) -> String {
     let mut out = format!(
-        "{:<24} {:<10} {:>17}  {:<12} {:>8}  {}\n",
-        "ID", "STATE", "TEXTS", "DRIVER ON", "RESTARTS", "WHAT"
+        "{:<24} {:<10} {:>17}  {:<12} {:<12} {:>8}  {}\n",
+        "ID", "STATE", "TEXTS", "DRIVER ON", "OWNER", "RESTARTS", "WHAT"
     );
     for j in jobs {
         out.push_str(&format!(
-            "{:<24} {:<10} {:>17}  {:<12} {:>8}  {}\n",
+            "{:<24} {:<10} {:>17}  {:<12} {:<12} {:>8}  {}\n",
             j.id,
             j.state.as_str(),
             format!("{}/{}", j.done, j.total),
             j.node.as_deref().unwrap_or("-"),
+            j.owner.as_deref().unwrap_or("(head)"),
             j.restarts,
             j.description
         ));

@@ -349,7 +349,8 @@ impl EmbedArgs {
 #[derive(Debug, Subcommand)]
 pub enum CertsOp {
     /// Create a cluster CA (ca.crt, ca.key), a random cluster cookie
-    /// (cookie, 0600) and an `admin` certificate.
+    /// (cookie, 0600), the head's certificate (role head) and an `admin`
+    /// certificate (role admin).
     Init {
         /// Folder to write into.
         #[arg(long)]
@@ -357,8 +358,11 @@ pub enum CertsOp {
         /// Common name of the CA.
         #[arg(long, default_value = "flotilla-cluster")]
         cluster: String,
+        /// Name of the head's certificate.
+        #[arg(long, default_value = flotilla_proto::hello::HEAD_NAME)]
+        head_name: String,
     },
-    /// Issue a certificate for a node name, signed by the CA.
+    /// Issue a certificate for a name and a role, signed by the CA.
     Issue {
         /// Folder holding ca.crt and ca.key.
         #[arg(long)]
@@ -366,9 +370,48 @@ pub enum CertsOp {
         /// Node name (the certificate's DNS name).
         #[arg(long)]
         name: String,
+        /// What its holder may do: `worker` (offers resources, runs
+        /// actors), `driver` (runs jobs: places groups, spawns actors,
+        /// submits and stops its own detached jobs), `admin` (a driver that
+        /// may also stop anyone's jobs and remove anyone's groups),
+        /// `observer` (reads status and jobs only) or `head`.
+        #[arg(long, default_value = "worker")]
+        role: flotilla_proto::role::Role,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = 365)]
+        valid_days: u64,
         /// Folder to write NAME.crt and NAME.key into.
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Renew DIR/NAME.crt: a new key and certificate of the same name and
+    /// role, valid from now (the old one stays valid until it expires or
+    /// is revoked).
+    Renew {
+        /// Folder holding ca.crt and ca.key.
+        #[arg(long)]
+        ca: PathBuf,
+        /// The certificate's name.
+        #[arg(long)]
+        name: String,
+        /// Folder holding NAME.crt and NAME.key (default: the CA folder).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Days the new certificate is valid.
+        #[arg(long, default_value_t = 365)]
+        valid_days: u64,
+    },
+    /// Revoke every certificate the CA issued for NAME: they go into the
+    /// CA folder's signed revocation list (crl.pem), which the head reads
+    /// (within a second) and hands to every member; every node then
+    /// refuses the certificates and closes their connections.
+    Revoke {
+        /// Folder holding ca.crt and ca.key.
+        #[arg(long)]
+        ca: PathBuf,
+        /// The certificates' name.
+        #[arg(long)]
+        name: String,
     },
 }
 
@@ -404,6 +447,20 @@ pub struct NodeArgs {
     /// Address of the head (join only).
     #[arg(long)]
     pub head: Option<SocketAddr>,
+    /// Name of the head's certificate (join only): the head joined must
+    /// carry it (it must carry the head role in any case).
+    #[arg(long)]
+    pub head_name: Option<String>,
+    /// A root (absolute path or object-store URL) under which detached
+    /// jobs that land on this node may read and write; repeatable. Without
+    /// any (here or `[jobs] allow` in the file) the node runs no detached
+    /// job.
+    #[arg(long = "allow-path")]
+    pub allow_paths: Vec<String>,
+    /// The CA's revocation list the head follows (head only; default:
+    /// crl.pem in the certs folder).
+    #[arg(long)]
+    pub revocation_list: Option<PathBuf>,
     /// Folder with ca.crt, NAME.crt and NAME.key.
     #[arg(long)]
     pub certs: Option<PathBuf>,
@@ -522,6 +579,8 @@ pub struct FileConfig {
     object_store_mb: Option<u64>,
     host_id: Option<String>,
     head: Option<SocketAddr>,
+    head_name: Option<String>,
+    revocation_list: Option<PathBuf>,
     certs: Option<PathBuf>,
     cookie: Option<String>,
     state_dir: Option<PathBuf>,
@@ -538,6 +597,19 @@ pub struct FileConfig {
     /// Supervision trees this node starts once joined.
     #[serde(default)]
     supervisor: Vec<TreeFile>,
+    /// What detached jobs may touch here.
+    #[serde(default)]
+    jobs: JobsFile,
+}
+
+/// The `[jobs]` table of node.toml.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsFile {
+    /// Roots (absolute paths or object-store URLs) under which detached
+    /// jobs may read and write.
+    #[serde(default)]
+    allow: Vec<String>,
 }
 
 /// A `[[supervisor]]` table: a supervisor and its children.
@@ -686,6 +758,8 @@ pub struct NodeSettings {
     pub metrics_listen: Option<SocketAddr>,
     /// Supervision trees to start once joined.
     pub trees: Vec<Tree>,
+    /// Where detached jobs that land here may read and write.
+    pub allow: flotilla_proto::roots::AllowedRoots,
 }
 
 /// A configuration problem: the node does not start.
@@ -762,6 +836,12 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
         }
         (false, None) => {}
     }
+    config.head_name = args.head_name.or(file.head_name);
+    config.revocation_list = args.revocation_list.or(file.revocation_list);
+    let mut allow = file.jobs.allow;
+    allow.extend(args.allow_paths);
+    let allow = flotilla_proto::roots::AllowedRoots::new(&allow)
+        .map_err(|e| ConfigError::Invalid(format!("[jobs] allow / --allow-path: {e}")))?;
     config.advertise = args.advertise.or(file.advertise);
     config.bulk_listen = args.bulk_listen.or(file.bulk_listen);
     config.object_store_bytes = args
@@ -810,6 +890,7 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
         model: args.model.or(file.model),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
         trees,
+        allow,
     })
 }
 
@@ -978,6 +1059,23 @@ mod tests {
         std::fs::write(&path, "nmae = \"typo\"\n").unwrap();
         let err = read_file_config(&path).unwrap_err();
         assert!(err.to_string().contains("nmae"), "{err}");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn job_roots_come_from_the_file_and_the_flags() {
+        let path = std::env::temp_dir().join(format!("flotilla-allow-{}.toml", std::process::id()));
+        std::fs::write(&path, "[jobs]\nallow = [\"/data/\"]\n").unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        a.allow_paths = vec!["s3://corpus/".into()];
+        let allow = node_config(a, true).unwrap().allow;
+        assert_eq!(allow.roots(), ["/data/", "s3://corpus/"]);
+        assert!(allow.check("input", "/data/x.jsonl").is_ok());
+        assert!(allow.check("input", "/etc/passwd").is_err());
+        let mut a = args();
+        a.allow_paths = vec!["relative/root".into()];
+        assert!(matches!(node_config(a, true), Err(ConfigError::Invalid(_))));
         std::fs::remove_file(path).unwrap();
     }
 

@@ -102,7 +102,7 @@ async fn put(node: &Node, file: &std::path::Path) -> ExitCode {
     });
     tokio::select! {
         _ = stdin_closed => {}
-        () = crate::run::wait_for_stop() => {}
+        () = crate::systemd::wait_for_stop() => {}
     }
     drop(object);
     ExitCode::SUCCESS

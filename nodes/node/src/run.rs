@@ -42,19 +42,54 @@ pub fn main(extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
 async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
     match cli.command {
         Command::Certs { op } => {
+            let days = |d: u64| std::time::Duration::from_secs(d.saturating_mul(24 * 3600));
             let result = match op {
-                CertsOp::Init { out, cluster } => {
-                    flotilla_transport::certs::init_ca(&out, &cluster).map(|()| {
+                CertsOp::Init {
+                    out,
+                    cluster,
+                    head_name,
+                } => flotilla_transport::certs::init_ca(&out, &cluster, &head_name).map(|()| {
+                    format!(
+                        "cluster CA, cookie, head certificate ({head_name}) and admin certificate written to {}",
+                        out.display()
+                    )
+                }),
+                CertsOp::Issue {
+                    ca,
+                    name,
+                    role,
+                    valid_days,
+                    out,
+                } => flotilla_transport::certs::issue(&ca, &name, role, days(valid_days), &out)
+                    .map(|()| {
                         format!(
-                            "cluster CA, cookie and admin certificate written to {}",
+                            "certificate for {name} (role {role}, valid {valid_days} days) written to {}",
                             out.display()
                         )
-                    })
+                    }),
+                CertsOp::Renew {
+                    ca,
+                    name,
+                    dir,
+                    valid_days,
+                } => {
+                    let dir = dir.unwrap_or_else(|| ca.clone());
+                    flotilla_transport::certs::renew(&ca, &name, &dir, days(valid_days)).map(
+                        |role| {
+                            format!(
+                                "certificate for {name} (role {role}) renewed for {valid_days} days in {}",
+                                dir.display()
+                            )
+                        },
+                    )
                 }
-                CertsOp::Issue { ca, name, out } => {
-                    flotilla_transport::certs::issue(&ca, &name, &out)
-                        .map(|()| format!("certificate for {name} written to {}", out.display()))
-                }
+                CertsOp::Revoke { ca, name } => flotilla_transport::certs::revoke(&ca, &name)
+                    .map(|n| {
+                        format!(
+                            "{n} certificate(s) of {name} revoked; {} lists them (the head reads it within a second)",
+                            ca.join(flotilla_transport::certs::CRL_FILE).display()
+                        )
+                    }),
             };
             match result {
                 Ok(msg) => {
@@ -166,17 +201,17 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
         return ExitCode::from(2);
     };
     let mut config = args.job();
-    // The driver runs elsewhere: local paths are made absolute here.
+    // The driver runs elsewhere: local paths are made absolute here, with
+    // their links and `..` resolved where they exist (the node that runs
+    // the job checks them against the roots it allows).
     for path in [&mut config.input, &mut config.output] {
-        if !path.contains("://")
-            && let Ok(abs) = std::path::absolute(&*path)
-        {
-            *path = abs.to_string_lossy().into_owned();
+        if !path.contains("://") {
+            *path = resolved(std::path::Path::new(path))
+                .to_string_lossy()
+                .into_owned();
         }
     }
-    if let Ok(abs) = std::path::absolute(&config.model) {
-        config.model = abs;
-    }
+    config.model = resolved(&config.model);
     let job = flotilla_embed::job::detached::DetachedJob::of(&config);
     let identity = match flotilla_transport::Identity::load(&certs, &name) {
         Ok(i) => i,
@@ -202,6 +237,24 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
     }
 }
 
+/// `path` made absolute: canonical where it (or, for a path still to be
+/// made, its folder) exists, else as written from the working folder.
+fn resolved(path: &std::path::Path) -> std::path::PathBuf {
+    if let Ok(real) = std::fs::canonicalize(path) {
+        return real;
+    }
+    if let (Some(parent), Some(name)) = (path.parent(), path.file_name())
+        && let Ok(real) = std::fs::canonicalize(if parent.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            parent
+        })
+    {
+        return real.join(name);
+    }
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
     let settings = match node_config(args, join) {
         Ok(c) => c,
@@ -223,7 +276,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         tracing::info!(%addr, "serving metrics on /metrics");
     }
     let builder = extra(Node::builder(settings.config));
-    let builder = flotilla_embed::job::detached::register(builder);
+    let builder = flotilla_embed::job::detached::register(builder, settings.allow);
     let settings_trees = settings.trees;
     let node = match flotilla_embed::actor::register(builder, settings.model)
         .start_shared()
@@ -239,6 +292,8 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
                 flotilla::StartError::Certs(_)
                     | flotilla::StartError::Tls(_)
                     | flotilla::StartError::NoCookie(_)
+                    | flotilla::StartError::NoRole(_)
+                    | flotilla::StartError::NotHeadRole { .. }
                     | flotilla::StartError::State(_)
                     | flotilla::StartError::Resource(_)
             ) {
@@ -263,7 +318,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
     let watchdog = crate::systemd::watchdog_interval()
         .map(|interval| tokio::spawn(crate::systemd::feed_watchdog(interval, node.pulse())));
     let code = tokio::select! {
-        () = wait_for_stop() => 0,
+        () = crate::systemd::wait_for_stop() => 0,
         (tree, e) = trees.escalated() => {
             eprintln!("NODE-TREE-001: supervisor {tree:?} gave up: {e}");
             5
@@ -337,27 +392,4 @@ where
         .into_iter()
         .flatten()
         .collect()
-}
-
-/// Waits for SIGTERM or Ctrl-C.
-pub(crate) async fn wait_for_stop() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -4,7 +4,8 @@
 //! `WATCHDOG_USEC` while the node's heartbeat loop runs (a wedged runtime
 //! stops feeding it and systemd restarts the process), `STOPPING=1` when
 //! it is told to stop. Without `NOTIFY_SOCKET` (not under systemd) each is
-//! a no-op.
+//! a no-op. Being told to stop is SIGTERM (what systemd sends) or Ctrl-C
+//! ([`wait_for_stop`]).
 
 use std::time::Duration;
 
@@ -72,6 +73,29 @@ pub async fn feed_watchdog(interval: Duration, pulse: watch::Receiver<u64>) {
             );
             warned = true;
         }
+    }
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+pub(crate) async fn wait_for_stop() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 

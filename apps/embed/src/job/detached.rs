@@ -15,6 +15,12 @@
 //! The input, output and model must be readable where the driver lands: a
 //! path every node sees, or an object-store URL. A driver that cannot open
 //! its input fails the job with an error naming its node and the input.
+//!
+//! A node runs a detached job only on an input, output and model under the
+//! roots its operator allowed (`[jobs] allow` in node.toml, or
+//! `--allow-path`; [`AllowedRoots`]): anything else fails the job before
+//! it is opened, naming the setting. A local path is checked as written
+//! and, where it exists, again with its links resolved.
 
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +28,7 @@ use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobSpec, JobState};
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use flotilla::{Node, NodeHandle};
+use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 
 use super::{Format, JobConfig};
 
@@ -169,17 +176,47 @@ impl DetachedJob {
 }
 
 /// Registers the detached job's driver kind; it drives the job from the
-/// node `builder` starts (see [`flotilla::NodeBuilder::start_shared`]).
-pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
+/// node `builder` starts (see [`flotilla::NodeBuilder::start_shared`]),
+/// on inputs, outputs and models under `allow` only.
+pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla::NodeBuilder {
     let handle = builder.node_handle();
     builder.register(JOB_KIND, move || JobDriver {
         node: handle.clone(),
+        allow: allow.clone(),
     })
 }
 
 /// The driver of a detached job.
 pub struct JobDriver {
     node: NodeHandle,
+    allow: AllowedRoots,
+}
+
+impl DetachedJob {
+    /// Checks the job's input, output and model against the roots `allow`:
+    /// each as written, and a local one that exists also with its links
+    /// resolved (a link under a root that leads out of it is refused).
+    pub fn check_allowed(&self, allow: &AllowedRoots) -> Result<(), NotAllowed> {
+        for (what, path) in [
+            ("input", &self.input),
+            ("output", &self.output),
+            ("model", &self.model),
+        ] {
+            allow.check(what, path)?;
+            let local = path.strip_prefix("file://").unwrap_or(path);
+            if !local.contains("://") {
+                // A glob's folder, or the path itself.
+                let literal: std::path::PathBuf = std::path::Path::new(local)
+                    .components()
+                    .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+                    .collect();
+                if let Ok(real) = std::fs::canonicalize(&literal) {
+                    allow.check(what, &real.to_string_lossy())?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The driver's state: what it reports, and its job.
@@ -202,6 +239,22 @@ impl Actor for JobDriver {
             .node
             .get()
             .ok_or("this node was not started to host detached jobs")?;
+        // Refused before anything is opened: the job ends failed with why
+        // (a refusal is no crash: it is not restarted elsewhere).
+        if let Err(why) = job.check_allowed(&self.allow) {
+            tracing::warn!(error = %why, "detached embed job refused");
+            let report = Arc::new(Mutex::new(JobProgress {
+                state: JobState::Failed,
+                done: 0,
+                total: 0,
+                detail: format!("on node {}: {why}", node.name()),
+                groups: Vec::new(),
+            }));
+            return Ok(DriverState {
+                report,
+                task: tokio::spawn(async {}),
+            });
+        }
         let report = Arc::new(Mutex::new(JobProgress {
             state: JobState::Running,
             done: 0,

@@ -1,0 +1,629 @@
+//! A cluster people can share: identities, roles and authority, checked on
+//! real `node` processes on loopback (the `test-node` binary: the `node`
+//! command with the probe actors of `flotilla_testkit::probe`).
+//!
+//! Each test names the clause of docs/runtime-semantics.md it checks.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use flotilla::jobs::{JobSpec, JobsReply, JobsRequest};
+use flotilla_proto::authority::Unauthorized;
+use flotilla_proto::control::{ControlReply, ControlRequest, PlacementRequest, SpawnOrder};
+use flotilla_proto::hello::{Hello, Purpose, Refusal};
+use flotilla_proto::ledger::LedgerOp;
+use flotilla_testkit::cluster::*;
+use flotilla_testkit::probe::{LENDER, LendRequest, LenderMsg, Lent, NoArgs};
+
+const NODE: &str = env!("CARGO_BIN_EXE_test-node");
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn identity(s: &Scratch, name: &str) -> flotilla_transport::Identity {
+    flotilla_transport::Identity::load(&s.certs(), name).unwrap()
+}
+
+/// A node of this process joined to `head` with the certificate `name`.
+async fn join(s: &Scratch, name: &str, head: std::net::SocketAddr) -> flotilla::Node {
+    let mut config = flotilla::NodeConfig::new(name, free_addr(), s.certs()).join(head);
+    config.resources = Some(flotilla::Resources::default());
+    flotilla::Node::builder(config).start().await.unwrap()
+}
+
+/// The value of a counter on `metrics`, waiting up to 5 s for it to reach
+/// `at_least`.
+fn counted(metrics: std::net::SocketAddr, series: &str, at_least: u64) -> u64 {
+    eventually(Duration::from_secs(5), || {
+        scrape(metrics)
+            .map(|m| counter(&m, series))
+            .filter(|n| *n >= at_least)
+    })
+    .0
+}
+
+fn authority(service: &str, reason: &str) -> String {
+    format!("flotilla_authority_refused_total{{service=\"{service}\",reason=\"{reason}\"}}")
+}
+
+fn denied(reply: Result<ControlReply, flotilla::status::StatusError>) -> Unauthorized {
+    match reply {
+        Err(flotilla::status::StatusError::Denied { why, .. }) => why,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Clause "identity: one live process per worker name": a second live
+/// `node join` under a worker's name is refused with a typed error naming
+/// the first, which keeps working; once the first is killed, a restart
+/// under the name rejoins as a newer incarnation.
+#[test]
+fn a_second_live_worker_under_a_taken_name_is_refused_and_the_first_keeps_working() {
+    let s = Scratch::new("dup-name", NODE);
+    let (head, mut workers) = cluster(&s, &["w1"]);
+    let first = incarnation_of(&s.status(head.addr).unwrap(), "w1").unwrap();
+    // The second process has w1's certificate but a log of its own.
+    let log = s.dir.join("w1-second.log");
+    let mut second = Command::new(NODE)
+        .args(["join", "--name", "w1", "--listen", &free_addr().to_string()])
+        .args(["--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let (status, took) = eventually(Duration::from_secs(20), || second.try_wait().unwrap());
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("NODE-JOIN-009") && said.contains(&format!("incarnation {first}")),
+        "{said}"
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    // The first never stopped being w1.
+    let st = s.status(head.addr).unwrap();
+    assert_eq!(incarnation_of(&st, "w1"), Some(first));
+    assert_eq!(state_of(&st, "w1").as_deref(), Some("up"));
+    // A crash and a restart is not a duplicate.
+    let w1 = workers.pop().unwrap();
+    w1.signal("-KILL");
+    drop(w1);
+    let _again = s.spawn("join", "w1", free_addr(), Some(head.addr), &s.certs());
+    let (newer, took) = eventually(Duration::from_secs(15), || {
+        let st = s.status(head.addr)?;
+        let i = incarnation_of(&st, "w1")?;
+        (i > first && state_of(&st, "w1").as_deref() == Some("up")).then_some(i)
+    });
+    assert!(newer > first);
+    assert!(took < Duration::from_secs(10), "restarted in {took:?}");
+}
+
+/// Clauses "security: authority" and "security: roles": each service
+/// refuses what the permission table does not allow, with a typed error to
+/// the caller and a counter labelled by service and reason on the node
+/// that refused: a worker's certificate submitting a job, a driver stopping
+/// another's job, a worker removing another's group, a member releasing an
+/// object lent to another or pulling one without its token, and a
+/// certificate that never joined asking for spawns, stops, reservation
+/// changes and cluster, bulk and pull streams. An observer reads.
+#[test]
+fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it() {
+    let s = Scratch::new("authority", NODE);
+    let (head, head_metrics) = s.spawn_metered("head", "head", None, &[]);
+    let (w2, w2_metrics) = s.spawn_metered("join", "w2", Some(head.addr), &[]);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w2"]))
+    });
+    s.issue_role("d1", "driver");
+    s.issue_role("d2", "driver");
+    s.issue_role("obs", "observer");
+    s.issue("ghost");
+    let spec = JobSpec {
+        kind: "flotilla.nothing".into(),
+        args: Vec::new(),
+        message_type: "none".into(),
+        resources: [("memory_mb".to_owned(), 1.0)].into_iter().collect(),
+        description: "a job that never starts".into(),
+        // Still trying when it is stopped.
+        max_restarts: 1000,
+    };
+    runtime().block_on(async {
+        // A worker's certificate submits a job: refused.
+        let asked = flotilla::query(
+            head.addr,
+            identity(&s, "ghost"),
+            ControlRequest::Jobs(JobsRequest::Submit(spec.clone())),
+        )
+        .await;
+        assert_eq!(denied(asked), Unauthorized::Role);
+        counted(head_metrics, &authority("jobs", "role"), 1);
+        // So is an observer's; it lists jobs.
+        let asked = flotilla::query(
+            head.addr,
+            identity(&s, "obs"),
+            ControlRequest::Jobs(JobsRequest::Submit(spec.clone())),
+        )
+        .await;
+        assert_eq!(denied(asked), Unauthorized::Role);
+        let listed = flotilla::query_jobs(head.addr, identity(&s, "obs"), JobsRequest::List).await;
+        assert!(matches!(listed, Ok(JobsReply::Jobs(_))), "{listed:?}");
+
+        // d1 submits a job; d2 may not stop it, an admin may.
+        let d1 = join(&s, "d1", head.addr).await;
+        let job = d1.submit_job(spec.clone()).await.unwrap();
+        let asked = flotilla::query(
+            head.addr,
+            identity(&s, "d2"),
+            ControlRequest::Jobs(JobsRequest::Stop(job.clone())),
+        )
+        .await;
+        assert_eq!(denied(asked), Unauthorized::NotJobOwner);
+        counted(head_metrics, &authority("jobs", "not_job_owner"), 1);
+        let stopped =
+            flotilla::query_jobs(head.addr, identity(&s, "admin"), JobsRequest::Stop(job)).await;
+        assert!(
+            matches!(stopped, Ok(JobsReply::Stopped(true))),
+            "{stopped:?}"
+        );
+
+        // d1's group: a worker's certificate may not remove it, nor create
+        // one without joining.
+        let group = d1
+            .create_group(flotilla::placement_groups::GroupSpec::new(
+                flotilla::placement_groups::Strategy::Pack,
+                vec![flotilla::placement_groups::bundle(&[("cpu", 0.1)])],
+            ))
+            .await
+            .unwrap();
+        let asked = flotilla::query(
+            head.addr,
+            identity(&s, "ghost"),
+            ControlRequest::Placement(PlacementRequest::Remove { id: group.clone() }),
+        )
+        .await;
+        assert_eq!(denied(asked), Unauthorized::NotGroupOwner);
+        counted(head_metrics, &authority("placement", "not_group_owner"), 1);
+        let asked = flotilla::query(
+            head.addr,
+            identity(&s, "ghost"),
+            ControlRequest::Placement(PlacementRequest::Create {
+                spec: flotilla::placement_groups::GroupSpec::new(
+                    flotilla::placement_groups::Strategy::Pack,
+                    vec![flotilla::placement_groups::bundle(&[("cpu", 0.1)])],
+                ),
+            }),
+        )
+        .await;
+        assert_eq!(denied(asked), Unauthorized::NotMember);
+        assert!(
+            d1.remove_group(&group).await.unwrap(),
+            "its owner removes it"
+        );
+
+        // An object on w2 lent to d1: d2 may not release it, nor pull it
+        // without its token; d1 releases it.
+        let lender: flotilla::ractor::ActorRef<LenderMsg> = d1
+            .spawn_on("w2", LENDER, "lender", &NoArgs, Duration::from_secs(15))
+            .await
+            .unwrap();
+        let Lent(lent) = flotilla::call::call(
+            &lender,
+            |port| {
+                LenderMsg::Lend(
+                    LendRequest {
+                        bytes: vec![7; 4096],
+                        borrower: d1.name().to_owned(),
+                    },
+                    port,
+                )
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        let reference = flotilla::ObjectRef::from_token(&lent.unwrap()).unwrap();
+        let mut config = flotilla::NodeConfig::new("d2", free_addr(), s.certs()).join(head.addr);
+        config.resources = Some(flotilla::Resources::default());
+        config.host_id = Some("another-host".into());
+        let d2 = flotilla::Node::builder(config).start().await.unwrap();
+        d2.wait_members(Duration::from_secs(10), |t| t.get("w2").is_some())
+            .await
+            .unwrap();
+        let released = d2.objects().release(&reference).await;
+        assert!(
+            matches!(released, Err(flotilla::ObjectsError::NotBorrower { .. })),
+            "{released:?}"
+        );
+        counted(w2_metrics, &authority("objects", "not_borrower"), 1);
+        let mut guessed = reference.clone();
+        guessed.token ^= 1;
+        assert!(d2.objects().get(&guessed).await.is_err());
+        counted(w2_metrics, &authority("objects", "bad_token"), 1);
+        let pulled = d2.objects().get(&reference).await.unwrap();
+        assert_eq!(
+            pulled.as_bytes(),
+            &[7; 4096][..],
+            "with its token it is pulled"
+        );
+        d1.objects().release(&reference).await.unwrap();
+
+        // A certificate that never joined.
+        let ghost = || identity(&s, "ghost");
+        let order = SpawnOrder {
+            kind: flotilla_testkit::probe::ECHO.into(),
+            name: "ghost-echo".into(),
+            args: flotilla::wire::encode(&NoArgs),
+            message_type: std::any::type_name::<flotilla_testkit::probe::EchoMsg>().into(),
+        };
+        let asked = flotilla::query(w2.addr, ghost(), ControlRequest::Spawn(order)).await;
+        assert_eq!(denied(asked), Unauthorized::NotMember);
+        counted(w2_metrics, &authority("spawn", "not_member"), 1);
+        let asked = flotilla::query(
+            w2.addr,
+            ghost(),
+            ControlRequest::Stop {
+                name: "lender".into(),
+            },
+        )
+        .await;
+        assert!(
+            matches!(
+                asked,
+                Ok(ControlReply::Stop(
+                    flotilla_proto::control::StopOutcome::NotOwner
+                ))
+            ),
+            "{asked:?}"
+        );
+        counted(w2_metrics, &authority("stop", "not_actor_owner"), 1);
+        let asked = flotilla::query(
+            w2.addr,
+            ghost(),
+            ControlRequest::Ledger(LedgerOp::Release {
+                group: "pg-x".into(),
+                bundles: Vec::new(),
+            }),
+        )
+        .await;
+        assert_eq!(denied(asked), Unauthorized::NotHead);
+        counted(w2_metrics, &authority("ledger", "not_head"), 1);
+        let asked = flotilla::query_status(w2.addr, ghost()).await;
+        assert!(asked.is_ok(), "anyone reads the table: {asked:?}");
+        // Cluster, bulk and pull streams are for members.
+        let st = s.status(head.addr).unwrap();
+        let lane: std::net::SocketAddr = node_of(&st, "w2").unwrap()["bulk_addr"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let id = ghost();
+        let cookie = flotilla_transport::certs::cookie_digest(id.cookie.as_deref().unwrap());
+        let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
+            .unwrap();
+        for (addr, purpose) in [
+            (w2.addr, Purpose::Cluster),
+            (lane, Purpose::Bulk),
+            (lane, Purpose::Pull),
+        ] {
+            let pc = ep.connect(addr, None).await.unwrap();
+            let hello = Hello::new(purpose, "ghost", 1, cookie);
+            let answered = flotilla_transport::handshake::dial(&pc.connection, &hello).await;
+            assert!(
+                matches!(
+                    answered,
+                    Err(flotilla_transport::StreamError::Refused(Refusal::NotMember))
+                ),
+                "{purpose:?}: {answered:?}"
+            );
+        }
+        counted(
+            w2_metrics,
+            "flotilla_hello_refused_total{reason=\"not_member\"}",
+            3,
+        );
+        d2.shutdown().await;
+        d1.shutdown().await;
+    });
+}
+
+/// Clause "jobs: what a job may touch": a node runs a detached job only on
+/// paths under the roots it allows; a job naming anything else fails,
+/// naming the setting, before anything is opened; a node that allows none
+/// runs no detached job.
+#[test]
+fn a_detached_job_outside_the_allowed_roots_is_refused_before_anything_is_read() {
+    let s = Scratch::new("job-roots", NODE);
+    let allowed = s.dir.join("allowed");
+    std::fs::create_dir_all(&allowed).unwrap();
+    let allowed = allowed.canonicalize().unwrap();
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    s.issue("w1");
+    let _w1 = s.spawn_with(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &["--allow-path", allowed.to_str().unwrap()],
+    );
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+    // The input is outside the root (and does not exist: had the node
+    // opened it, it would say so instead).
+    let outside = s.dir.join("secret").join("input.jsonl");
+    let output = allowed.join("out");
+    let submitted = Command::new(NODE)
+        .args(["embed", "--detach", "--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .args(["--input", outside.to_str().unwrap()])
+        .args(["--output", output.to_str().unwrap()])
+        .args(["--model", allowed.join("model").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        submitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    let id = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    let waited = Command::new(NODE)
+        .args(["jobs", "wait", &id, "--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap(), "--timeout-s", "60"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&waited.stdout).into_owned();
+    assert_eq!(waited.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("NODE-JOB-009") && said.contains("secret") && said.contains("[jobs] allow"),
+        "{said}"
+    );
+    assert!(!output.exists(), "nothing was written");
+}
+
+/// A stalled TLS handshake: its client verifies the server's certificate
+/// for a minute.
+#[derive(Debug)]
+struct Stall;
+
+impl rustls::client::danger::ServerCertVerifier for Stall {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        std::thread::sleep(Duration::from_secs(60));
+        Err(rustls::Error::General("stalled".into()))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("stalled".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("stalled".into()))
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        flotilla_transport::tls::provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Starts `n` handshakes with `addr` from 127.0.0.2 that never finish:
+/// each client sends its hello and then sits in certificate verification.
+fn stall_handshakes(
+    s: &Scratch,
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let id = identity(s, "staller");
+    (0..n)
+        .map(|_| {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let mut tls = rustls::ClientConfig::builder_with_provider(
+                        flotilla_transport::tls::provider(),
+                    )
+                    .with_protocol_versions(&[&rustls::version::TLS13])
+                    .unwrap()
+                    .dangerous()
+                    .with_custom_certificate_verifier(std::sync::Arc::new(Stall))
+                    .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
+                    .unwrap();
+                    tls.alpn_protocols = vec![flotilla_transport::tls::ALPN.to_vec()];
+                    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+                    let mut ep = quinn::Endpoint::client("127.0.0.2:0".parse().unwrap()).unwrap();
+                    ep.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(
+                        crypto,
+                    )));
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(30),
+                        ep.connect(addr, "head").unwrap(),
+                    )
+                    .await;
+                });
+            })
+        })
+        .collect()
+}
+
+/// Seconds from starting `node join --name NAME` until the head lists it
+/// up.
+fn join_time(s: &Scratch, head: &Proc, name: &str) -> (Proc, Duration) {
+    s.issue(name);
+    let started = Instant::now();
+    let p = s.spawn("join", name, free_addr(), Some(head.addr), &s.certs());
+    eventually(Duration::from_secs(30), || {
+        s.status(head.addr).filter(|st| all_up(st, &[name]))
+    });
+    (p, started.elapsed())
+}
+
+/// Clause "security: handshakes": handshakes run side by side, a bounded
+/// number per source address and in all; a peer that holds handshakes
+/// open holds only its own slots. A join while six handshakes stall takes
+/// no more than a second longer than one without; the stalled ones are
+/// refused at their deadline and counted.
+#[test]
+fn a_peer_holding_handshakes_open_does_not_delay_a_join() {
+    let s = Scratch::new("stall", NODE);
+    s.issue("staller");
+    let (head, metrics) = s.spawn_metered("head", "head", None, &[]);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head"]))
+    });
+    let (_w1, baseline) = join_time(&s, &head, "w1");
+    let stallers = stall_handshakes(&s, head.addr, 6);
+    std::thread::sleep(Duration::from_millis(500));
+    let (_w2, stalled) = join_time(&s, &head, "w2");
+    eprintln!("join: {baseline:?} alone, {stalled:?} beside 6 stalled handshakes");
+    assert!(
+        stalled <= baseline + Duration::from_secs(1),
+        "{stalled:?} against {baseline:?}"
+    );
+    counted(metrics, "flotilla_tls_refused_total{reason=\"timeout\"}", 6);
+    drop(stallers);
+}
+
+/// Clause "security: revocation": `node certs revoke` lists a certificate
+/// in the CA's revocation list; the head reads it within a second and hands
+/// it to every member; within 5 s the certificate is refused at every gate
+/// and its connections are closed. An expired certificate is refused at
+/// once, in the handshake, and counted.
+#[test]
+fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_once() {
+    let s = Scratch::new("revoke", NODE);
+    let (head, head_metrics) = s.spawn_metered("head", "head", None, &[]);
+    s.issue("w1");
+    s.issue("w2");
+    let _w1 = s.spawn("join", "w1", free_addr(), Some(head.addr), &s.certs());
+    let _w2 = s.spawn("join", "w2", free_addr(), Some(head.addr), &s.certs());
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr)
+            .filter(|st| all_up(st, &["head", "w1", "w2"]))
+    });
+    let w1_addr: std::net::SocketAddr =
+        node_of(&s.status(head.addr).unwrap(), "w1").unwrap()["addr"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+    let rt = runtime();
+    assert!(
+        rt.block_on(flotilla::query_status(w1_addr, identity(&s, "w2")))
+            .is_ok()
+    );
+    let certs = s.certs();
+    s.node(&[
+        "certs",
+        "revoke",
+        "--ca",
+        certs.to_str().unwrap(),
+        "--name",
+        "w2",
+    ]);
+    let revoked = Instant::now();
+    // Refused by the head and by another member.
+    for addr in [head.addr, w1_addr] {
+        let (_, took) = eventually(Duration::from_secs(10), || {
+            let asked = rt.block_on(flotilla::query_status(addr, identity(&s, "w2")));
+            asked
+                .err()
+                .filter(|e| e.to_string().contains("NODE-AUTH-020"))
+                .map(|_| ())
+        });
+        let since = revoked.elapsed();
+        assert!(
+            since < Duration::from_secs(5),
+            "{addr}: refused {since:?} after the revocation ({took:?})"
+        );
+    }
+    // Its open connections were closed: the head loses w2.
+    eventually(Duration::from_secs(15), || {
+        let st = s.status(head.addr)?;
+        (state_of(&st, "w2").as_deref() == Some("down")).then_some(())
+    });
+    counted(
+        head_metrics,
+        "flotilla_hello_refused_total{reason=\"revoked\"}",
+        1,
+    );
+
+    // Expired a day ago: refused in the handshake.
+    let day = 24 * 3600;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    flotilla_transport::certs::dangerous_issue_between(
+        &certs,
+        "old",
+        flotilla_proto::role::Role::Worker,
+        now - 30 * day,
+        now - day,
+        &certs,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let asked = rt.block_on(flotilla::query_status(head.addr, identity(&s, "old")));
+    assert!(asked.is_err(), "{asked:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    counted(
+        head_metrics,
+        "flotilla_tls_refused_total{reason=\"tls\"}",
+        1,
+    );
+}
+
+/// Clause "membership: bounded joins": a join whose labels exceed their
+/// bounds is refused with the typed error, and the node exits.
+#[test]
+fn a_join_with_oversized_labels_is_refused() {
+    let s = Scratch::new("labels", NODE);
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head"]))
+    });
+    s.issue("w1");
+    let long = format!("note={}", "x".repeat(300));
+    let mut w1 = s.spawn_with(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &["--label", &long],
+    );
+    let status = w1.exit_within(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(3));
+    assert!(s.log("w1").contains("NODE-JOIN-007"), "{}", s.log("w1"));
+    assert_eq!(state_of(&s.status(head.addr).unwrap(), "w1"), None);
+}
