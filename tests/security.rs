@@ -557,6 +557,7 @@ fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_on
                 .map(|_| ())
         });
         let since = revoked.elapsed();
+        eprintln!("{addr}: revoked certificate refused {since:?} after `node certs revoke`");
         assert!(
             since < Duration::from_secs(5),
             "{addr}: refused {since:?} after the revocation ({took:?})"

@@ -544,6 +544,6 @@ mod tests {
         let names: Vec<&str> = t.members.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["b", "c"], "a forgotten member is dropped");
         assert_eq!(t.get("c").unwrap().state, MemberState::Down);
-        assert_eq!(t.version, 4);
+        assert_eq!(t.version, 5);
     }
 }

@@ -1,7 +1,8 @@
 //! Every decoder a peer reaches, fed the real types' bytes mutated at
 //! random: hellos, control requests (joins, heartbeats, spawn orders,
 //! placement, ledger and jobs requests), bulk headers, object requests and
-//! the frames around them. None may panic, and none may allocate more than
+//! the frames around them, and the arguments and messages of the kinds a
+//! node registers (what a spawn order and a remote cast carry). None may panic, and none may allocate more than
 //! its bound: a constant plus a small multiple of the bytes it was given,
 //! whatever lengths the bytes claim.
 //!
@@ -253,6 +254,26 @@ fn cases() -> Vec<Case> {
         released: 3,
         refused: Vec::new(),
     }));
+    // What spawn orders and casts carry to registered kinds.
+    out.push(of(&flotilla_testkit::probe::TickerArgs {
+        checkpoint: "s3://bucket/ckpt".into(),
+        tick_ms: 20,
+        every: 10,
+    }));
+    out.push(of(&flotilla_testkit::probe::LendRequest {
+        bytes: vec![1; 200],
+        borrower: "admin~00aa".into(),
+    }));
+    out.push(of(&flotilla_embed::actor::EmbedderArgs::new(
+        "/srv/models/all-MiniLM-L6-v2",
+    )));
+    out.push(of(&flotilla_embed::actor::EmbedRequest::new(
+        7,
+        vec!["a text".into(); 32],
+    )));
+    out.push(of(&flotilla_embed::job::detached::DetachedJob::of(
+        &flotilla_embed::job::JobConfig::new("/data/in/*.jsonl", "s3://out/run1", "/srv/model"),
+    )));
     out
 }
 
