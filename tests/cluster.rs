@@ -684,7 +684,16 @@ fn only_the_owner_or_the_head_stops_a_remote_actor() {
         // Clause "lookup: typed": asking for another message type fails
         // with the typed error, for a lookup and for a spawn.
         use flotilla_testkit::probe::RelayMsg;
-        let wrong = other.lookup::<RelayMsg>("echo-owned");
+        // The actor's process groups reach `other` over its session with
+        // w2, a moment after the spawn.
+        let mut wrong = other.lookup::<RelayMsg>("echo-owned");
+        let seen = std::time::Instant::now() + Duration::from_secs(5);
+        while matches!(wrong, Err(flotilla::LookupError::NotFound(_)))
+            && std::time::Instant::now() < seen
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            wrong = other.lookup::<RelayMsg>("echo-owned");
+        }
         assert!(
             matches!(&wrong, Err(flotilla::LookupError::WrongType { takes, .. }) if takes.ends_with("EchoMsg")),
             "{wrong:?}"
@@ -813,48 +822,6 @@ fn bulk_frames_for_actors_that_are_not_remote_are_dropped_and_counted() {
         s.status(w2.addr)
             .is_some_and(|st| all_up(&st, &["head", "w2"]))
     );
-}
-
-/// What a node sent to the notification socket at `path` until `until`,
-/// each with when it came.
-fn notifications(
-    socket: &std::os::unix::net::UnixDatagram,
-    until: Instant,
-) -> Vec<(Instant, String)> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 512];
-    while Instant::now() < until {
-        let left = until
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        socket.set_read_timeout(Some(left)).unwrap();
-        if let Ok(n) = socket.recv(&mut buf) {
-            got.push((
-                Instant::now(),
-                String::from_utf8_lossy(&buf[..n]).trim().to_owned(),
-            ));
-        }
-    }
-    got
-}
-
-/// A notification socket for `name` in the scratch folder, and the
-/// environment that points a node at it with a watchdog of `watchdog`.
-fn notify_socket(
-    s: &Scratch,
-    name: &str,
-    watchdog: Duration,
-) -> (std::os::unix::net::UnixDatagram, [(String, String); 2]) {
-    let path = s.dir.join(format!("{name}.notify"));
-    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
-    let env = [
-        (
-            "NOTIFY_SOCKET".to_owned(),
-            path.to_string_lossy().into_owned(),
-        ),
-        ("WATCHDOG_USEC".to_owned(), watchdog.as_micros().to_string()),
-    ];
-    (socket, env)
 }
 
 /// Clause "systemd: notify and watchdog": a member under a notification
@@ -997,22 +964,22 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
         supervisor_of(&st, "sup", "tickers").unwrap()["strategy"],
         "one_for_one"
     );
-    let snapshots = |dir: &std::path::Path| -> Vec<u64> {
-        let mut seqs: Vec<u64> = std::fs::read_dir(dir)
+    // Snapshots by name (`EPOCH-SEQUENCE.ckpt`, zero-padded: the names
+    // sort as the snapshots do) and sequence.
+    let snapshots = |dir: &std::path::Path| -> Vec<(String, u64)> {
+        let mut found: Vec<(String, u64)> = std::fs::read_dir(dir)
             .map(|d| {
                 d.filter_map(|e| {
-                    e.ok()?
-                        .file_name()
-                        .to_str()?
-                        .strip_suffix(".ckpt")?
-                        .parse()
-                        .ok()
+                    let name = e.ok()?.file_name().to_str()?.to_owned();
+                    let stem = name.strip_suffix(".ckpt")?;
+                    let seq = stem.rsplit('-').next()?.parse().ok()?;
+                    Some((name, seq))
                 })
                 .collect()
             })
             .unwrap_or_default();
-        seqs.sort_unstable();
-        seqs
+        found.sort_unstable();
+        found
     };
     let folder = ckpt.join("ticker-1");
     eventually(Duration::from_secs(20), || {
@@ -1025,8 +992,9 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
     let silent = Instant::now();
     std::thread::sleep(Duration::from_millis(100));
     let seqs = snapshots(&folder);
-    let (newest, previous) = (seqs[seqs.len() - 1], seqs[seqs.len() - 2]);
-    let path = folder.join(format!("{newest:020}.ckpt"));
+    let ((newest_name, newest), (_, previous)) =
+        (seqs[seqs.len() - 1].clone(), seqs[seqs.len() - 2].clone());
+    let path = folder.join(&newest_name);
     let mut bytes = std::fs::read(&path).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;

@@ -39,22 +39,9 @@ fn driver(
     extra: &[&str],
 ) -> Driver {
     let log = std::fs::File::create(s.dir.join(format!("driver-{tag}.log"))).unwrap();
-    Command::new(NODE)
-        .arg("embed")
-        .args(["--input", input.to_str().unwrap()])
-        .args(["--output", output.to_str().unwrap()])
-        .args(["--model", model().to_str().unwrap()])
-        .args(["--head", &head.addr.to_string()])
-        .args(["--certs", s.certs().to_str().unwrap()])
-        .args([
-            "--actors-per-node",
-            "1",
-            "--batch-size",
-            "32",
-            "--format",
-            "jsonl",
-        ])
-        .args(extra)
+    let mut cmd = Command::new(NODE);
+    embed_on_cluster(&mut cmd, input, output, head.addr, &s.certs());
+    cmd.args(extra)
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()

@@ -105,3 +105,29 @@ pub fn parts(output: &Path) -> BTreeMap<String, SystemTime> {
         })
         .unwrap_or_default()
 }
+
+/// The arguments of `node embed --head` the cluster tests share: `input`
+/// to `output` with the real model, joining `head` with the folder's
+/// admin identity, one actor per node, batches of 32, JSON-lines parts.
+pub fn embed_on_cluster(
+    cmd: &mut std::process::Command,
+    input: &Path,
+    output: &Path,
+    head: std::net::SocketAddr,
+    certs: &Path,
+) {
+    cmd.arg("embed")
+        .args(["--input", input.to_str().unwrap()])
+        .args(["--output", output.to_str().unwrap()])
+        .args(["--model", model().to_str().unwrap()])
+        .args(["--head", &head.to_string()])
+        .args(["--certs", certs.to_str().unwrap()])
+        .args([
+            "--actors-per-node",
+            "1",
+            "--batch-size",
+            "32",
+            "--format",
+            "jsonl",
+        ]);
+}

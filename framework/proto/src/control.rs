@@ -213,6 +213,8 @@ pub struct ChildReport {
     pub running: bool,
     /// Its restarts so far.
     pub restarts: u32,
+    /// The epoch of its latest start (0 before the first).
+    pub epoch: u64,
     /// The node it runs on, when it runs on another one.
     pub node: Option<String>,
 }

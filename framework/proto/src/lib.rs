@@ -9,6 +9,7 @@
 //! authority   who may ask what of a node: the permission table
 //! bulk        large messages on their own stream
 //! control     join, heartbeats and status requests to the head
+//! epoch       fencing tokens of a supervised child's starts, and the store's rule
 //! frame       length prefixes checked against a limit before any allocation
 //! groups      the head's placement groups: two-phase reservation, pending, re-placement
 //! wire        rkyv archives, validated (bytecheck) before they are read
@@ -32,6 +33,7 @@
 pub mod authority;
 pub mod bulk;
 pub mod control;
+pub mod epoch;
 pub mod frame;
 pub mod groups;
 pub mod head;

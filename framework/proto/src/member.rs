@@ -141,6 +141,11 @@ impl MemberLink {
         }
     }
 
+    /// The link's timing.
+    pub fn config(&self) -> &MemberConfig {
+        &self.config
+    }
+
     /// The incarnation the member joins and heartbeats with.
     pub fn incarnation(&self) -> u64 {
         self.join.incarnation

@@ -363,6 +363,7 @@ impl NodeBuilder {
             SpawnerArgs {
                 kinds: Arc::new(self.kinds),
                 hosted: hosted.clone(),
+                node: identity.name.clone(),
             },
         )
         .await
@@ -442,7 +443,7 @@ impl NodeBuilder {
             },
         };
 
-        tasks.spawn(relay_members(view.clone(), spawner));
+        tasks.spawn(relay_members(view.clone(), spawner.clone()));
         lane.serve(&tasks, Arc::clone(&identity), view.clone(), store.clone());
         tasks.spawn(async move {
             loop {
@@ -516,6 +517,7 @@ impl NodeBuilder {
             }
             (None, Some(mut member)) => {
                 member.pulse = pulse;
+                member.spawner = Some(spawner.clone());
                 if let Err(e) = member.join(config.join_timeout).await {
                     node.shutdown().await;
                     return Err(e.into());

@@ -303,8 +303,10 @@ impl Drop for Lane {
 }
 
 /// Serves the bulk streams a member opens on `pc`; any other stream is
-/// refused, and it or a malformed frame closes the connection, and so does
-/// the revocation of the peer's certificate.
+/// refused, and it or a malformed frame closes the connection, and so do
+/// the revocation of the peer's certificate and the end of the member
+/// incarnation its streams spoke for (what it still had in flight is
+/// dropped).
 async fn serve_connection(
     identity: Arc<Identity>,
     view: watch::Receiver<Table>,
@@ -315,6 +317,13 @@ async fn serve_connection(
     let revoked = gate::revoked(&view, &pc.serial);
     tokio::pin!(revoked);
     let mut bound: Option<String> = None;
+    let mut speaks_for: Option<(String, u64)> = None;
+    let fence = |pc: &PeerConnection| {
+        tracing::warn!(peer = %pc.peer, "NODE-AUTH-021: closing the bulk connection of a member incarnation that is no longer up");
+        counters::fenced("bulk");
+        pc.connection
+            .close(quinn::VarInt::from_u32(0x14), b"fenced");
+    };
     loop {
         let accept = gate::accept(
             &identity,
@@ -325,12 +334,16 @@ async fn serve_connection(
         );
         let accepted = tokio::select! {
             a = accept => a,
+            () = gate::speaker_fenced(&view, &speaks_for) => return fence(&pc),
             () = &mut revoked => {
                 tracing::warn!(peer = %pc.peer, "NODE-AUTH-020: closing the bulk connection of a revoked certificate");
                 pc.connection.close(quinn::VarInt::from_u32(0x12), b"revoked");
                 return;
             }
         };
+        if let Ok((_, _, hello)) = &accepted {
+            speaks_for = Some((hello.node.clone(), hello.incarnation));
+        }
         let (send, recv) = match accepted {
             Ok((send, recv, hello)) if hello.purpose == Purpose::Pull => {
                 tasks.spawn(crate::pull_server::serve_pull(
@@ -354,6 +367,7 @@ async fn serve_connection(
         {
             let received = tokio::select! {
                 r = receive(recv) => r,
+                () = gate::speaker_fenced(&view, &speaks_for) => return fence(&pc),
                 () = &mut revoked => {
                     tracing::warn!(%peer, "NODE-AUTH-020: closing the bulk connection of a revoked certificate");
                     conn.close(quinn::VarInt::from_u32(0x12), b"revoked");

@@ -10,7 +10,20 @@
 //! restore(actor) ──► newest snapshot that reads back whole and valid;
 //!                    a corrupt or truncated one is skipped with a warning
 //!                    (NODE-CKPT-002) and the one before it used; none: fresh start
+//! fence(actor, epoch) ──► PREFIX/ACTOR/EPOCH.epoch announces a start;
+//!                    its saves go to EPOCH-SEQ.ckpt, refused (NODE-CKPT-006)
+//!                    once a newer epoch is announced; its restore takes the
+//!                    newest snapshot of the newest epoch not above its own
 //! ```
+//!
+//! Epochs fence the copies of one supervised child: its supervisor gives
+//! every start a larger one ([`flotilla_proto::epoch`]), so a copy left
+//! running on a node cut off from the cluster stops being able to save the
+//! moment its replacement has announced itself. A store lists the folder
+//! before each put, so a save that began before the announcement can still
+//! land; it is then older than every snapshot the replacement writes, and
+//! never restored over them. Unfenced saves are epoch 0: refused once any
+//! start has announced an epoch.
 //!
 //! The store is a local folder, or any URL `object_store` parses
 //! (`file:///…`, `s3://bucket/prefix`, with its settings from the
@@ -63,6 +76,57 @@ pub enum CheckpointError {
     /// A failpoint made the operation fail.
     #[error("NODE-CKPT-005: failpoint {0} fired")]
     Injected(&'static str),
+    /// A newer start of the actor has announced itself: this copy is
+    /// stale and may no longer save.
+    #[error(
+        "NODE-CKPT-006: checkpoint of {actor} at epoch {epoch} refused: epoch {newer} has started since (this copy is stale)"
+    )]
+    Stale {
+        /// The actor.
+        actor: String,
+        /// This copy's epoch.
+        epoch: u64,
+        /// The newest epoch the store has seen.
+        newer: u64,
+    },
+}
+
+/// One object of an actor's checkpoint folder, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// A snapshot: epoch (0 when unfenced) and sequence.
+    Snapshot(u64, u64),
+    /// A start's announcement of its epoch.
+    Epoch(u64),
+}
+
+impl Entry {
+    /// The entry an object name stands for, if any.
+    fn parse(name: &str) -> Option<Self> {
+        if let Some(epoch) = name.strip_suffix(".epoch") {
+            return Some(Self::Epoch(epoch.parse().ok()?));
+        }
+        let stem = name.strip_suffix(".ckpt")?;
+        match stem.split_once('-') {
+            Some((epoch, seq)) => Some(Self::Snapshot(epoch.parse().ok()?, seq.parse().ok()?)),
+            None => Some(Self::Snapshot(0, stem.parse().ok()?)),
+        }
+    }
+
+    /// The object's name.
+    fn name(self) -> String {
+        match self {
+            Self::Snapshot(0, seq) => format!("{seq:020}.ckpt"),
+            Self::Snapshot(epoch, seq) => format!("{epoch:020}-{seq:020}.ckpt"),
+            Self::Epoch(epoch) => format!("{epoch:020}.epoch"),
+        }
+    }
+
+    fn epoch(self) -> u64 {
+        match self {
+            Self::Snapshot(epoch, _) | Self::Epoch(epoch) => epoch,
+        }
+    }
 }
 
 /// Why one checkpoint object was skipped.
@@ -157,10 +221,49 @@ impl CheckpointStore {
 
     /// Saves `state` as snapshot `seq` of `actor` (one put: the object is
     /// whole or absent), then deletes its snapshots older than the last
-    /// `keep`.
+    /// `keep`. Unfenced: refused once a start has announced an epoch
+    /// ([`CheckpointStore::fence`]).
     pub async fn save<T: Encode>(
         &self,
         actor: &str,
+        seq: u64,
+        state: &T,
+    ) -> Result<(), CheckpointError> {
+        self.save_at(actor, 0, seq, state).await
+    }
+
+    /// Announces a start of `actor` at `epoch` (from its supervisor) and
+    /// returns its checkpoints under that epoch. Refused as
+    /// [`CheckpointError::Stale`] if a newer epoch has announced itself
+    /// already.
+    pub async fn fence(&self, actor: &str, epoch: u64) -> Result<Fenced, CheckpointError> {
+        let folder = self.folder(actor)?;
+        let listed = self.entries(&folder).await?;
+        admit(actor, epoch, &listed)?;
+        let path = folder.clone().join(Entry::Epoch(epoch).name());
+        self.put(&path, epoch.to_string().into_bytes()).await?;
+        // Earlier announcements are not needed once this one is there.
+        for (entry, old) in listed {
+            if matches!(entry, Entry::Epoch(e) if e < epoch)
+                && let Err(source) = self.store.delete(&old).await
+            {
+                tracing::warn!(path = %old, error = %source, "cannot delete an old epoch");
+            }
+        }
+        Ok(Fenced {
+            store: self.clone(),
+            actor: actor.to_owned(),
+            epoch,
+        })
+    }
+
+    /// Saves `state` as snapshot `seq` of `actor` at `epoch`, unless a
+    /// newer epoch has announced itself, then deletes snapshots older than
+    /// the last `keep`.
+    async fn save_at<T: Encode>(
+        &self,
+        actor: &str,
+        epoch: u64,
         seq: u64,
         state: &T,
     ) -> Result<(), CheckpointError> {
@@ -168,7 +271,8 @@ impl CheckpointStore {
             "checkpoint::save"
         )));
         let folder = self.folder(actor)?;
-        let path = folder.clone().join(format!("{seq:020}.ckpt"));
+        admit(actor, epoch, &self.entries(&folder).await?)?;
+        let path = folder.clone().join(Entry::Snapshot(epoch, seq).name());
         let body = encode(state);
         let mut object = Vec::with_capacity(HEADER + body.len());
         object.extend_from_slice(MAGIC);
@@ -177,17 +281,9 @@ impl CheckpointStore {
         object.extend_from_slice(&(body.len() as u64).to_le_bytes());
         object.extend_from_slice(&Sha256::digest(&body));
         object.extend_from_slice(&body);
-        self.store
-            .put(&path, PutPayload::from(object))
-            .await
-            .map_err(|source| CheckpointError::Io {
-                op: "put",
-                path: path.to_string(),
-                source,
-            })?;
-        let mut seqs = self.sequences(&folder).await?;
-        seqs.sort_unstable_by_key(|s| std::cmp::Reverse(s.0));
-        for (_, old) in seqs.into_iter().skip(self.keep) {
+        self.put(&path, object).await?;
+        let mut snapshots = self.snapshots(&folder, u64::MAX).await?;
+        for (_, old) in snapshots.drain(..).skip(self.keep) {
             if let Err(source) = self.store.delete(&old).await {
                 tracing::warn!(path = %old, error = %source, "cannot delete an old checkpoint");
             }
@@ -201,13 +297,21 @@ impl CheckpointStore {
         &self,
         actor: &str,
     ) -> Result<Option<(u64, T)>, CheckpointError> {
+        self.restore_at(actor, u64::MAX).await
+    }
+
+    /// The newest valid snapshot of `actor` of the newest epoch not above
+    /// `epoch`, and its sequence.
+    async fn restore_at<T: Decode>(
+        &self,
+        actor: &str,
+        epoch: u64,
+    ) -> Result<Option<(u64, T)>, CheckpointError> {
         fail::fail_point!("checkpoint::restore", |_| Err(CheckpointError::Injected(
             "checkpoint::restore"
         )));
         let folder = self.folder(actor)?;
-        let mut seqs = self.sequences(&folder).await?;
-        seqs.sort_unstable_by_key(|s| std::cmp::Reverse(s.0));
-        for (seq, path) in seqs {
+        for ((_, seq), path) in self.snapshots(&folder, epoch).await? {
             let bytes = match self.store.get(&path).await {
                 Ok(found) => found.bytes().await,
                 Err(e) => Err(e),
@@ -235,8 +339,41 @@ impl CheckpointStore {
         Ok(None)
     }
 
-    /// The snapshots of the actor in `folder`: sequence and path.
-    async fn sequences(&self, folder: &Path) -> Result<Vec<(u64, Path)>, CheckpointError> {
+    /// Writes `bytes` to `path` in one put.
+    async fn put(&self, path: &Path, bytes: Vec<u8>) -> Result<(), CheckpointError> {
+        self.store
+            .put(path, PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|source| CheckpointError::Io {
+                op: "put",
+                path: path.to_string(),
+                source,
+            })
+    }
+
+    /// The snapshots in `folder` of epochs not above `epoch`, newest
+    /// first: (epoch, sequence) and path.
+    async fn snapshots(
+        &self,
+        folder: &Path,
+        epoch: u64,
+    ) -> Result<Vec<((u64, u64), Path)>, CheckpointError> {
+        let mut found: Vec<((u64, u64), Path)> = self
+            .entries(folder)
+            .await?
+            .into_iter()
+            .filter_map(|(entry, path)| match entry {
+                Entry::Snapshot(e, seq) => Some(((e, seq), path)),
+                Entry::Epoch(_) => None,
+            })
+            .collect();
+        flotilla_proto::epoch::restore_order(epoch, &mut found);
+        Ok(found)
+    }
+
+    /// The objects of the actor in `folder` that are snapshots or epochs.
+    async fn entries(&self, folder: &Path) -> Result<Vec<(Entry, Path)>, CheckpointError> {
         let listed: Vec<_> =
             self.store
                 .list(Some(folder))
@@ -250,11 +387,54 @@ impl CheckpointStore {
         Ok(listed
             .into_iter()
             .filter_map(|meta| {
-                let name = meta.location.filename()?;
-                let seq = name.strip_suffix(".ckpt")?.parse().ok()?;
-                Some((seq, meta.location))
+                let entry = Entry::parse(meta.location.filename()?)?;
+                Some((entry, meta.location))
             })
             .collect())
+    }
+}
+
+/// Whether a folder holding `listed` admits `actor`'s effect at `epoch`:
+/// refused as [`CheckpointError::Stale`] once it holds a newer epoch.
+fn admit(actor: &str, epoch: u64, listed: &[(Entry, Path)]) -> Result<(), CheckpointError> {
+    let newest = listed.iter().map(|(e, _)| e.epoch()).max();
+    if flotilla_proto::epoch::admits(epoch, newest) {
+        return Ok(());
+    }
+    Err(CheckpointError::Stale {
+        actor: actor.to_owned(),
+        epoch,
+        newer: newest.unwrap_or_default(),
+    })
+}
+
+/// The checkpoints of one start of an actor, at the epoch its supervisor
+/// gave it (from [`CheckpointStore::fence`]).
+#[derive(Debug, Clone)]
+pub struct Fenced {
+    store: CheckpointStore,
+    actor: String,
+    epoch: u64,
+}
+
+impl Fenced {
+    /// The epoch of this start.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Saves `state` as snapshot `seq`, unless a newer start has announced
+    /// itself ([`CheckpointError::Stale`]: this copy should stop).
+    pub async fn save<T: Encode>(&self, seq: u64, state: &T) -> Result<(), CheckpointError> {
+        self.store
+            .save_at(&self.actor, self.epoch, seq, state)
+            .await
+    }
+
+    /// The newest valid snapshot of the newest epoch not above this one,
+    /// and its sequence.
+    pub async fn restore<T: Decode>(&self) -> Result<Option<(u64, T)>, CheckpointError> {
+        self.store.restore_at(&self.actor, self.epoch).await
     }
 }
 
@@ -453,6 +633,91 @@ mod tests {
                 let _ = read::<Count>(&resealed, 7);
             }
         }
+    }
+
+    /// Clause "partitions: fenced checkpoints": once a newer start has
+    /// announced its epoch, the older copy's saves are refused, its
+    /// announcement too, and restores take the newest snapshot of the
+    /// newest epoch not above the caller's own.
+    #[tokio::test]
+    async fn a_stale_epoch_can_neither_save_nor_be_restored_over_a_newer_one() {
+        let dir = scratch("epochs");
+        let store = CheckpointStore::open(dir.to_str().unwrap(), 4).unwrap();
+        store.save("t", 1, &count(1)).await.unwrap();
+        let old = store.fence("t", 5).await.unwrap();
+        assert_eq!(old.restore::<Count>().await.unwrap(), Some((1, count(1))));
+        old.save(2, &count(2)).await.unwrap();
+        old.save(3, &count(3)).await.unwrap();
+        assert!(
+            matches!(
+                store.save("t", 9, &count(9)).await,
+                Err(CheckpointError::Stale {
+                    epoch: 0,
+                    newer: 5,
+                    ..
+                })
+            ),
+            "an unfenced save after a fenced start"
+        );
+
+        let new = store.fence("t", 7).await.unwrap();
+        assert_eq!(
+            new.restore::<Count>().await.unwrap(),
+            Some((3, count(3))),
+            "the newest of the older epoch, before the new one saves"
+        );
+        let refused = old.save(4, &count(4)).await.unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                CheckpointError::Stale {
+                    epoch: 5,
+                    newer: 7,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert!(refused.to_string().starts_with("NODE-CKPT-006"));
+        assert!(matches!(
+            store.fence("t", 6).await,
+            Err(CheckpointError::Stale { newer: 7, .. })
+        ));
+        new.save(4, &count(40)).await.unwrap();
+        assert_eq!(new.restore::<Count>().await.unwrap(), Some((4, count(40))));
+        assert_eq!(
+            store.restore::<Count>("t").await.unwrap(),
+            Some((4, count(40)))
+        );
+        // A stale copy that reads finds only its own epoch and older.
+        assert_eq!(old.restore::<Count>().await.unwrap(), Some((3, count(3))));
+
+        // A snapshot the old copy wrote after the announcement (its listing
+        // came first) is never restored over the newer epoch's.
+        std::fs::write(
+            dir.join("t").join(Entry::Snapshot(5, 99).name()),
+            std::fs::read(dir.join("t").join(Entry::Snapshot(5, 3).name())).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(new.restore::<Count>().await.unwrap(), Some((4, count(40))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn object_names_round_trip_and_legacy_snapshots_are_epoch_zero() {
+        for e in [
+            Entry::Snapshot(0, 7),
+            Entry::Snapshot(12, 7),
+            Entry::Epoch(12),
+        ] {
+            assert_eq!(Entry::parse(&e.name()), Some(e));
+        }
+        assert_eq!(
+            Entry::parse("00000000000000000003.ckpt"),
+            Some(Entry::Snapshot(0, 3))
+        );
+        assert_eq!(Entry::parse("notes.txt"), None);
+        assert_eq!(Entry::parse("x-1.ckpt"), None);
     }
 
     #[tokio::test]

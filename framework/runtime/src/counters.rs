@@ -22,6 +22,13 @@ pub(crate) fn hello_refused(refusal: Refusal) {
     metrics::counter!("flotilla_hello_refused_total", "reason" => refusal.code()).increment(1);
 }
 
+/// A connection closed because the member incarnation it spoke for is no
+/// longer up (down, left or replaced): `endpoint` is `main` or `bulk`.
+/// Whatever it still had queued is dropped with it.
+pub(crate) fn fenced(endpoint: &'static str) {
+    metrics::counter!("flotilla_fenced_connections_total", "endpoint" => endpoint).increment(1);
+}
+
 /// A frame dropped after its stream was accepted: `lane` is `bulk` or
 /// `cluster`, `reason` why.
 pub(crate) fn frame_dropped(lane: &'static str, reason: &'static str) {

@@ -87,6 +87,33 @@ async fn member_up(view: &watch::Receiver<Table>, hello: &Hello) -> Result<(), R
     }
 }
 
+/// Resolves once `view` shows `member` at a newer incarnation than
+/// `incarnation`, or at it and not up (down or left): the streams of that
+/// incarnation are fenced. Never while the table does not hold the member
+/// (it has just joined), and never once the table's sender is gone.
+pub(crate) async fn fenced(view: &watch::Receiver<Table>, member: &str, incarnation: u64) {
+    let mut view = view.clone();
+    let gone = |t: &Table| {
+        t.known(member)
+            .is_some_and(|(i, up)| i > incarnation || (i == incarnation && !up))
+    };
+    if view.wait_for(gone).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// [`fenced`] for the member incarnation a connection's latest stream
+/// spoke for; never while none has.
+pub(crate) async fn speaker_fenced(
+    view: &watch::Receiver<Table>,
+    speaks_for: &Option<(String, u64)>,
+) {
+    match speaks_for {
+        Some((member, incarnation)) => fenced(view, member, *incarnation).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Resolves once `view` says the certificate `serial` is revoked; never
 /// while it is not (and never once the table's sender is gone).
 pub(crate) async fn revoked(view: &watch::Receiver<Table>, serial: &[u8]) {

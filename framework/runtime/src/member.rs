@@ -5,11 +5,18 @@
 //! when the head asks it to rejoin.
 //!
 //! ```text
-//! MemberLink ── Connect ──► open a control stream (pool, hello)
+//! MemberLink ── Connect ──► open a control stream (pool, hello), in a task beside the loop
 //!     ▲  ── transmit ─────► send_msg
-//!     └─ replies, time ◄── Frames<ControlReply> / sleep_until(poll_timeout)
-//!        events ─────────► view (Table::apply), Identity::reincarnate
+//!     └─ replies, time ◄── Frames<ControlReply> / sleep_until(poll_timeout) / the dial's result
+//!        events ─────────► view (Table::apply), fence + Identity::reincarnate
 //! ```
+//!
+//! The loop never waits on a dial: a head that does not answer costs a
+//! dial task its QUIC idle timeout, while the loop goes on waking at least
+//! every heartbeat interval and ticking the pulse systemd's watchdog is fed
+//! from. A member that learns the head no longer counts its incarnation
+//! first stops every actor it hosts for another member (their supervisors
+//! have restarted them elsewhere), then rejoins as a new incarnation.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,14 +29,16 @@ use flotilla_proto::member::{MemberConfig, MemberEvent, MemberLink};
 use flotilla_proto::membership::NameHolder;
 use flotilla_transport::ConnectError;
 use flotilla_transport::handshake::{self, Frames, StreamError, send_msg};
+use ractor::ActorRef;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now;
 use crate::identity::Identity;
 use crate::pool::Pool;
 use crate::reservations::Reservations;
-use crate::spawner::Hosted;
+use crate::spawner::{Hosted, SpawnerMsg};
 use crate::table::Table;
 
 /// Why joining the cluster failed.
@@ -58,6 +67,9 @@ pub enum JoinError {
         /// Why.
         source: ConnectError,
     },
+    /// The task dialling the head ended without an answer.
+    #[error("NODE-JOIN-001: the dial to the head ended: {0}")]
+    Dial(String),
     /// The control stream to the head failed.
     #[error("NODE-JOIN-001: the control stream to the head at {head} failed: {source}")]
     Stream {
@@ -89,7 +101,12 @@ pub(crate) struct Member {
     pub(crate) ledger: Reservations,
     /// Ticked by every pass of the heartbeat loop.
     pub(crate) pulse: watch::Sender<u64>,
+    /// The node's spawner, told to stop what it hosts for others before
+    /// the node rejoins as a new incarnation.
+    pub(crate) spawner: Option<ActorRef<SpawnerMsg>>,
     stream: Option<Stream>,
+    /// The dial in progress, beside the loop.
+    dialing: Option<JoinHandle<Result<Stream, JoinError>>>,
     /// Why the last connect failed, for a join that gives up.
     last_error: Option<JoinError>,
     /// Whether the machine has been told to leave.
@@ -99,9 +116,20 @@ pub(crate) struct Member {
 /// What woke a step.
 enum Input {
     Reply(Option<Result<ControlReply, StreamError>>),
+    Dialed(Result<Stream, JoinError>),
     Time,
     Shutdown,
 }
+
+/// How long one dial to the head may take before it is given up and tried
+/// afresh: QUIC resends a lost handshake after ever longer waits, so a dial
+/// begun while the head was unreachable could otherwise wait seconds past
+/// the link's return.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a fenced member waits for the actors it hosted for others to
+/// stop before it rejoins anyway.
+const FENCE_WAIT: Duration = Duration::from_secs(5);
 
 /// What one step of the link came to.
 enum Step {
@@ -141,7 +169,9 @@ impl Member {
             link,
             ledger,
             pulse: watch::channel(0).0,
+            spawner: None,
             stream: None,
+            dialing: None,
             last_error: None,
             leaving: false,
         }
@@ -201,12 +231,13 @@ impl Member {
             while let Some(event) = self.link.poll_event() {
                 idle = false;
                 match event {
-                    MemberEvent::Connect => self.connect(shutdown, until).await,
+                    MemberEvent::Connect => self.dial(),
                     MemberEvent::Table(update) => {
                         self.view.send_modify(|t| t.apply(update));
                         result = Step::Joined;
                     }
                     MemberEvent::Reincarnate => {
+                        Self::fence(self.spawner.clone()).await;
                         let incarnation = self.identity.reincarnate();
                         self.link.set_incarnation(incarnation);
                         tracing::warn!(
@@ -230,15 +261,25 @@ impl Member {
         if !matches!(result, Step::Go) {
             return result;
         }
-        let wake = self
-            .link
-            .poll_timeout()
-            .map_or(until, tokio::time::Instant::from_std)
-            .min(until);
+        let due = self.link.poll_timeout().map(tokio::time::Instant::from_std);
+        // Wake at least every heartbeat interval, so the pulse moves while
+        // a dial waits.
+        let pulse_at = tokio::time::Instant::now() + self.link.config().heartbeat_interval;
+        let wake = due.unwrap_or(until).min(until).min(pulse_at);
         let stopping = shutdown.is_none() || self.leaving;
+        let (stream, dialing) = (&mut self.stream, &mut self.dialing);
         let replies = async {
-            match self.stream.as_mut() {
+            match stream.as_mut() {
                 Some(s) => s.replies.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        let dialed = async {
+            match dialing.as_mut() {
+                Some(task) => match task.await {
+                    Ok(result) => result,
+                    Err(e) => Err(JoinError::Dial(e.to_string())),
+                },
                 None => std::future::pending().await,
             }
         };
@@ -250,6 +291,7 @@ impl Member {
         };
         let input = tokio::select! {
             reply = replies => Input::Reply(reply),
+            opened = dialed => Input::Dialed(opened),
             () = tokio::time::sleep_until(wake) => Input::Time,
             () = cancelled, if !stopping => Input::Shutdown,
         };
@@ -257,15 +299,24 @@ impl Member {
             Input::Reply(Some(Ok(reply))) => self.link.handle_reply(now(), reply),
             Input::Reply(Some(Err(e))) => self.lost(&e.to_string()),
             Input::Reply(None) => self.lost("the head closed the control stream"),
+            Input::Dialed(opened) => {
+                self.dialing = None;
+                self.opened(opened);
+            }
             Input::Time => {
                 // Fault injection: `node::heartbeat=pause` wedges this loop.
                 fail::fail_point!("node::heartbeat");
                 self.pulse.send_modify(|n| *n = n.wrapping_add(1));
-                self.link.set_actors(self.hosted.count());
-                self.link.handle_timeout(now());
+                if due.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                    self.link.set_actors(self.hosted.count());
+                    self.link.handle_timeout(now());
+                }
             }
             Input::Shutdown => {
                 self.leaving = true;
+                if let Some(task) = self.dialing.take() {
+                    task.abort();
+                }
                 self.link.handle_shutdown(now());
             }
         }
@@ -287,28 +338,27 @@ impl Member {
         }
     }
 
-    /// Opens a control stream, giving up at `until` or when `shutdown`
-    /// fires (a dial to an address nobody answers waits for QUIC's idle
-    /// timeout otherwise).
-    async fn connect(&mut self, shutdown: Option<&CancellationToken>, until: tokio::time::Instant) {
+    /// Starts opening a control stream, in a task beside the loop (a dial
+    /// to an address nobody answers waits for QUIC's idle timeout).
+    fn dial(&mut self) {
         self.stream = None;
+        if let Some(task) = self.dialing.take() {
+            task.abort();
+        }
         let (pool, identity) = (Arc::clone(&self.pool), Arc::clone(&self.identity));
-        let head_name = self.head_name.clone();
-        let cancelled = async {
-            match shutdown {
-                Some(token) if !self.leaving => token.cancelled().await,
-                _ => std::future::pending().await,
-            }
-        };
-        let opened = tokio::select! {
-            opened = tokio::time::timeout_at(until, open(pool, identity, self.head, head_name)) => opened.ok(),
-            () = cancelled => None,
-        };
-        let Some(opened) = opened else {
-            // Out of time, or stopping: the step that follows says which.
-            self.link.handle_link_lost(now());
-            return;
-        };
+        let (head, head_name) = (self.head, self.head_name.clone());
+        self.dialing = Some(tokio::spawn(async move {
+            tokio::time::timeout(DIAL_TIMEOUT, open(pool, identity, head, head_name))
+                .await
+                .unwrap_or(Err(JoinError::Timeout {
+                    head,
+                    after: DIAL_TIMEOUT,
+                }))
+        }));
+    }
+
+    /// What a dial came to.
+    fn opened(&mut self, opened: Result<Stream, JoinError>) {
         match opened {
             Ok(stream) => {
                 self.stream = Some(stream);
@@ -325,6 +375,25 @@ impl Member {
                 tracing::warn!(error = %e, "cannot reach the head; retrying");
                 self.last_error = Some(e);
                 self.link.handle_link_lost(now());
+            }
+        }
+    }
+
+    /// Stops every actor this node hosts for another member, waiting at
+    /// most [`FENCE_WAIT`]: the head no longer counts this incarnation, so
+    /// their owners have restarted them elsewhere.
+    async fn fence(spawner: Option<ActorRef<SpawnerMsg>>) {
+        let Some(spawner) = spawner else {
+            return;
+        };
+        let asked = ractor::call_t!(spawner, SpawnerMsg::Fence, FENCE_WAIT.as_millis() as u64);
+        match asked {
+            Ok(stopped) => tracing::warn!(
+                stopped,
+                "NODE-JOIN-008: fenced: stopped the actors this node hosted for others before rejoining"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "NODE-JOIN-008: the spawner did not confirm the fence")
             }
         }
     }

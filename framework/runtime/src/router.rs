@@ -11,6 +11,7 @@
 //!                                              ├─ Cluster ─► close stale sessions ─► NodeServer
 //!                                              └─ Control ─► ControlService::serve(caller)
 //!                                   certificate revoked (table) ─► connection closed
+//!                    the incarnation it speaks for not up (table) ─► connection closed
 //! ```
 
 use std::sync::Arc;
@@ -64,15 +65,19 @@ impl Router {
     }
 
     /// Serves the streams the peer opens on `pc`, until the connection
-    /// ends or the peer's certificate is revoked. An accepted connection
+    /// ends, the peer's certificate is revoked, or the table shows the member
+    /// incarnation its latest stream spoke for down, left or replaced. An accepted connection
     /// whose peer opens no stream within [`FIRST_STREAM`] is closed (one
     /// this node dialled is its own to use).
     async fn serve(self: Arc<Self>, pc: PeerConnection, accepted: bool) {
         let revoked = gate::revoked(&self.view, &pc.serial);
         tokio::pin!(revoked);
         let mut bound: Option<String> = None;
+        // The member incarnation the connection's latest stream spoke for.
+        let mut speaks_for: Option<(String, u64)> = None;
         loop {
             let first = bound.is_none();
+            let fenced = gate::speaker_fenced(&self.view, &speaks_for);
             let accept = gate::accept(
                 &self.identity,
                 &self.view,
@@ -88,6 +93,12 @@ impl Router {
                     pc.connection.close(quinn::VarInt::from_u32(0x12), b"revoked");
                     return;
                 }
+                () = fenced => {
+                    tracing::warn!(peer = %pc.peer, "NODE-AUTH-021: closing the connection of a member incarnation that is no longer up");
+                    crate::counters::fenced("main");
+                    pc.connection.close(quinn::VarInt::from_u32(0x14), b"fenced");
+                    return;
+                }
                 () = tokio::time::sleep(FIRST_STREAM), if first && accepted => {
                     pc.connection.close(quinn::VarInt::from_u32(0x13), b"no stream");
                     return;
@@ -98,6 +109,7 @@ impl Router {
                     if first {
                         self.pool.record(&hello.node, &pc.connection).await;
                     }
+                    speaks_for = Some((hello.node.clone(), hello.incarnation));
                     match hello.purpose {
                         Purpose::Cluster => self.cluster(&hello.node, send, recv),
                         Purpose::Bulk | Purpose::Pull => {

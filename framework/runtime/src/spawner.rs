@@ -96,6 +96,10 @@ pub enum SpawnerMsg {
     /// Stop a child (the control service has checked nothing: the spawner
     /// checks the sender against the child's owner).
     Stop(LocalStop, RpcReplyPort<StopReply>),
+    /// The head no longer counts this node's incarnation: stop every child
+    /// another member owns (its supervisor has restarted it elsewhere) and
+    /// answer how many, once they have stopped.
+    Fence(RpcReplyPort<u32>),
 }
 
 impl ractor::Message for SpawnerMsg {}
@@ -181,6 +185,9 @@ pub(crate) async fn relay_members(
     }
 }
 
+/// How long a fence waits for one child to stop.
+const FENCE_STOP: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The actors a node's spawner hosts, shared with the node: how many (its
 /// heartbeats report it) and which (lookups prefer them).
 #[derive(Clone, Default)]
@@ -220,11 +227,14 @@ pub(crate) struct Spawner;
 pub(crate) struct SpawnerArgs {
     pub(crate) kinds: Kinds,
     pub(crate) hosted: Hosted,
+    /// This node's name: children it owns itself are not fenced.
+    pub(crate) node: String,
 }
 
 pub(crate) struct SpawnerState {
     kinds: Kinds,
     hosted: Hosted,
+    node: String,
     children: HashMap<ractor::ActorId, Child>,
     /// The last member table.
     members: MemberStates,
@@ -270,6 +280,25 @@ impl SpawnerState {
         StopOutcome::Stopped
     }
 
+    /// Stops every child another member owns and waits for each (at most
+    /// [`FENCE_STOP`]); answers how many were asked to stop.
+    async fn fence(&mut self) -> u32 {
+        let mut stopped = 0;
+        for child in self.children.values_mut() {
+            if child.owner.0 == self.node {
+                continue;
+            }
+            child.stopping = true;
+            stopped += 1;
+            tracing::warn!(name = %child.name, owner = %child.owner.0, "stopping an actor hosted for another member: this incarnation was fenced");
+            let _ = child
+                .cell
+                .stop_and_wait(Some("fenced".into()), Some(FENCE_STOP))
+                .await;
+        }
+        stopped
+    }
+
     fn publish(&self) {
         self.hosted.set(self.children.keys().copied());
     }
@@ -288,6 +317,7 @@ impl Actor for Spawner {
         Ok(SpawnerState {
             kinds: args.kinds,
             hosted: args.hosted,
+            node: args.node,
             children: HashMap::new(),
             members: MemberStates::default(),
         })
@@ -344,6 +374,9 @@ impl Actor for Spawner {
             }
             SpawnerMsg::Stop(req, reply) => {
                 let _ = reply.send(StopReply(state.stop(&req)));
+            }
+            SpawnerMsg::Fence(reply) => {
+                let _ = reply.send(state.fence().await);
             }
         }
         Ok(())

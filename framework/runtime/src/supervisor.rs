@@ -67,13 +67,22 @@ pub enum StartChildError {
     /// Its placement-group bundle is not ready, or does not exist.
     #[error("its placement group: {0}")]
     Placement(String),
+    /// Its arguments for this start could not be made.
+    #[error("its arguments: {0}")]
+    Args(String),
 }
 
 /// How to start and stop one child.
 pub trait ChildStart: Send + Sync + 'static {
     /// Starts the child so that `supervisor` hears of its exit: linked to
     /// it (a local actor) or monitored by it (a remote actor's proxy).
-    fn start(&self, supervisor: ActorCell) -> BoxFuture<'static, Result<Running, StartChildError>>;
+    /// `epoch` is larger than every earlier start's: a child that keeps
+    /// checkpoints fences them with it ([`crate::checkpoint::CheckpointStore::fence`]).
+    fn start(
+        &self,
+        supervisor: ActorCell,
+        epoch: u64,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>>;
 
     /// Asks the running child to stop.
     fn stop(&self, running: &Running) {
@@ -135,7 +144,11 @@ where
     A: Actor,
     F: Fn() -> (A, A::Arguments) + Send + Sync + 'static,
 {
-    fn start(&self, supervisor: ActorCell) -> BoxFuture<'static, Result<Running, StartChildError>> {
+    fn start(
+        &self,
+        supervisor: ActorCell,
+        _epoch: u64,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(actor) = first {
             actor.get_cell().link(supervisor);
@@ -157,6 +170,13 @@ where
     }
 }
 
+/// A remote child's archived arguments: the same for every start, or made
+/// for each from its epoch.
+enum Args {
+    Fixed(Vec<u8>),
+    PerStart(Box<dyn Fn(u64) -> Result<Vec<u8>, String> + Send + Sync>),
+}
+
 /// Picks the node a remote child starts on from the member table.
 pub type Place = dyn Fn(&Table) -> Option<String> + Send + Sync;
 
@@ -169,7 +189,7 @@ pub struct RemoteChild {
     node: Arc<Node>,
     kind: String,
     name: String,
-    args: Vec<u8>,
+    args: Args,
     message_type: String,
     place: Arc<Place>,
     timeout: Duration,
@@ -217,7 +237,7 @@ impl RemoteChild {
             node,
             kind: kind.into(),
             name: name.into(),
-            args,
+            args: Args::Fixed(args),
             message_type: message_type.into(),
             place: Arc::new(place),
             timeout,
@@ -244,6 +264,17 @@ impl RemoteChild {
         self
     }
 
+    /// Archives the arguments afresh for every start, from its epoch (a
+    /// child that fences its checkpoints takes the epoch in its
+    /// arguments); an `Err` fails that start with its message.
+    pub fn args_per_start(
+        mut self,
+        make: impl Fn(u64) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.args = Args::PerStart(Box::new(make));
+        self
+    }
+
     /// Takes `actor`, already spawned on `on`, as the first start.
     pub fn adopt(self, on: impl Into<String>, actor: ActorCell) -> Self {
         *self.first.lock().unwrap_or_else(|p| p.into_inner()) = Some((on.into(), actor));
@@ -252,25 +283,30 @@ impl RemoteChild {
 }
 
 impl RemoteChild {
-    /// What a spawn of this child needs, owned.
-    fn spawn(&self) -> Spawn {
-        Spawn {
+    /// What a spawn of this child's start at `epoch` needs, owned.
+    fn spawn(&self, epoch: u64) -> Result<Spawn, StartChildError> {
+        let args = match &self.args {
+            Args::Fixed(bytes) => bytes.clone(),
+            Args::PerStart(make) => make(epoch).map_err(StartChildError::Args)?,
+        };
+        Ok(Spawn {
             node: Arc::clone(&self.node),
             kind: self.kind.clone(),
             name: self.name.clone(),
-            args: self.args.clone(),
+            args,
             message_type: self.message_type.clone(),
-        }
+        })
     }
 
     fn start_in_bundle(
         &self,
         supervisor: ActorCell,
+        spawn: Spawn,
         group: String,
         bundle: usize,
     ) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let node = Arc::clone(&self.node);
-        let (spawn, timeout) = (self.spawn(), self.timeout);
+        let timeout = self.timeout;
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
             let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -342,11 +378,19 @@ fn monitored(node: &Node, supervisor: &ActorCell, target: String, cell: ActorCel
 }
 
 impl ChildStart for RemoteChild {
-    fn start(&self, supervisor: ActorCell) -> BoxFuture<'static, Result<Running, StartChildError>> {
+    fn start(
+        &self,
+        supervisor: ActorCell,
+        epoch: u64,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let node = Arc::clone(&self.node);
         let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let spawn = match self.spawn(epoch) {
+            Ok(spawn) => spawn,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
         if let (Some((group, bundle)), None) = (self.bundle.clone(), &first) {
-            return self.start_in_bundle(supervisor, group, bundle);
+            return self.start_in_bundle(supervisor, spawn, group, bundle);
         }
         let target = first
             .as_ref()
@@ -364,7 +408,7 @@ impl ChildStart for RemoteChild {
                     .and_then(|t| place(&t))
             }
         });
-        let (spawn, timeout) = (self.spawn(), self.timeout);
+        let timeout = self.timeout;
         Box::pin(async move {
             let target = match (target, waiting) {
                 (Some(t), _) => t,
@@ -473,7 +517,9 @@ pub struct SupervisorArgs {
     pub events: Option<mpsc::UnboundedSender<SupervisorEvent>>,
     /// The member table, for remote children whose node is lost.
     pub members: Option<watch::Receiver<Table>>,
-    /// The jitter's seed.
+    /// The jitter's seed, and the floor of the epochs its children's
+    /// starts get (give the node's incarnation: larger than every epoch an
+    /// earlier run of the node gave).
     pub seed: u64,
     /// The name it reports its children under on a node's board
     /// ([`Node::board`]: `node status` lists them), if it reports.
@@ -499,6 +545,10 @@ pub struct SupervisorState {
     report: Option<(String, Board)>,
     /// Whether the owner was told of the escalation.
     told_escalation: bool,
+    /// Gives each start its epoch.
+    epochs: flotilla_proto::epoch::EpochClock,
+    /// The epoch of each child's latest start.
+    epoch_of: HashMap<String, u64>,
 }
 
 impl SupervisorState {
@@ -510,6 +560,7 @@ impl SupervisorState {
                 id: id.to_owned(),
                 running: self.policy.is_running(id),
                 restarts: self.policy.restarts_of(id).unwrap_or(0),
+                epoch: self.epoch_of.get(id).copied().unwrap_or(0),
                 node: self
                     .running
                     .get(id)
@@ -559,11 +610,16 @@ impl SupervisorState {
                 break;
             }
             // Children asked to start together start in parallel.
-            let results = futures::future::join_all(starts.iter().map(|id| {
-                let start = Arc::clone(&self.starts[id]);
-                start.start(myself.get_cell())
-            }))
-            .await;
+            let clock = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64);
+            let mut begun = Vec::with_capacity(starts.len());
+            for id in &starts {
+                let epoch = self.epochs.next(clock);
+                self.epoch_of.insert(id.clone(), epoch);
+                begun.push(Arc::clone(&self.starts[id]).start(myself.get_cell(), epoch));
+            }
+            let results = futures::future::join_all(begun).await;
             for (id, result) in starts.into_iter().zip(results) {
                 match result {
                     Ok(running) => {
@@ -709,6 +765,8 @@ impl Actor for Supervisor {
             tick_at: None,
             shutdown: Vec::new(),
             relay,
+            epochs: flotilla_proto::epoch::EpochClock::new(args.seed),
+            epoch_of: HashMap::new(),
         })
     }
 
@@ -971,15 +1029,19 @@ mod tests {
         );
         assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 2);
         let status = flotilla_call(&sup).await;
+        assert_eq!(status.len(), 1);
+        let first_epoch = status[0].epoch;
         assert_eq!(
             status,
             [ChildReport {
                 id: "a".into(),
                 running: true,
                 restarts: 1,
+                epoch: first_epoch,
                 node: None
             }]
         );
+        assert!(first_epoch > 2, "above the floor (the seed)");
     }
 
     async fn flotilla_call(sup: &ActorRef<SupervisorMsg>) -> Vec<ChildReport> {

@@ -188,6 +188,7 @@ impl Table {
             id: &'a str,
             running: bool,
             restarts: u32,
+            epoch: u64,
             node: Option<&'a str>,
         }
         #[derive(Serialize)]
@@ -215,6 +216,7 @@ impl Table {
                                         id: &c.id,
                                         running: c.running,
                                         restarts: c.restarts,
+                                        epoch: c.epoch,
                                         node: c.node.as_deref(),
                                     })
                                     .collect(),

@@ -119,20 +119,46 @@ impl Scratch {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Proc {
+        self.spawn_command(
+            Command::new(&self.binary),
+            role,
+            name,
+            listen,
+            head,
+            certs,
+            extra,
+            env,
+        )
+    }
+
+    /// Starts `program` (the binary, or a command that runs it, as `ip
+    /// netns exec` does) with the arguments of [`Scratch::spawn_env`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn_command(
+        &self,
+        mut program: Command,
+        role: &str,
+        name: &str,
+        listen: SocketAddr,
+        head: Option<SocketAddr>,
+        certs: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proc {
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
-        let mut cmd = Command::new(&self.binary);
-        cmd.envs(env.iter().copied());
-        cmd.arg(role)
+        program
+            .envs(env.iter().copied())
+            .arg(role)
             .args(["--name", name, "--listen", &listen.to_string()])
             .args(["--certs", certs.to_str().unwrap()])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(h) = head {
-            cmd.args(["--head", &h.to_string()]);
+            program.args(["--head", &h.to_string()]);
         }
         Proc {
-            child: cmd.spawn().unwrap(),
+            child: program.spawn().unwrap(),
             name: name.to_owned(),
             addr: listen,
         }
@@ -321,4 +347,46 @@ pub fn cluster(s: &Scratch, workers: &[&str]) -> (Proc, Vec<Proc>) {
         s.status(head.addr).filter(|st| all_up(st, &names))
     });
     (head, procs)
+}
+
+/// What a node sent to the systemd notification `socket` until `until`,
+/// each with when it came.
+pub fn notifications(
+    socket: &std::os::unix::net::UnixDatagram,
+    until: Instant,
+) -> Vec<(Instant, String)> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while Instant::now() < until {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        socket.set_read_timeout(Some(left)).unwrap();
+        if let Ok(n) = socket.recv(&mut buf) {
+            got.push((
+                Instant::now(),
+                String::from_utf8_lossy(&buf[..n]).trim().to_owned(),
+            ));
+        }
+    }
+    got
+}
+
+/// A notification socket for `name` in the scratch folder, and the
+/// environment that points a node at it with a watchdog of `watchdog`.
+pub fn notify_socket(
+    s: &Scratch,
+    name: &str,
+    watchdog: Duration,
+) -> (std::os::unix::net::UnixDatagram, [(String, String); 2]) {
+    let path = s.dir.join(format!("{name}.notify"));
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    let env = [
+        (
+            "NOTIFY_SOCKET".to_owned(),
+            path.to_string_lossy().into_owned(),
+        ),
+        ("WATCHDOG_USEC".to_owned(), watchdog.as_micros().to_string()),
+    ];
+    (socket, env)
 }

@@ -3,6 +3,7 @@
 //! ```text
 //! ca       throw-away cluster certificates, free loopback addresses
 //! cluster  real `node` processes: scratch folders, spawn, kill, status, eventually
+//! netns    real partitions: nodes in network namespaces on a bridge, links cut and healed
 //! probe    echo and relay actors (the `test-node` binary registers them)
 //! corpus   a synthetic English-like corpus, the same on every machine
 //! rng      a seeded generator, the same on every machine
@@ -12,6 +13,7 @@
 pub mod ca;
 pub mod cluster;
 pub mod corpus;
+pub mod netns;
 pub mod probe;
 pub mod rng;
 pub mod sim;

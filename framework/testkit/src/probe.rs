@@ -316,6 +316,10 @@ pub struct TickerArgs {
     pub tick_ms: u64,
     /// Ticks between snapshots.
     pub every: u64,
+    /// The epoch its supervisor gave this start (set by the node for a
+    /// child with `checkpoint`); 0: its snapshots are not fenced.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// What a [`Ticker`] answers: its count.
@@ -342,10 +346,24 @@ pub struct Ticker;
 
 /// A [`Ticker`]'s state.
 pub struct TickerState {
-    store: flotilla::checkpoint::CheckpointStore,
-    key: String,
+    store: Snapshots,
     every: u64,
     n: u64,
+}
+
+/// Where a ticker saves: fenced by its start's epoch, or not.
+enum Snapshots {
+    Fenced(flotilla::checkpoint::Fenced),
+    Plain(flotilla::checkpoint::CheckpointStore, String),
+}
+
+impl Snapshots {
+    async fn save(&self, n: u64) -> Result<(), flotilla::checkpoint::CheckpointError> {
+        match self {
+            Self::Fenced(f) => f.save(n, &Ticks(n)).await,
+            Self::Plain(store, key) => store.save(key, n, &Ticks(n)).await,
+        }
+    }
 }
 
 impl Actor for Ticker {
@@ -360,17 +378,21 @@ impl Actor for Ticker {
     ) -> Result<TickerState, ActorProcessingErr> {
         let store = flotilla::checkpoint::CheckpointStore::open(&args.checkpoint, 3)?;
         let key = myself.get_name().unwrap_or_else(|| "ticker".to_owned());
-        let n = match store.restore::<Ticks>(&key).await? {
-            Some((_, Ticks(n))) => n,
-            None => 0,
+        let (store, restored) = if args.epoch > 0 {
+            let fenced = store.fence(&key, args.epoch).await?;
+            let restored = fenced.restore::<Ticks>().await?;
+            (Snapshots::Fenced(fenced), restored)
+        } else {
+            let restored = store.restore::<Ticks>(&key).await?;
+            (Snapshots::Plain(store, key.clone()), restored)
         };
-        tracing::info!(name = %key, count = n, "ticker restored");
+        let n = restored.map_or(0, |(_, Ticks(n))| n);
+        tracing::info!(name = %key, count = n, epoch = args.epoch, "ticker restored");
         myself.send_interval(Duration::from_millis(args.tick_ms.max(1)), || {
             TickerMsg::Tick
         });
         Ok(TickerState {
             store,
-            key,
             every: args.every.max(1),
             n,
         })
@@ -386,10 +408,8 @@ impl Actor for Ticker {
             TickerMsg::Tick => {
                 state.n += 1;
                 if state.n.is_multiple_of(state.every) {
-                    state
-                        .store
-                        .save(&state.key, state.n, &Ticks(state.n))
-                        .await?;
+                    // A stale copy's save is refused: it stops here.
+                    state.store.save(state.n).await?;
                 }
             }
             TickerMsg::Count(reply) => {

@@ -259,6 +259,7 @@ fn cases() -> Vec<Case> {
         checkpoint: "s3://bucket/ckpt".into(),
         tick_ms: 20,
         every: 10,
+        epoch: 1_700_000_000_000_000,
     }));
     out.push(of(&flotilla_testkit::probe::LendRequest {
         bytes: vec![1; 200],
