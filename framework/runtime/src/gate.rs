@@ -90,8 +90,13 @@ async fn member_up(view: &watch::Receiver<Table>, hello: &Hello) -> Result<(), R
 /// Resolves once `view` shows `member` at a newer incarnation than
 /// `incarnation`, or at it and not up (down or left): the streams of that
 /// incarnation are fenced. Never while the table does not hold the member
-/// (it has just joined), and never once the table's sender is gone.
+/// (it has just joined), never for incarnation 0 (a tool's), and never
+/// once the table's sender is gone.
 pub(crate) async fn fenced(view: &watch::Receiver<Table>, member: &str, incarnation: u64) {
+    // Incarnation 0 is a tool's, which is no member: nothing to fence.
+    if incarnation == 0 {
+        return std::future::pending().await;
+    }
     let mut view = view.clone();
     let gone = |t: &Table| {
         t.known(member)

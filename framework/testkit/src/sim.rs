@@ -10,6 +10,7 @@
 //!                          the link breaks after `link_timeout`                    (detector)
 //! member s: Supervision ── start orders (member↔member links, cut by partitions) ─► member h: copy
 //!                                                        checkpoint store (epochs) ◄─┘
+//! head: Groups ── ledger operations (head↔member links) ──► member: Ledger   ([`placement`])
 //! ```
 //!
 //! Nothing here sleeps or opens a socket: events are taken in time order
@@ -33,8 +34,10 @@ use flotilla_proto::resources::Resources;
 
 use crate::rng::SplitMix as Rng;
 
+pub mod placement;
 pub mod supervised;
 
+use placement::{PlaceEvent, Placement};
 pub use supervised::{ChildConfig, Copy};
 use supervised::{ChildEvent, Out, World};
 
@@ -77,6 +80,9 @@ pub struct SimConfig {
     pub latency: Duration,
     /// The supervised child, if any.
     pub child: Option<ChildConfig>,
+    /// Placement groups the head makes at the start (each member offers
+    /// [`placement::CPUS`] CPUs); 0: none.
+    pub groups: usize,
     /// Members start at random times within this window.
     pub start_within: Duration,
     /// How long a link cut by a partition takes to break (QUIC's idle
@@ -99,6 +105,7 @@ impl SimConfig {
             link_timeout: Duration::from_secs(10),
             faults: Faults::default(),
             child: None,
+            groups: 0,
         }
     }
 }
@@ -140,6 +147,8 @@ enum Event {
     },
     /// Something of the supervised child.
     Child(ChildEvent),
+    /// Something of the placement groups.
+    Place(PlaceEvent),
 }
 
 struct Member {
@@ -192,6 +201,10 @@ pub struct SimCluster {
     child_started: bool,
     /// Member pairs whose member↔member link is cut (smaller index first).
     cut_pairs: BTreeSet<(usize, usize)>,
+    /// The head's placement groups and the members' ledgers, if any.
+    placement: Option<Placement>,
+    /// The head table version placement was last told of.
+    placed: u64,
 }
 
 /// The head's name.
@@ -229,6 +242,8 @@ impl SimCluster {
             child: None,
             child_started: false,
             cut_pairs: BTreeSet::new(),
+            placement: None,
+            placed: 0,
         };
         for i in 0..config.members {
             let name = format!("m{i:04}");
@@ -243,6 +258,10 @@ impl SimCluster {
                 seen_up: HashMap::new(),
             });
             sim.schedule(start, Event::MemberTimer(i));
+        }
+        if config.groups > 0 {
+            let names: Vec<String> = sim.members.iter().map(|m| m.name.clone()).collect();
+            sim.placement = Some(Placement::new(config.seed, &names, config.groups, base));
         }
         if let Some(child) = config.child {
             assert!(
@@ -273,6 +292,29 @@ impl SimCluster {
         alive.len() == 1
             && w.current()
                 .is_some_and(|c| c.alive && c.announced && c.epoch == alive[0].epoch)
+    }
+
+    /// Whether every placement group is ready and the head's accounts
+    /// equal every up member's ledger (true without placement groups).
+    pub fn placement_settled(&self) -> bool {
+        self.placement
+            .as_ref()
+            .is_none_or(|p| p.settled(&self.membership.view()))
+    }
+
+    /// Ledger operations the head sent, those that failed on a cut, and
+    /// prepares of a group's later revisions (bundles placed again).
+    pub fn placement_traffic(&self) -> (usize, usize, usize) {
+        self.placement
+            .as_ref()
+            .map_or((0, 0, 0), |p| (p.sent, p.failed, p.moved))
+    }
+
+    /// The groups and accounts, for a failure message.
+    pub fn placement_state(&self) -> String {
+        self.placement
+            .as_ref()
+            .map_or_else(String::new, Placement::unsettled)
     }
 
     /// Cuts the member↔member link between `a` and `b` (both ways).
@@ -498,14 +540,25 @@ impl SimCluster {
                     return;
                 };
                 let heartbeat = matches!(request, ControlRequest::Heartbeat { .. });
+                let held = match &request {
+                    ControlRequest::Join(j) => Some(j.held.clone()),
+                    _ => None,
+                };
                 let started = Instant::now();
-                let (reply, _) = session.handle_request(at, request, &mut self.membership);
+                let (reply, noted) = session.handle_request(at, request, &mut self.membership);
                 if heartbeat {
                     self.stats.heartbeats += 1;
                     self.stats.heartbeat_time += started.elapsed();
                 }
                 if let Some(reply) = reply {
                     self.reply(member, link, reply);
+                }
+                if let (flotilla_proto::head::Noted::Joined(_, incarnation), Some(held)) =
+                    (noted, held)
+                    && let Some(p) = self.placement.as_mut()
+                {
+                    let sends = p.report(at, member, incarnation, held);
+                    self.place_sends(sends);
                 }
                 self.drive_head();
             }
@@ -525,8 +578,93 @@ impl SimCluster {
                     self.child_outs(outs);
                 }
             }
+            Event::Place(event) => self.place_event(at, event),
         }
+        self.sync_placement();
         self.check();
+    }
+
+    /// Tells placement of a changed head table.
+    fn sync_placement(&mut self) {
+        let version = self.membership.version();
+        if self.placed == version {
+            return;
+        }
+        self.placed = version;
+        let table = self.membership.view();
+        if let Some(p) = self.placement.as_mut() {
+            let sends = p.set_members(self.now, &table);
+            self.place_sends(sends);
+        }
+    }
+
+    /// One placement event.
+    fn place_event(&mut self, at: Instant, event: PlaceEvent) {
+        if self.placement.is_none() {
+            return;
+        }
+        let sends = match event {
+            PlaceEvent::Deliver { member, op, tag } => {
+                // Lost in a cut: the head's stream fails after the timeout.
+                let (reply, delay) = if self.partitioned.contains(&member) {
+                    (Err("unreachable".to_owned()), self.config.link_timeout)
+                } else {
+                    let reply = self
+                        .placement
+                        .as_mut()
+                        .expect("placement")
+                        .apply(member, op);
+                    (
+                        Ok(reply),
+                        self.config.latency + self.rng.upto(self.config.faults.jitter),
+                    )
+                };
+                let event = PlaceEvent::Reply { member, tag, reply };
+                self.schedule(at + delay, Event::Place(event));
+                Vec::new()
+            }
+            PlaceEvent::Reply { member, tag, reply } => self
+                .placement
+                .as_mut()
+                .expect("placement")
+                .replied(at, member, tag, reply),
+            PlaceEvent::Timer => {
+                let p = self.placement.as_mut().expect("placement");
+                if p.timer != Some(at) {
+                    return;
+                }
+                p.timer = None;
+                p.step(at)
+            }
+        };
+        self.place_sends(sends);
+    }
+
+    /// Carries the head's ledger operations, and sets its groups' timer.
+    fn place_sends(&mut self, sends: Vec<placement::Send>) {
+        for placement::Send { member, op, tag } in sends {
+            let event = if self.partitioned.contains(&member) {
+                let reply = Err("unreachable".to_owned());
+                (
+                    self.now + self.config.link_timeout,
+                    PlaceEvent::Reply { member, tag, reply },
+                )
+            } else {
+                let at = self.now + self.config.latency + self.rng.upto(self.config.faults.jitter);
+                (at, PlaceEvent::Deliver { member, op, tag })
+            };
+            self.schedule(event.0, Event::Place(event.1));
+        }
+        let Some(p) = self.placement.as_mut() else {
+            return;
+        };
+        if let Some(at) = p.poll_timeout()
+            && p.timer.is_none_or(|t| at < t)
+        {
+            let at = at.max(self.now);
+            p.timer = Some(at);
+            self.schedule(at, Event::Place(PlaceEvent::Timer));
+        }
     }
 
     /// Performs what the child world asks.
@@ -610,6 +748,10 @@ impl SimCluster {
     fn member_event(&mut self, i: usize, now: Instant, event: MemberEvent) {
         match event {
             MemberEvent::Connect => {
+                if let Some(p) = self.placement.as_mut() {
+                    let held = p.ledgers[i].rejoin();
+                    self.members[i].link.set_held(held);
+                }
                 let link = self.next_link;
                 self.next_link += 1;
                 if let Some(old) = self.members[i].open.replace(link) {
@@ -723,6 +865,9 @@ impl SimCluster {
         if let Some(w) = &self.child {
             w.check(&self.members);
         }
+        if let Some(p) = &self.placement {
+            p.check(&self.membership.view());
+        }
         // In the head's table, the up incarnation of a name never goes back.
         let changed = self.membership.changes_since(self.checked);
         self.checked = self.membership.version();
@@ -772,7 +917,10 @@ fn join_request(name: &str, incarnation: u64) -> JoinRequest {
         bulk_addr: format!("{name}:7421"),
         host: "sim".into(),
         incarnation,
-        resources: Resources::default(),
+        resources: Resources {
+            cpus: placement::CPUS,
+            ..Resources::default()
+        },
         held: Vec::new(),
     }
 }
@@ -880,17 +1028,21 @@ mod tests {
     }
 
     /// Clause "partitions: simulation": a supervised, checkpointing child
-    /// on a cluster of six under random partitions (member↔head and
-    /// member↔member, some flapping), lost, duplicated and delayed
-    /// messages and skewed clocks. After every event: no two up
-    /// incarnations of a name, no save from an epoch older than one the
-    /// store has seen, no restart that goes back in the count, at most one
-    /// copy that may save. After the faults end: one copy runs, the
-    /// supervisor's. 500 seeds a run; `FLOTILLA_SIM_SEED=N` replays one.
+    /// and three placement groups on a cluster of six under random
+    /// partitions (member↔head and member↔member, some flapping), lost,
+    /// duplicated and delayed messages and skewed clocks. After every
+    /// event: no two up incarnations of a name, no restart that goes back
+    /// in the count, at most one copy that may save, nothing of an earlier
+    /// incarnation running; the head never counts more against a node than
+    /// it offers, and ready groups sit on up members as their strategy
+    /// promised. After the faults end: one copy runs, the supervisor's,
+    /// every group is ready and the head's accounts equal the ledgers.
+    /// 500 seeds a run; `FLOTILLA_SIM_SEED=N` replays one.
     #[test]
     fn partitions_never_leave_two_copies_of_a_supervised_child_effective() {
         let mut restarted = 0;
         let mut stops = BTreeMap::new();
+        let mut traffic = (0, 0, 0);
         for seed in seeds(500) {
             let mut config = SimConfig::new(6, seed);
             config.detector.down_after = secs(2);
@@ -906,6 +1058,7 @@ mod tests {
                 supervisor: (seed % 6) as usize,
                 ..ChildConfig::default()
             });
+            config.groups = 3;
             let mut sim = SimCluster::new(config);
             let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
             sim.run_until(secs(5));
@@ -932,13 +1085,19 @@ mod tests {
             sim.set_faults(Faults::default());
             assert!(
                 sim.run_until_cond(sim.elapsed() + secs(60), |s| s.converged()
-                    && s.one_copy_runs()),
-                "seed {seed}: after the faults, {}; copies running: {:?}",
+                    && s.one_copy_runs()
+                    && s.placement_settled()),
+                "seed {seed}: after the faults, {}; copies running: {:?}; placement: {}",
                 sim.divergence()
                     .unwrap_or_else(|| "the cluster converged".into()),
-                sim.copies().iter().filter(|c| c.alive).collect::<Vec<_>>()
+                sim.copies().iter().filter(|c| c.alive).collect::<Vec<_>>(),
+                sim.placement_state()
             );
             restarted += usize::from(sim.copies().len() > 1);
+            let (sent, failed, moved) = sim.placement_traffic();
+            traffic.0 += sent;
+            traffic.1 += failed;
+            traffic.2 += moved;
             for c in sim.copies() {
                 let end = match c.stopped {
                     _ if c.alive => "running",
@@ -949,6 +1108,10 @@ mod tests {
             }
         }
         println!("child restarted in {restarted} runs; copies by how they ended: {stops:?}");
+        println!(
+            "ledger operations: {} sent, {} failed on a cut, {} prepares of groups placed again",
+            traffic.0, traffic.1, traffic.2
+        );
         // The faults did reach the child: restarts, and stale copies
         // stopped by the store's refusal and by the fence on rejoin.
         if std::env::var("FLOTILLA_SIM_SEED").is_err() {
@@ -958,6 +1121,7 @@ mod tests {
                 "{stops:?}"
             );
             assert!(stops.get("fenced").is_some_and(|n| *n > 0), "{stops:?}");
+            assert!(traffic.2 > 0, "no group was placed again: {traffic:?}");
         }
     }
 
