@@ -112,7 +112,7 @@ fn a_cut_off_worker_stops_what_it_hosted_for_others_and_is_back_up_within_five_s
             .unwrap_or_else(|| panic!("{code} in w1's log: {w1_log}"))
     };
     assert!(
-        line("NODE-JOIN-008") < line("NODE-JOIN-006"),
+        line("NODE-JOIN-010") < line("NODE-JOIN-006"),
         "stopped what it hosted for others before rejoining: {w1_log}"
     );
     // One copy: the supervisor's, on w2, restarted once at a newer epoch,

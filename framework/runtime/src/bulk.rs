@@ -319,7 +319,7 @@ async fn serve_connection(
     let mut bound: Option<String> = None;
     let mut speaks_for: Option<(String, u64)> = None;
     let fence = |pc: &PeerConnection| {
-        tracing::warn!(peer = %pc.peer, "NODE-AUTH-021: closing the bulk connection of a member incarnation that is no longer up");
+        tracing::warn!(peer = %pc.peer, "NODE-AUTH-023: closing the bulk connection of a member incarnation that is no longer up");
         counters::fenced("bulk");
         pc.connection
             .close(quinn::VarInt::from_u32(0x14), b"fenced");

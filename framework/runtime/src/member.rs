@@ -390,10 +390,10 @@ impl Member {
         match asked {
             Ok(stopped) => tracing::warn!(
                 stopped,
-                "NODE-JOIN-008: fenced: stopped the actors this node hosted for others before rejoining"
+                "NODE-JOIN-010: fenced: stopped the actors this node hosted for others before rejoining"
             ),
             Err(e) => {
-                tracing::warn!(error = %e, "NODE-JOIN-008: the spawner did not confirm the fence")
+                tracing::warn!(error = %e, "NODE-JOIN-010: the spawner did not confirm the fence")
             }
         }
     }

@@ -94,7 +94,7 @@ impl Router {
                     return;
                 }
                 () = fenced => {
-                    tracing::warn!(peer = %pc.peer, "NODE-AUTH-021: closing the connection of a member incarnation that is no longer up");
+                    tracing::warn!(peer = %pc.peer, "NODE-AUTH-023: closing the connection of a member incarnation that is no longer up");
                     crate::counters::fenced("main");
                     pc.connection.close(quinn::VarInt::from_u32(0x14), b"fenced");
                     return;
