@@ -107,6 +107,8 @@ pub(crate) struct Member {
     stream: Option<Stream>,
     /// The dial in progress, beside the loop.
     dialing: Option<JoinHandle<Result<Stream, JoinError>>>,
+    /// When the pulse next moves.
+    pulse_at: tokio::time::Instant,
     /// Why the last connect failed, for a join that gives up.
     last_error: Option<JoinError>,
     /// Whether the machine has been told to leave.
@@ -172,6 +174,7 @@ impl Member {
             spawner: None,
             stream: None,
             dialing: None,
+            pulse_at: tokio::time::Instant::now(),
             last_error: None,
             leaving: false,
         }
@@ -262,10 +265,9 @@ impl Member {
             return result;
         }
         let due = self.link.poll_timeout().map(tokio::time::Instant::from_std);
-        // Wake at least every heartbeat interval, so the pulse moves while
-        // a dial waits.
-        let pulse_at = tokio::time::Instant::now() + self.link.config().heartbeat_interval;
-        let wake = due.unwrap_or(until).min(until).min(pulse_at);
+        // Wake for the pulse too, so it moves every heartbeat interval
+        // whatever else wakes the loop (a dial's result, a reply).
+        let wake = due.unwrap_or(until).min(until).min(self.pulse_at);
         let stopping = shutdown.is_none() || self.leaving;
         let (stream, dialing) = (&mut self.stream, &mut self.dialing);
         let replies = async {
@@ -295,6 +297,12 @@ impl Member {
             () = tokio::time::sleep_until(wake) => Input::Time,
             () = cancelled, if !stopping => Input::Shutdown,
         };
+        if tokio::time::Instant::now() >= self.pulse_at {
+            // Fault injection: `node::heartbeat=pause` wedges this loop.
+            fail::fail_point!("node::heartbeat");
+            self.pulse.send_modify(|n| *n = n.wrapping_add(1));
+            self.pulse_at = tokio::time::Instant::now() + self.link.config().heartbeat_interval;
+        }
         match input {
             Input::Reply(Some(Ok(reply))) => self.link.handle_reply(now(), reply),
             Input::Reply(Some(Err(e))) => self.lost(&e.to_string()),
@@ -304,9 +312,6 @@ impl Member {
                 self.opened(opened);
             }
             Input::Time => {
-                // Fault injection: `node::heartbeat=pause` wedges this loop.
-                fail::fail_point!("node::heartbeat");
-                self.pulse.send_modify(|n| *n = n.wrapping_add(1));
                 if due.is_some_and(|d| tokio::time::Instant::now() >= d) {
                     self.link.set_actors(self.hosted.count());
                     self.link.handle_timeout(now());

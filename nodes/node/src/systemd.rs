@@ -1,7 +1,8 @@
 //! systemd's notification protocol, for units of `Type=notify` with
 //! `WatchdogSec=`: `READY=1` once the node has started (and, for a member,
-//! joined), `WATCHDOG=1` at half the interval systemd passes in
-//! `WATCHDOG_USEC` while the node's heartbeat loop runs (a wedged runtime
+//! joined), `WATCHDOG=1` every third of the interval systemd passes in
+//! `WATCHDOG_USEC` (systemd asks for at least every half: a third leaves
+//! room for a late wake-up) while the node's heartbeat loop runs (a wedged runtime
 //! stops feeding it and systemd restarts the process), `STOPPING=1` when
 //! it is told to stop. Without `NOTIFY_SOCKET` (not under systemd) each is
 //! a no-op. Being told to stop is SIGTERM (what systemd sends) or Ctrl-C
@@ -54,10 +55,10 @@ pub fn due(pulse: u64, fed_at: Option<u64>) -> bool {
     fed_at != Some(pulse)
 }
 
-/// Feeds systemd's watchdog every half `interval` while `pulse` moves;
+/// Feeds systemd's watchdog every third of `interval` while `pulse` moves;
 /// a pass that finds it still skips the feed and says so once.
 pub async fn feed_watchdog(interval: Duration, pulse: watch::Receiver<u64>) {
-    let mut tick = tokio::time::interval(interval / 2);
+    let mut tick = tokio::time::interval(interval / 3);
     let mut fed_at = None;
     let mut warned = false;
     loop {
@@ -69,7 +70,7 @@ pub async fn feed_watchdog(interval: Duration, pulse: watch::Receiver<u64>) {
             warned = false;
         } else if !warned {
             tracing::error!(
-                "the heartbeat loop has not run for half the watchdog interval; not feeding systemd's watchdog"
+                "the heartbeat loop has not run since the last feed; not feeding systemd's watchdog"
             );
             warned = true;
         }
