@@ -59,6 +59,14 @@ impl Default for DetectorConfig {
     }
 }
 
+/// Whether the incarnation `incarnation` of a member has ended, given what
+/// a table holds of that member (`known`: its incarnation there and whether
+/// it is up): a newer one is there, or this one is down or left. A member
+/// the table does not hold has not ended (it may have just joined).
+pub fn has_ended(known: Option<(u64, bool)>, incarnation: u64) -> bool {
+    known.is_some_and(|(i, up)| i > incarnation || (i == incarnation && !up))
+}
+
 /// Liveness of a member as seen by the head.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberState {

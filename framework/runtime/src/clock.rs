@@ -6,6 +6,14 @@ pub(crate) fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 
+/// Microseconds since the Unix epoch on the wall clock (0 for a clock
+/// before it): what incarnations and epochs are read from.
+pub(crate) fn clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// Sleeps until `at` (an instant of [`now`]'s clock), or forever.
 pub(crate) async fn sleep_until(at: Option<std::time::Instant>) {
     match at {

@@ -98,10 +98,7 @@ pub(crate) async fn fenced(view: &watch::Receiver<Table>, member: &str, incarnat
         return std::future::pending().await;
     }
     let mut view = view.clone();
-    let gone = |t: &Table| {
-        t.known(member)
-            .is_some_and(|(i, up)| i > incarnation || (i == incarnation && !up))
-    };
+    let gone = |t: &Table| flotilla_proto::membership::has_ended(t.known(member), incarnation);
     if view.wait_for(gone).await.is_err() {
         std::future::pending::<()>().await;
     }

@@ -8,10 +8,10 @@
 //! restarts even when the clock steps back; a process with an instance
 //! name of its own has no earlier starts and records nothing.
 
+use crate::clock::clock_micros;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use flotilla_proto::hello::{CookieDigest, Hello, Purpose};
 use flotilla_proto::incarnation::{next_incarnation, parse_recorded};
@@ -79,13 +79,6 @@ impl IncarnationRecord {
         std::fs::rename(&tmp, &self.path).map_err(err)?;
         Ok(next)
     }
-}
-
-/// Microseconds since the Unix epoch (0 for a clock before it).
-fn clock_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The local node's identity. Everything but the incarnation is fixed at

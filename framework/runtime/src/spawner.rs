@@ -52,9 +52,12 @@ pub struct MemberStates(pub Vec<(String, u64, bool)>);
 impl MemberStates {
     /// Whether the node `owner` at `incarnation` is known to be gone.
     pub fn is_gone(&self, owner: &str, incarnation: u64) -> bool {
-        self.0
+        let known = self
+            .0
             .iter()
-            .any(|(n, i, up)| n == owner && (*i > incarnation || (*i == incarnation && !up)))
+            .find(|(n, ..)| n == owner)
+            .map(|(_, i, up)| (*i, *up));
+        flotilla_proto::membership::has_ended(known, incarnation)
     }
 }
 
@@ -280,22 +283,26 @@ impl SpawnerState {
         StopOutcome::Stopped
     }
 
-    /// Stops every child another member owns and waits for each (at most
-    /// [`FENCE_STOP`]); answers how many were asked to stop.
+    /// Stops every child another member owns, all at once, and waits for
+    /// them (each at most [`FENCE_STOP`]); answers how many were asked to
+    /// stop.
     async fn fence(&mut self) -> u32 {
-        let mut stopped = 0;
+        let mut stopping = Vec::new();
         for child in self.children.values_mut() {
             if child.owner.0 == self.node {
                 continue;
             }
             child.stopping = true;
-            stopped += 1;
             tracing::warn!(name = %child.name, owner = %child.owner.0, "stopping an actor hosted for another member: this incarnation was fenced");
-            let _ = child
-                .cell
-                .stop_and_wait(Some("fenced".into()), Some(FENCE_STOP))
-                .await;
+            stopping.push(child.cell.clone());
         }
+        let stopped = stopping.len() as u32;
+        futures::future::join_all(
+            stopping
+                .iter()
+                .map(|cell| cell.stop_and_wait(Some("fenced".into()), Some(FENCE_STOP))),
+        )
+        .await;
         stopped
     }
 

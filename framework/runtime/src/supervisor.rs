@@ -610,9 +610,7 @@ impl SupervisorState {
                 break;
             }
             // Children asked to start together start in parallel.
-            let clock = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as u64);
+            let clock = crate::clock::clock_micros();
             let mut begun = Vec::with_capacity(starts.len());
             for id in &starts {
                 let epoch = self.epochs.next(clock);

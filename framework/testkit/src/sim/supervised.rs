@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use flotilla_proto::epoch::{EpochClock, admits, restore_order};
-use flotilla_proto::membership::{MemberState, MemberView};
+use flotilla_proto::membership::{MemberState, MemberView, has_ended};
 use flotilla_proto::supervision::{
     Action, ChildSpec, Exit, Intensity, Supervision, SupervisorSpec,
 };
@@ -88,6 +88,12 @@ pub(super) enum ChildEvent {
     SpawnTimeout(usize),
     /// The supervisor's policy has a timer.
     Supervisor,
+}
+
+/// What `view` holds of `name`: its incarnation and whether it is up.
+fn known(view: &BTreeMap<String, MemberView>, name: &str) -> Option<(u64, bool)> {
+    view.get(name)
+        .map(|m| (m.incarnation, m.state == MemberState::Up))
 }
 
 /// One copy of the child, started once.
@@ -291,10 +297,7 @@ impl World {
     pub(super) fn on_view(&mut self, now: Instant, i: usize, members: &[Member]) -> Vec<Out> {
         let view = &members[i].view;
         let gone = |name: &str, incarnation: u64, view: &BTreeMap<String, MemberView>| {
-            view.get(name).is_some_and(|m| {
-                m.incarnation > incarnation
-                    || (m.incarnation == incarnation && m.state != MemberState::Up)
-            })
+            has_ended(known(view, name), incarnation)
         };
         // A host stops the copies whose owner is gone (the spawner's reap).
         let s = self.config.supervisor;
@@ -347,10 +350,8 @@ impl World {
             ChildEvent::Arrived(c) => {
                 let s = &members[self.config.supervisor].name;
                 let copy = &mut self.copies[c];
-                let owner_gone = members[copy.host].view.get(s).is_some_and(|m| {
-                    m.incarnation > copy.owner_incarnation
-                        || (m.incarnation == copy.owner_incarnation && m.state != MemberState::Up)
-                });
+                let owner_gone =
+                    has_ended(known(&members[copy.host].view, s), copy.owner_incarnation);
                 // A start order for an incarnation the host no longer is,
                 // from an owner the host knows is gone, or for a copy
                 // already given up, is dropped.
