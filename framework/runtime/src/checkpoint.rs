@@ -271,7 +271,10 @@ impl CheckpointStore {
             "checkpoint::save"
         )));
         let folder = self.folder(actor)?;
-        admit(actor, epoch, &self.entries(&folder).await?)?;
+        // One listing serves the epoch check and the pruning after the put
+        // (a snapshot another writer adds meanwhile is pruned next time).
+        let listed = self.entries(&folder).await?;
+        admit(actor, epoch, &listed)?;
         let path = folder.clone().join(Entry::Snapshot(epoch, seq).name());
         let body = encode(state);
         let mut object = Vec::with_capacity(HEADER + body.len());
@@ -282,8 +285,11 @@ impl CheckpointStore {
         object.extend_from_slice(&Sha256::digest(&body));
         object.extend_from_slice(&body);
         self.put(&path, object).await?;
-        let mut snapshots = self.snapshots(&folder, u64::MAX).await?;
-        for (_, old) in snapshots.drain(..).skip(self.keep) {
+        let mut snapshots = snapshots(listed);
+        snapshots.retain(|(key, _)| *key != (epoch, seq));
+        snapshots.push(((epoch, seq), path));
+        flotilla_proto::epoch::restore_order(u64::MAX, &mut snapshots);
+        for (_, old) in snapshots.into_iter().skip(self.keep) {
             if let Err(source) = self.store.delete(&old).await {
                 tracing::warn!(path = %old, error = %source, "cannot delete an old checkpoint");
             }
@@ -311,7 +317,9 @@ impl CheckpointStore {
             "checkpoint::restore"
         )));
         let folder = self.folder(actor)?;
-        for ((_, seq), path) in self.snapshots(&folder, epoch).await? {
+        let mut found = snapshots(self.entries(&folder).await?);
+        flotilla_proto::epoch::restore_order(epoch, &mut found);
+        for ((_, seq), path) in found {
             let bytes = match self.store.get(&path).await {
                 Ok(found) => found.bytes().await,
                 Err(e) => Err(e),
@@ -352,26 +360,6 @@ impl CheckpointStore {
             })
     }
 
-    /// The snapshots in `folder` of epochs not above `epoch`, newest
-    /// first: (epoch, sequence) and path.
-    async fn snapshots(
-        &self,
-        folder: &Path,
-        epoch: u64,
-    ) -> Result<Vec<((u64, u64), Path)>, CheckpointError> {
-        let mut found: Vec<((u64, u64), Path)> = self
-            .entries(folder)
-            .await?
-            .into_iter()
-            .filter_map(|(entry, path)| match entry {
-                Entry::Snapshot(e, seq) => Some(((e, seq), path)),
-                Entry::Epoch(_) => None,
-            })
-            .collect();
-        flotilla_proto::epoch::restore_order(epoch, &mut found);
-        Ok(found)
-    }
-
     /// The objects of the actor in `folder` that are snapshots or epochs.
     async fn entries(&self, folder: &Path) -> Result<Vec<(Entry, Path)>, CheckpointError> {
         let listed: Vec<_> =
@@ -392,6 +380,17 @@ impl CheckpointStore {
             })
             .collect())
     }
+}
+
+/// The snapshots among `listed`: (epoch, sequence) and path, unordered.
+fn snapshots(listed: Vec<(Entry, Path)>) -> Vec<((u64, u64), Path)> {
+    listed
+        .into_iter()
+        .filter_map(|(entry, path)| match entry {
+            Entry::Snapshot(e, seq) => Some(((e, seq), path)),
+            Entry::Epoch(_) => None,
+        })
+        .collect()
 }
 
 /// Whether a folder holding `listed` admits `actor`'s effect at `epoch`:
