@@ -191,10 +191,16 @@ impl Member {
                 Step::NameTaken(holder) => return Err(JoinError::NameTaken(holder)),
                 Step::Left => unreachable!("no shutdown while joining"),
                 Step::Go if tokio::time::Instant::now() >= deadline => {
-                    return Err(self.last_error.take().unwrap_or(JoinError::Timeout {
+                    let waited = JoinError::Timeout {
                         head: self.head,
                         after: timeout,
-                    }));
+                    };
+                    // A dial that timed out says so for itself; the join
+                    // waited longer.
+                    return Err(match self.last_error.take() {
+                        None | Some(JoinError::Timeout { .. }) => waited,
+                        Some(other) => other,
+                    });
                 }
                 Step::Go => {}
             }
