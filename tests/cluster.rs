@@ -895,18 +895,6 @@ fn a_wedged_heartbeat_loop_stops_feeding_the_watchdog() {
     );
 }
 
-/// The supervisor `tree` of `node` in a `node status --json` document.
-fn supervisor_of<'a>(
-    st: &'a serde_json::Value,
-    node: &str,
-    tree: &str,
-) -> Option<&'a serde_json::Value> {
-    st["nodes"].as_array()?.iter().find(|n| n["name"] == node)?["supervisors"]
-        .as_array()?
-        .iter()
-        .find(|s| s["name"] == tree)
-}
-
 /// Clauses "supervision: trees in config" and "supervision: restart
 /// elsewhere from a checkpoint": node `sup` declares in its node.toml a
 /// supervisor whose permanent child, a checkpointing ticker, may run on w1
@@ -933,16 +921,8 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
         s.status(head.addr)
             .filter(|st| all_up(st, &["head", "w1", "w2"]))
     });
+    let config = ticker_tree(&s);
     let ckpt = s.dir.join("ckpt");
-    let config = s.dir.join("sup.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[supervisor]]\nname = \"tickers\"\n\n[[supervisor.child]]\nkind = \"flotilla.ticker\"\nname = \"ticker-1\"\nnodes = [\"w1\", \"w2\"]\ncheckpoint = {:?}\n[supervisor.child.args]\ntick_ms = 20\nevery = 10\n",
-            ckpt.to_str().unwrap()
-        ),
-    )
-    .unwrap();
     s.issue("sup");
     let mut args = fast.to_vec();
     args.extend(["--config", config.to_str().unwrap()]);

@@ -15,25 +15,9 @@ const NODE: &str = env!("CARGO_BIN_EXE_test-node");
 /// Every node listens on this port of its own namespace's address.
 const PORT: u16 = 7400;
 
-/// A supervisor tree on `sup` with one checkpointing ticker that goes to
-/// the first of w1, w2 that is up.
-fn ticker_tree(s: &Scratch) -> std::path::PathBuf {
-    let config = s.dir.join("sup.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[supervisor]]\nname = \"tickers\"\n\n[[supervisor.child]]\nkind = \"flotilla.ticker\"\nname = \"ticker-1\"\nnodes = [\"w1\", \"w2\"]\ncheckpoint = {:?}\n[supervisor.child.args]\ntick_ms = 20\nevery = 10\n",
-            s.dir.join("ckpt").to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    config
-}
-
 /// The ticker of `sup`'s tree as `node status` shows it.
 fn ticker(st: &serde_json::Value) -> Option<&serde_json::Value> {
-    let sups = node_of(st, "sup")?["supervisors"].as_array()?;
-    Some(&sups.iter().find(|t| t["name"] == "tickers")?["children"][0])
+    Some(&supervisor_of(st, "sup", "tickers")?["children"][0])
 }
 
 /// The node the ticker of `sup`'s tree runs on, when it runs.

@@ -390,3 +390,28 @@ pub fn notify_socket(
     ];
     (socket, env)
 }
+
+/// Writes `DIR/sup.toml`: a supervisor tree `tickers` whose one permanent
+/// child, `ticker-1` (kind `flotilla.ticker`, a tick every 20 ms, a
+/// snapshot every 10), runs on the first of w1, w2 that is up and
+/// checkpoints to `DIR/ckpt`. Returns the file, for `--config`.
+pub fn ticker_tree(s: &Scratch) -> PathBuf {
+    let config = s.dir.join("sup.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[supervisor]]\nname = \"tickers\"\n\n[[supervisor.child]]\nkind = \"flotilla.ticker\"\nname = \"ticker-1\"\nnodes = [\"w1\", \"w2\"]\ncheckpoint = {:?}\n[supervisor.child.args]\ntick_ms = 20\nevery = 10\n",
+            s.dir.join("ckpt").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The supervisor `tree` of `node` in a `node status --json` document.
+pub fn supervisor_of<'a>(st: &'a Value, node: &str, tree: &str) -> Option<&'a Value> {
+    st["nodes"].as_array()?.iter().find(|n| n["name"] == node)?["supervisors"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == tree)
+}
