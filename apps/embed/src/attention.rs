@@ -35,7 +35,14 @@ pub(crate) struct Shape {
 /// 3·hidden]` row-major (query, key, value of each token side by side),
 /// `mask` is `[batch, seq]` with 1 for real tokens. Returns `[batch, seq,
 /// hidden]`. Each query attends to the real tokens of its own text only.
-pub(crate) fn self_attention(qkv: &[f32], mask: &[i64], shape: Shape) -> Vec<f32> {
+/// `bias`, `[heads, seq, seq]`, is added to the scaled scores of every
+/// text (MPNet's relative position bias).
+pub(crate) fn self_attention(
+    qkv: &[f32],
+    mask: &[i64],
+    shape: Shape,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let Shape {
         batch,
         seq,
@@ -45,12 +52,15 @@ pub(crate) fn self_attention(qkv: &[f32], mask: &[i64], shape: Shape) -> Vec<f32
     assert_eq!(qkv.len(), batch * seq * 3 * hidden, "qkv shape");
     assert_eq!(mask.len(), batch * seq, "mask shape");
     assert!(heads > 0 && hidden % heads == 0, "heads divide the width");
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), heads * seq * seq, "bias shape");
+    }
     let mut out = vec![0.0f32; batch * seq * hidden];
     if out.is_empty() {
         return out;
     }
     let arch = pulp::Arch::new();
-    each_text(qkv, mask, shape, &mut out, |t| arch.dispatch(t));
+    each_text(qkv, mask, shape, bias, &mut out, |t| arch.dispatch(t));
     out
 }
 
@@ -59,6 +69,7 @@ fn each_text(
     qkv: &[f32],
     mask: &[i64],
     shape: Shape,
+    bias: Option<&[f32]>,
     out: &mut [f32],
     run: impl Fn(Text<'_>) + Sync,
 ) {
@@ -72,6 +83,7 @@ fn each_text(
             run(Text {
                 qkv,
                 mask,
+                bias,
                 out,
                 seq,
                 hidden,
@@ -84,6 +96,7 @@ fn each_text(
 struct Text<'a> {
     qkv: &'a [f32],
     mask: &'a [i64],
+    bias: Option<&'a [f32]>,
     out: &'a mut [f32],
     seq: usize,
     hidden: usize,
@@ -111,6 +124,7 @@ fn text_attention(t: Text<'_>) {
     let Text {
         qkv,
         mask,
+        bias,
         out,
         seq,
         hidden,
@@ -154,6 +168,12 @@ fn text_attention(t: Text<'_>) {
                     _ => score_block::<KEYS>(q, &kt, stride, start, scale, block),
                 }
                 start += KEYS;
+            }
+            if let Some(bias) = bias {
+                let row = &bias[(head * seq + i) * seq..(head * seq + i + 1) * seq];
+                for (score, &j) in scores.iter_mut().zip(&keys) {
+                    *score += row[j];
+                }
             }
             // Padded keys' scores are -inf, so the softmax runs on whole
             // registers: their weights come out below 1e-37, and the
@@ -290,8 +310,9 @@ fn weighted_sum_any(p: &[f32], v: &[f32], ctx: &mut [f32]) {
 mod tests {
     use super::*;
 
-    /// Attention written out in f64 with an explicit additive mask.
-    fn reference(qkv: &[f32], mask: &[i64], s: Shape) -> Vec<f64> {
+    /// Attention written out in f64 with an explicit additive mask and
+    /// bias.
+    fn reference(qkv: &[f32], mask: &[i64], s: Shape, bias: Option<&[f32]>) -> Vec<f64> {
         let dim = s.hidden / s.heads;
         let mut out = vec![0.0f64; s.batch * s.seq * s.hidden];
         let at = |b: usize, t: usize, k: usize| qkv[(b * s.seq + t) * 3 * s.hidden + k] as f64;
@@ -307,6 +328,7 @@ mod tests {
                                 .map(|d| at(b, i, h * dim + d) * at(b, j, s.hidden + h * dim + d))
                                 .sum::<f64>()
                                 / (dim as f64).sqrt()
+                                + bias.map_or(0.0, |b| b[(h * s.seq + i) * s.seq + j] as f64)
                         })
                         .collect();
                     let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -324,9 +346,9 @@ mod tests {
     }
 
     /// Every value within 1e-5 (relative, past 1) of the reference.
-    fn assert_matches_reference(qkv: &[f32], mask: &[i64], s: Shape) {
-        let got = self_attention(qkv, mask, s);
-        let want = reference(qkv, mask, s);
+    fn assert_matches_reference(qkv: &[f32], mask: &[i64], s: Shape, bias: Option<&[f32]>) {
+        let got = self_attention(qkv, mask, s, bias);
+        let want = reference(qkv, mask, s, bias);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()),
@@ -361,7 +383,11 @@ mod tests {
             [1, 0, 1, 1, 0, 1, 0],
         ]
         .concat();
-        assert_matches_reference(&qkv, &mask, s);
+        assert_matches_reference(&qkv, &mask, s, None);
+        // With a bias per head, query and key (MPNet's), padded keys still
+        // skipped.
+        let bias = values(s.heads * s.seq * s.seq, 5);
+        assert_matches_reference(&qkv, &mask, s, Some(&bias));
     }
 
     /// Long texts (several blocks of keys, a partial last block) and the
@@ -378,7 +404,7 @@ mod tests {
             let qkv = values(s.batch * s.seq * 3 * s.hidden, hidden as u64 + 1);
             let mut mask = vec![1i64; 2 * 150];
             mask[150 + 101..].fill(0);
-            assert_matches_reference(&qkv, &mask, s);
+            assert_matches_reference(&qkv, &mask, s, None);
         }
     }
 
@@ -398,11 +424,11 @@ mod tests {
         let qkv = values(s.batch * s.seq * 3 * s.hidden, 11);
         let mut mask = vec![1i64; 2 * 150];
         mask[150 + 77..].fill(0);
-        let want = reference(&qkv, &mask, s);
+        let want = reference(&qkv, &mask, s, None);
         let mut levels: Vec<(&str, Vec<f32>)> = Vec::new();
         let mut run = |name, f: &(dyn Fn(Text<'_>) + Sync)| {
             let mut out = vec![0.0f32; s.batch * s.seq * s.hidden];
-            each_text(&qkv, &mask, s, &mut out, f);
+            each_text(&qkv, &mask, s, None, &mut out, f);
             levels.push((name, out));
         };
         run("scalar", &|t| t.with_simd(pulp::Scalar::new()));
@@ -431,8 +457,8 @@ mod tests {
             heads: 2,
         };
         let qkv = values(5 * 3 * 8, 7);
-        let alone = self_attention(&qkv[..3 * 3 * 8], &[1, 1, 1], Shape { seq: 3, ..s });
-        let padded = self_attention(&qkv, &[1, 1, 1, 0, 0], s);
+        let alone = self_attention(&qkv[..3 * 3 * 8], &[1, 1, 1], Shape { seq: 3, ..s }, None);
+        let padded = self_attention(&qkv, &[1, 1, 1, 0, 0], s, None);
         assert_eq!(alone[..], padded[..3 * 8]);
     }
 
@@ -444,6 +470,6 @@ mod tests {
             hidden: 8,
             heads: 2,
         };
-        assert!(self_attention(&[], &[], s).is_empty());
+        assert!(self_attention(&[], &[], s, None).is_empty());
     }
 }

@@ -1,13 +1,18 @@
-//! The BERT encoder as Burn tensor operations: embeddings, self-attention
-//! layers with padding masks, feed-forward blocks, then mean pooling over the
-//! attention mask and L2 normalisation.
+//! The BERT-family encoder as Burn tensor operations: embeddings,
+//! self-attention layers with padding masks, feed-forward blocks; the token
+//! states it returns are pooled by [`crate::pooling`].
 //!
 //! ```text
-//! ids ─► word + position + type embeddings ─► LayerNorm
-//!     ─► N × [ fused QKV ─► masked attention ─► out proj ─► +res ─► LayerNorm
+//! ids ─► word + position (+ type) embeddings ─► LayerNorm
+//!     ─► N × [ fused QKV ─► masked attention (+ relative bias) ─► out proj ─► +res ─► LayerNorm
 //!              ─► FFN (act) ─► +res ─► LayerNorm ]
-//!     ─► mean over real tokens ─► x / ‖x‖
+//!     ─► token states [b, s, h]
 //! ```
+//!
+//! The families differ in three places only: RoBERTa and XLM-RoBERTa count
+//! positions from past the padding index and have one token type; MPNet
+//! does too, has no token types, and adds a relative position bias (T5's
+//! bidirectional buckets, shared by every layer) to each head's scores.
 
 use std::path::Path;
 
@@ -16,7 +21,7 @@ use burn::tensor::module::{attention, embedding, layer_norm, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
 
-use crate::model_folder::{Activation, BertConfig, LoadError};
+use crate::model_folder::{Activation, Architecture, BertConfig, LoadError};
 use crate::precision::Precision;
 use crate::quantized::{
     DenseValues, HostNorm, InputRanges, LayerValues, Product, QuantizedLayer, Scratch,
@@ -125,13 +130,16 @@ struct Layer {
 #[error("backend error: {0}")]
 pub struct BackendError(pub String);
 
-/// A loaded BERT encoder with mean pooling and normalisation.
+/// A loaded BERT-family encoder.
 pub struct Bert {
     config: BertConfig,
     device: Device,
     word: Tensor<2>,
     position: Tensor<2>,
-    token_type: Tensor<2>,
+    /// Token-type embeddings (none in MPNet).
+    token_type: Option<Tensor<2>>,
+    /// MPNet's relative attention bias, `[buckets, heads]` on the host.
+    relative_bias: Option<Vec<f32>>,
     emb_norm: Norm,
     layers: Layers,
     /// Whether GELU and attention run as the encoder's own host loops (CPU
@@ -177,11 +185,24 @@ impl Bert {
             config.max_position_embeddings,
             h,
         )?;
-        let token_type = w.table(
-            "embeddings.token_type_embeddings.weight",
-            config.type_vocab_size,
-            h,
-        )?;
+        let token_type = if config.has_token_types() {
+            Some(w.table(
+                "embeddings.token_type_embeddings.weight",
+                config.type_vocab_size,
+                h,
+            )?)
+        } else {
+            None
+        };
+        let relative_bias = if config.architecture == Architecture::MpNet {
+            Some(w.host_values(
+                "encoder.relative_attention_bias.weight",
+                &[config.relative_attention_buckets, config.num_attention_heads],
+            )?)
+        } else {
+            None
+        };
+        let mpnet = config.architecture == Architecture::MpNet;
         let (gamma, beta) = w.norm("embeddings.LayerNorm", h)?;
         let emb_norm = Norm { gamma, beta };
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
@@ -197,8 +218,17 @@ impl Bert {
             let qkv = {
                 let mut weight = vec![0.0f32; h * 3 * h];
                 let mut bias = Vec::with_capacity(3 * h);
-                for (k, part) in ["query", "key", "value"].iter().enumerate() {
-                    let name = format!("{p}.attention.self.{part}");
+                let parts = if mpnet {
+                    ["attention.attn.q", "attention.attn.k", "attention.attn.v"]
+                } else {
+                    [
+                        "attention.self.query",
+                        "attention.self.key",
+                        "attention.self.value",
+                    ]
+                };
+                for (k, part) in parts.iter().enumerate() {
+                    let name = format!("{p}.{part}");
                     let values = w.linear_values(&format!("{name}.weight"), h, h)?;
                     for row in 0..h {
                         weight[row * 3 * h + k * h..row * 3 * h + (k + 1) * h]
@@ -212,8 +242,13 @@ impl Bert {
                     bias: Tensor::cat(bias, 0),
                 }
             };
-            let attn_out = dense(&mut w, "attention.output.dense", h, h)?;
-            let (gamma, beta) = w.norm(&format!("{p}.attention.output.LayerNorm"), h)?;
+            let (out_name, out_norm) = if mpnet {
+                ("attention.attn.o", "attention.LayerNorm")
+            } else {
+                ("attention.output.dense", "attention.output.LayerNorm")
+            };
+            let attn_out = dense(&mut w, out_name, h, h)?;
+            let (gamma, beta) = w.norm(&format!("{p}.{out_norm}"), h)?;
             let attn_norm = Norm { gamma, beta };
             let ffn_in = dense(&mut w, "intermediate.dense", h, config.intermediate_size)?;
             let ffn_out = dense(&mut w, "output.dense", config.intermediate_size, h)?;
@@ -235,6 +270,7 @@ impl Bert {
             word,
             position,
             token_type,
+            relative_bias,
             emb_norm,
             layers: Layers::Burn(layers),
             host_kernels,
@@ -287,10 +323,11 @@ impl Bert {
         tokens: &TokenBatch,
     ) -> Result<Vec<InputRanges>, BackendError> {
         let mut x = self.embeddings(tokens);
+        let bias = self.position_bias(tokens.seq_len);
         let mut all = Vec::with_capacity(layers.len());
         for layer in layers {
             let mut r = InputRanges::default();
-            x = self.float_layer(layer, x, tokens, &None, |product, input| {
+            x = self.float_layer(layer, x, tokens, &None, &bias, |product, input| {
                 let width = input.dims()[2];
                 InputRanges::fold(r.of(product), &host_values(input.clone())?, width);
                 Ok(())
@@ -308,14 +345,15 @@ impl Bert {
         x: Tensor<3>,
         tokens: &TokenBatch,
         attn_mask: &Option<Tensor<4, Bool>>,
+        bias: &Option<Vec<f32>>,
         mut seen: impl FnMut(Product, &Tensor<3>) -> Result<(), BackendError>,
     ) -> Result<Tensor<3>, BackendError> {
         seen(Product::Qkv, &x)?;
         let qkv = layer.qkv.forward(x.clone());
         let ctx = if self.host_kernels {
-            self.host_attention(qkv, tokens)?
+            self.host_attention(qkv, tokens, bias.as_deref())?
         } else {
-            self.backend_attention(qkv, attn_mask, x.dims())
+            self.backend_attention(qkv, attn_mask, bias.as_deref(), x.dims())
         };
         seen(Product::AttnOut, &ctx)?;
         let x = self.norm(layer.attn_out.forward_f32(ctx) + x, &layer.attn_norm);
@@ -327,17 +365,43 @@ impl Bert {
     }
 
     /// Word, position and token-type embeddings, summed and normalised.
+    /// Positions start at the family's offset (past the padding index for
+    /// RoBERTa and MPNet); padded positions get positions too, but no real
+    /// token attends to them and pooling skips them.
     fn embeddings(&self, tokens: &TokenBatch) -> Tensor<3> {
         let (b, s) = (tokens.batch, tokens.seq_len);
         let dev = &self.device;
         let ids = Tensor::<2, Int>::from_data(TensorData::new(tokens.ids.clone(), [b, s]), dev);
-        let types =
-            Tensor::<2, Int>::from_data(TensorData::new(tokens.type_ids.clone(), [b, s]), dev);
-        let positions = self.position.clone().narrow(0, 0, s).unsqueeze::<3>();
-        let x = embedding(self.word.clone(), ids)
-            + positions
-            + embedding(self.token_type.clone(), types);
+        let positions = self
+            .position
+            .clone()
+            .narrow(0, self.config.position_offset(), s)
+            .unsqueeze::<3>();
+        let mut x = embedding(self.word.clone(), ids) + positions;
+        if let Some(token_type) = &self.token_type {
+            let types =
+                Tensor::<2, Int>::from_data(TensorData::new(tokens.type_ids.clone(), [b, s]), dev);
+            x = x + embedding(token_type.clone(), types);
+        }
         self.norm(x, &self.emb_norm)
+    }
+
+    /// MPNet's relative position bias for sequences of `seq` tokens, `[heads,
+    /// seq, seq]` (None for other families).
+    fn position_bias(&self, seq: usize) -> Option<Vec<f32>> {
+        let table = self.relative_bias.as_ref()?;
+        let heads = self.config.num_attention_heads;
+        let buckets = self.config.relative_attention_buckets;
+        let mut bias = vec![0.0f32; heads * seq * seq];
+        for i in 0..seq {
+            for j in 0..seq {
+                let bucket = relative_bucket(j as i64 - i as i64, buckets);
+                for h in 0..heads {
+                    bias[(h * seq + i) * seq + j] = table[bucket * heads + h];
+                }
+            }
+        }
+        Some(bias)
     }
 
     fn norm(&self, x: Tensor<3>, n: &Norm) -> Tensor<3> {
@@ -383,11 +447,12 @@ impl Bert {
         &self,
         qkv: Tensor<3>,
         tokens: &TokenBatch,
+        bias: Option<&[f32]>,
     ) -> Result<Tensor<3>, BackendError> {
         let [b, s, _] = qkv.dims();
         let h = self.config.hidden_size;
         let values = host_values(qkv)?;
-        let ctx = crate::attention::self_attention(&values, &tokens.mask, self.shape(b, s));
+        let ctx = crate::attention::self_attention(&values, &tokens.mask, self.shape(b, s), bias);
         Ok(Tensor::from_data(
             TensorData::new(ctx, [b, s, h]),
             &self.device,
@@ -399,6 +464,7 @@ impl Bert {
         &self,
         qkv: Tensor<3>,
         attn_mask: &Option<Tensor<4, Bool>>,
+        bias: Option<&[f32]>,
         [b, s, h]: [usize; 3],
     ) -> Tensor<3> {
         let heads = self.config.num_attention_heads;
@@ -409,45 +475,49 @@ impl Bert {
                 .reshape([b, s, heads, head_dim])
                 .swap_dims(1, 2)
         };
+        let bias = bias.map(|bias| {
+            Tensor::<3>::from_data(TensorData::new(bias.to_vec(), [heads, s, s]), &self.device)
+                .unsqueeze::<4>()
+                .expand([b, heads, s, s])
+                .cast(qkv.dtype())
+        });
         let ctx = attention(
             split(0),
             split(1),
             split(2),
             attn_mask.clone(),
-            None,
+            bias,
             AttentionModuleOptions::default(),
         );
         ctx.swap_dims(1, 2).reshape([b, s, h])
     }
 
-    /// Runs the encoder on a padded batch and returns the L2-normalised mean
-    /// of each text's token states, row-major `[batch, hidden]`.
+    /// Runs the encoder on a padded batch and returns every token's final
+    /// state, `[batch, seq, hidden]` in `f32`.
     ///
-    /// `tokens.seq_len` must not exceed `max_position_embeddings`; the
+    /// `tokens.seq_len` must not exceed [`BertConfig::max_positions`]; the
     /// tokenizer's truncation guarantees it.
-    pub fn embed(&self, tokens: &TokenBatch) -> Result<Vec<f32>, BackendError> {
+    pub fn forward(&self, tokens: &TokenBatch) -> Result<Tensor<3>, BackendError> {
         let (b, s) = (tokens.batch, tokens.seq_len);
-        if b == 0 {
-            return Ok(Vec::new());
-        }
         let h = self.config.hidden_size;
         let heads = self.config.num_attention_heads;
         let dev = &self.device;
-
-        let mask_f: Vec<f32> = tokens.mask.iter().map(|&m| m as f32).collect();
-        let mask_f = Tensor::<2>::from_data(TensorData::new(mask_f, [b, s]), dev);
+        if b == 0 || s == 0 {
+            return Ok(Tensor::zeros([b, s, h], dev));
+        }
         let attn_mask: Option<Tensor<4, Bool>> = (!self.host_kernels).then(|| {
             let pad: Vec<bool> = tokens.mask.iter().map(|&m| m == 0).collect();
             let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad, [b, s]), dev);
             pad.reshape([b, 1, 1, s]).expand([b, heads, s, s])
         });
+        let bias = self.position_bias(s);
 
         let mut x = self.embeddings(tokens);
 
         match &self.layers {
             Layers::Burn(layers) => {
                 for layer in layers {
-                    x = self.float_layer(layer, x, tokens, &attn_mask, |_, _| Ok(()))?;
+                    x = self.float_layer(layer, x, tokens, &attn_mask, &bias, |_, _| Ok(()))?;
                 }
             }
             Layers::Int8(layers) => {
@@ -456,24 +526,41 @@ impl Bert {
                 let mut scratch = Scratch::default();
                 let eps = self.config.layer_norm_eps as f32;
                 for layer in layers {
-                    layer.forward(&mut values, &tokens.mask, shape, eps, &mut scratch);
+                    layer.forward(
+                        &mut values,
+                        &tokens.mask,
+                        shape,
+                        bias.as_deref(),
+                        eps,
+                        &mut scratch,
+                    );
                 }
                 x = Tensor::from_data(TensorData::new(values, [b, s, h]), dev);
             }
         }
-
-        let m = mask_f.unsqueeze_dim::<3>(2);
-        let summed = (x * m.clone()).sum_dim(1).reshape([b, h]);
-        let counts = m.sum_dim(1).reshape([b, 1]).clamp_min(1e-9);
-        let mean = summed / counts;
-        let norms = mean
-            .clone()
-            .powi_scalar(2)
-            .sum_dim(1)
-            .sqrt()
-            .clamp_min(1e-12);
-        host_values(mean / norms)
+        Ok(x.cast(FloatDType::F32))
     }
+}
+
+/// MPNet's bucket of a relative position (key − query): T5's bidirectional
+/// scheme with a maximum distance of 128, half the buckets for keys after
+/// the query; exact below a quarter of the buckets, logarithmic above.
+fn relative_bucket(relative: i64, buckets: usize) -> usize {
+    const MAX_DISTANCE: f64 = 128.0;
+    let half = (buckets / 2) as i64;
+    let n = -relative;
+    let mut bucket = if n < 0 { half } else { 0 };
+    let n = n.abs();
+    let max_exact = half / 2;
+    bucket += if n < max_exact {
+        n
+    } else {
+        let large = max_exact
+            + ((n as f64 / max_exact as f64).ln() / (MAX_DISTANCE / max_exact as f64).ln()
+                * (half - max_exact) as f64) as i64;
+        large.min(half - 1)
+    };
+    bucket as usize
 }
 
 /// A tensor's values, read back to the host.
@@ -488,7 +575,7 @@ fn host_values<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, BackendError> {
 /// input channel is shared between activations and weights; every token
 /// still gets its own scale at run time.
 fn calibration_batch(config: &BertConfig) -> TokenBatch {
-    let (rows, len) = (8, 48.min(config.max_position_embeddings));
+    let (rows, len) = (8, 48.min(config.max_positions()));
     let low = config.vocab_size / 10;
     let span = (config.vocab_size - low).max(1) as u64;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -506,6 +593,7 @@ fn calibration_batch(config: &BertConfig) -> TokenBatch {
         ids,
         type_ids: vec![0; rows * len],
         mask: vec![1; rows * len],
+        prompt_tokens: 0,
     }
 }
 
@@ -517,6 +605,9 @@ mod tests {
 
     fn tiny_config() -> BertConfig {
         BertConfig {
+            architecture: Architecture::Bert,
+            pad_token_id: 0,
+            relative_attention_buckets: 0,
             vocab_size: 11,
             hidden_size: 8,
             num_hidden_layers: 2,
@@ -623,6 +714,7 @@ mod tests {
             ids: vec![],
             type_ids: vec![0; rows.len() * seq_len],
             mask: vec![],
+            prompt_tokens: 0,
         };
         for r in rows {
             t.ids.extend(
@@ -637,13 +729,20 @@ mod tests {
         t
     }
 
+    /// Mean-pooled, normalised vectors of `tokens`, row-major.
+    fn embed(model: &Bert, tokens: &TokenBatch) -> Vec<f32> {
+        let states = model.forward(tokens).unwrap();
+        let pooled = crate::pooling::Pooling::mean().forward(states, &tokens.mask, 0);
+        host_values(crate::head::normalize(pooled)).unwrap()
+    }
+
     /// A short text's vector alone, and a long and the short text's
     /// vectors in one padded batch; asserts padding changed nothing.
     fn alone_and_padded(model: &Bert) -> (Vec<f32>, Vec<f32>) {
         let short: &[i64] = &[1, 5, 2];
         let long: &[i64] = &[1, 3, 4, 7, 9, 10, 6, 2];
-        let alone = model.embed(&batch(&[short])).unwrap();
-        let padded = model.embed(&batch(&[long, short])).unwrap();
+        let alone = embed(model, &batch(&[short]));
+        let padded = embed(model, &batch(&[long, short]));
         assert_eq!(padded.len(), 16);
         let diff = alone
             .iter()
@@ -668,9 +767,9 @@ mod tests {
     fn host_loops_and_backend_kernels_agree() {
         let mut model = load(&checkpoint(&tiny_config())).unwrap();
         let tokens = batch(&[&[1, 3, 4, 7, 9, 10, 6, 2], &[1, 5, 2], &[1, 8, 8, 2]]);
-        let host = model.embed(&tokens).unwrap();
+        let host = embed(&model, &tokens);
         model.host_kernels = false;
-        let backend = model.embed(&tokens).unwrap();
+        let backend = embed(&model, &tokens);
         let diff = host
             .iter()
             .zip(&backend)
@@ -712,6 +811,46 @@ mod tests {
                     "{activation:?}: cosine {cosine} to the float model"
                 );
             }
+        }
+    }
+
+    /// MPNet's buckets (32 of them) agree with transformers'
+    /// `relative_position_bucket` at the edges of every range.
+    #[test]
+    fn relative_buckets_match_transformers() {
+        let want = [
+            (-300, 15),
+            (-129, 15),
+            (-128, 15),
+            (-127, 15),
+            (-64, 14),
+            (-33, 12),
+            (-32, 12),
+            (-31, 11),
+            (-17, 10),
+            (-16, 10),
+            (-15, 9),
+            (-9, 8),
+            (-8, 8),
+            (-7, 7),
+            (-1, 1),
+            (0, 0),
+            (1, 17),
+            (7, 23),
+            (8, 24),
+            (9, 24),
+            (15, 25),
+            (16, 26),
+            (17, 26),
+            (31, 27),
+            (32, 28),
+            (64, 30),
+            (127, 31),
+            (128, 31),
+            (300, 31),
+        ];
+        for (relative, bucket) in want {
+            assert_eq!(relative_bucket(relative, 32), bucket, "{relative}");
         }
     }
 

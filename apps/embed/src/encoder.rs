@@ -1,5 +1,6 @@
 //! [`SentenceEncoder`]: a model folder loaded onto a device, turning texts
-//! into normalised embeddings.
+//! into embeddings as the folder's pipeline says: encoder, pooling, Dense
+//! layers, normalisation.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::Device;
 
 use crate::bert::{BackendError, Bert};
+use crate::head::Head;
 use crate::model_folder::{LoadError, ModelFolder, ModelRevision};
 use crate::precision::Precision;
 use crate::tokenize::{TextTokenizer, TokenBatch, TokenizeError};
@@ -23,7 +25,8 @@ pub enum EncodeError {
     Backend(#[from] BackendError),
 }
 
-/// Normalised embeddings of one batch, row-major.
+/// Embeddings of one batch, row-major (unit vectors where the folder ends
+/// with `Normalize`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Embeddings {
     /// Width of each vector.
@@ -41,6 +44,22 @@ impl Embeddings {
     /// The vector of text `i`.
     pub fn row(&self, i: usize) -> &[f32] {
         &self.values[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// The first `dim` values of every vector, renormalised (Matryoshka
+    /// truncation); unchanged when `dim` is the width.
+    ///
+    /// # Panics
+    ///
+    /// When `dim` is 0 or wider than the vectors.
+    pub fn truncated(self, dim: usize) -> Embeddings {
+        if dim == self.dim {
+            return self;
+        }
+        Embeddings {
+            values: crate::head::truncate_rows(&self.values, self.dim, dim),
+            dim,
+        }
     }
 }
 
@@ -64,6 +83,9 @@ pub fn default_device() -> Device {
 /// let encoder = SentenceEncoder::load("models/all-MiniLM-L6-v2", &default_device())?;
 /// let vectors = encoder.encode(&["a sentence", "another one"])?;
 /// assert_eq!(vectors.dim, 384);
+/// // A query prompt, and the first 128 dimensions renormalised:
+/// let query = encoder.encode_prompted(&["what is an actor?"], "query: ")?.truncated(128);
+/// assert_eq!(query.dim, 128);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
@@ -72,6 +94,7 @@ pub struct SentenceEncoder {
     revision: ModelRevision,
     tokenizer: TextTokenizer,
     model: Bert,
+    head: Head,
     load_time: Duration,
 }
 
@@ -91,16 +114,23 @@ impl SentenceEncoder {
     ) -> Result<Self, LoadError> {
         let started = Instant::now();
         let folder = ModelFolder::open(dir)?;
-        let tokenizer = TextTokenizer::load(&folder.tokenizer_path(), folder.max_seq_length)?;
+        let tokenizer = TextTokenizer::load_with(
+            &folder.tokenizer_path(),
+            folder.max_seq_length,
+            u32::try_from(folder.config.pad_token_id).ok(),
+            folder.do_lower_case,
+        )?;
         let path = folder.weights_path();
         let bytes = std::fs::read(&path).map_err(LoadError::io(&path))?;
         let revision = ModelRevision::of_bytes(&bytes);
         let model = Bert::from_safetensors(&folder.config, &path, &bytes, device, precision)?;
+        let head = Head::load(&folder.head, device)?;
         Ok(Self {
             folder,
             revision,
             tokenizer,
             model,
+            head,
             load_time: started.elapsed(),
         })
     }
@@ -122,7 +152,12 @@ impl SentenceEncoder {
 
     /// Width of the embeddings.
     pub fn dim(&self) -> usize {
-        self.folder.config.hidden_size
+        self.folder.output_dim()
+    }
+
+    /// The folder's configuration: pooling, modules, prompts, similarity.
+    pub fn folder(&self) -> &ModelFolder {
+        &self.folder
     }
 
     /// Longest sequence in tokens; longer texts are truncated.
@@ -140,23 +175,58 @@ impl SentenceEncoder {
         &self.tokenizer
     }
 
-    /// Tokenizes a batch as [`SentenceEncoder::encode`] would.
+    /// Tokenizes a batch as [`SentenceEncoder::encode`] would: with the
+    /// folder's default prompt, if it names one.
     pub fn tokenize(&self, texts: &[&str]) -> Result<TokenBatch, TokenizeError> {
-        self.tokenizer.tokenize(texts)
+        self.tokenizer
+            .tokenize_prompted(texts, self.folder.default_prompt())
+    }
+
+    /// Tokenizes a batch with `prompt` prepended to every text.
+    pub fn tokenize_prompted(
+        &self,
+        texts: &[&str],
+        prompt: &str,
+    ) -> Result<TokenBatch, TokenizeError> {
+        self.tokenizer.tokenize_prompted(texts, prompt)
     }
 
     /// Embeds an already tokenized batch.
     pub fn encode_tokens(&self, tokens: &TokenBatch) -> Result<Embeddings, BackendError> {
+        if tokens.batch == 0 {
+            return Ok(Embeddings {
+                dim: self.dim(),
+                values: Vec::new(),
+            });
+        }
+        let states = self.model.forward(tokens)?;
+        let pooled = self
+            .folder
+            .pooling
+            .forward(states, &tokens.mask, tokens.prompt_tokens);
+        let values = self
+            .head
+            .forward(pooled)
+            .try_into_vec_as::<f32>()
+            .map_err(|e| BackendError(e.to_string()))?;
         Ok(Embeddings {
             dim: self.dim(),
-            values: self.model.embed(tokens)?,
+            values,
         })
     }
 
-    /// Embeds `texts` as one batch padded to its longest text. Padding never
-    /// changes a text's vector.
+    /// Embeds `texts` as one batch padded to its longest text, with the
+    /// folder's default prompt if it names one. Padding never changes a
+    /// text's vector.
     pub fn encode(&self, texts: &[&str]) -> Result<Embeddings, EncodeError> {
         let tokens = self.tokenize(texts)?;
+        Ok(self.encode_tokens(&tokens)?)
+    }
+
+    /// [`SentenceEncoder::encode`] with `prompt` prepended to every text
+    /// (`""`: none, whatever the folder's default).
+    pub fn encode_prompted(&self, texts: &[&str], prompt: &str) -> Result<Embeddings, EncodeError> {
+        let tokens = self.tokenize_prompted(texts, prompt)?;
         Ok(self.encode_tokens(&tokens)?)
     }
 }

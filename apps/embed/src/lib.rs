@@ -1,13 +1,16 @@
 //! Sentence embeddings in Burn.
 //!
-//! A BERT-family encoder, its tokenizer, mean pooling over the attention mask
-//! and L2 normalisation, loaded from a sentence-transformers folder in Hugging
-//! Face layout and matching sentence-transformers' vectors.
+//! BERT-family encoders (BERT, RoBERTa and XLM-RoBERTa, MPNet), their
+//! tokenizers, every pooling mode of sentence-transformers, its Dense and
+//! Normalize modules and prompts, loaded from a sentence-transformers folder
+//! in Hugging Face layout and matching sentence-transformers' vectors.
 //!
 //! ```text
-//! texts ─► TextTokenizer (truncate to max_seq_length, pad to batch longest)
+//! texts ─► TextTokenizer (prompt, truncate to max_seq_length, pad to batch longest)
 //!       ─► Bert (Burn: flex CPU backend by default, CUDA with `cuda`)
-//!       ─► Embeddings { dim, values } + ModelRevision (sha256 of the weights)
+//!       ─► Pooling (cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken)
+//!       ─► [Dense…] [Normalize] ─► Embeddings { dim, values } (+ truncated to --dim)
+//!       + ModelRevision (sha256 of the weights)
 //! ```
 //!
 //! Guarantees: a text's vector does not depend on the batch it is encoded in
@@ -21,9 +24,11 @@ pub mod convert;
 pub mod devices;
 mod encoder;
 mod fast_gelu;
+pub mod head;
 pub mod int8_gemm;
 pub mod job;
 pub mod model_folder;
+pub mod pooling;
 mod precision;
 mod quantized;
 mod shared_models;
@@ -36,7 +41,8 @@ pub use burn::tensor::Device;
 pub use convert::{Converted, convert_folder};
 pub use devices::{DeviceChoice, cpu_device, cuda_devices};
 pub use encoder::{Embeddings, EncodeError, SentenceEncoder, default_device};
-pub use model_folder::{BertConfig, LoadError, ModelFolder, ModelRevision};
+pub use model_folder::{Architecture, BertConfig, LoadError, ModelFolder, ModelRevision};
+pub use pooling::{Pooling, PoolingMode};
 pub use precision::{Precision, UnknownPrecision};
 pub use shared_models::SharedModels;
 pub use tokenize::{TextTokenizer, TokenBatch, TokenizeError};

@@ -196,17 +196,20 @@ impl QuantizedLayer {
         }
     }
 
-    /// Runs the layer on `x`, `[batch · seq, hidden]` row-major, in place.
+    /// Runs the layer on `x`, `[batch · seq, hidden]` row-major, in place;
+    /// `bias` is the attention's position bias (MPNet's), `[heads, seq,
+    /// seq]`.
     pub(crate) fn forward(
         &self,
         x: &mut [f32],
         mask: &[i64],
         shape: Shape,
+        bias: Option<&[f32]>,
         eps: f32,
         s: &mut Scratch,
     ) {
         self.qkv.forward(x, &mut s.q, &mut s.wide);
-        let ctx = self_attention(&s.wide, mask, shape);
+        let ctx = self_attention(&s.wide, mask, shape, bias);
         self.attn_out.forward(&ctx, &mut s.q, &mut s.narrow);
         add_norm(x, &s.narrow, &self.attn_norm, eps);
 

@@ -1,6 +1,8 @@
 //! Tokenization as sentence-transformers does it: the folder's
-//! `tokenizer.json`, truncation to `max_seq_length`, and padding per batch to
-//! the longest sequence in that batch.
+//! `tokenizer.json` (WordPiece or SentencePiece), lower-casing where the
+//! folder asks for it, a prompt prepended to every text, truncation to
+//! `max_seq_length`, and padding per batch to the longest sequence in that
+//! batch.
 
 use std::path::Path;
 
@@ -33,6 +35,10 @@ pub struct TokenBatch {
     pub type_ids: Vec<i64>,
     /// 1 for a real token, 0 for padding, `batch * seq_len`.
     pub mask: Vec<i64>,
+    /// Tokens at the start of every row that are the prompt's (its special
+    /// start token included, as sentence-transformers counts them); 0
+    /// without a prompt.
+    pub prompt_tokens: usize,
 }
 
 impl TokenBatch {
@@ -58,6 +64,7 @@ impl TokenBatch {
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: Tokenizer,
+    lowercase: bool,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -71,14 +78,27 @@ impl TextTokenizer {
     /// bakes in: truncation to `max_len` tokens, padding to the longest
     /// sequence of each batch.
     pub fn load(path: &Path, max_len: usize) -> Result<Self, LoadError> {
+        Self::load_with(path, max_len, None, false)
+    }
+
+    /// [`TextTokenizer::load`] padding with `pad_id` when the tokenizer
+    /// names no padding of its own (the model's `pad_token_id`), and
+    /// lower-casing every text first when `lowercase` is set.
+    pub fn load_with(
+        path: &Path,
+        max_len: usize,
+        pad_id: Option<u32>,
+        lowercase: bool,
+    ) -> Result<Self, LoadError> {
         let err = |reason: String| LoadError::Tokenizer {
             path: path.to_path_buf(),
             reason,
         };
         let mut inner = Tokenizer::from_file(path).map_err(|e| err(e.to_string()))?;
-        let (pad_id, pad_token) = match inner.get_padding() {
-            Some(p) => (p.pad_id, p.pad_token.clone()),
-            None => {
+        let (pad_id, pad_token) = match (inner.get_padding(), pad_id) {
+            (Some(p), _) => (p.pad_id, p.pad_token.clone()),
+            (None, Some(id)) => (id, inner.id_to_token(id).unwrap_or_default()),
+            (None, None) => {
                 let token = "[PAD]".to_owned();
                 let id = inner.token_to_id(&token).unwrap_or(0);
                 (id, token)
@@ -100,14 +120,31 @@ impl TextTokenizer {
             pad_type_id: 0,
             pad_token,
         }));
-        Ok(Self { inner })
+        Ok(Self { inner, lowercase })
     }
 
     /// Tokenizes a batch, adding the special tokens (`[CLS]`, `[SEP]`).
     pub fn tokenize(&self, texts: &[&str]) -> Result<TokenBatch, TokenizeError> {
+        self.tokenize_prompted(texts, "")
+    }
+
+    /// Tokenizes a batch with `prompt` prepended to every text, as
+    /// sentence-transformers does, recording how many tokens of each row
+    /// are the prompt's.
+    pub fn tokenize_prompted(
+        &self,
+        texts: &[&str],
+        prompt: &str,
+    ) -> Result<TokenBatch, TokenizeError> {
+        let inputs: Vec<String> = texts.iter().map(|t| self.input(prompt, t)).collect();
+        let prompt_tokens = if prompt.is_empty() {
+            0
+        } else {
+            self.prompt_tokens(prompt)?
+        };
         let encodings = self
             .inner
-            .encode_batch(texts.to_vec(), true)
+            .encode_batch(inputs, true)
             .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         let batch = encodings.len();
         let seq_len = encodings.first().map_or(0, |e| e.len());
@@ -126,7 +163,30 @@ impl TextTokenizer {
             ids,
             type_ids,
             mask,
+            prompt_tokens,
         })
+    }
+
+    /// The text the tokenizer is given: the prompt and the text, lower-cased
+    /// when the folder says so.
+    fn input(&self, prompt: &str, text: &str) -> String {
+        let joined = format!("{prompt}{text}");
+        if self.lowercase {
+            joined.to_lowercase()
+        } else {
+            joined
+        }
+    }
+
+    /// Tokens of `prompt` alone with the special tokens, less a special
+    /// token at its end (sentence-transformers' prompt length).
+    fn prompt_tokens(&self, prompt: &str) -> Result<usize, TokenizeError> {
+        let enc = self
+            .inner
+            .encode(self.input(prompt, ""), true)
+            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        let ends_special = enc.get_special_tokens_mask().last() == Some(&1);
+        Ok(enc.len() - usize::from(ends_special))
     }
 
     /// Number of tokens `text` becomes (special tokens included, truncated).
@@ -134,7 +194,7 @@ impl TextTokenizer {
     pub fn token_count(&self, text: &str) -> Result<usize, TokenizeError> {
         let enc = self
             .inner
-            .encode(text, true)
+            .encode(self.input("", text), true)
             .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         Ok(enc.len())
     }

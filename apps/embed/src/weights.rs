@@ -1,4 +1,4 @@
-//! Reading BERT weights from `model.safetensors`, checking every tensor's name
+//! Reading BERT-family weights from `model.safetensors`, checking every tensor's name
 //! and shape against `config.json`, and turning PyTorch layouts into Burn's.
 
 use std::collections::HashSet;
@@ -9,20 +9,29 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::model_folder::LoadError;
 
-/// Tensors a BERT checkpoint may carry that the encoder does not use.
+/// Tensors a BERT-family checkpoint may carry that the encoder does not
+/// use: buffers and the pooler of the pre-training task.
 const IGNORED: &[&str] = &[
     "embeddings.position_ids",
+    "embeddings.token_type_ids",
     "pooler.dense.weight",
     "pooler.dense.bias",
 ];
+
+/// Prefixes of checkpoints saved from a task model (`BertForX`, …) rather
+/// than the bare encoder.
+const TASK_PREFIXES: &[&str] = &["bert.", "roberta.", "mpnet.", "model."];
 
 /// A parsed weights file that hands out tensors by name, checking shapes and
 /// remembering which names were taken so leftovers can be reported.
 pub(crate) struct WeightFile<'a> {
     path: &'a Path,
     tensors: SafeTensors<'a>,
-    /// `"bert."` when the checkpoint was saved from a task model.
+    /// `"bert."` (or another of [`TASK_PREFIXES`]) when the checkpoint was
+    /// saved from a task model.
     prefix: &'static str,
+    /// Names the file may carry unused.
+    ignored: &'static [&'static str],
     taken: HashSet<String>,
     device: &'a Device,
 }
@@ -34,19 +43,35 @@ impl<'a> WeightFile<'a> {
         device: &'a Device,
     ) -> Result<Self, LoadError> {
         let tensors = SafeTensors::deserialize(bytes).map_err(LoadError::weights(path))?;
-        let prefix = if tensors
-            .names()
+        let names = tensors.names();
+        let prefix = TASK_PREFIXES
             .iter()
-            .any(|n| n.starts_with("bert.embeddings."))
-        {
-            "bert."
-        } else {
-            ""
-        };
+            .find(|p| names.iter().any(|n| n.starts_with(&format!("{p}embeddings."))))
+            .copied()
+            .unwrap_or("");
         Ok(Self {
             path,
             tensors,
             prefix,
+            ignored: IGNORED,
+            taken: HashSet::new(),
+            device,
+        })
+    }
+
+    /// A weights file read as named, with no prefix and nothing left unused
+    /// (the `Dense` modules after pooling).
+    pub(crate) fn parse_plain(
+        path: &'a Path,
+        bytes: &'a [u8],
+        device: &'a Device,
+    ) -> Result<Self, LoadError> {
+        let tensors = SafeTensors::deserialize(bytes).map_err(LoadError::weights(path))?;
+        Ok(Self {
+            path,
+            tensors,
+            prefix: "",
+            ignored: &[],
             taken: HashSet::new(),
             device,
         })
@@ -93,6 +118,15 @@ impl<'a> WeightFile<'a> {
         };
         self.taken.insert(full);
         Ok(values)
+    }
+
+    /// A tensor's values on the host, checked against `shape`.
+    pub(crate) fn host_values(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Vec<f32>, LoadError> {
+        self.values(name, shape)
     }
 
     /// A 1-D tensor such as a bias or a layer-norm parameter.
@@ -156,13 +190,13 @@ impl<'a> WeightFile<'a> {
     }
 
     /// Fails on the first tensor in the file that no loader took and that is
-    /// not a known unused BERT tensor.
+    /// not a known unused one.
     pub(crate) fn finish(self) -> Result<(), LoadError> {
         let mut names = self.tensors.names();
         names.sort_unstable();
         for name in names {
             let bare = name.strip_prefix(self.prefix).unwrap_or(name);
-            if !self.taken.contains(name) && !IGNORED.contains(&bare) {
+            if !self.taken.contains(name) && !self.ignored.contains(&bare) {
                 return Err(LoadError::UnexpectedTensor {
                     path: self.path.to_path_buf(),
                     name: name.to_owned(),
