@@ -5,16 +5,11 @@ use std::process::Command;
 
 mod common;
 
-use common::{assert_exactly_once, model, parts, read_output, root};
+use common::{
+    assert_exactly_once, model, parts, pyarrow_dataset, read_output, root, scratch, test_tool,
+};
 
 const NODE: &str = env!("CARGO_BIN_EXE_node");
-
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flotilla-embed-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn embed(input: &Path, output: &Path, extra: &[&str]) -> (bool, String, String) {
     embed_at(
@@ -525,56 +520,6 @@ fn folder_and_glob_inputs_read_every_shard_and_resume_across_them() {
     let (ok, _, stderr) = embed(&input, &dir.join("out-mixed"), &args);
     assert!(!ok && stderr.contains("mixes JSONL"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A program of the test tools' environment (`scripts/fetch-test-tools`):
-/// where `env` says, else in its default folder.
-fn test_tool(env: &str, program: &str) -> PathBuf {
-    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap())
-            .join(".cache/flotilla/test-venv/bin")
-            .join(program)
-    });
-    assert!(
-        path.exists(),
-        "no {program} at {}: run scripts/test, or scripts/fetch-test-tools",
-        path.display()
-    );
-    path
-}
-
-/// The Python that reads outputs back.
-fn test_python() -> PathBuf {
-    test_tool("FLOTILLA_TEST_PYTHON", "python")
-}
-
-/// What pyarrow's dataset API makes of a parts folder.
-fn pyarrow_dataset(parts: &Path) -> serde_json::Value {
-    const READ: &str = r#"
-import json, sys
-import pyarrow.dataset as ds
-d = ds.dataset(sys.argv[1], format="parquet")
-t = d.to_table()
-meta = {k.decode(): v.decode() for k, v in (d.schema.metadata or {}).items()}
-print(json.dumps({
-    "rows": t.num_rows,
-    "ids": t.column("id").to_pylist(),
-    "names": t.schema.names,
-    "embedding": str(t.schema.field("embedding").type),
-    "metadata": meta,
-    "lang": t.column("lang").to_pylist() if "lang" in t.schema.names else None,
-}))
-"#;
-    let out = Command::new(test_python())
-        .args(["-c", READ, parts.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Parquet shards (several row groups each) in, Parquet parts out with an

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::SystemTime;
 
 use serde_json::Value;
@@ -20,6 +21,84 @@ pub fn model() -> PathBuf {
     std::env::var_os("FLOTILLA_MODEL_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("models/all-MiniLM-L6-v2"))
+}
+
+/// A program of the test tools' environment (`scripts/fetch-test-tools`):
+/// where `env` says, else in its default folder.
+pub fn test_tool(env: &str, program: &str) -> PathBuf {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap())
+            .join(".cache/flotilla/test-venv/bin")
+            .join(program)
+    });
+    assert!(
+        path.exists(),
+        "no {program} at {}: run scripts/test, or scripts/fetch-test-tools",
+        path.display()
+    );
+    path
+}
+
+/// The Python that reads outputs back.
+pub fn test_python() -> PathBuf {
+    test_tool("FLOTILLA_TEST_PYTHON", "python")
+}
+
+/// What pyarrow's dataset API makes of a parts folder.
+/// A folder of Parquet parts as pyarrow reads it as one dataset: rows,
+/// ids, column names, the embedding's type, the schema's metadata (and a
+/// `lang` column where there is one).
+pub fn pyarrow_dataset(parts: &Path) -> serde_json::Value {
+    const READ: &str = r#"
+import json, sys
+import pyarrow.dataset as ds
+d = ds.dataset(sys.argv[1], format="parquet")
+t = d.to_table()
+meta = {k.decode(): v.decode() for k, v in (d.schema.metadata or {}).items()}
+print(json.dumps({
+    "rows": t.num_rows,
+    "ids": t.column("id").to_pylist(),
+    "names": t.schema.names,
+    "embedding": str(t.schema.field("embedding").type),
+    "metadata": meta,
+    "lang": t.column("lang").to_pylist() if "lang" in t.schema.names else None,
+}))
+"#;
+    let out = Command::new(test_python())
+        .args(["-c", READ, parts.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A fresh folder under the temporary folder for one test.
+pub fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flotilla-embed-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The small models of every supported family with sentence-transformers'
+/// reference vectors (`scripts/make-test-models`): where
+/// `FLOTILLA_TEST_MODELS` says, else in its default folder.
+pub fn test_models() -> PathBuf {
+    let dir = std::env::var_os("FLOTILLA_TEST_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/flotilla/test-models")
+        });
+    assert!(
+        dir.join("references.json").exists(),
+        "no test models in {}: run scripts/test, or scripts/make-test-models",
+        dir.display()
+    );
+    dir
 }
 
 /// Every output row: id → embedding, failing on any id seen twice.

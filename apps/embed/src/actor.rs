@@ -28,7 +28,7 @@ use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::devices::{DeviceChoice, cuda_devices};
-use crate::{EncodeError, Precision, SentenceEncoder, SharedModels, TokenBatch};
+use crate::{EmbedOptions, EncodeError, Precision, SentenceEncoder, SharedModels, TokenBatch};
 
 /// Kind name under which nodes register [`Embedder`].
 pub const KIND: &str = "flotilla.embedder";
@@ -128,6 +128,11 @@ pub struct ModelInfo {
     pub device: String,
     /// The float type of its dense layers (`f32`, `f16`, `bf16`).
     pub precision: String,
+    /// The prompt before every text (`""`: none).
+    pub prompt: String,
+    /// The similarity function the model was trained for (`""`: the
+    /// folder names none).
+    pub similarity: String,
 }
 
 /// Where to load the model from, and how to run it.
@@ -147,6 +152,13 @@ pub struct EmbedderArgs {
     pub device: String,
     /// The float type of the dense layers: `f32`, `f16` or `bf16`.
     pub precision: String,
+    /// Prepended to every text (none: see `prompt_name`).
+    pub prompt: Option<String>,
+    /// One of the folder's named prompts (none: the folder's default
+    /// prompt, if it names one).
+    pub prompt_name: Option<String>,
+    /// Dimensions kept of each vector, renormalised (0: all).
+    pub dim: u32,
 }
 
 impl EmbedderArgs {
@@ -159,6 +171,9 @@ impl EmbedderArgs {
             micro_batch: crate::job::DEFAULT_MICRO_BATCH as u32,
             device: DeviceChoice::Auto.to_string(),
             precision: Precision::F32.to_string(),
+            prompt: None,
+            prompt_name: None,
+            dim: 0,
         }
     }
 }
@@ -229,9 +244,11 @@ struct Prepared {
     parts: Vec<(Vec<usize>, TokenBatch)>,
 }
 
-/// Tokenizes `texts` in length-sorted micro-batches of `micro_batch`.
+/// Tokenizes `texts` in length-sorted micro-batches of `micro_batch`, with
+/// the options' prompt before each.
 fn prepare<S: AsRef<str>>(
     encoder: &SentenceEncoder,
+    options: &EmbedOptions,
     texts: &[S],
     micro_batch: usize,
 ) -> Result<Prepared, crate::TokenizeError> {
@@ -241,7 +258,10 @@ fn prepare<S: AsRef<str>>(
         .chunks(micro_batch.max(1))
         .map(|chunk| {
             let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_ref()).collect();
-            Ok((chunk.to_vec(), encoder.tokenize(&refs)?))
+            Ok((
+                chunk.to_vec(),
+                encoder.tokenize_prompted(&refs, &options.prompt)?,
+            ))
         })
         .collect::<Result<_, crate::TokenizeError>>()?;
     Ok(Prepared {
@@ -250,15 +270,16 @@ fn prepare<S: AsRef<str>>(
     })
 }
 
-/// Runs a prepared batch, answering in input order.
+/// Runs a prepared batch, answering in input order with `dim` dimensions
+/// of each vector.
 fn encode_prepared(
     encoder: &SentenceEncoder,
+    dim: usize,
     prepared: &Prepared,
 ) -> Result<Vec<f32>, crate::BackendError> {
-    let dim = encoder.dim();
     let mut values = vec![0.0f32; prepared.rows * dim];
     for (rows, tokens) in &prepared.parts {
-        let out = encoder.encode_tokens(tokens)?;
+        let out = encoder.encode_tokens(tokens)?.truncated(dim);
         for (row, &i) in rows.iter().enumerate() {
             values[i * dim..(i + 1) * dim].copy_from_slice(out.row(row));
         }
@@ -267,31 +288,39 @@ fn encode_prepared(
 }
 
 /// Embeds `texts` in length-sorted micro-batches, answering in input order:
-/// what an [`Embedder`] runs for each batch.
+/// what an [`Embedder`] runs for each batch (with the folder's default
+/// prompt and every dimension).
 pub fn embed_sorted<S: AsRef<str>>(
     encoder: &SentenceEncoder,
     texts: &[S],
     micro_batch: usize,
 ) -> Result<Vec<f32>, EncodeError> {
-    let prepared = prepare(encoder, texts, micro_batch)?;
-    Ok(encode_prepared(encoder, &prepared)?)
+    let options = encoder
+        .folder()
+        .embed_options(None, None, None)
+        .expect("the folder's own defaults");
+    let prepared = prepare(encoder, &options, texts, micro_batch)?;
+    Ok(encode_prepared(encoder, options.dim, &prepared)?)
 }
 
 /// Tokenizes a job's texts; `None` when the job was answered already (its
 /// input cannot be embedded).
 fn prepare_job(
     encoder: &SentenceEncoder,
+    options: &EmbedOptions,
     batch_id: u64,
     texts: &Texts,
     micro_batch: usize,
     reply: &mut Option<oneshot::Sender<EmbedReply>>,
 ) -> Option<Prepared> {
     let prepared = match texts {
-        Texts::Owned(texts) => prepare(encoder, texts, micro_batch).map_err(|e| e.to_string()),
+        Texts::Owned(texts) => {
+            prepare(encoder, options, texts, micro_batch).map_err(|e| e.to_string())
+        }
         Texts::Object(bytes) => match bytes.archive::<Vec<String>>() {
             Ok(archived) => {
                 let texts: Vec<&str> = archived.iter().map(|s| s.as_str()).collect();
-                prepare(encoder, &texts, micro_batch).map_err(|e| e.to_string())
+                prepare(encoder, options, &texts, micro_batch).map_err(|e| e.to_string())
             }
             Err(e) => Err(e.to_string()),
         },
@@ -313,6 +342,7 @@ fn prepare_job(
 /// Runs a prepared batch and answers.
 fn answer(
     encoder: &SentenceEncoder,
+    dim: usize,
     revision: &str,
     batch_id: u64,
     prepared: &Prepared,
@@ -321,10 +351,10 @@ fn answer(
     // Fault injection: `embedder::encode=panic` kills the model thread,
     // and with it the actor (see `Embedder::handle`).
     flotilla::fail::fail_point!("embedder::encode");
-    let outcome = match encode_prepared(encoder, prepared) {
+    let outcome = match encode_prepared(encoder, dim, prepared) {
         Ok(values) => EmbedOutcome::Embedded(Vectors {
             revision: revision.to_owned(),
-            dim: encoder.dim() as u32,
+            dim: dim as u32,
             values,
         }),
         Err(e) => EmbedOutcome::Failed(e.to_string()),
@@ -336,6 +366,7 @@ fn answer(
 /// pool.
 fn model_thread(
     encoder: std::sync::Arc<SentenceEncoder>,
+    options: EmbedOptions,
     pool: rayon::ThreadPool,
     micro_batch: usize,
     jobs: mpsc::Receiver<Job>,
@@ -344,10 +375,16 @@ fn model_thread(
     while let Ok((batch_id, texts, reply)) = jobs.recv() {
         let mut reply = Some(reply);
         pool.install(|| {
-            if let Some(prepared) = prepare_job(&encoder, batch_id, &texts, micro_batch, &mut reply)
-                && let Some(reply) = reply.take()
+            if let Some(prepared) = prepare_job(
+                &encoder,
+                &options,
+                batch_id,
+                &texts,
+                micro_batch,
+                &mut reply,
+            ) && let Some(reply) = reply.take()
             {
-                answer(&encoder, &revision, batch_id, &prepared, reply);
+                answer(&encoder, options.dim, &revision, batch_id, &prepared, reply);
             }
         });
     }
@@ -358,9 +395,11 @@ fn model_thread(
 /// as one forward pass, up to two batches ahead.
 fn pipelined_threads(
     encoder: std::sync::Arc<SentenceEncoder>,
+    options: EmbedOptions,
     pool: rayon::ThreadPool,
     jobs: mpsc::Receiver<Job>,
 ) {
+    let dim = options.dim;
     let (ready, queue) = mpsc::sync_channel::<(u64, Prepared, oneshot::Sender<EmbedReply>)>(2);
     let model = std::sync::Arc::clone(&encoder);
     let runner = std::thread::Builder::new()
@@ -368,7 +407,7 @@ fn pipelined_threads(
         .spawn(move || {
             let revision = model.revision().to_string();
             while let Ok((batch_id, prepared, reply)) = queue.recv() {
-                answer(&model, &revision, batch_id, &prepared, reply);
+                answer(&model, dim, &revision, batch_id, &prepared, reply);
             }
         });
     if let Err(e) = runner {
@@ -378,8 +417,8 @@ fn pipelined_threads(
     while let Ok((batch_id, texts, reply)) = jobs.recv() {
         let mut reply = Some(reply);
         // A batch is one forward pass on a GPU.
-        let prepared =
-            pool.install(|| prepare_job(&encoder, batch_id, &texts, usize::MAX, &mut reply));
+        let prepared = pool
+            .install(|| prepare_job(&encoder, &options, batch_id, &texts, usize::MAX, &mut reply));
         if let (Some(prepared), Some(reply)) = (prepared, reply)
             && ready.send((batch_id, prepared, reply)).is_err()
         {
@@ -555,21 +594,34 @@ impl Actor for Embedder {
                         return;
                     }
                 }
+                let options = match encoder.folder().embed_options(
+                    args.prompt.as_deref(),
+                    args.prompt_name.as_deref(),
+                    (args.dim > 0).then_some(args.dim as usize),
+                ) {
+                    Ok(options) => options,
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
                 let pipelined = on_gpu || args.micro_batch == 0;
                 let info = ModelInfo {
                     revision: encoder.revision().to_string(),
-                    dim: encoder.dim() as u32,
+                    dim: options.dim as u32,
                     load_ms: encoder.load_time().as_millis() as u64,
                     device: chosen.label.clone(),
                     precision: precision.to_string(),
+                    prompt: options.prompt.clone(),
+                    similarity: encoder.folder().similarity.clone().unwrap_or_default(),
                 };
                 if loaded_tx.send(Ok((info, chosen.slot, pipelined))).is_err() {
                     return;
                 }
                 if pipelined {
-                    pipelined_threads(encoder, pool, queue);
+                    pipelined_threads(encoder, options, pool, queue);
                 } else {
-                    model_thread(encoder, pool, args.micro_batch as usize, queue);
+                    model_thread(encoder, options, pool, args.micro_batch as usize, queue);
                 }
             })?;
         let (info, gpu, pipelined) = loaded

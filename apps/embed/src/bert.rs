@@ -197,7 +197,10 @@ impl Bert {
         let relative_bias = if config.architecture == Architecture::MpNet {
             Some(w.host_values(
                 "encoder.relative_attention_bias.weight",
-                &[config.relative_attention_buckets, config.num_attention_heads],
+                &[
+                    config.relative_attention_buckets,
+                    config.num_attention_heads,
+                ],
             )?)
         } else {
             None

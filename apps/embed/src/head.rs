@@ -140,16 +140,20 @@ impl DenseConfig {
     }
 }
 
+/// A loaded `Dense` module.
+#[derive(Debug)]
+struct DenseStep {
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    residual: Option<Tensor<2>>,
+    identity_residual: bool,
+    activation: DenseActivation,
+}
+
 /// One step after pooling.
 #[derive(Debug)]
 enum Step {
-    Dense {
-        weight: Tensor<2>,
-        bias: Option<Tensor<1>>,
-        residual: Option<Tensor<2>>,
-        identity_residual: bool,
-        activation: DenseActivation,
-    },
+    Dense(Box<DenseStep>),
     Normalize,
 }
 
@@ -194,13 +198,13 @@ impl Head {
                         None
                     };
                     w.finish()?;
-                    Step::Dense {
+                    Step::Dense(Box::new(DenseStep {
                         weight,
                         bias,
                         residual,
                         identity_residual: c.residual && d_in == d_out,
                         activation: c.activation,
-                    }
+                    }))
                 }
             });
         }
@@ -212,17 +216,13 @@ impl Head {
         for step in &self.steps {
             x = match step {
                 Step::Normalize => normalize(x),
-                Step::Dense {
-                    weight,
-                    bias,
-                    residual,
-                    identity_residual,
-                    activation,
-                } => {
-                    let out = activation.apply(linear(x.clone(), weight.clone(), bias.clone()));
-                    match residual {
+                Step::Dense(d) => {
+                    let out =
+                        d.activation
+                            .apply(linear(x.clone(), d.weight.clone(), d.bias.clone()));
+                    match &d.residual {
                         Some(r) => out + x.matmul(r.clone()),
-                        None if *identity_residual => out + x,
+                        None if d.identity_residual => out + x,
                         None => out,
                     }
                 }
@@ -235,12 +235,7 @@ impl Head {
 /// Each row divided by its L2 norm (at least 1e-12), as PyTorch's
 /// `F.normalize`.
 pub(crate) fn normalize(x: Tensor<2>) -> Tensor<2> {
-    let norms = x
-        .clone()
-        .powi_scalar(2)
-        .sum_dim(1)
-        .sqrt()
-        .clamp_min(1e-12);
+    let norms = x.clone().powi_scalar(2).sum_dim(1).sqrt().clamp_min(1e-12);
     x / norms
 }
 
@@ -271,7 +266,10 @@ mod tests {
             DenseActivation::parse("torch.nn.modules.linear.Identity"),
             Some(DenseActivation::Identity)
         );
-        assert_eq!(DenseActivation::parse("torch.nn.modules.activation.Softsign"), None);
+        assert_eq!(
+            DenseActivation::parse("torch.nn.modules.activation.Softsign"),
+            None
+        );
     }
 
     #[test]
@@ -285,13 +283,19 @@ mod tests {
         let dev = Device::flex();
         let head = Head {
             steps: vec![
-                Step::Dense {
-                    weight: Tensor::from_data(TensorData::new(vec![2.0f32, 0.0, 0.0, 1.0], [2, 2]), &dev),
-                    bias: Some(Tensor::from_data(TensorData::new(vec![0.0f32, 1.0], [2]), &dev)),
+                Step::Dense(Box::new(DenseStep {
+                    weight: Tensor::from_data(
+                        TensorData::new(vec![2.0f32, 0.0, 0.0, 1.0], [2, 2]),
+                        &dev,
+                    ),
+                    bias: Some(Tensor::from_data(
+                        TensorData::new(vec![0.0f32, 1.0], [2]),
+                        &dev,
+                    )),
                     residual: None,
                     identity_residual: false,
                     activation: DenseActivation::Relu,
-                },
+                })),
                 Step::Normalize,
             ],
         };

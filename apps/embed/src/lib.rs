@@ -41,7 +41,9 @@ pub use burn::tensor::Device;
 pub use convert::{Converted, convert_folder};
 pub use devices::{DeviceChoice, cpu_device, cuda_devices};
 pub use encoder::{Embeddings, EncodeError, SentenceEncoder, default_device};
-pub use model_folder::{Architecture, BertConfig, LoadError, ModelFolder, ModelRevision};
+pub use model_folder::{
+    Architecture, BertConfig, EmbedOptions, LoadError, ModelFolder, ModelRevision,
+};
 pub use pooling::{Pooling, PoolingMode};
 pub use precision::{Precision, UnknownPrecision};
 pub use shared_models::SharedModels;

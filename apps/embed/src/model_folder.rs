@@ -121,6 +121,17 @@ pub enum LoadError {
     /// model loads (`int8`).
     #[error("weights are not stored in {0}: it is chosen when a model loads")]
     StoredPrecision(crate::Precision),
+    /// `--dim` asks for more dimensions than the model's vectors have, or
+    /// none.
+    #[error(
+        "cannot keep {asked} dimensions of the model's {width}-dimensional vectors (1 to {width})"
+    )]
+    Dim {
+        /// The dimensions asked for.
+        asked: usize,
+        /// The model's output width.
+        width: usize,
+    },
     /// tokenizer.json could not be parsed or configured.
     #[error("cannot use tokenizer {path}: {reason}")]
     Tokenizer {
@@ -370,6 +381,17 @@ pub struct ModelFolder {
     pub similarity: Option<String>,
 }
 
+/// What is made of a model's vectors in a job: the prompt before every
+/// text, and how many leading dimensions are kept (renormalised when fewer
+/// than the model's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbedOptions {
+    /// Prepended to every text (`""`: none).
+    pub prompt: String,
+    /// Dimensions kept.
+    pub dim: usize,
+}
+
 /// The module kinds of `modules.json` this loader runs, by class name.
 const MODULE_KINDS: [&str; 4] = ["Transformer", "Pooling", "Dense", "Normalize"];
 
@@ -403,7 +425,7 @@ impl ModelFolder {
                     let raw: RawTokenizerConfig = read_json(&path)?;
                     // Tokenizers without a limit say 1e30.
                     raw.model_max_length
-                        .filter(|&n| n >= 1.0 && n < 1e9)
+                        .filter(|n| (1.0..1e9).contains(n))
                         .map(|n| n as usize)
                 } else {
                     None
@@ -517,6 +539,31 @@ impl ModelFolder {
             .map_or("", String::as_str)
     }
 
+    /// What a job asks of the vectors, checked against the folder: a
+    /// prompt as text, else one of its named prompts, else its default;
+    /// and the dimensions kept (all unless `dim`).
+    pub fn embed_options(
+        &self,
+        prompt: Option<&str>,
+        prompt_name: Option<&str>,
+        dim: Option<usize>,
+    ) -> Result<EmbedOptions, LoadError> {
+        let prompt = match (prompt, prompt_name) {
+            (Some(text), _) => text.to_owned(),
+            (None, Some(name)) => self.prompt(name)?.to_owned(),
+            (None, None) => self.default_prompt().to_owned(),
+        };
+        let width = self.output_dim();
+        let dim = match dim {
+            None => width,
+            Some(asked) if asked == 0 || asked > width => {
+                return Err(LoadError::Dim { asked, width });
+            }
+            Some(asked) => asked,
+        };
+        Ok(EmbedOptions { prompt, dim })
+    }
+
     /// Hashes `model.safetensors` (about 0.3 s for MiniLM's 90 MB) without
     /// loading the model: what a driver that hosts no model compares its
     /// workers' revisions against.
@@ -574,7 +621,9 @@ fn read_modules(root: &Path) -> Result<(PathBuf, Pooling, Vec<HeadModule>), Load
         None => return Err(unsupported("no module is listed".into())),
     };
     let pooling = match iter.next() {
-        Some(m) if kind_of(m) == "Pooling" => Pooling::read(&root.join(&m.path).join("config.json"))?,
+        Some(m) if kind_of(m) == "Pooling" => {
+            Pooling::read(&root.join(&m.path).join("config.json"))?
+        }
         Some(m) => {
             return Err(unsupported(format!(
                 "the module after the Transformer is {}; a Pooling module must follow it",
@@ -827,7 +876,10 @@ mod tests {
         let m = ModelFolder::open(&f.0).unwrap();
         assert!(m.normalizes());
         assert_eq!(m.output_dim(), 8);
-        f.write("modules.json", &MODULES.replace("Normalize\"}", "LayerNorm\"}"));
+        f.write(
+            "modules.json",
+            &MODULES.replace("Normalize\"}", "LayerNorm\"}"),
+        );
         let err = ModelFolder::open(&f.0).unwrap_err();
         assert!(
             matches!(err, LoadError::Unsupported { .. })

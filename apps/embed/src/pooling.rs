@@ -198,7 +198,11 @@ impl Pooling {
     /// Which positions of a row take part: its attention mask, with the
     /// first `prompt_tokens` positions cleared when prompts are excluded.
     fn row_mask(&self, mask: &[i64], prompt_tokens: usize) -> Vec<f32> {
-        let skip = if self.include_prompt { 0 } else { prompt_tokens };
+        let skip = if self.include_prompt {
+            0
+        } else {
+            prompt_tokens
+        };
         mask.iter()
             .enumerate()
             .map(|(j, &m)| if m != 0 && j >= skip { 1.0 } else { 0.0 })
@@ -299,7 +303,13 @@ mod tests {
     use super::*;
     use burn::tensor::Device;
 
-    fn pooled(pooling: &Pooling, x: &[f32], [b, s, h]: [usize; 3], mask: &[i64], p: usize) -> Vec<f32> {
+    fn pooled(
+        pooling: &Pooling,
+        x: &[f32],
+        [b, s, h]: [usize; 3],
+        mask: &[i64],
+        p: usize,
+    ) -> Vec<f32> {
         let x = Tensor::<3>::from_data(TensorData::new(x.to_vec(), [b, s, h]), &Device::flex());
         pooling
             .forward(x, mask, p)
@@ -324,7 +334,10 @@ mod tests {
             (PoolingMode::Cls, [1.0, 4.0]),
             (PoolingMode::Max, [3.0, 5.0]),
             (PoolingMode::Mean, [2.0, 4.5]),
-            (PoolingMode::MeanSqrtLen, [6.0 / 3f32.sqrt(), 9.0 / 2f32.sqrt()]),
+            (
+                PoolingMode::MeanSqrtLen,
+                [6.0 / 3f32.sqrt(), 9.0 / 2f32.sqrt()],
+            ),
             (PoolingMode::WeightedMean, [14.0 / 6.0, 14.0 / 3.0]),
             (PoolingMode::LastToken, [3.0, 5.0]),
         ];
@@ -391,15 +404,19 @@ mod tests {
                 "pooling_mode_mean_tokens":true,"pooling_mode_max_tokens":false}"#,
         )
         .unwrap();
-        let current =
-            read(r#"{"embedding_dimension":8,"pooling_mode":["cls","mean"],"include_prompt":true}"#)
-                .unwrap();
+        let current = read(
+            r#"{"embedding_dimension":8,"pooling_mode":["cls","mean"],"include_prompt":true}"#,
+        )
+        .unwrap();
         assert_eq!(legacy, current);
         assert_eq!(legacy.modes, vec![PoolingMode::Cls, PoolingMode::Mean]);
         let single = read(r#"{"pooling_mode":"lasttoken","include_prompt":false}"#).unwrap();
         assert_eq!(single.modes, vec![PoolingMode::LastToken]);
         assert!(!single.include_prompt);
-        assert_eq!(read(r#"{"word_embedding_dimension":8}"#).unwrap(), Pooling::mean());
+        assert_eq!(
+            read(r#"{"word_embedding_dimension":8}"#).unwrap(),
+            Pooling::mean()
+        );
     }
 
     #[test]

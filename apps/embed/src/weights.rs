@@ -46,7 +46,11 @@ impl<'a> WeightFile<'a> {
         let names = tensors.names();
         let prefix = TASK_PREFIXES
             .iter()
-            .find(|p| names.iter().any(|n| n.starts_with(&format!("{p}embeddings."))))
+            .find(|p| {
+                names
+                    .iter()
+                    .any(|n| n.starts_with(&format!("{p}embeddings.")))
+            })
             .copied()
             .unwrap_or("");
         Ok(Self {

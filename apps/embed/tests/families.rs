@@ -181,11 +181,20 @@ fn folder_features_are_read() {
     assert!(dense.folder().normalizes());
     let cls = open("bert-cls");
     assert!(!cls.folder().normalizes());
-    let norm: f32 = cls.encode(&["a short sentence"]).unwrap().values.iter().map(|v| v * v).sum();
+    let norm: f32 = cls
+        .encode(&["a short sentence"])
+        .unwrap()
+        .values
+        .iter()
+        .map(|v| v * v)
+        .sum();
     assert!((norm.sqrt() - 1.0).abs() > 1e-3, "not normalised: {norm}");
     let xlmr = open("xlmr-cls-normalize");
     assert_eq!(xlmr.folder().prompt("query").unwrap(), "query: ");
-    assert_eq!(open("mpnet-mean-normalize").folder().similarity.as_deref(), Some("dot"));
+    assert_eq!(
+        open("mpnet-mean-normalize").folder().similarity.as_deref(),
+        Some("dot")
+    );
     let excluded = open("bert-mean-prompt-excluded");
     assert!(!excluded.folder().pooling.include_prompt);
     assert_eq!(excluded.folder().default_prompt(), "query: ");

@@ -207,6 +207,19 @@ pub struct EmbedArgs {
     /// layer norms and pooling stay f32.
     #[arg(long, default_value = "f32")]
     pub precision: flotilla_embed::Precision,
+    /// Text put before every input text, as sentence-transformers'
+    /// `prompt` (e5 models: "query: " or "passage: "). Default: the
+    /// model folder's default prompt, if it names one.
+    #[arg(long, conflicts_with = "prompt_name")]
+    pub prompt: Option<String>,
+    /// One of the model folder's named prompts
+    /// (config_sentence_transformers.json), e.g. `query`.
+    #[arg(long)]
+    pub prompt_name: Option<String>,
+    /// Keep the first N dimensions of every vector, renormalised
+    /// (Matryoshka models); at most the model's width.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub dim: Option<u32>,
     /// Texts per forward pass on the CPU, after sorting a batch by length;
     /// 0: a batch is one forward pass, tokenized while the one before runs
     /// (what actors on GPUs always do).
@@ -318,6 +331,9 @@ impl EmbedArgs {
             actors_per_node: self.actors_per_node,
             device: self.device,
             precision: self.precision,
+            prompt: self.prompt,
+            prompt_name: self.prompt_name,
+            dim: self.dim.map(|d| d as usize),
             micro_batch: self.micro_batch,
             actors: self.actors,
             actor_resources: self.actor_resources,

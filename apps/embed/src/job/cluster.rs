@@ -78,9 +78,9 @@ pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Sum
 /// worker's is).
 async fn reference_revision(config: &JobConfig) -> Result<Option<String>, JobError> {
     if config.model.exists() {
-        Ok(Some(
-            ModelFolder::open(&config.model)?.revision()?.to_string(),
-        ))
+        let folder = ModelFolder::open(&config.model)?;
+        config.embed_options(&folder)?;
+        Ok(Some(folder.revision()?.to_string()))
     } else {
         Ok(None)
     }

@@ -52,6 +52,15 @@ pub struct JobConfig {
     pub device: crate::DeviceChoice,
     /// The float type of the model's dense layers and attention.
     pub precision: crate::Precision,
+    /// Prepended to every text, as sentence-transformers' `prompt` (none:
+    /// `prompt_name`'s, else the folder's default prompt, if it names one).
+    pub prompt: Option<String>,
+    /// One of the model folder's named prompts
+    /// (`config_sentence_transformers.json`).
+    pub prompt_name: Option<String>,
+    /// Leading dimensions kept of each vector, renormalised (Matryoshka
+    /// models); none: all of them.
+    pub dim: Option<usize>,
     /// Texts per forward pass on the CPU, after sorting a batch by length;
     /// 0: a batch is one forward pass, tokenized while the one before runs
     /// (what an actor on a GPU always does).
@@ -92,6 +101,20 @@ pub struct JobConfig {
 }
 
 impl JobConfig {
+    /// What the job makes of the model in `folder`'s vectors, or why the
+    /// folder cannot do what the job asks (a prompt name it lacks, more
+    /// dimensions than it has).
+    pub fn embed_options(
+        &self,
+        folder: &crate::ModelFolder,
+    ) -> Result<crate::EmbedOptions, crate::LoadError> {
+        folder.embed_options(
+            self.prompt.as_deref(),
+            self.prompt_name.as_deref(),
+            self.dim,
+        )
+    }
+
     /// A local job from `input` to `output` with the model in `model` and
     /// every other setting at its default.
     pub fn new(
@@ -113,6 +136,9 @@ impl JobConfig {
             actors_per_node: None,
             device: crate::DeviceChoice::Auto,
             precision: crate::Precision::F32,
+            prompt: None,
+            prompt_name: None,
+            dim: None,
             micro_batch: DEFAULT_MICRO_BATCH,
             actors: None,
             actor_resources: None,

@@ -85,6 +85,12 @@ pub struct DetachedJob {
     pub precision: String,
     /// See [`JobConfig::micro_batch`].
     pub micro_batch: u64,
+    /// See [`JobConfig::prompt`].
+    pub prompt: Option<String>,
+    /// See [`JobConfig::prompt_name`].
+    pub prompt_name: Option<String>,
+    /// See [`JobConfig::dim`].
+    pub dim: Option<u64>,
 }
 
 flotilla::remote_type!(DetachedJob);
@@ -122,6 +128,9 @@ impl DetachedJob {
             device: config.device.to_string(),
             precision: config.precision.to_string(),
             micro_batch: config.micro_batch as u64,
+            prompt: config.prompt.clone(),
+            prompt_name: config.prompt_name.clone(),
+            dim: config.dim.map(|d| d as u64),
         }
     }
 
@@ -153,6 +162,9 @@ impl DetachedJob {
         c.device = self.device.parse().unwrap_or(c.device);
         c.precision = self.precision.parse().unwrap_or(c.precision);
         c.micro_batch = self.micro_batch as usize;
+        c.prompt = self.prompt.clone();
+        c.prompt_name = self.prompt_name.clone();
+        c.dim = self.dim.map(|d| d as usize);
         c.restart_limit = flotilla::supervisor::Intensity {
             max_restarts: self.max_restarts,
             within: std::time::Duration::from_secs(self.restart_window_s.max(1)),

@@ -169,6 +169,11 @@ pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
         device: config.device.to_string(),
         precision: config.precision.to_string(),
         micro_batch: config.micro_batch.min(u32::MAX as usize) as u32,
+        prompt: config.prompt.clone(),
+        prompt_name: config.prompt_name.clone(),
+        dim: config
+            .dim
+            .map_or(0, |d| u32::try_from(d).unwrap_or(u32::MAX)),
         ..EmbedderArgs::new(config.model.to_string_lossy())
     }
 }
@@ -581,6 +586,14 @@ pub(crate) async fn drive(
             if let Some(t) = config.max_batch_tokens {
                 id.push_str(&format!("-t{t}"));
             }
+            if !info.prompt.is_empty() {
+                let digest = <sha2::Sha256 as sha2::Digest>::digest(info.prompt.as_bytes());
+                id.push_str("-p");
+                id.extend(digest[..4].iter().map(|b| format!("{b:02x}")));
+            }
+            if config.dim.is_some() {
+                id.push_str(&format!("-d{}", info.dim));
+            }
             format!("{id}-{}", revision.short())
         }
     };
@@ -612,6 +625,8 @@ pub(crate) async fn drive(
         max_batch_tokens: config
             .max_batch_tokens
             .map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX)),
+        prompt: info.prompt.clone(),
+        similarity: info.similarity.clone(),
     };
     let (sink, done) = Sink::open(&config.output, &manifest, columns).await?;
     let mut errors = sink.errors();
@@ -853,6 +868,8 @@ mod tests {
             load_ms: 1,
             device: device.into(),
             precision: precision.into(),
+            prompt: String::new(),
+            similarity: String::new(),
         }
     }
 

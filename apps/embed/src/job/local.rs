@@ -20,8 +20,9 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
     if !config.model.is_dir() {
         return Err(JobError::NoModel(config.model.clone()));
     }
-    // Configuration errors name the file at fault before any model loads.
-    ModelFolder::open(&config.model)?;
+    // Configuration errors name the file at fault before any model loads,
+    // and so do prompts and dimensions the folder cannot give.
+    config.embed_options(&ModelFolder::open(&config.model)?)?;
 
     // The actors load the model; the revision and width of the job are what
     // they report, so the weights are read and hashed once per actor only.

@@ -59,6 +59,13 @@ pub struct Manifest {
     /// The token budget per batch (0: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_batch_tokens: u32,
+    /// The prompt before every text (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prompt: String,
+    /// The similarity function the model was trained for, as its folder
+    /// names it (empty: not named).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub similarity: String,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -69,9 +76,11 @@ impl std::fmt::Display for Manifest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "job {} (model {}, batch size {}, sort window {}, token budget {}, format {:?})",
+            "job {} (model {}, {} dimensions, prompt {:?}, batch size {}, sort window {}, token budget {}, format {:?})",
             self.job_id,
             self.model_revision,
+            self.dim,
+            self.prompt,
             self.batch_size,
             self.sort_window,
             self.max_batch_tokens,
@@ -227,6 +236,11 @@ pub fn part_schema(manifest: &Manifest, columns: &[Column]) -> arrow_schema::Sch
         (
             "flotilla.model_revision".to_owned(),
             manifest.model_revision.clone(),
+        ),
+        ("flotilla.prompt".to_owned(), manifest.prompt.clone()),
+        (
+            "flotilla.similarity".to_owned(),
+            manifest.similarity.clone(),
         ),
     ]))
 }
@@ -577,6 +591,8 @@ mod tests {
             columns: Vec::new(),
             sort_window: 0,
             max_batch_tokens: 0,
+            prompt: String::new(),
+            similarity: String::new(),
         }
     }
 
