@@ -1,9 +1,12 @@
 """Baseline for encoder_throughput: ONNX Runtime on the same texts.
 
-The BERT graph is written out from the model folder's safetensors with
-ONNX Runtime's fused operators (Attention, SkipLayerNormalization,
-BiasGelu; what its transformer optimizer produces for BERT), then run
-fp32 and, quantized with ONNX Runtime's dynamic per-channel int8, again.
+The encoder graph (BERT, RoBERTa / XLM-RoBERTa or MPNet) is written out
+from the model folder's safetensors with ONNX Runtime's fused operators
+(Attention, SkipLayerNormalization, BiasGelu; what its transformer
+optimizer produces for BERT; MPNet's relative position bias goes in as the
+Attention operator's bias), with the folder's pooling (mean or CLS) and
+Normalize, then run fp32 and, quantized with ONNX Runtime's dynamic
+per-channel int8, again.
 Batches are cut from the texts sorted by token length, as Flotilla's
 bench does. Before timing, each graph is checked against
 sentence-transformers (when importable) on the first 64 texts.
@@ -32,17 +35,71 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MS = "com.microsoft"
 
 
+def relative_buckets(length, buckets=32, max_distance=128):
+    """MPNet's bucket of every (query, key) pair, `[length, length]`."""
+    rel = np.arange(length)[None, :] - np.arange(length)[:, None]
+    n = -rel
+    half = buckets // 2
+    ret = (n < 0).astype(np.int64) * half
+    n = np.abs(n)
+    max_exact = half // 2
+    with np.errstate(divide="ignore"):
+        large = max_exact + (np.log(np.maximum(n, 1) / max_exact)
+                             / np.log(max_distance / max_exact)
+                             * (half - max_exact)).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    return ret + np.where(n < max_exact, n, large)
+
+
+def folder_settings(model_dir):
+    """Pooling mode, whether vectors are normalised, and the longest
+    sequence, as the sentence-transformers folder says."""
+    pooling, normalize = "mean", False
+    modules_path = os.path.join(model_dir, "modules.json")
+    if os.path.exists(modules_path):
+        with open(modules_path) as f:
+            modules = json.load(f)
+        for m in modules:
+            kind = m["type"].rsplit(".", 1)[-1]
+            if kind == "Pooling":
+                with open(os.path.join(model_dir, m["path"], "config.json")) as f:
+                    p = json.load(f)
+                mode = p.get("pooling_mode")
+                if mode is None:
+                    mode = "cls" if p.get("pooling_mode_cls_token") else "mean"
+                pooling = mode if isinstance(mode, str) else mode[0]
+            normalize = normalize or kind == "Normalize"
+    max_len = None
+    for name, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("tokenizer_config.json", "model_max_length")):
+        path = os.path.join(model_dir, name)
+        if max_len is None and os.path.exists(path):
+            with open(path) as f:
+                value = json.load(f).get(key)
+            if value is not None and value < 1e9:
+                max_len = int(value)
+    return pooling, normalize, max_len or 256
+
+
 def build_graph(model_dir):
-    """The encoder as an ONNX model: ids and mask in, normalised mean-pooled
-    vectors out."""
+    """The encoder as an ONNX model: ids and mask in, pooled (and, where
+    the folder says, normalised) vectors out."""
     from safetensors.numpy import load_file
 
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
+    kind = cfg["model_type"]
+    if kind not in ("bert", "roberta", "xlm-roberta", "mpnet"):
+        raise SystemExit(f"model_type {kind!r}: this baseline builds bert, roberta, xlm-roberta, mpnet")
+    pooling, normalize, max_len = folder_settings(model_dir)
+    if pooling not in ("mean", "cls"):
+        raise SystemExit(f"pooling {pooling!r}: this baseline builds mean and cls")
     w = load_file(os.path.join(model_dir, "model.safetensors"))
-    w = {k.removeprefix("bert."): v.astype(np.float32) for k, v in w.items()
-         if v.dtype != np.int64}
+    w = {k.removeprefix("bert.").removeprefix("roberta.").removeprefix("mpnet."):
+         v.astype(np.float32) for k, v in w.items() if v.dtype != np.int64}
     h, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["layer_norm_eps"]
+    offset = 0 if kind == "bert" else cfg.get("pad_token_id", 1) + 1
+    mpnet = kind == "mpnet"
 
     def ln(name, out):
         """The layer norm `name`'s scale and shift as constants `{out}_g`
@@ -64,36 +121,54 @@ def build_graph(model_dir):
         nodes.append(helper.make_node(op, inputs, outputs, domain=domain, **attrs))
         return outputs[0]
 
-    # Embeddings: word + position + token type 0, then LayerNorm.
+    # Embeddings: word + position (from the family's offset) + token type
+    # 0 where the family has types, then LayerNorm.
     const("word", w["embeddings.word_embeddings.weight"])
     const("pos", w["embeddings.position_embeddings.weight"])
-    const("type0", w["embeddings.token_type_embeddings.weight"][0])
     ln("embeddings.LayerNorm", "emb")
     node("Shape", ["input_ids"], ["ids_shape"])
     const("one_i", np.array([1], dtype=np.int64))
     const("two_i", np.array([2], dtype=np.int64))
     const("zero_i", np.array([0], dtype=np.int64))
+    const("offset_i", np.array([offset], dtype=np.int64))
     node("Slice", ["ids_shape", "one_i", "two_i"], ["seq"])
-    node("Slice", ["pos", "zero_i", "seq", "zero_i"], ["pos_s"])
+    node("Add", ["seq", "offset_i"], ["seq_end"])
+    node("Slice", ["pos", "offset_i", "seq_end", "zero_i"], ["pos_s"])
     node("Gather", ["word", "input_ids"], ["we"])
-    node("Add", ["we", "pos_s"], ["wp"])
-    node("Add", ["wp", "type0"], ["wpt"])
-    x = node("LayerNormalization", ["wpt", "emb_g", "emb_b"], ["x0"], axis=-1, epsilon=eps)
+    emb = node("Add", ["we", "pos_s"], ["wp"])
+    if "embeddings.token_type_embeddings.weight" in w:
+        const("type0", w["embeddings.token_type_embeddings.weight"][0])
+        emb = node("Add", ["wp", "type0"], ["wpt"])
+    x = node("LayerNormalization", [emb, "emb_g", "emb_b"], ["x0"], axis=-1, epsilon=eps)
     node("Cast", ["attention_mask"], ["mask_i32"], to=TensorProto.INT32)
+    attention_inputs = ["mask_i32"]
+    if mpnet:
+        # The relative position bias of every (query, key) pair up to the
+        # longest sequence, sliced to this batch's length.
+        table = w["encoder.relative_attention_bias.weight"]  # [buckets, heads]
+        buckets = relative_buckets(max_len, cfg.get("relative_attention_num_buckets", 32))
+        const("rel_bias", np.ascontiguousarray(table[buckets].transpose(2, 0, 1)))
+        node("Slice", ["rel_bias", "zero_i", "seq", "one_i"], ["rel_q"])
+        node("Slice", ["rel_q", "zero_i", "seq", "two_i"], ["rel_qk"])
+        node("Unsqueeze", ["rel_qk", "zero_i"], ["rel_b"])
+        attention_inputs = ["mask_i32", "", "rel_b"]
 
+    names = ({"q": "attention.attn.q", "k": "attention.attn.k", "v": "attention.attn.v",
+              "o": "attention.attn.o", "ln1": "attention.LayerNorm"} if mpnet else
+             {"q": "attention.self.query", "k": "attention.self.key",
+              "v": "attention.self.value", "o": "attention.output.dense",
+              "ln1": "attention.output.LayerNorm"})
     for i in range(cfg["num_hidden_layers"]):
         p = f"encoder.layer.{i}"
-        qkv_w = np.concatenate([w[f"{p}.attention.self.{t}.weight"].T
-                                for t in ("query", "key", "value")], axis=1)
-        qkv_b = np.concatenate([w[f"{p}.attention.self.{t}.bias"]
-                                for t in ("query", "key", "value")])
+        qkv_w = np.concatenate([w[f"{p}.{names[t]}.weight"].T for t in "qkv"], axis=1)
+        qkv_b = np.concatenate([w[f"{p}.{names[t]}.bias"] for t in "qkv"])
         const(f"l{i}_qkv_w", qkv_w)
         const(f"l{i}_qkv_b", qkv_b)
-        ctx = node("Attention", [x, f"l{i}_qkv_w", f"l{i}_qkv_b", "mask_i32"],
+        ctx = node("Attention", [x, f"l{i}_qkv_w", f"l{i}_qkv_b", *attention_inputs],
                    [f"l{i}_ctx"], domain=MS, num_heads=heads)
-        const(f"l{i}_o_w", w[f"{p}.attention.output.dense.weight"].T)
-        const(f"l{i}_o_b", w[f"{p}.attention.output.dense.bias"])
-        ln(f"{p}.attention.output.LayerNorm", f"l{i}_ln1")
+        const(f"l{i}_o_w", w[f"{p}.{names['o']}.weight"].T)
+        const(f"l{i}_o_b", w[f"{p}.{names['o']}.bias"])
+        ln(f"{p}.{names['ln1']}", f"l{i}_ln1")
         o = node("MatMul", [ctx, f"l{i}_o_w"], [f"l{i}_o"])
         x = node("SkipLayerNormalization",
                  [o, x, f"l{i}_ln1_g", f"l{i}_ln1_b", f"l{i}_o_b"],
@@ -110,19 +185,27 @@ def build_graph(model_dir):
                  [f_, x, f"l{i}_ln2_g", f"l{i}_ln2_b", f"l{i}_f_b"],
                  [f"l{i}_x2"], domain=MS, epsilon=eps)
 
-    # Mean over real tokens, then L2 normalisation.
-    node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT)
-    const("axis2", np.array([2], dtype=np.int64))
-    const("axis1", np.array([1], dtype=np.int64))
-    node("Unsqueeze", ["mask_f", "axis2"], ["mask3"])
-    node("Mul", [x, "mask3"], ["masked"])
-    node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0)
-    node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0)
-    node("Div", ["summed", "count"], ["mean"])
-    node("LpNormalization", ["mean"], ["embedding"], axis=-1, p=2)
+    # The mean over real tokens or the first token, then L2
+    # normalisation where the folder lists it.
+    if pooling == "mean":
+        node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT)
+        const("axis2", np.array([2], dtype=np.int64))
+        const("axis1", np.array([1], dtype=np.int64))
+        node("Unsqueeze", ["mask_f", "axis2"], ["mask3"])
+        node("Mul", [x, "mask3"], ["masked"])
+        node("ReduceSum", ["masked", "axis1"], ["summed"], keepdims=0)
+        node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0)
+        pooled = node("Div", ["summed", "count"], ["pooled"])
+    else:
+        const("first", np.array(0, dtype=np.int64))
+        pooled = node("Gather", [x, "first"], ["pooled"], axis=1)
+    if normalize:
+        node("LpNormalization", [pooled], ["embedding"], axis=-1, p=2)
+    else:
+        node("Identity", [pooled], ["embedding"])
 
     graph = helper.make_graph(
-        nodes, "minilm",
+        nodes, kind,
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
          helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["b", h])],
@@ -141,7 +224,7 @@ def main():
 
     texts = read_texts(corpus, n)
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-    tok.enable_truncation(256)
+    tok.enable_truncation(folder_settings(model_dir)[2])
     tok.no_padding()
     encoded = tok.encode_batch(texts)
     order = sorted(range(len(texts)), key=lambda i: len(encoded[i].ids))
@@ -200,9 +283,10 @@ def main():
                 ids[k, :len(e.ids)] = e.ids
                 mask[k, :len(e.ids)] = 1
             got = sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+            got = got / np.linalg.norm(got, axis=1, keepdims=True)
             min_cos = float(np.min(np.sum(got * reference, axis=1)))
-        sess.run(None, {"input_ids": np.array([[101, 102]]),
-                        "attention_mask": np.array([[1, 1]])})
+        first = np.array([encoded[0].ids], dtype=np.int64)
+        sess.run(None, {"input_ids": first, "attention_mask": np.ones_like(first)})
         c0, w0 = time.process_time(), time.perf_counter()
         rows = 0
         for ids, mask in batches(batch):

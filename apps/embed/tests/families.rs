@@ -5,10 +5,14 @@
 //! mixed-script and over-length texts, with and without prompts and
 //! truncated dimensions.
 //!
+//! The published all-mpnet-base-v2 (scripts/fetch-model-mpnet) is checked
+//! the same way, with a text past its 384 tokens.
+//!
 //! Bars: token ids identical; in f32 cosine ≥ 0.9999 and max abs diff ≤
 //! 1e-4, each text alone and in one padded batch; int8 cosine ≥ 0.99; f16
-//! and bf16 cosine ≥ 0.99 (the models' weights are drawn wider than
-//! trained ones, which costs the half precisions more than on real models).
+//! and bf16 cosine ≥ 0.999 on the published model and ≥ 0.99 on the small
+//! ones (their weights are drawn wider than trained ones, which costs the
+//! half precisions more).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -91,15 +95,27 @@ fn prompt_of<'a>(enc: &'a SentenceEncoder, case: &'a Case) -> &'a str {
     }
 }
 
+/// The published models the references must cover.
+const PUBLISHED: [&str; 1] = ["all-mpnet-base-v2"];
+
 /// Every case of every model in `precision`: each text alone and all in
-/// one padded batch, held to `check(label, got, want)`.
-fn each_vector(precision: Precision, check: impl Fn(&str, &[f32], &[f32])) {
+/// one padded batch, held to `check(label, published, got, want)`. Prints
+/// each model's lowest cosine.
+fn each_vector(precision: Precision, check: impl Fn(&str, bool, &[f32], &[f32])) {
     let refs = references();
     assert!(refs.models.len() >= 13, "every model kind is there");
+    for name in PUBLISHED {
+        assert!(
+            refs.models.iter().any(|m| m.model == name),
+            "no references of {name}: run scripts/fetch-model-mpnet, then scripts/make-test-models"
+        );
+    }
     for model in &refs.models {
         let dir = models_dir().join(&model.model);
         let enc = SentenceEncoder::load_with(&dir, &cpu_device(), precision)
             .unwrap_or_else(|e| panic!("{}: {e}", model.model));
+        let published = PUBLISHED.contains(&model.model.as_str());
+        let mut lowest = 1.0f32;
         for case in &model.cases {
             let prompt = prompt_of(&enc, case);
             let texts: Vec<&str> = case.sentences.iter().map(|s| s.text.as_str()).collect();
@@ -115,10 +131,24 @@ fn each_vector(precision: Precision, check: impl Fn(&str, &[f32], &[f32])) {
                     .unwrap()
                     .truncated(dim);
                 assert_eq!(alone.dim, s.embedding.len(), "{label}: width");
-                check(&format!("{label} (alone)"), alone.row(0), &s.embedding);
-                check(&format!("{label} (batch)"), batch.row(i), &s.embedding);
+                lowest = lowest
+                    .min(cosine(alone.row(0), &s.embedding))
+                    .min(cosine(batch.row(i), &s.embedding));
+                check(
+                    &format!("{label} (alone)"),
+                    published,
+                    alone.row(0),
+                    &s.embedding,
+                );
+                check(
+                    &format!("{label} (batch)"),
+                    published,
+                    batch.row(i),
+                    &s.embedding,
+                );
             }
         }
+        eprintln!("{} {precision}: lowest cosine {lowest}", model.model);
     }
 }
 
@@ -144,7 +174,7 @@ fn token_ids_match_sentence_transformers() {
 
 #[test]
 fn f32_vectors_match_sentence_transformers() {
-    each_vector(Precision::F32, |label, got, want| {
+    each_vector(Precision::F32, |label, _, got, want| {
         let (c, d) = (cosine(got, want), max_abs(got, want));
         assert!(
             c >= 0.9999 && d <= 1e-4,
@@ -155,7 +185,7 @@ fn f32_vectors_match_sentence_transformers() {
 
 #[test]
 fn int8_vectors_stay_within_their_bar() {
-    each_vector(Precision::Int8, |label, got, want| {
+    each_vector(Precision::Int8, |label, _, got, want| {
         let c = cosine(got, want);
         assert!(c >= 0.99, "{label}: cosine {c}");
     });
@@ -164,9 +194,10 @@ fn int8_vectors_stay_within_their_bar() {
 #[test]
 fn half_precision_vectors_stay_within_their_bar() {
     for precision in [Precision::F16, Precision::Bf16] {
-        each_vector(precision, |label, got, want| {
+        each_vector(precision, |label, published, got, want| {
             let c = cosine(got, want);
-            assert!(c >= 0.99, "{label}: cosine {c}");
+            let bar = if published { 0.999 } else { 0.99 };
+            assert!(c >= bar, "{label}: cosine {c}");
         });
     }
 }

@@ -8,11 +8,14 @@ here on a small English, Chinese and mixed-script corpus. Weights are drawn
 wider than transformers' initialisation (and the relative attention bias of
 MPNet much wider) so that every part of the encoder moves the vectors.
 
-Usage: python make_test_models.py OUT   (needs sentence-transformers, torch,
-transformers, sentencepiece and protobuf: scripts/fetch-test-tools)
+Usage: python make_test_models.py OUT [REAL_MODEL_DIR ...]   (needs
+sentence-transformers, torch, transformers, sentencepiece and protobuf:
+scripts/fetch-test-tools)
 
 Writes OUT/<model>/ (a folder as sentence-transformers saves it) and
-OUT/references.json.
+OUT/references.json. Each REAL_MODEL_DIR (a published model installed from
+a package registry, all-mpnet-base-v2 for one) is linked in as
+OUT/<its name> and gets references too, over-length texts included.
 """
 import json
 import os
@@ -61,6 +64,9 @@ TEXTS = [
 ]
 
 MAX_SEQ_LENGTH = 40
+
+# Past every real model's max_seq_length too (all-mpnet-base-v2: 384).
+REAL_TEXTS = TEXTS + [" ".join(f"token{i} 东京 placement" for i in range(200))]
 
 
 def corpus():
@@ -242,7 +248,7 @@ def cosine(a, b):
     return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
 
 
-def references(name, model, folder, cases):
+def references(name, model, folder, cases, texts=TEXTS):
     tok = model.tokenizer
     out = {"model": name, "cases": []}
     for case in cases:
@@ -255,12 +261,12 @@ def references(name, model, folder, cases):
         if case.get("dim") is not None:
             kwargs["truncate_dim"] = case["dim"]
             kwargs["normalize_embeddings"] = True
-        vectors = model.encode(TEXTS, batch_size=1, convert_to_tensor=True, **kwargs)
+        vectors = model.encode(texts, batch_size=1, convert_to_tensor=True, **kwargs)
         text_prompt = prompt
         if case.get("prompt_name") is not None:
             text_prompt = model.prompts[case["prompt_name"]]
         items = []
-        for text, vec in zip(TEXTS, vectors):
+        for text, vec in zip(texts, vectors):
             full = (text_prompt or "") + text
             ids = tok(full, truncation=True, max_length=model.max_seq_length)["input_ids"]
             items.append({"text": text, "token_ids": ids, "embedding": [float(v) for v in vec]})
@@ -317,6 +323,13 @@ def main():
         # The saved folder is what is tested: reload it as a user would.
         model = SentenceTransformer(folder, device="cpu")
         refs.append(references(name, model, folder, cases))
+
+    for real in sys.argv[2:]:
+        name = os.path.basename(os.path.normpath(real))
+        os.symlink(os.path.abspath(real), os.path.join(out, name))
+        model = SentenceTransformer(real, device="cpu")
+        refs.append(references(name, model, real, [{}, {"prompt": "query: "}, {"dim": 256}],
+                               texts=REAL_TEXTS))
 
     # The parts that must matter do: without MPNet's relative attention
     # bias, or XLM-R's position offset, the vectors differ.
