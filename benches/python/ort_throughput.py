@@ -197,8 +197,8 @@ def build_graph(model_dir):
         node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0)
         pooled = node("Div", ["summed", "count"], ["pooled"])
     else:
-        const("first", np.array(0, dtype=np.int64))
-        pooled = node("Gather", [x, "first"], ["pooled"], axis=1)
+        node("Slice", [x, "zero_i", "one_i", "one_i"], ["first_token"])
+        pooled = node("Squeeze", ["first_token", "one_i"], ["pooled"])
     if normalize:
         node("LpNormalization", [pooled], ["embedding"], axis=-1, p=2)
     else:

@@ -60,6 +60,7 @@ TEXTS = [
     "混合 script 文本 with English words and 数字 42",
     "Ελληνικά και русский текст together with 🚀",
     "naïve café — déjà vu",
+    "The Quick BROWN Fox visits İstanbul and ÉLAN",
     " ".join(f"token{i} 东京 placement" for i in range(60)),
 ]
 
@@ -131,10 +132,11 @@ def widen(model, seed):
                 p.copy_(0.15 * torch.randn(p.shape, generator=g))
 
 
-def bert(workdir, vocab_file, hidden, heads, seed, act="gelu"):
+def bert(workdir, vocab_file, hidden, heads, seed, act="gelu", cased=False):
     from transformers import BertConfig, BertModel, BertTokenizer
 
-    tok = BertTokenizer(vocab_file=vocab_file, do_lower_case=True)
+    words = [line.rstrip("\n") for line in open(vocab_file, encoding="utf-8")]
+    tok = BertTokenizer(vocab={w: i for i, w in enumerate(words)}, do_lower_case=not cased)
     config = BertConfig(
         vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
         intermediate_size=2 * hidden, max_position_embeddings=64, hidden_act=act,
@@ -177,6 +179,9 @@ def xlm_roberta(workdir, vocab, charsmap, hidden, heads, seed):
 
 
 def save_hf(workdir, name, model, tok):
+    # A tokenizer that knows the corpus: no word of an English text is unknown.
+    ids = tok(TEXTS[1].lower())["input_ids"]
+    assert len(tok) > 100 and tok.unk_token_id not in ids, f"{name}: vocabulary not loaded"
     path = os.path.join(workdir, name)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
@@ -209,10 +214,12 @@ def sentence_model(hf_dir, pooling, *, include_prompt=True, dense=None, normaliz
     return SentenceTransformer(modules=modules, device="cpu", **kwargs)
 
 
-def legacy_layout(folder):
+def legacy_layout(folder, lower=False):
     """Rewrites a saved folder in the layout of sentence-transformers 2.x,
     as Hub models carry it: pooling_mode_*_tokens flags, the old module
-    class paths, word_embedding_dimension."""
+    class paths, word_embedding_dimension, and do_lower_case in
+    sentence_bert_config.json (which newer versions fold into the saved
+    tokenizer instead)."""
     pooling_path = os.path.join(folder, "1_Pooling", "config.json")
     with open(pooling_path) as f:
         cfg = json.load(f)
@@ -241,7 +248,7 @@ def legacy_layout(folder):
         sbert = json.load(f)
     with open(sbert_path, "w") as f:
         json.dump({"max_seq_length": sbert.get("max_seq_length", MAX_SEQ_LENGTH),
-                   "do_lower_case": False}, f, indent=2)
+                   "do_lower_case": lower}, f, indent=2)
 
 
 def cosine(a, b):
@@ -286,6 +293,7 @@ def main():
 
     bert_a = bert(work, vocab_file, 64, 2, 1)
     bert_b = bert(work, vocab_file, 48, 4, 2, act="gelu_new")
+    bert_cased = bert(work, vocab_file, 48, 4, 5, cased=True)
     mp = mpnet(work, vocab_file, 64, 4, 3)
     xl = xlm_roberta(work, spm_vocab, charsmap, 48, 4, 4)
 
@@ -305,6 +313,8 @@ def main():
          {"include_prompt": False, "prompts": {"query": "query: ", "passage": "passage: "},
           "default_prompt_name": "query"}, [{"prompt_name": "query"}, {"prompt": "represent this: "}]),
         ("bert-cls-legacy-layout", bert_a, "cls", {"legacy": True}, plain),
+        # A cased tokenizer whose folder asks for lower-cased input.
+        ("bert-mean-legacy-lowercase", bert_cased, "mean", {"legacy": True, "lower": True}, plain),
         ("mpnet-mean-normalize", mp, "mean", {"similarity": "dot"}, plain + [{"dim": 32}]),
         ("mpnet-cls-dense-identity", mp, "cls", {"dense": (24, torch.nn.Identity()), "normalize": False},
          plain),
@@ -315,11 +325,12 @@ def main():
     refs = []
     for i, (name, hf, pooling, opts, cases) in enumerate(specs):
         legacy = opts.pop("legacy", False)
+        lower = opts.pop("lower", False)
         model = sentence_model(hf, pooling, seed=i, **opts)
         folder = os.path.join(out, name)
         model.save(folder)
         if legacy:
-            legacy_layout(folder)
+            legacy_layout(folder, lower)
         # The saved folder is what is tested: reload it as a user would.
         model = SentenceTransformer(folder, device="cpu")
         refs.append(references(name, model, folder, cases))
