@@ -353,3 +353,37 @@ impl Actor for JobDriver {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a detached job's driver is given is what was submitted: every
+    /// setting of the model's output (prompt, prompt name, dimensions)
+    /// among the rest.
+    #[test]
+    fn the_wire_form_keeps_every_setting() {
+        let mut config = JobConfig::new("s3://corpus/", "s3://out/", "/models/e5");
+        config.format = Format::Jsonl;
+        config.prompt = Some("query: ".into());
+        config.prompt_name = Some("passage".into());
+        config.dim = Some(256);
+        config.precision = crate::Precision::Int8;
+        config.batch_size = 48;
+        config.micro_batch = 0;
+        config.output_columns = vec!["lang".into()];
+        let back = DetachedJob::of(&config).config();
+        assert_eq!(back.prompt.as_deref(), Some("query: "));
+        assert_eq!(back.prompt_name.as_deref(), Some("passage"));
+        assert_eq!(back.dim, Some(256));
+        assert_eq!(back.precision, crate::Precision::Int8);
+        assert_eq!((back.batch_size, back.micro_batch), (48, 0));
+        assert_eq!(back.format, Format::Jsonl);
+        assert_eq!(back.output_columns, vec!["lang".to_owned()]);
+        let plain = DetachedJob::of(&JobConfig::new("a", "b", "c")).config();
+        assert_eq!(
+            (plain.prompt, plain.prompt_name, plain.dim),
+            (None, None, None)
+        );
+    }
+}
