@@ -8,6 +8,7 @@
 //! corpus   a synthetic English-like corpus, the same on every machine
 //! rng      a seeded generator, the same on every machine
 //! sim      the control plane's proto machines on a virtual clock, with faults
+//! units    systemd units: their settings, example configuration, and the sandbox they describe
 //! ```
 
 pub mod ca;
@@ -17,3 +18,4 @@ pub mod netns;
 pub mod probe;
 pub mod rng;
 pub mod sim;
+pub mod units;
