@@ -844,3 +844,71 @@ fn eight_drivers_from_one_certificate_share_a_cluster_and_each_completes_exactly
     assert!(drivers.iter().all(|n| n["state"] == "left"), "{st}");
     drop(workers);
 }
+
+/// Clause "jobs: retention": the head keeps the ended jobs its retention
+/// allows (`--keep-finished-jobs 2 --keep-finished-jobs-for-s 4` here) and
+/// forgets the rest, so `node jobs` stays bounded: of three ended jobs the
+/// two newest are listed, and none once their time is up.
+#[test]
+fn the_head_forgets_ended_jobs_past_its_retention() {
+    let s = Scratch::new("job-retention", NODE);
+    let allowed = s.job_root("allowed");
+    let head = s.spawn_with(
+        "head",
+        "head",
+        free_addr(),
+        None,
+        &s.certs(),
+        &[
+            "--keep-finished-jobs",
+            "2",
+            "--keep-finished-jobs-for-s",
+            "4",
+        ],
+    );
+    let _w1 = s.worker_allowing("w1", head.addr, &allowed);
+    let head_flags = [
+        "--head".to_owned(),
+        head.addr.to_string(),
+        "--certs".to_owned(),
+        s.certs().to_str().unwrap().to_owned(),
+    ];
+    // Each job names an input outside the allowed root: it ends (failed)
+    // as soon as its driver starts.
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let id = s.submit_embed(
+            head.addr,
+            &s.dir.join(format!("outside-{i}.jsonl")),
+            &allowed.join(format!("out-{i}")),
+            &allowed.join("model"),
+        );
+        let (code, said) = s.wait_job(head.addr, &id);
+        assert_eq!(code, Some(1), "{said}");
+        ids.push(id);
+    }
+    let listed = || -> Vec<String> {
+        let out = Command::new(NODE)
+            .args(["jobs", "--json"])
+            .args(&head_flags)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    eventually(Duration::from_secs(3), || {
+        (listed() == ids[1..]).then_some(())
+    });
+    let (_, after) = eventually(Duration::from_secs(15), || {
+        listed().is_empty().then_some(())
+    });
+    assert!(
+        after >= Duration::from_secs(1),
+        "kept a while, gone after {after:?}"
+    );
+}

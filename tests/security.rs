@@ -337,47 +337,16 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
 #[test]
 fn a_detached_job_outside_the_allowed_roots_is_refused_before_anything_is_read() {
     let s = Scratch::new("job-roots", NODE);
-    let allowed = s.dir.join("allowed");
-    std::fs::create_dir_all(&allowed).unwrap();
-    let allowed = allowed.canonicalize().unwrap();
+    let allowed = s.job_root("allowed");
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    s.issue("w1");
-    let _w1 = s.spawn_with(
-        "join",
-        "w1",
-        free_addr(),
-        Some(head.addr),
-        &s.certs(),
-        &["--allow-path", allowed.to_str().unwrap()],
-    );
-    eventually(Duration::from_secs(20), || {
-        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
-    });
+    let _w1 = s.worker_allowing("w1", head.addr, &allowed);
     // The input is outside the root (and does not exist: had the node
     // opened it, it would say so instead).
     let outside = s.dir.join("secret").join("input.jsonl");
     let output = allowed.join("out");
-    let submitted = Command::new(NODE)
-        .args(["embed", "--detach", "--head", &head.addr.to_string()])
-        .args(["--certs", s.certs().to_str().unwrap()])
-        .args(["--input", outside.to_str().unwrap()])
-        .args(["--output", output.to_str().unwrap()])
-        .args(["--model", allowed.join("model").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        submitted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&submitted.stderr)
-    );
-    let id = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
-    let waited = Command::new(NODE)
-        .args(["jobs", "wait", &id, "--head", &head.addr.to_string()])
-        .args(["--certs", s.certs().to_str().unwrap(), "--timeout-s", "60"])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&waited.stdout).into_owned();
-    assert_eq!(waited.status.code(), Some(1), "{said}");
+    let id = s.submit_embed(head.addr, &outside, &output, &allowed.join("model"));
+    let (code, said) = s.wait_job(head.addr, &id);
+    assert_eq!(code, Some(1), "{said}");
     assert!(
         said.contains("NODE-JOB-009") && said.contains("secret") && said.contains("[jobs] allow"),
         "{said}"

@@ -250,6 +250,51 @@ impl JobRecord {
     }
 }
 
+/// How long the head keeps jobs that ended, so that `node jobs` lists
+/// them and `node jobs wait` finds them: the newest `keep` of them, each
+/// for at most `keep_for` after it ended. Older ones are forgotten (their
+/// output stays where they wrote it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Ended jobs kept at most.
+    pub keep: usize,
+    /// How long an ended job is kept.
+    pub keep_for: std::time::Duration,
+}
+
+impl Default for Retention {
+    /// The last 1,000 ended jobs, for a week each.
+    fn default() -> Self {
+        Self {
+            keep: 1000,
+            keep_for: std::time::Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl Retention {
+    /// Which ended jobs to forget at `now`: `ended` lists each ended job's
+    /// key and when it ended, in any order; the keys returned are those
+    /// past `keep_for`, and of the rest all but the `keep` that ended last.
+    pub fn expired<K: Clone>(
+        &self,
+        now: std::time::Instant,
+        ended: &[(K, std::time::Instant)],
+    ) -> Vec<K> {
+        let mut by_age: Vec<&(K, std::time::Instant)> = ended.iter().collect();
+        // Newest first; a stable sort keeps the given order among equals.
+        by_age.sort_by_key(|e| std::cmp::Reverse(e.1));
+        by_age
+            .into_iter()
+            .enumerate()
+            .filter(|(rank, (_, at))| {
+                *rank >= self.keep || now.saturating_duration_since(*at) > self.keep_for
+            })
+            .map(|(_, (k, _))| k.clone())
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,5 +351,31 @@ mod tests {
             j.view(None, Vec::new()).detail.as_deref(),
             Some("restart limit")
         );
+    }
+
+    #[test]
+    fn retention_forgets_the_old_and_all_but_the_newest() {
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let r = Retention {
+            keep: 2,
+            keep_for: Duration::from_secs(100),
+        };
+        let ended = [(1, at(0)), (2, at(50)), (3, at(60)), (4, at(10))];
+        // At 70 s none is past 100 s: the two that ended last stay.
+        let mut gone = r.expired(at(70), &ended);
+        gone.sort();
+        assert_eq!(gone, vec![1, 4]);
+        // At 155 s, job 2 (ended at 50) is past its 100 s too.
+        let mut gone = r.expired(at(155), &ended);
+        gone.sort();
+        assert_eq!(gone, vec![1, 2, 4]);
+        assert!(r.expired(at(0), &[] as &[(u32, Instant)]).is_empty());
+        let none = Retention {
+            keep: 0,
+            keep_for: Duration::from_secs(100),
+        };
+        assert_eq!(none.expired(at(1), &[(7, at(0))]), vec![7]);
     }
 }

@@ -18,6 +18,10 @@
 //! and a tag nobody can guess, and the head asks it only on the node its
 //! supervisor started it on: no other node can answer for a job.
 //!
+//! Jobs that ended are kept for `node jobs` and `node jobs wait` as
+//! [`Retention`] says (by default the last 1,000, a week each), then
+//! forgotten, so the head's list stays bounded.
+//!
 //! Who may do what: drivers, admins and the head submit; a job belongs to
 //! the certificate that submitted it, which (or an admin, or the head) may
 //! stop it; any role may list jobs ([`flotilla_proto::authority`]).
@@ -49,7 +53,9 @@ use crate::supervisor::{
 use flotilla_proto::authority::{self, Unauthorized};
 use flotilla_proto::role::principal_of;
 
-pub use flotilla_proto::jobs::{JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest};
+pub use flotilla_proto::jobs::{
+    JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, Retention,
+};
 
 /// How often the head asks running jobs for their progress.
 const POLL: Duration = Duration::from_millis(500);
@@ -147,6 +153,8 @@ struct Entry {
     actor: String,
     group: Option<String>,
     supervisor: Option<ActorRef<SupervisorMsg>>,
+    /// When it ended, once it has.
+    ended_at: Option<std::time::Instant>,
 }
 
 struct Service {
@@ -154,12 +162,19 @@ struct Service {
     tx: mpsc::UnboundedSender<Command>,
     jobs: BTreeMap<u64, Entry>,
     next: u64,
+    retention: Retention,
 }
 
 impl Node {
     /// Serves detached jobs from this node, the head (`None` elsewhere):
-    /// [`Node::submit_job`] from any node, and `node jobs`.
+    /// [`Node::submit_job`] from any node, and `node jobs`; ended jobs are
+    /// kept as [`Retention::default`] says.
     pub fn serve_jobs(self: &Arc<Self>) -> Option<Jobs> {
+        self.serve_jobs_with(Retention::default())
+    }
+
+    /// [`Node::serve_jobs`], keeping ended jobs as `retention` says.
+    pub fn serve_jobs_with(self: &Arc<Self>, retention: Retention) -> Option<Jobs> {
         self.placement.as_ref()?;
         let (tx, rx) = mpsc::unbounded_channel();
         if !self.jobs.set(Arc::new(JobsHandle { tx: tx.clone() })) {
@@ -171,6 +186,7 @@ impl Node {
             tx,
             jobs: BTreeMap::new(),
             next: 1,
+            retention,
         };
         let task = tokio::spawn(service.run(rx, stop.clone()));
         Some(Jobs { stop, task })
@@ -253,7 +269,10 @@ impl Service {
                     Some(Command::Progress(id, p)) => self.progress(&id, p).await,
                     None => return,
                 },
-                _ = poll.tick() => self.poll(),
+                _ = poll.tick() => {
+                    self.forget_expired(std::time::Instant::now());
+                    self.poll();
+                }
                 () = stop.cancelled() => {
                     for e in self.jobs.values_mut() {
                         if let Some(s) = e.supervisor.take() {
@@ -397,6 +416,7 @@ impl Service {
                 actor,
                 group: Some(group),
                 supervisor: Some(supervisor),
+                ended_at: None,
             },
         );
         JobsReply::Submitted(id)
@@ -428,9 +448,24 @@ impl Service {
         }
     }
 
+    /// Forgets the ended jobs that `retention` no longer keeps.
+    fn forget_expired(&mut self, now: std::time::Instant) {
+        let ended: Vec<(u64, std::time::Instant)> = self
+            .jobs
+            .iter()
+            .filter_map(|(k, e)| e.ended_at.map(|at| (*k, at)))
+            .collect();
+        for key in self.retention.expired(now, &ended) {
+            if let Some(e) = self.jobs.remove(&key) {
+                tracing::info!(job = %e.record.id, "ended job forgotten");
+            }
+        }
+    }
+
     /// Stops an ended job's actor and releases its bundle.
     async fn finish(&mut self, id: &str) {
         let Some(entry) = self.find(id) else { return };
+        entry.ended_at.get_or_insert_with(std::time::Instant::now);
         let (supervisor, group) = (entry.supervisor.take(), entry.group.clone());
         if let Some(s) = supervisor {
             let _ = crate::call::call(&s, SupervisorMsg::Shutdown, Duration::from_secs(15)).await;

@@ -212,6 +212,76 @@ impl Scratch {
         serde_json::from_slice(&out.stdout).ok()
     }
 
+    /// A folder `DIR/NAME` for jobs to read and write, made, with its
+    /// links resolved (what a node compares allowed roots against).
+    pub fn job_root(&self, name: &str) -> PathBuf {
+        let root = self.dir.join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        root.canonicalize().unwrap()
+    }
+
+    /// Starts worker `name` joined to `head`, running detached jobs under
+    /// `root` only (`--allow-path`), and waits until the head sees it up.
+    pub fn worker_allowing(&self, name: &str, head: SocketAddr, root: &Path) -> Proc {
+        self.issue(name);
+        let worker = self.spawn_with(
+            "join",
+            name,
+            free_addr(),
+            Some(head),
+            &self.certs(),
+            &["--allow-path", root.to_str().unwrap()],
+        );
+        eventually(Duration::from_secs(20), || {
+            self.status(head).filter(|st| all_up(st, &["head", name]))
+        });
+        worker
+    }
+
+    /// `embed --detach` of `input` to `output` with `model`, submitted to
+    /// `head` with the admin's certificate: the job's id.
+    pub fn submit_embed(
+        &self,
+        head: SocketAddr,
+        input: &Path,
+        output: &Path,
+        model: &Path,
+    ) -> String {
+        let submitted = Command::new(&self.binary)
+            .args(["embed", "--detach", "--head", &head.to_string()])
+            .args(["--certs", self.certs().to_str().unwrap()])
+            .args(["--input", input.to_str().unwrap()])
+            .args(["--output", output.to_str().unwrap()])
+            .args(["--model", model.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            submitted.status.success(),
+            "{}",
+            String::from_utf8_lossy(&submitted.stderr)
+        );
+        String::from_utf8_lossy(&submitted.stdout).trim().to_owned()
+    }
+
+    /// `jobs wait ID` against `head` (a minute at most): its exit code and
+    /// what it printed.
+    pub fn wait_job(&self, head: SocketAddr, id: &str) -> (Option<i32>, String) {
+        let waited = Command::new(&self.binary)
+            .args(["jobs", "wait", id, "--head", &head.to_string()])
+            .args([
+                "--certs",
+                self.certs().to_str().unwrap(),
+                "--timeout-s",
+                "60",
+            ])
+            .output()
+            .unwrap();
+        (
+            waited.status.code(),
+            String::from_utf8_lossy(&waited.stdout).into_owned(),
+        )
+    }
+
     /// What the process `name` logged so far.
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()

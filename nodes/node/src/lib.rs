@@ -473,6 +473,14 @@ pub struct NodeArgs {
     /// job.
     #[arg(long = "allow-path")]
     pub allow_paths: Vec<String>,
+    /// Ended detached jobs the head keeps listing (head only; default
+    /// 1000, or `[jobs] keep_finished`); older ones are forgotten.
+    #[arg(long)]
+    pub keep_finished_jobs: Option<usize>,
+    /// How long the head keeps an ended detached job, in seconds (head
+    /// only; default a week, or `[jobs] keep_finished_for_s`).
+    #[arg(long)]
+    pub keep_finished_jobs_for_s: Option<u64>,
     /// The CA's revocation list the head follows (head only; default:
     /// crl.pem in the certs folder).
     #[arg(long)]
@@ -626,6 +634,10 @@ pub struct JobsFile {
     /// jobs may read and write.
     #[serde(default)]
     allow: Vec<String>,
+    /// Ended jobs the head keeps listing.
+    keep_finished: Option<usize>,
+    /// How long the head keeps an ended job, in seconds.
+    keep_finished_for_s: Option<u64>,
 }
 
 /// A `[[supervisor]]` table: a supervisor and its children.
@@ -776,6 +788,8 @@ pub struct NodeSettings {
     pub trees: Vec<Tree>,
     /// Where detached jobs that land here may read and write.
     pub allow: flotilla_proto::roots::AllowedRoots,
+    /// How long the head keeps ended jobs.
+    pub retention: flotilla::jobs::Retention,
 }
 
 /// A configuration problem: the node does not start.
@@ -858,6 +872,16 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
     allow.extend(args.allow_paths);
     let allow = flotilla_proto::roots::AllowedRoots::new(&allow)
         .map_err(|e| ConfigError::Invalid(format!("[jobs] allow / --allow-path: {e}")))?;
+    let mut retention = flotilla::jobs::Retention::default();
+    if let Some(keep) = args.keep_finished_jobs.or(file.jobs.keep_finished) {
+        retention.keep = keep;
+    }
+    if let Some(s) = args
+        .keep_finished_jobs_for_s
+        .or(file.jobs.keep_finished_for_s)
+    {
+        retention.keep_for = Duration::from_secs(s);
+    }
     config.advertise = args.advertise.or(file.advertise);
     config.bulk_listen = args.bulk_listen.or(file.bulk_listen);
     config.object_store_bytes = args
@@ -907,6 +931,7 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
         trees,
         allow,
+        retention,
     })
 }
 
@@ -1092,6 +1117,35 @@ mod tests {
         let mut a = args();
         a.allow_paths = vec!["relative/root".into()];
         assert!(matches!(node_config(a, true), Err(ConfigError::Invalid(_))));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn job_retention_comes_from_the_file_and_the_flags() {
+        let path =
+            std::env::temp_dir().join(format!("flotilla-retention-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "[jobs]\nkeep_finished = 20\nkeep_finished_for_s = 3600\n",
+        )
+        .unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        let r = node_config(a, true).unwrap().retention;
+        assert_eq!((r.keep, r.keep_for), (20, Duration::from_secs(3600)));
+        let mut a = args();
+        a.config = Some(path.clone());
+        a.keep_finished_jobs = Some(5);
+        let r = node_config(a, true).unwrap().retention;
+        assert_eq!(
+            (r.keep, r.keep_for),
+            (5, Duration::from_secs(3600)),
+            "flags win"
+        );
+        assert_eq!(
+            node_config(args(), true).unwrap().retention,
+            flotilla::jobs::Retention::default()
+        );
         std::fs::remove_file(path).unwrap();
     }
 

@@ -278,6 +278,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
     let builder = extra(Node::builder(settings.config));
     let builder = flotilla_embed::job::detached::register(builder, settings.allow);
     let settings_trees = settings.trees;
+    let retention = settings.retention;
     let node = match flotilla_embed::actor::register(builder, settings.model)
         .start_shared()
         .await
@@ -313,7 +314,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
     };
     // The head supervises detached jobs.
-    let jobs = node.serve_jobs();
+    let jobs = node.serve_jobs_with(retention);
     crate::systemd::ready();
     let watchdog = crate::systemd::watchdog_interval()
         .map(|interval| tokio::spawn(crate::systemd::feed_watchdog(interval, node.pulse())));
