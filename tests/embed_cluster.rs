@@ -38,10 +38,24 @@ fn driver(
     tag: &str,
     extra: &[&str],
 ) -> Driver {
+    driver_env(s, head, input, output, tag, extra, &[])
+}
+
+/// [`driver`] with environment variables set (failpoints).
+fn driver_env(
+    s: &Scratch,
+    head: &Proc,
+    input: &Path,
+    output: &Path,
+    tag: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Driver {
     let log = std::fs::File::create(s.dir.join(format!("driver-{tag}.log"))).unwrap();
     let mut cmd = Command::new(NODE);
     embed_on_cluster(&mut cmd, input, output, head.addr, &s.certs());
-    cmd.args(extra)
+    cmd.envs(env.iter().copied())
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
@@ -911,4 +925,45 @@ fn the_head_forgets_ended_jobs_past_its_retention() {
         after >= Duration::from_secs(1),
         "kept a while, gone after {after:?}"
     );
+}
+
+/// Clause "embed job: unreadable results": a result object the driver
+/// cannot read is a failed attempt of its batch, sent again within the
+/// attempts the batch has left. With every result object unreadable
+/// (failpoint `driver::result_object=return` in the driver), each batch is
+/// sent three times and then counted failed: the job ends, failed, naming
+/// how many, instead of asking for the same batches without end; run again
+/// without the fault, it completes exactly once.
+#[test]
+fn unreadable_result_objects_are_failed_attempts_and_the_job_ends() {
+    let s = Scratch::new("embed-unreadable", NODE);
+    let (head, _workers) = cluster(&s, &["u1"]);
+    let (input, ids) = corpus(&s.dir, 64);
+    let out = s.dir.join("out");
+    let mut job = driver_env(
+        &s,
+        &head,
+        &input,
+        &out,
+        "unreadable",
+        &[],
+        &[("FLOTILLA_FAILPOINTS", "driver::result_object=return")],
+    );
+    // Before this was fixed the driver asked for the batches without end:
+    // waiting is bounded, and the driver is killed past it.
+    let child = job.0.as_mut().expect("running");
+    let (status, took) = eventually(Duration::from_secs(120), || child.try_wait().unwrap());
+    assert!(
+        !status.success(),
+        "the job should have failed (after {took:?})"
+    );
+    let log = std::fs::read_to_string(s.dir.join("driver-unreadable.log")).unwrap();
+    assert!(log.contains("2 batches failed on every attempt"), "{log}");
+    assert!(
+        !log.contains("attempt=4"),
+        "no batch is sent a fourth time: {log}"
+    );
+    let (ok, summary) = finish(&s, driver(&s, &head, &input, &out, "rerun", &[]), "rerun");
+    assert!(ok, "{summary}");
+    assert_exactly_once(&out, &ids);
 }

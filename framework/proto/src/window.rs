@@ -347,6 +347,23 @@ impl<W: Ord + Clone> Window<W> {
         }
     }
 
+    /// `batch` was completed by `worker` on its `attempt`-th send, and its
+    /// result then proved unusable (its caller could not read it): that
+    /// send failed after all. The batch goes out again after its backoff,
+    /// to another worker when there is one, or is given up once
+    /// `max_attempts` sends have failed — the count the batch had, not a
+    /// fresh one.
+    pub fn redo(&mut self, now: Instant, batch: BatchId, attempt: u32, worker: W) {
+        let attempts = attempt.max(1);
+        self.requeue(Retry {
+            batch,
+            attempts,
+            lost: 0,
+            failed_on: Some(worker),
+            due: Some(now + self.config.backoff(attempts)),
+        });
+    }
+
     /// Moves every batch past its deadline to the retry queue (or gives up
     /// on it); returns how many timed out.
     pub fn poll_deadlines(&mut self, now: Instant) -> usize {
@@ -694,5 +711,31 @@ mod tests {
                 prop_assert_eq!(model.len() as u64, next);
             }
         }
+    }
+
+    #[test]
+    fn a_result_found_unusable_after_completion_counts_as_a_failed_attempt() {
+        let t0 = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker('a');
+        w.add_worker('b');
+        let d = w.dispatch_new(t0, BatchId(1)).unwrap();
+        assert_eq!(w.complete(BatchId(1), &d.worker), Outcome::Accepted);
+        // Its result could not be read: sent again, elsewhere, as attempt 2.
+        w.redo(t0, BatchId(1), d.attempt, d.worker);
+        assert!(!w.is_idle());
+        let later = t0 + Duration::from_secs(10);
+        let again = w.poll_retry(later).unwrap();
+        assert_eq!((again.batch, again.attempt), (BatchId(1), 2));
+        assert_ne!(again.worker, d.worker);
+        // Twice more unreadable: the third failed attempt gives up on it.
+        assert_eq!(w.complete(BatchId(1), &again.worker), Outcome::Accepted);
+        w.redo(later, BatchId(1), again.attempt, again.worker);
+        let third = w.poll_retry(later + Duration::from_secs(10)).unwrap();
+        assert_eq!(third.attempt, 3);
+        assert_eq!(w.complete(BatchId(1), &third.worker), Outcome::Accepted);
+        w.redo(later, BatchId(1), third.attempt, third.worker);
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(1))]);
+        assert!(w.is_idle());
     }
 }

@@ -17,6 +17,10 @@ pub const POINTS: &[(&str, &str)] = &[
         "node::heartbeat",
         "the member's loop that heartbeats to the head, before each heartbeat",
     ),
+    (
+        "driver::result_object",
+        "the embed job's driver reading a batch's result object (`return`: unreadable)",
+    ),
 ];
 
 /// A configuration the fail crate refuses.

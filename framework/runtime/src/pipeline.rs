@@ -111,6 +111,22 @@ impl PipelineConfig {
 /// A worker's handle within one pipeline.
 pub type WorkerKey = u32;
 
+/// Which send of a batch completed it: what [`Pipeline::unusable`] needs
+/// to count a result found unusable afterwards against the batch's
+/// attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    attempt: u32,
+    worker: WorkerKey,
+}
+
+impl Receipt {
+    /// The send's number (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
 /// What became of a batch.
 #[derive(Debug)]
 pub enum Event<B, T> {
@@ -124,6 +140,8 @@ pub enum Event<B, T> {
         output: T,
         /// Duration of the call that succeeded.
         latency: Duration,
+        /// Which send completed it (for [`Pipeline::unusable`]).
+        receipt: Receipt,
     },
     /// Its input was refused; not retried.
     Rejected {
@@ -306,8 +324,24 @@ impl<S: Stage> Pipeline<S> {
         self.stats
     }
 
+    /// A batch the pipeline reported done whose result its caller then
+    /// found unusable (a result object it could not read): that send
+    /// failed after all. The batch is taken back and sent again after its
+    /// backoff, to another worker when there is one, within the attempts it
+    /// had left; past them it comes back as [`Event::GaveUp`]. So a result
+    /// that can never be used is not asked for without end.
+    pub fn unusable(&mut self, id: BatchId, batch: S::Batch, receipt: Receipt) {
+        let weight = self.stage.weight(&batch);
+        self.held += weight;
+        self.flights.insert(id, Flight { batch, weight });
+        self.window.redo(now(), id, receipt.attempt, receipt.worker);
+        self.pump();
+    }
+
     /// Takes a new batch and sends it as soon as a credit is free (at once
-    /// while [`Pipeline::has_credit`] holds). Ids must be unique.
+    /// while [`Pipeline::has_credit`] holds). Ids must be unique among the
+    /// batches not yet reported (a batch reported done goes back through
+    /// [`Pipeline::unusable`], not here).
     pub fn submit(&mut self, id: BatchId, batch: S::Batch) {
         let weight = self.stage.weight(&batch);
         self.held += weight;
@@ -468,6 +502,10 @@ impl<S: Stage> Pipeline<S> {
                             batch,
                             output,
                             latency,
+                            receipt: Receipt {
+                                attempt: to.attempt,
+                                worker,
+                            },
                         }));
                     }
                 }
@@ -668,6 +706,34 @@ mod tests {
         assert_eq!((done, rejected, gave_up), (2, 1, 1));
         // 13 was sent three times: two retries after two deadlines.
         assert_eq!(p.stats().retries, 2);
+    }
+
+    /// A result its caller cannot use (a result object it cannot read) is
+    /// a failed attempt of its batch: sent again, and given up once the
+    /// batch's attempts are spent — not asked for without end.
+    #[tokio::test(start_paused = true)]
+    async fn a_result_found_unusable_is_a_failed_attempt_and_the_attempts_stay_bounded() {
+        let mut p = pipeline(config(2));
+        p.add_worker("a", worker(false).await);
+        p.add_worker("b", worker(false).await);
+        p.submit(BatchId(9), 21);
+        let mut dones = Vec::new();
+        let gave_up = loop {
+            match p.next().await.unwrap() {
+                Some(Event::Done {
+                    id, batch, receipt, ..
+                }) => {
+                    dones.push(receipt.attempt());
+                    p.unusable(id, batch, receipt);
+                }
+                Some(Event::GaveUp { id, batch }) => break (id, batch),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(gave_up, (BatchId(9), 21));
+        assert_eq!(dones, vec![1, 2, 3], "three sends, then given up");
+        assert_eq!(p.stats().retries, 2);
+        assert!(p.next().await.unwrap().is_none());
     }
 
     #[tokio::test(start_paused = true)]

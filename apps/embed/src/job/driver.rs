@@ -764,6 +764,7 @@ pub(crate) async fn drive(
                 batch,
                 output,
                 latency,
+                receipt,
             }) => {
                 let (held, lent) = match output {
                     Output::Values(values) => (Held::Values(values), None),
@@ -778,9 +779,11 @@ pub(crate) async fn drive(
                     {
                         Ok(vectors) => (Held::Object(vectors), Some(object)),
                         Err(reason) => {
-                            tracing::warn!(batch = id.0, %reason, "result object unreadable; the batch goes out again");
+                            // A failed attempt of the batch: sent again
+                            // within the attempts it has left.
+                            tracing::warn!(batch = id.0, attempt = receipt.attempt(), %reason, "result object unreadable; the batch goes out again");
                             releases.release(Some(object), true);
-                            pipeline.submit(id, batch);
+                            pipeline.unusable(id, batch, receipt);
                             continue;
                         }
                     },

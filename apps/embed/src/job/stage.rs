@@ -147,6 +147,11 @@ pub(crate) async fn read_result(
     dim: u32,
     rows: usize,
 ) -> Result<flotilla::ArchivedObject<crate::actor::Vectors>, String> {
+    // Fault injection: `driver::result_object=return` makes every result
+    // object unreadable to the driver.
+    flotilla::fail::fail_point!("driver::result_object", |_| Err(
+        "injected: the result object cannot be read".to_owned()
+    ));
     let objects = objects.ok_or("a result object, but this job reads no objects")?;
     let v = objects
         .get_archive::<crate::actor::Vectors>(object)
