@@ -629,6 +629,28 @@ fn a_missing_model_folder_says_how_to_fetch_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A count that must be positive, given as 0 (`--batch-size 0` used to
+/// run batches of one), is refused by name before anything is read or
+/// written, here and for a detached job before the head is asked.
+#[test]
+fn zero_batch_size_and_other_zero_counts_are_refused_by_name() {
+    let dir = scratch("zero");
+    let input = root().join("examples/data/sample.jsonl");
+    for (flag, extra) in [
+        ("--batch-size", &[][..]),
+        ("--memory-budget-mb", &[][..]),
+        ("--batch-size", &["--detach", "--head", "127.0.0.1:9"][..]),
+    ] {
+        let (ok, _, stderr) = embed(&input, &dir.join("out"), &[&[flag, "0"], extra].concat());
+        assert!(
+            !ok && stderr.contains(&format!("{flag} is 0")),
+            "{flag} {extra:?}: {stderr}"
+        );
+        assert!(!dir.join("out").exists(), "nothing written");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The restarts an end summary reports.
 fn restarts_in(summary: &str) -> u64 {
     summary

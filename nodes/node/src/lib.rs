@@ -340,7 +340,7 @@ impl EmbedArgs {
             placement: self.placement,
             placement_timeout: std::time::Duration::from_secs(self.placement_timeout_s),
             max_in_flight: self.max_in_flight,
-            memory_budget: self.memory_budget_mb.max(1) << 20,
+            memory_budget: self.memory_budget_mb << 20,
             job_id: self.job_id,
             cluster: self.head.map(|head| flotilla_embed::job::ClusterConfig {
                 head,

@@ -201,6 +201,11 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
         return ExitCode::from(2);
     };
     let mut config = args.job();
+    // Refused here, before the head is asked.
+    if let Err(e) = config.check() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     // The driver runs elsewhere: local paths are made absolute here, with
     // their links and `..` resolved where they exist (the node that runs
     // the job checks them against the roots it allows).

@@ -14,6 +14,18 @@ pub const DEFAULT_SORT_WINDOW: usize = 4096;
 /// Bytes of batches in flight at most unless told otherwise: 512 MiB.
 pub const DEFAULT_MEMORY_BUDGET: usize = 512 << 20;
 
+/// A job setting out of its range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name} is {value}: {rule}")]
+pub struct SettingError {
+    /// The setting, as the command line names it.
+    pub name: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What it must be.
+    pub rule: &'static str,
+}
+
 /// Settings of an embed job.
 #[derive(Debug, Clone)]
 pub struct JobConfig {
@@ -101,6 +113,31 @@ pub struct JobConfig {
 }
 
 impl JobConfig {
+    /// Checks every setting's range: counts that must be positive are
+    /// (batch size, token budget, actors, batches in flight, memory
+    /// budget, dimensions). A job that fails this reads nothing.
+    pub fn check(&self) -> Result<(), SettingError> {
+        let positive: [(&'static str, Option<usize>); 7] = [
+            ("--batch-size", Some(self.batch_size)),
+            ("--max-batch-tokens", self.max_batch_tokens),
+            ("--actors", self.actors),
+            ("--actors-per-node", self.actors_per_node),
+            ("--max-in-flight", self.max_in_flight),
+            ("--memory-budget-mb", Some(self.memory_budget)),
+            ("--dim", self.dim),
+        ];
+        for (name, value) in positive {
+            if value == Some(0) {
+                return Err(SettingError {
+                    name,
+                    value: "0".into(),
+                    rule: "it must be at least 1",
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// What the job makes of the model in `folder`'s vectors, or why the
     /// folder cannot do what the job asks (a prompt name it lacks, more
     /// dimensions than it has).
@@ -174,4 +211,30 @@ pub struct ClusterConfig {
     /// default). Batches hand their texts to the actors as objects of it
     /// while it takes them, and carry them in the requests otherwise.
     pub object_store_bytes: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_that_must_be_positive_are_refused_at_zero_by_name() {
+        let ok = JobConfig::new("in", "out", "model");
+        assert!(ok.check().is_ok());
+        let mut c = ok.clone();
+        c.batch_size = 0;
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains("--batch-size is 0"), "{e}");
+        let mut c = ok.clone();
+        c.dim = Some(0);
+        assert!(c.check().unwrap_err().to_string().contains("--dim"));
+        let mut c = ok;
+        c.max_in_flight = Some(0);
+        assert!(
+            c.check()
+                .unwrap_err()
+                .to_string()
+                .contains("--max-in-flight")
+        );
+    }
 }

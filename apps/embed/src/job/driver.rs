@@ -555,7 +555,8 @@ pub(crate) async fn drive(
     let ready_after = started.elapsed();
     let info = &workers.info;
     let revision = crate::ModelRevision::new(info.revision.clone());
-    let batch_size = config.batch_size.max(1);
+    // At least 1 (JobConfig::check).
+    let batch_size = config.batch_size;
     let mut seen = HashSet::new();
     for column in &config.output_columns {
         if RESERVED.contains(&column.as_str()) || !seen.insert(column) {

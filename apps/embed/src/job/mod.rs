@@ -29,7 +29,7 @@ mod summary;
 
 pub use config::{
     ClusterConfig, DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_MICRO_BATCH,
-    DEFAULT_SORT_WINDOW, JobConfig,
+    DEFAULT_SORT_WINDOW, JobConfig, SettingError,
 };
 pub use input::{Input, InputError};
 pub use sink::{Format, SinkError};
@@ -63,6 +63,9 @@ pub enum JobError {
     /// The output folder is unusable.
     #[error(transparent)]
     Sink(#[from] SinkError),
+    /// A setting is out of its range (`--batch-size 0`, say).
+    #[error(transparent)]
+    Setting(#[from] SettingError),
     /// An output column is named twice or clashes with `id` / `embedding`.
     #[error(
         "output column {0:?} is named twice or clashes with the job's own id and embedding columns"
@@ -163,6 +166,7 @@ fn list(failures: &[WorkerFailure]) -> String {
 /// [`JobConfig::cluster`]. Safe to run again on the same output: completed
 /// batches are skipped, the rest are computed.
 pub async fn run(config: JobConfig) -> Result<Summary, JobError> {
+    config.check()?;
     match config.cluster.clone() {
         None => local::run(config).await,
         Some(cluster) => cluster::run(config, cluster).await,
