@@ -110,6 +110,9 @@ pub struct VectorsObject {
     pub object: flotilla::ObjectRef,
 }
 
+/// Texts per forward pass on the CPU unless told otherwise.
+pub const DEFAULT_MICRO_BATCH: usize = 16;
+
 /// How long an embedder's node keeps a result object for a caller that
 /// does not release it (its node died, say).
 pub const RESULT_LEASE: Duration = Duration::from_secs(600);
@@ -168,7 +171,7 @@ impl EmbedderArgs {
         Self {
             model_dir: model_dir.into(),
             threads: 1,
-            micro_batch: crate::job::DEFAULT_MICRO_BATCH as u32,
+            micro_batch: DEFAULT_MICRO_BATCH as u32,
             device: DeviceChoice::Auto.to_string(),
             precision: Precision::F32.to_string(),
             prompt: None,

@@ -13,7 +13,7 @@ use burn::tensor::module::linear;
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::Deserialize;
 
-use crate::model_folder::{LoadError, read_json};
+use crate::load_error::{LoadError, read_json};
 use crate::weights::WeightFile;
 
 /// The activation of a `Dense` module, by its PyTorch class.

@@ -27,6 +27,7 @@ mod fast_gelu;
 pub mod head;
 pub mod int8_gemm;
 pub mod job;
+mod load_error;
 pub mod model_folder;
 pub mod pooling;
 mod precision;

@@ -19,7 +19,7 @@ use std::path::Path;
 use burn::tensor::{Tensor, TensorData};
 use serde::Deserialize;
 
-use crate::model_folder::{LoadError, read_json};
+use crate::load_error::{LoadError, read_json};
 
 /// One way of pooling token states into a vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use tokenizers::{
     TruncationParams, TruncationStrategy,
 };
 
-use crate::model_folder::LoadError;
+use crate::load_error::LoadError;
 
 /// Why a batch of texts could not be tokenized.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@ use std::path::Path;
 use burn::tensor::{Device, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::model_folder::LoadError;
+use crate::load_error::LoadError;
 
 /// Tensors a BERT-family checkpoint may carry that the encoder does not
 /// use: buffers and the pooler of the pre-training task.

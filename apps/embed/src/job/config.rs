@@ -7,8 +7,9 @@ use super::sink::Format;
 
 /// Rows per batch unless told otherwise.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
-/// Texts per forward pass on the CPU unless told otherwise.
-pub const DEFAULT_MICRO_BATCH: usize = 16;
+/// Texts per forward pass on the CPU unless told otherwise (the embedding
+/// actor's default).
+pub use crate::actor::DEFAULT_MICRO_BATCH;
 /// Rows of a length-sorted window unless told otherwise.
 pub const DEFAULT_SORT_WINDOW: usize = 4096;
 /// Bytes of batches in flight at most unless told otherwise: 512 MiB.
