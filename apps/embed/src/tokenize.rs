@@ -136,16 +136,19 @@ impl TextTokenizer {
         texts: &[&str],
         prompt: &str,
     ) -> Result<TokenBatch, TokenizeError> {
-        let inputs: Vec<String> = texts.iter().map(|t| self.input(prompt, t)).collect();
         let prompt_tokens = if prompt.is_empty() {
             0
         } else {
             self.prompt_tokens(prompt)?
         };
-        let encodings = self
-            .inner
-            .encode_batch(inputs, true)
-            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+        // The texts as given when nothing is added to them: no copy.
+        let encodings = if prompt.is_empty() && !self.lowercase {
+            self.inner.encode_batch(texts.to_vec(), true)
+        } else {
+            let inputs: Vec<String> = texts.iter().map(|t| self.input(prompt, t)).collect();
+            self.inner.encode_batch(inputs, true)
+        }
+        .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         let batch = encodings.len();
         let seq_len = encodings.first().map_or(0, |e| e.len());
         let mut ids = Vec::with_capacity(batch * seq_len);
