@@ -59,7 +59,7 @@ pub(crate) fn self_attention(
     if out.is_empty() {
         return out;
     }
-    let arch = pulp::Arch::new();
+    let arch = crate::cpu_level::arch();
     each_text(qkv, mask, shape, bias, &mut out, |t| arch.dispatch(t));
     out
 }

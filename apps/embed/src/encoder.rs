@@ -113,6 +113,7 @@ impl SentenceEncoder {
         precision: Precision,
     ) -> Result<Self, LoadError> {
         let started = Instant::now();
+        crate::cpu_level::CpuLevel::from_env()?;
         let folder = ModelFolder::open(dir)?;
         let tokenizer = TextTokenizer::load_with(
             &folder.tokenizer_path(),

@@ -45,7 +45,7 @@ const CHUNK: usize = 1 << 14;
 
 /// Applies exact-form GELU to every value in place.
 pub(crate) fn gelu_in_place(values: &mut [f32]) {
-    let arch = pulp::Arch::new();
+    let arch = crate::cpu_level::arch();
     each_chunk(values, |g| arch.dispatch(g));
 }
 

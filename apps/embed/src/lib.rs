@@ -21,6 +21,7 @@ pub mod actor;
 mod attention;
 mod bert;
 pub mod convert;
+pub mod cpu_level;
 pub mod devices;
 mod encoder;
 mod fast_gelu;
@@ -40,6 +41,7 @@ pub use bert::{BackendError, Bert};
 /// Burn's device handle, as the encoder takes it.
 pub use burn::tensor::Device;
 pub use convert::{Converted, convert_folder};
+pub use cpu_level::{CpuLevel, UnknownCpuLevel};
 pub use devices::{DeviceChoice, cpu_device, cuda_devices};
 pub use encoder::{Embeddings, EncodeError, SentenceEncoder, default_device};
 pub use model_folder::{

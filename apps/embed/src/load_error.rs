@@ -105,6 +105,9 @@ pub enum LoadError {
         /// The model's output width.
         width: usize,
     },
+    /// `FLOTILLA_CPU_LEVEL` names no instruction-set level.
+    #[error(transparent)]
+    CpuLevel(#[from] crate::cpu_level::UnknownCpuLevel),
     /// tokenizer.json could not be parsed or configured.
     #[error("cannot use tokenizer {path}: {reason}")]
     Tokenizer {

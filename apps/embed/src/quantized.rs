@@ -238,7 +238,7 @@ fn activate(values: &mut [f32], activation: Activation) {
 
 /// `x = LayerNorm(x + t)` per row of `norm.gamma.len()` values.
 fn add_norm(x: &mut [f32], t: &[f32], norm: &HostNorm, eps: f32) {
-    pulp::Arch::new().dispatch(AddNorm { x, t, norm, eps });
+    crate::cpu_level::arch().dispatch(AddNorm { x, t, norm, eps });
 }
 
 /// Residual and LayerNorm over all rows: the unit of run-time dispatch.

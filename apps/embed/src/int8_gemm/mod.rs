@@ -31,6 +31,8 @@
 
 use rayon::prelude::*;
 
+use crate::cpu_level::CpuLevel;
+
 /// Columns per panel: four 16-lane registers.
 const PANEL: usize = 64;
 /// Rows per register tile of the VNNI kernel.
@@ -155,7 +157,7 @@ impl Int8Rows {
         self.scale.resize(rows, 0.0);
         self.zero.clear();
         self.zero.resize(rows, 0);
-        let arch = pulp::Arch::new();
+        let arch = crate::cpu_level::arch();
         let quads = self.quads;
         let bytes: &mut [u8] = pulp::bytemuck::cast_slice_mut(&mut self.values);
         for (((row, out), scale), zero) in x
@@ -252,11 +254,26 @@ impl Kernel {
         return self == Kernel::Portable;
     }
 
-    /// The fastest kernel this CPU runs.
+    /// The instruction-set level the kernel needs.
+    pub fn level(self) -> CpuLevel {
+        match self {
+            Kernel::Vnni | Kernel::AvxVnni => CpuLevel::Vnni,
+            Kernel::Avx2 => CpuLevel::Avx2,
+            Kernel::Portable => CpuLevel::Portable,
+        }
+    }
+
+    /// The fastest kernel this CPU runs, under the level
+    /// `FLOTILLA_CPU_LEVEL` caps it to ([`crate::cpu_level`]).
     pub fn detect() -> Self {
+        Self::detect_under(CpuLevel::cap())
+    }
+
+    /// The fastest kernel this CPU runs at or below `cap`.
+    pub fn detect_under(cap: Option<CpuLevel>) -> Self {
         Self::ALL
             .into_iter()
-            .find(|k| k.runs_here())
+            .find(|k| k.runs_here() && cap.is_none_or(|c| k.level() <= c))
             .unwrap_or(Kernel::Portable)
     }
 
@@ -323,7 +340,7 @@ pub fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]
                 Kernel::Vnni | Kernel::AvxVnni | Kernel::Avx2 => {
                     panic!("an x86 kernel was chosen on another architecture")
                 }
-                Kernel::Portable => pulp::Arch::new().dispatch(PortableBlock {
+                Kernel::Portable => crate::cpu_level::arch().dispatch(PortableBlock {
                     w,
                     x,
                     rows,

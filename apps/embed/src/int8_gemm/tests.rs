@@ -122,3 +122,31 @@ fn zero_rows_quantize_to_zero_and_give_the_bias() {
         assert!(out.iter().all(|&v| v == 0.25), "{kernel:?}: {out:?}");
     }
 }
+
+/// `FLOTILLA_CPU_LEVEL`'s cap picks the kernel a CPU of that level runs:
+/// the AVX2 kernel under `avx2` on a CPU with VNNI, the portable loop
+/// under `portable`; no cap, the fastest.
+#[test]
+fn a_cpu_level_cap_picks_that_levels_kernel() {
+    use crate::cpu_level::CpuLevel;
+    assert_eq!(
+        Kernel::detect_under(None),
+        *Kernel::available().last().unwrap()
+    );
+    assert_eq!(
+        Kernel::detect_under(Some(CpuLevel::Portable)),
+        Kernel::Portable
+    );
+    if Kernel::Avx2.runs_here() {
+        assert_eq!(Kernel::detect_under(Some(CpuLevel::Avx2)), Kernel::Avx2);
+        assert_eq!(Kernel::detect_under(Some(CpuLevel::Avx512)), Kernel::Avx2);
+    }
+    for cap in [
+        CpuLevel::Portable,
+        CpuLevel::Avx2,
+        CpuLevel::Avx512,
+        CpuLevel::Vnni,
+    ] {
+        assert!(Kernel::detect_under(Some(cap)).level() <= cap);
+    }
+}
