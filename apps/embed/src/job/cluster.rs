@@ -93,6 +93,9 @@ pub(crate) async fn run_detached(
     node: &Arc<Node>,
 ) -> Result<Summary, JobError> {
     let started = Instant::now();
+    // A job submitted through the library, not `node embed`, is checked
+    // here, where it runs.
+    config.check()?;
     let reference = reference_revision(config).await?;
     run_on(config, node, started, reference).await
 }
