@@ -28,7 +28,7 @@ use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::devices::{DeviceChoice, cuda_devices};
-use crate::{EmbedOptions, EncodeError, Precision, SentenceEncoder, SharedModels, TokenBatch};
+use crate::{EncodeError, Precision, Prompt, SentenceEncoder, SharedModels, TokenBatch};
 
 /// Kind name under which nodes register [`Embedder`].
 pub const KIND: &str = "flotilla.embedder";
@@ -248,10 +248,10 @@ struct Prepared {
 }
 
 /// Tokenizes `texts` in length-sorted micro-batches of `micro_batch`, with
-/// the options' prompt before each.
+/// `prompt` before each.
 fn prepare<S: AsRef<str>>(
     encoder: &SentenceEncoder,
-    options: &EmbedOptions,
+    prompt: &Prompt,
     texts: &[S],
     micro_batch: usize,
 ) -> Result<Prepared, crate::TokenizeError> {
@@ -261,10 +261,7 @@ fn prepare<S: AsRef<str>>(
         .chunks(micro_batch.max(1))
         .map(|chunk| {
             let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_ref()).collect();
-            Ok((
-                chunk.to_vec(),
-                encoder.tokenize_prompted(&refs, &options.prompt)?,
-            ))
+            Ok((chunk.to_vec(), encoder.tokenize_prompted(&refs, prompt)?))
         })
         .collect::<Result<_, crate::TokenizeError>>()?;
     Ok(Prepared {
@@ -298,19 +295,16 @@ pub fn embed_sorted<S: AsRef<str>>(
     texts: &[S],
     micro_batch: usize,
 ) -> Result<Vec<f32>, EncodeError> {
-    let options = encoder
-        .folder()
-        .embed_options(None, None, None)
-        .expect("the folder's own defaults");
-    let prepared = prepare(encoder, &options, texts, micro_batch)?;
-    Ok(encode_prepared(encoder, options.dim, &prepared)?)
+    let prompt = encoder.prompt(encoder.folder().default_prompt())?;
+    let prepared = prepare(encoder, &prompt, texts, micro_batch)?;
+    Ok(encode_prepared(encoder, encoder.dim(), &prepared)?)
 }
 
 /// Tokenizes a job's texts; `None` when the job was answered already (its
 /// input cannot be embedded).
 fn prepare_job(
     encoder: &SentenceEncoder,
-    options: &EmbedOptions,
+    prompt: &Prompt,
     batch_id: u64,
     texts: &Texts,
     micro_batch: usize,
@@ -318,12 +312,12 @@ fn prepare_job(
 ) -> Option<Prepared> {
     let prepared = match texts {
         Texts::Owned(texts) => {
-            prepare(encoder, options, texts, micro_batch).map_err(|e| e.to_string())
+            prepare(encoder, prompt, texts, micro_batch).map_err(|e| e.to_string())
         }
         Texts::Object(bytes) => match bytes.archive::<Vec<String>>() {
             Ok(archived) => {
                 let texts: Vec<&str> = archived.iter().map(|s| s.as_str()).collect();
-                prepare(encoder, options, &texts, micro_batch).map_err(|e| e.to_string())
+                prepare(encoder, prompt, &texts, micro_batch).map_err(|e| e.to_string())
             }
             Err(e) => Err(e.to_string()),
         },
@@ -365,11 +359,18 @@ fn answer(
     let _ = reply.send(EmbedReply { batch_id, outcome });
 }
 
+/// What the actor makes of each batch: the prompt before every text, its
+/// length measured once, and the dimensions kept.
+struct Shaping {
+    prompt: Prompt,
+    dim: usize,
+}
+
 /// The CPU's model thread: tokenizes and encodes each batch in the actor's
 /// pool.
 fn model_thread(
     encoder: std::sync::Arc<SentenceEncoder>,
-    options: EmbedOptions,
+    shaping: Shaping,
     pool: rayon::ThreadPool,
     micro_batch: usize,
     jobs: mpsc::Receiver<Job>,
@@ -380,14 +381,14 @@ fn model_thread(
         pool.install(|| {
             if let Some(prepared) = prepare_job(
                 &encoder,
-                &options,
+                &shaping.prompt,
                 batch_id,
                 &texts,
                 micro_batch,
                 &mut reply,
             ) && let Some(reply) = reply.take()
             {
-                answer(&encoder, options.dim, &revision, batch_id, &prepared, reply);
+                answer(&encoder, shaping.dim, &revision, batch_id, &prepared, reply);
             }
         });
     }
@@ -398,11 +399,11 @@ fn model_thread(
 /// as one forward pass, up to two batches ahead.
 fn pipelined_threads(
     encoder: std::sync::Arc<SentenceEncoder>,
-    options: EmbedOptions,
+    shaping: Shaping,
     pool: rayon::ThreadPool,
     jobs: mpsc::Receiver<Job>,
 ) {
-    let dim = options.dim;
+    let dim = shaping.dim;
     let (ready, queue) = mpsc::sync_channel::<(u64, Prepared, oneshot::Sender<EmbedReply>)>(2);
     let model = std::sync::Arc::clone(&encoder);
     let runner = std::thread::Builder::new()
@@ -420,8 +421,16 @@ fn pipelined_threads(
     while let Ok((batch_id, texts, reply)) = jobs.recv() {
         let mut reply = Some(reply);
         // A batch is one forward pass on a GPU.
-        let prepared = pool
-            .install(|| prepare_job(&encoder, &options, batch_id, &texts, usize::MAX, &mut reply));
+        let prepared = pool.install(|| {
+            prepare_job(
+                &encoder,
+                &shaping.prompt,
+                batch_id,
+                &texts,
+                usize::MAX,
+                &mut reply,
+            )
+        });
         if let (Some(prepared), Some(reply)) = (prepared, reply)
             && ready.send((batch_id, prepared, reply)).is_err()
         {
@@ -608,6 +617,16 @@ impl Actor for Embedder {
                         return;
                     }
                 };
+                let shaping = match encoder.prompt(&options.prompt) {
+                    Ok(prompt) => Shaping {
+                        prompt,
+                        dim: options.dim,
+                    },
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
                 let pipelined = on_gpu || args.micro_batch == 0;
                 let info = ModelInfo {
                     revision: encoder.revision().to_string(),
@@ -622,9 +641,9 @@ impl Actor for Embedder {
                     return;
                 }
                 if pipelined {
-                    pipelined_threads(encoder, options, pool, queue);
+                    pipelined_threads(encoder, shaping, pool, queue);
                 } else {
-                    model_thread(encoder, options, pool, args.micro_batch as usize, queue);
+                    model_thread(encoder, shaping, pool, args.micro_batch as usize, queue);
                 }
             })?;
         let (info, gpu, pipelined) = loaded

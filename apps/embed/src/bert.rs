@@ -395,10 +395,16 @@ impl Bert {
         let table = self.relative_bias.as_ref()?;
         let heads = self.config.num_attention_heads;
         let buckets = self.config.relative_attention_buckets;
+        // The bucket depends on the distance alone: one per distance, from
+        // -(seq - 1) to seq - 1.
+        let span = seq.saturating_sub(1) as i64;
+        let by_distance: Vec<usize> = (-span..=span)
+            .map(|d| relative_bucket(d, buckets))
+            .collect();
         let mut bias = vec![0.0f32; heads * seq * seq];
         for i in 0..seq {
             for j in 0..seq {
-                let bucket = relative_bucket(j as i64 - i as i64, buckets);
+                let bucket = by_distance[j + span as usize - i];
                 for h in 0..heads {
                     bias[(h * seq + i) * seq + j] = table[bucket * heads + h];
                 }

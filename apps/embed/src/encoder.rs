@@ -11,7 +11,7 @@ use crate::bert::{BackendError, Bert};
 use crate::head::Head;
 use crate::model_folder::{LoadError, ModelFolder, ModelRevision};
 use crate::precision::Precision;
-use crate::tokenize::{TextTokenizer, TokenBatch, TokenizeError};
+use crate::tokenize::{Prompt, TextTokenizer, TokenBatch, TokenizeError};
 
 /// Why a batch could not be embedded.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +93,8 @@ pub struct SentenceEncoder {
     folder: ModelFolder,
     revision: ModelRevision,
     tokenizer: TextTokenizer,
+    /// The folder's default prompt (none: empty), measured at load.
+    default_prompt: Prompt,
     model: Bert,
     head: Head,
     load_time: Duration,
@@ -121,6 +123,13 @@ impl SentenceEncoder {
             u32::try_from(folder.config.pad_token_id).ok(),
             folder.do_lower_case,
         )?;
+        let default_prompt =
+            tokenizer
+                .prompt(folder.default_prompt())
+                .map_err(|e| LoadError::Tokenizer {
+                    path: folder.tokenizer_path(),
+                    reason: e.to_string(),
+                })?;
         let path = folder.weights_path();
         let bytes = std::fs::read(&path).map_err(LoadError::io(&path))?;
         let revision = ModelRevision::of_bytes(&bytes);
@@ -130,6 +139,7 @@ impl SentenceEncoder {
             folder,
             revision,
             tokenizer,
+            default_prompt,
             model,
             head,
             load_time: started.elapsed(),
@@ -180,14 +190,20 @@ impl SentenceEncoder {
     /// folder's default prompt, if it names one.
     pub fn tokenize(&self, texts: &[&str]) -> Result<TokenBatch, TokenizeError> {
         self.tokenizer
-            .tokenize_prompted(texts, self.folder.default_prompt())
+            .tokenize_prompted(texts, &self.default_prompt)
+    }
+
+    /// `text` as a prompt (its length in tokens measured once), for
+    /// [`SentenceEncoder::tokenize_prompted`].
+    pub fn prompt(&self, text: &str) -> Result<Prompt, TokenizeError> {
+        self.tokenizer.prompt(text)
     }
 
     /// Tokenizes a batch with `prompt` prepended to every text.
     pub fn tokenize_prompted(
         &self,
         texts: &[&str],
-        prompt: &str,
+        prompt: &Prompt,
     ) -> Result<TokenBatch, TokenizeError> {
         self.tokenizer.tokenize_prompted(texts, prompt)
     }
@@ -227,7 +243,7 @@ impl SentenceEncoder {
     /// [`SentenceEncoder::encode`] with `prompt` prepended to every text
     /// (`""`: none, whatever the folder's default).
     pub fn encode_prompted(&self, texts: &[&str], prompt: &str) -> Result<Embeddings, EncodeError> {
-        let tokens = self.tokenize_prompted(texts, prompt)?;
+        let tokens = self.tokenize_prompted(texts, &self.prompt(prompt)?)?;
         Ok(self.encode_tokens(&tokens)?)
     }
 }

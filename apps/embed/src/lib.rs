@@ -50,4 +50,4 @@ pub use model_folder::{
 pub use pooling::{Pooling, PoolingMode};
 pub use precision::{Precision, UnknownPrecision};
 pub use shared_models::SharedModels;
-pub use tokenize::{TextTokenizer, TokenBatch, TokenizeError};
+pub use tokenize::{Prompt, TextTokenizer, TokenBatch, TokenizeError};

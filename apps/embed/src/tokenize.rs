@@ -60,6 +60,28 @@ impl TokenBatch {
     }
 }
 
+/// A prompt put before every text, with its length in tokens as
+/// sentence-transformers counts it (what pooling leaves out when the folder
+/// says `include_prompt: false`), measured once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompt {
+    text: String,
+    tokens: usize,
+}
+
+impl Prompt {
+    /// The prompt's text (`""`: no prompt).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Its tokens, its special start token included, a trailing special
+    /// token not.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
 /// A configured Hugging Face tokenizer.
 #[derive(Clone)]
 pub struct TextTokenizer {
@@ -125,7 +147,19 @@ impl TextTokenizer {
 
     /// Tokenizes a batch, adding the special tokens (`[CLS]`, `[SEP]`).
     pub fn tokenize(&self, texts: &[&str]) -> Result<TokenBatch, TokenizeError> {
-        self.tokenize_prompted(texts, "")
+        self.tokenize_prompted(texts, &Prompt::default())
+    }
+
+    /// `text` as a prompt of this tokenizer, its length measured.
+    pub fn prompt(&self, text: &str) -> Result<Prompt, TokenizeError> {
+        Ok(Prompt {
+            text: text.to_owned(),
+            tokens: if text.is_empty() {
+                0
+            } else {
+                self.prompt_tokens(text)?
+            },
+        })
     }
 
     /// Tokenizes a batch with `prompt` prepended to every text, as
@@ -134,13 +168,9 @@ impl TextTokenizer {
     pub fn tokenize_prompted(
         &self,
         texts: &[&str],
-        prompt: &str,
+        prompt: &Prompt,
     ) -> Result<TokenBatch, TokenizeError> {
-        let prompt_tokens = if prompt.is_empty() {
-            0
-        } else {
-            self.prompt_tokens(prompt)?
-        };
+        let (prompt, prompt_tokens) = (prompt.text(), prompt.tokens());
         // The texts as given when nothing is added to them: no copy.
         let encodings = if prompt.is_empty() && !self.lowercase {
             self.inner.encode_batch(texts.to_vec(), true)

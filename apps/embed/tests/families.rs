@@ -160,7 +160,7 @@ fn token_ids_match_sentence_transformers() {
             let prompt = prompt_of(&enc, case);
             for s in &case.sentences {
                 let ids: Vec<u32> = enc
-                    .tokenize_prompted(&[s.text.as_str()], prompt)
+                    .tokenize_prompted(&[s.text.as_str()], &enc.prompt(prompt).unwrap())
                     .unwrap()
                     .row_ids(0)
                     .into_iter()
