@@ -6,7 +6,8 @@ use std::process::Command;
 mod common;
 
 use common::{
-    assert_exactly_once, model, parts, pyarrow_dataset, read_output, root, scratch, test_tool,
+    assert_exactly_once, cosine, model, parts, pyarrow_dataset, read_output, root, scratch,
+    test_tool,
 };
 
 const NODE: &str = env!("CARGO_BIN_EXE_node");
@@ -833,13 +834,7 @@ fn worst_cosine(
     ids: &[String],
 ) -> f32 {
     ids.iter()
-        .map(|id| {
-            let (a, b) = (&a[id], &b[id]);
-            let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-            let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-            let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-            dot / (na * nb)
-        })
+        .map(|id| cosine(&a[id], &b[id]))
         .fold(1.0f32, f32::min)
 }
 

@@ -9,7 +9,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{pyarrow_dataset, read_output, scratch, test_models};
+use common::{cosine, pyarrow_dataset, read_output, scratch, test_models};
 
 const NODE: &str = env!("CARGO_BIN_EXE_node");
 
@@ -89,13 +89,6 @@ fn input(dir: &Path, case: &Case) -> PathBuf {
         .collect();
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     path
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
-    dot / (na * nb)
 }
 
 /// Each family, pooling and feature through the whole job: every row's

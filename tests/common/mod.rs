@@ -76,6 +76,14 @@ print(json.dumps({
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The cosine of two vectors.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb)
+}
+
 /// A fresh folder under the temporary folder for one test.
 pub fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("flotilla-embed-{tag}-{}", std::process::id()));
