@@ -173,9 +173,9 @@ fn workers_ride_out_a_sixty_second_head_outage_feeding_the_watchdog() {
     );
     let (st, _) = eventually(Duration::from_secs(30), || {
         s.status_with_supervisors(head_addr)
-            .filter(|st| ticker_node(st).as_deref() == Some("w1"))
+            .filter(|st| ticker_node(st).as_deref() == Some("w1") && all_up(st, &["w1", "sup"]))
     });
-    let incarnation = incarnation_of(&st, "w1").unwrap();
+    let incarnation = incarnation_of(&st, "w1").unwrap_or_else(|| panic!("no w1 in {st}"));
 
     head.signal("-KILL");
     let _ = head.child.wait();

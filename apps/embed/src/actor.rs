@@ -162,7 +162,17 @@ pub struct EmbedderArgs {
     pub prompt_name: Option<String>,
     /// Dimensions kept of each vector, renormalised (0: all).
     pub dim: u32,
+    /// Answer vectors of zeros without running the forward pass: what
+    /// measures the job's CPU side alone (reading, tokenizing, batching,
+    /// routing, writing). The revision reported is the weights' with
+    /// [`ZEROS_REVISION_PREFIX`] before it, so such vectors are never taken
+    /// for, nor resumed as, the model's.
+    pub zeros: bool,
 }
+
+/// What starts the revision an actor reports when it answers vectors of
+/// zeros ([`EmbedderArgs::zeros`]).
+pub const ZEROS_REVISION_PREFIX: &str = "zeros-no-forward:";
 
 impl EmbedderArgs {
     /// Arguments for the model in `model_dir`: one thread, micro-batches of
@@ -177,6 +187,7 @@ impl EmbedderArgs {
             prompt: None,
             prompt_name: None,
             dim: 0,
+            zeros: false,
         }
     }
 }
@@ -336,11 +347,10 @@ fn prepare_job(
     }
 }
 
-/// Runs a prepared batch and answers.
+/// Runs a prepared batch (or, told to answer zeros, does not) and answers.
 fn answer(
     encoder: &SentenceEncoder,
-    dim: usize,
-    revision: &str,
+    output: &Output,
     batch_id: u64,
     prepared: &Prepared,
     reply: oneshot::Sender<EmbedReply>,
@@ -348,7 +358,13 @@ fn answer(
     // Fault injection: `embedder::encode=panic` kills the model thread,
     // and with it the actor (see `Embedder::handle`).
     flotilla::fail::fail_point!("embedder::encode");
-    let outcome = match encode_prepared(encoder, dim, prepared) {
+    let (dim, revision) = (output.dim, &output.revision);
+    let encoded = if output.zeros {
+        Ok(vec![0.0f32; prepared.rows * dim])
+    } else {
+        encode_prepared(encoder, dim, prepared)
+    };
+    let outcome = match encoded {
         Ok(values) => EmbedOutcome::Embedded(Vectors {
             revision: revision.to_owned(),
             dim: dim as u32,
@@ -360,10 +376,19 @@ fn answer(
 }
 
 /// What the actor makes of each batch: the prompt before every text, its
-/// length measured once, and the dimensions kept.
+/// length measured once, and what it answers.
 struct Shaping {
     prompt: Prompt,
+    output: Output,
+}
+
+/// What an actor's answers hold: `dim` dimensions of each vector, made by
+/// the weights of `revision`, or zeros without a forward pass.
+#[derive(Clone)]
+struct Output {
     dim: usize,
+    revision: String,
+    zeros: bool,
 }
 
 /// The CPU's model thread: tokenizes and encodes each batch in the actor's
@@ -375,7 +400,6 @@ fn model_thread(
     micro_batch: usize,
     jobs: mpsc::Receiver<Job>,
 ) {
-    let revision = encoder.revision().to_string();
     while let Ok((batch_id, texts, reply)) = jobs.recv() {
         let mut reply = Some(reply);
         pool.install(|| {
@@ -388,7 +412,7 @@ fn model_thread(
                 &mut reply,
             ) && let Some(reply) = reply.take()
             {
-                answer(&encoder, shaping.dim, &revision, batch_id, &prepared, reply);
+                answer(&encoder, &shaping.output, batch_id, &prepared, reply);
             }
         });
     }
@@ -403,15 +427,14 @@ fn pipelined_threads(
     pool: rayon::ThreadPool,
     jobs: mpsc::Receiver<Job>,
 ) {
-    let dim = shaping.dim;
+    let output = shaping.output.clone();
     let (ready, queue) = mpsc::sync_channel::<(u64, Prepared, oneshot::Sender<EmbedReply>)>(2);
     let model = std::sync::Arc::clone(&encoder);
     let runner = std::thread::Builder::new()
         .name("flotilla-forward".into())
         .spawn(move || {
-            let revision = model.revision().to_string();
             while let Ok((batch_id, prepared, reply)) = queue.recv() {
-                answer(&model, dim, &revision, batch_id, &prepared, reply);
+                answer(&model, &output, batch_id, &prepared, reply);
             }
         });
     if let Err(e) = runner {
@@ -617,10 +640,18 @@ impl Actor for Embedder {
                         return;
                     }
                 };
+                let revision = match args.zeros {
+                    false => encoder.revision().to_string(),
+                    true => format!("{ZEROS_REVISION_PREFIX}{}", encoder.revision()),
+                };
                 let shaping = match encoder.prompt(&options.prompt) {
                     Ok(prompt) => Shaping {
                         prompt,
-                        dim: options.dim,
+                        output: Output {
+                            dim: options.dim,
+                            revision: revision.clone(),
+                            zeros: args.zeros,
+                        },
                     },
                     Err(e) => {
                         let _ = loaded_tx.send(Err(e.to_string()));
@@ -629,7 +660,7 @@ impl Actor for Embedder {
                 };
                 let pipelined = on_gpu || args.micro_batch == 0;
                 let info = ModelInfo {
-                    revision: encoder.revision().to_string(),
+                    revision,
                     dim: options.dim as u32,
                     load_ms: encoder.load_time().as_millis() as u64,
                     device: chosen.label.clone(),

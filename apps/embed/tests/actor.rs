@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 use flotilla::ractor::{Actor, call_t};
-use flotilla_embed::actor::{EmbedMsg, EmbedOutcome, EmbedRequest, Embedder, EmbedderArgs};
+use flotilla_embed::actor::{
+    EmbedMsg, EmbedOutcome, EmbedRequest, Embedder, EmbedderArgs, ZEROS_REVISION_PREFIX,
+};
 use flotilla_embed::{SentenceEncoder, default_device};
 
 fn model_dir() -> PathBuf {
@@ -197,4 +199,46 @@ async fn pipelined_actor_answers_every_batch_with_its_own_vectors() {
     }
     embedder.stop(None);
     handle.await.unwrap();
+}
+
+/// An embedder told to answer zeros (what the `feed` bench measures) says
+/// so in its revision and in every answer, on both thread layouts, and
+/// still tokenizes: `--dim` is honoured and the vectors are all zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedder_answering_zeros_says_so_in_its_revision() {
+    for micro_batch in [4, 0] {
+        let args = EmbedderArgs {
+            micro_batch,
+            zeros: true,
+            dim: 32,
+            ..EmbedderArgs::new(model_dir().to_string_lossy())
+        };
+        let (embedder, handle) = Actor::spawn(None, Embedder::default(), args)
+            .await
+            .expect("model loads");
+        let info = call_t!(embedder, EmbedMsg::Info, 5_000).unwrap();
+        assert!(
+            info.revision
+                .starts_with(&format!("{ZEROS_REVISION_PREFIX}sha256:53aa5117")),
+            "{}",
+            info.revision
+        );
+        assert_eq!(info.dim, 32);
+        let texts = vec!["one".to_owned(), "two words".to_owned(), String::new()];
+        let reply = call_t!(
+            embedder,
+            EmbedMsg::Embed,
+            60_000,
+            EmbedRequest::new(3, texts)
+        )
+        .unwrap();
+        let EmbedOutcome::Embedded(v) = reply.outcome else {
+            panic!("not answered: {:?}", reply.outcome);
+        };
+        assert_eq!(v.revision, info.revision);
+        assert_eq!((v.dim, v.values.len()), (32, 3 * 32));
+        assert!(v.values.iter().all(|&x| x == 0.0));
+        embedder.stop(None);
+        handle.await.unwrap();
+    }
 }

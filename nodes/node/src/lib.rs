@@ -357,6 +357,7 @@ impl EmbedArgs {
             },
             progress_to: None,
             group_to: None,
+            zeros: false,
         }
     }
 }

@@ -111,6 +111,13 @@ pub struct JobConfig {
     /// Where to publish the id of the placement group the job's actors
     /// run in, once created (cluster mode).
     pub group_to: Option<tokio::sync::watch::Sender<String>>,
+    /// The actors answer vectors of zeros without running the model: the
+    /// job's CPU side (reading, tokenizing, batching, routing, writing)
+    /// measured alone, as the `feed` bench does. The revision recorded in
+    /// the manifest and the default job id starts with
+    /// [`crate::actor::ZEROS_REVISION_PREFIX`], so such an output is never
+    /// taken for, nor resumed as, the model's vectors.
+    pub zeros: bool,
 }
 
 impl JobConfig {
@@ -190,6 +197,7 @@ impl JobConfig {
             restart_limit: flotilla::supervisor::Intensity::default(),
             progress_to: None,
             group_to: None,
+            zeros: false,
         }
     }
 }

@@ -174,6 +174,7 @@ pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
         dim: config
             .dim
             .map_or(0, |d| u32::try_from(d).unwrap_or(u32::MAX)),
+        zeros: config.zeros,
         ..EmbedderArgs::new(config.model.to_string_lossy())
     }
 }

@@ -1,0 +1,184 @@
+//! The embed job's CPU side alone: reading, parsing, tokenizing, batching,
+//! routing to the actors and writing Parquet, with the forward pass not run
+//! (each actor answers vectors of zeros of the model's width, and the job
+//! records the revision as `zeros-no-forward:…`).
+//!
+//! ```text
+//! cargo run --release -p flotilla-benches --bin feed -- --model DIR --corpus FILE
+//! ```
+//!
+//! For each core count (1, 2 and all this machine has, by default) the job
+//! runs in this process (`flotilla_embed::job::run`, what `node embed` runs)
+//! with as many actors, twice: on a quarter of the texts, then on all of
+//! them. The rates are marginal (texts between the two runs over the time
+//! between them), so the model's load and the job's start are left out:
+//! texts per second, that per core, and texts per CPU-second of the whole
+//! process (every thread: reader, driver, actors, writer). Hugging Face
+//! tokenizers alone, on one thread over the same texts, is measured in the
+//! same run. The last line reads `feed: N texts/s per core (…)`: N is
+//! texts per CPU-second with every core.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use flotilla_benches::process_cpu;
+use flotilla_embed::job::{Format, JobConfig};
+
+/// The allocator the `node` binary uses.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    corpus: flotilla_benches::CorpusArgs,
+    /// Core counts to run (one actor per core; `all`: this machine's).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,all")]
+    cores: Vec<String>,
+    /// Rows per batch.
+    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_BATCH_SIZE)]
+    batch_size: usize,
+    /// Write JSONL parts instead of Parquet.
+    #[arg(long)]
+    jsonl: bool,
+}
+
+/// One run of the job: texts, wall time and process CPU time.
+struct Run {
+    texts: u64,
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// Runs the job over `input` with `actors` actors answering zeros into a
+/// fresh folder under `scratch`.
+async fn run_job(args: &Args, input: &Path, scratch: &Path, actors: usize) -> anyhow::Result<Run> {
+    let stem = input.file_stem().unwrap_or_default().to_string_lossy();
+    let output = scratch.join(format!("out-{actors}-{stem}"));
+    let _ = std::fs::remove_dir_all(&output);
+    let config = JobConfig {
+        actors_per_node: Some(actors),
+        batch_size: args.batch_size,
+        format: if args.jsonl {
+            Format::Jsonl
+        } else {
+            Format::Parquet
+        },
+        zeros: true,
+        ..JobConfig::new(
+            input.to_string_lossy(),
+            output.to_string_lossy(),
+            args.corpus.model.clone(),
+        )
+    };
+    let (cpu0, wall0) = (process_cpu(), Instant::now());
+    let summary = flotilla_embed::job::run(config).await?;
+    let run = Run {
+        texts: summary.texts,
+        wall: wall0.elapsed(),
+        cpu: process_cpu() - cpu0,
+    };
+    anyhow::ensure!(
+        summary.devices.contains("cpu"),
+        "the actors ran on {}",
+        summary.devices
+    );
+    std::fs::remove_dir_all(&output)?;
+    Ok(run)
+}
+
+/// Writes `rows` as JSONL to `path`.
+fn write_rows(path: &Path, rows: &[(String, String)]) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for (id, text) in rows {
+        serde_json::to_writer(&mut out, &serde_json::json!({"id": id, "text": text}))?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Hugging Face tokenizers on one thread over `texts`, as the folder's
+/// `tokenizer.json` configures it: texts per CPU-second.
+fn hf_tokenizers(model: &Path, texts: &[(String, String)]) -> anyhow::Result<f64> {
+    let file = model.join("tokenizer.json");
+    let tokenizer = tokenizers::Tokenizer::from_file(&file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let cpu0 = process_cpu();
+        let mut tokens = 0usize;
+        for (_, text) in texts {
+            let encoding = tokenizer
+                .encode(text.as_str(), true)
+                .map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+            tokens += encoding.get_ids().len();
+        }
+        std::hint::black_box(tokens);
+        best = best.max(texts.len() as f64 / (process_cpu() - cpu0).as_secs_f64());
+    }
+    Ok(best)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut cores: Vec<usize> = args
+        .cores
+        .iter()
+        .map(|c| match c.as_str() {
+            "all" => Ok(all),
+            n => n.parse().with_context(|| format!("--cores {n:?}")),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    cores.dedup();
+    let rows = args.corpus.read()?;
+    anyhow::ensure!(rows.len() >= 8, "the corpus has {} texts", rows.len());
+    let scratch = std::env::temp_dir().join(format!("flotilla-feed-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let (small, large) = (scratch.join("quarter.jsonl"), scratch.join("all.jsonl"));
+    write_rows(&small, &rows[..rows.len() / 4])?;
+    write_rows(&large, &rows)?;
+    let chars = rows.iter().map(|(_, t)| t.chars().count()).sum::<usize>() as f64;
+
+    let hf_before = hf_tokenizers(&args.corpus.model, &rows)?;
+    println!(
+        "feed bench: {} texts of {:.0} characters on average, model {}, batches of {}, {} parts; forward pass not run (actors answer vectors of zeros)\n",
+        rows.len(),
+        chars / rows.len() as f64,
+        args.corpus.model.display(),
+        args.batch_size,
+        if args.jsonl { "JSONL" } else { "Parquet" }
+    );
+    println!("| cores (actors) | texts/s | texts/s per core | texts per CPU-second |");
+    println!("| ---: | ---: | ---: | ---: |");
+    let mut last = None;
+    for &n in &cores {
+        let a = run_job(&args, &small, &scratch, n).await?;
+        let b = run_job(&args, &large, &scratch, n).await?;
+        let texts = (b.texts - a.texts) as f64;
+        let rate = texts / b.wall.saturating_sub(a.wall).as_secs_f64();
+        let per_cpu = texts / b.cpu.saturating_sub(a.cpu).as_secs_f64();
+        println!(
+            "| {n} | {rate:.0} | {:.0} | {per_cpu:.0} |",
+            rate / n as f64
+        );
+        last = Some((n, per_cpu));
+    }
+    let hf_after = hf_tokenizers(&args.corpus.model, &rows)?;
+    let hf = (hf_before + hf_after) / 2.0;
+    println!(
+        "\nHugging Face tokenizers alone, one thread, same texts: {hf:.0} texts per CPU-second (before {hf_before:.0}, after {hf_after:.0})"
+    );
+    std::fs::remove_dir_all(&scratch)?;
+    let (n, per_cpu) = last.context("no core count to run")?;
+    println!(
+        "feed: {per_cpu:.0} texts/s per core ({n} cores, texts per CPU-second, {} written, forward pass not run; Hugging Face tokenizers alone {hf:.0})",
+        if args.jsonl { "JSONL" } else { "Parquet" }
+    );
+    Ok(())
+}
