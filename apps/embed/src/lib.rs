@@ -36,6 +36,7 @@ mod quantized;
 mod shared_models;
 pub mod tokenize;
 mod weights;
+pub mod wordpiece;
 
 pub use bert::{BackendError, Bert};
 /// Burn's device handle, as the encoder takes it.

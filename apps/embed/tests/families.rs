@@ -14,8 +14,11 @@
 //! ones (their weights are drawn wider than trained ones, which costs the
 //! half precisions more).
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
+
+mod common;
+
+use common::models_dir;
 
 use flotilla_embed::{Precision, SentenceEncoder, cpu_device};
 use serde::Deserialize;
@@ -44,23 +47,6 @@ struct Sentence {
     text: String,
     token_ids: Vec<u32>,
     embedding: Vec<f32>,
-}
-
-/// The folder of the test models: `FLOTILLA_TEST_MODELS`, else the
-/// default of scripts/make-test-models.
-fn models_dir() -> PathBuf {
-    let dir = std::env::var_os("FLOTILLA_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/flotilla/test-models")
-        });
-    assert!(
-        dir.join("references.json").exists(),
-        "no test models in {}: run scripts/test, or scripts/make-test-models",
-        dir.display()
-    );
-    dir
 }
 
 fn references() -> &'static References {
