@@ -121,3 +121,60 @@ impl CorpusArgs {
         Ok(path)
     }
 }
+
+/// One run of the embed job in this process.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRun {
+    /// Texts embedded.
+    pub texts: u64,
+    /// Wall time of the whole run, load included.
+    pub wall: Duration,
+    /// CPU time of the process over the run, every thread.
+    pub cpu: Duration,
+}
+
+impl JobRun {
+    /// Texts per second and texts per CPU-second between `smaller` and
+    /// this run: what the texts the larger run adds cost, without the
+    /// load and start both pay.
+    pub fn marginal(&self, smaller: &JobRun) -> (f64, f64) {
+        let texts = self.texts.saturating_sub(smaller.texts) as f64;
+        (
+            texts / self.wall.saturating_sub(smaller.wall).as_secs_f64(),
+            texts / self.cpu.saturating_sub(smaller.cpu).as_secs_f64(),
+        )
+    }
+}
+
+/// Runs the embed job of `config` (what `node embed` runs) in this
+/// process, timed, and removes its output folder after.
+pub async fn time_job(config: flotilla_embed::job::JobConfig) -> anyhow::Result<JobRun> {
+    let output = PathBuf::from(&config.output);
+    let _ = std::fs::remove_dir_all(&output);
+    let (cpu0, wall0) = (process_cpu(), std::time::Instant::now());
+    let summary = flotilla_embed::job::run(config).await?;
+    let run = JobRun {
+        texts: summary.texts,
+        wall: wall0.elapsed(),
+        cpu: process_cpu() - cpu0,
+    };
+    anyhow::ensure!(
+        summary.devices.contains("cpu"),
+        "the actors ran on {}",
+        summary.devices
+    );
+    std::fs::remove_dir_all(&output)?;
+    Ok(run)
+}
+
+/// Writes `rows` (id, text) as JSONL to `path`, as the job reads them.
+pub fn write_jsonl(path: &std::path::Path, rows: &[(String, String)]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for (id, text) in rows {
+        serde_json::to_writer(&mut out, &serde_json::json!({"id": id, "text": text}))?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}

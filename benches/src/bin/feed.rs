@@ -21,13 +21,11 @@
 //! job's micro-batch). The last line reads `feed: N texts/s per core (…)`:
 //! N is texts per CPU-second with every core.
 
-use std::io::Write;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use flotilla_benches::process_cpu;
+use flotilla_benches::{JobRun, process_cpu, time_job, write_jsonl};
 use flotilla_embed::job::{Format, JobConfig};
 
 /// The allocator the `node` binary uses.
@@ -49,20 +47,17 @@ struct Args {
     jsonl: bool,
 }
 
-/// One run of the job: texts, wall time and process CPU time.
-struct Run {
-    texts: u64,
-    wall: Duration,
-    cpu: Duration,
-}
-
 /// Runs the job over `input` with `actors` actors answering zeros into a
 /// fresh folder under `scratch`.
-async fn run_job(args: &Args, input: &Path, scratch: &Path, actors: usize) -> anyhow::Result<Run> {
+async fn run_job(
+    args: &Args,
+    input: &Path,
+    scratch: &Path,
+    actors: usize,
+) -> anyhow::Result<JobRun> {
     let stem = input.file_stem().unwrap_or_default().to_string_lossy();
     let output = scratch.join(format!("out-{actors}-{stem}"));
-    let _ = std::fs::remove_dir_all(&output);
-    let config = JobConfig {
+    time_job(JobConfig {
         actors_per_node: Some(actors),
         batch_size: args.batch_size,
         format: if args.jsonl {
@@ -76,32 +71,8 @@ async fn run_job(args: &Args, input: &Path, scratch: &Path, actors: usize) -> an
             output.to_string_lossy(),
             args.corpus.model.clone(),
         )
-    };
-    let (cpu0, wall0) = (process_cpu(), Instant::now());
-    let summary = flotilla_embed::job::run(config).await?;
-    let run = Run {
-        texts: summary.texts,
-        wall: wall0.elapsed(),
-        cpu: process_cpu() - cpu0,
-    };
-    anyhow::ensure!(
-        summary.devices.contains("cpu"),
-        "the actors ran on {}",
-        summary.devices
-    );
-    std::fs::remove_dir_all(&output)?;
-    Ok(run)
-}
-
-/// Writes `rows` as JSONL to `path`.
-fn write_rows(path: &Path, rows: &[(String, String)]) -> anyhow::Result<()> {
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    for (id, text) in rows {
-        serde_json::to_writer(&mut out, &serde_json::json!({"id": id, "text": text}))?;
-        out.write_all(b"\n")?;
-    }
-    out.flush()?;
-    Ok(())
+    })
+    .await
 }
 
 /// Texts per CPU-second of the job's own tokenizer for the folder (our
@@ -174,8 +145,8 @@ async fn main() -> anyhow::Result<()> {
     let scratch = std::env::temp_dir().join(format!("flotilla-feed-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let (small, large) = (scratch.join("quarter.jsonl"), scratch.join("all.jsonl"));
-    write_rows(&small, &rows[..rows.len() / 4])?;
-    write_rows(&large, &rows)?;
+    write_jsonl(&small, &rows[..rows.len() / 4])?;
+    write_jsonl(&large, &rows)?;
     let chars = rows.iter().map(|(_, t)| t.chars().count()).sum::<usize>() as f64;
 
     let hf_before = hf_tokenizers(&args.corpus.model, &rows)?;
@@ -196,9 +167,7 @@ async fn main() -> anyhow::Result<()> {
     for &n in &cores {
         let a = run_job(&args, &small, &scratch, n).await?;
         let b = run_job(&args, &large, &scratch, n).await?;
-        let texts = (b.texts - a.texts) as f64;
-        let rate = texts / b.wall.saturating_sub(a.wall).as_secs_f64();
-        let per_cpu = texts / b.cpu.saturating_sub(a.cpu).as_secs_f64();
+        let (rate, per_cpu) = b.marginal(&a);
         println!(
             "| {n} | {rate:.0} | {:.0} | {per_cpu:.0} |",
             rate / n as f64
