@@ -561,6 +561,14 @@ fn reserved_total(s: &Scratch, head: &Proc) -> Option<f64> {
 /// all up.
 fn two_cpu_cluster(s: &Scratch, names: &[&str]) -> (Proc, Vec<Proc>) {
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let workers = two_cpu_workers(s, head.addr, names);
+    (head, workers)
+}
+
+/// Workers `names` of the head at `head`, each declaring `--resource
+/// cpu=2` and allowing detached jobs the test's folder and the model, all
+/// up.
+fn two_cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str]) -> Vec<Proc> {
     // Detached jobs read and write the test's folder and the model only.
     let scratch = s.dir.canonicalize().unwrap();
     let model = model().canonicalize().unwrap();
@@ -572,7 +580,7 @@ fn two_cpu_cluster(s: &Scratch, names: &[&str]) -> (Proc, Vec<Proc>) {
                 "join",
                 w,
                 free_addr(),
-                Some(head.addr),
+                Some(head),
                 &s.certs(),
                 &[
                     "--resource",
@@ -587,11 +595,9 @@ fn two_cpu_cluster(s: &Scratch, names: &[&str]) -> (Proc, Vec<Proc>) {
         })
         .collect();
     eventually(Duration::from_secs(60), || {
-        s.status(head.addr)
-            .filter(|st| all_up(st, names))
-            .map(|_| ())
+        s.status(head).filter(|st| all_up(st, names)).map(|_| ())
     });
-    (head, workers)
+    workers
 }
 
 /// Clause "placement" with the embed job: a head and four workers that
@@ -707,6 +713,44 @@ fn jobs_json(s: &Scratch, head: &Proc) -> Option<serde_json::Value> {
         .flatten()
 }
 
+/// `node jobs wait ID` (five minutes at most), which must exit 0: what it
+/// printed.
+fn wait_long(s: &Scratch, head: &Proc, id: &str) -> String {
+    let waited = Command::new(NODE)
+        .args(["jobs", "wait", id, "--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap(), "--timeout-s", "300"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&waited.stdout).into_owned();
+    assert!(waited.status.success(), "{said}\n{}", s.log("head"));
+    said
+}
+
+/// `node embed --detach` of `input` to `output` with `actors` one-cpu
+/// actors: the job's id.
+fn submit_detached(s: &Scratch, head: &Proc, input: &Path, output: &Path, actors: u32) -> String {
+    let actors = actors.to_string();
+    let submit = driver(
+        s,
+        head,
+        input,
+        output,
+        "detach",
+        &[
+            "--detach",
+            "--actors",
+            &actors,
+            "--actor-resources",
+            "cpu=1",
+        ],
+    );
+    let (ok, printed) = finish(s, submit, "detach");
+    assert!(ok, "{printed}");
+    let id = printed.trim().to_owned();
+    assert!(id.starts_with("job-"), "{printed}");
+    id
+}
+
 /// Clause "placement: detached jobs": `node embed --detach` submits the
 /// job and exits; its driver runs on a worker in a bundle of its own,
 /// supervised by the head. The worker running the driver is killed with
@@ -723,18 +767,7 @@ fn a_detached_job_survives_the_death_of_its_drivers_node() {
         names.iter().map(|n| (*n).to_owned()).zip(procs).collect();
     let (input, ids) = corpus(&s.dir, 4000);
     let out = s.dir.join("out-detached");
-    let submit = driver(
-        &s,
-        &head,
-        &input,
-        &out,
-        "detach",
-        &["--detach", "--actors", "3", "--actor-resources", "cpu=1"],
-    );
-    let (ok, printed) = finish(&s, submit, "detach");
-    assert!(ok, "{printed}");
-    let id = printed.trim().to_owned();
-    assert!(id.starts_with("job-"), "{printed}");
+    let id = submit_detached(&s, &head, &input, &out, 3);
 
     // Running, with parts written: kill the driver's node.
     let (driver_node, _) = eventually(Duration::from_secs(120), || {
@@ -769,13 +802,7 @@ fn a_detached_job_survives_the_death_of_its_drivers_node() {
         let on = job["node"].as_str()?;
         (on != driver_node && job["restarts"].as_u64()? >= 1).then_some(())
     });
-    let waited = Command::new(NODE)
-        .args(["jobs", "wait", &id, "--head", &head.addr.to_string()])
-        .args(["--certs", s.certs().to_str().unwrap(), "--timeout-s", "300"])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&waited.stdout).into_owned();
-    assert!(waited.status.success(), "{said}");
+    let said = wait_long(&s, &head, &id);
     assert!(
         said.contains("succeeded") && said.contains("skipped as done"),
         "{said}"
@@ -857,6 +884,93 @@ fn eight_drivers_from_one_certificate_share_a_cluster_and_each_completes_exactly
     assert_eq!(drivers.len(), 8, "{st}");
     assert!(drivers.iter().all(|n| n["state"] == "left"), "{st}");
     drop(workers);
+}
+
+/// Clause "head: control state on disk": the head keeps its detached jobs
+/// in its state directory. Killed with SIGKILL mid-job and started again
+/// on the same directory and address, it lists the job as before and
+/// starts its driver again (the workers stopped the one the head's old
+/// incarnation owned), which resumes from the manifest: `node jobs wait`
+/// exits 0, every id is written exactly once, no part written before the
+/// kill is rewritten, and nothing stays reserved (the bundle the driver
+/// held before the restart is released when its worker reports it).
+#[test]
+fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart() {
+    let s = Scratch::new("embed-head-restart", NODE);
+    let state = s.dir.join("head-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let state_flag = ["--state-dir", state.to_str().unwrap()];
+    let head_addr = free_addr();
+    let mut head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    let _workers = two_cpu_workers(&s, head_addr, &["r1", "r2"]);
+    let (input, ids) = corpus(&s.dir, 4000);
+    let out = s.dir.join("out-head-restart");
+    let id = submit_detached(&s, &head, &input, &out, 2);
+    eventually(Duration::from_secs(120), || {
+        let j = jobs_json(&s, &head)?;
+        let job = j["jobs"].as_array()?.first()?.clone();
+        (job["state"] == "running" && parts(&out).len() >= 4).then_some(())
+    });
+
+    head.signal("-KILL");
+    let _ = head.child.wait();
+    let before = parts(&out);
+    assert!(
+        before.len() < ids.len().div_ceil(32),
+        "the job finished before the head was killed"
+    );
+    let head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    // The same job, listed by the new incarnation of the head.
+    eventually(Duration::from_secs(30), || {
+        let j = jobs_json(&s, &head)?;
+        (j["jobs"][0]["id"] == id.as_str()).then_some(())
+    });
+    let said = wait_long(&s, &head, &id);
+    assert!(said.contains("succeeded"), "{said}");
+    assert_exactly_once(&out, &ids);
+    let after = parts(&out);
+    for (name, modified) in &before {
+        assert_eq!(after.get(name), Some(modified), "{name} was rewritten");
+    }
+    eventually(Duration::from_secs(60), || {
+        (reserved_total(&s, &head) == Some(0.0)).then_some(())
+    });
+    assert!(
+        s.log("head")
+            .contains("released the bundle a job held before the head's restart"),
+        "{}",
+        s.log("head")
+    );
+    let j = jobs_json(&s, &head).unwrap();
+    assert_eq!(j["jobs"].as_array().map(Vec::len), Some(1), "{j}");
+    assert_eq!(j["jobs"][0]["done"], 4000, "{j}");
+
+    // Ended, it is listed as it ended by the head's next incarnation too,
+    // and not run again.
+    let mut head = head;
+    head.signal("-KILL");
+    let _ = head.child.wait();
+    let head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    let (j, _) = eventually(Duration::from_secs(30), || jobs_json(&s, &head));
+    assert_eq!(j["jobs"].as_array().map(Vec::len), Some(1), "{j}");
+    assert_eq!(
+        (
+            &j["jobs"][0]["id"],
+            &j["jobs"][0]["state"],
+            &j["jobs"][0]["done"]
+        ),
+        (
+            &serde_json::json!(id),
+            &serde_json::json!("succeeded"),
+            &serde_json::json!(4000)
+        ),
+        "{j}"
+    );
+    assert!(
+        !s.log("head").contains("job started again"),
+        "{}",
+        s.log("head")
+    );
 }
 
 /// Clause "jobs: retention": the head keeps the ended jobs its retention

@@ -148,6 +148,22 @@ pub enum JobsReply {
     NotServed,
 }
 
+/// A detached job as the head keeps it on disk: what it was asked to run,
+/// its account, the group of its bundle, and when it ended.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StoredJob {
+    /// Its place in submission order.
+    pub seq: u64,
+    /// What was submitted.
+    pub spec: JobSpec,
+    /// Its account ([`JobRecord`]'s view, without groups).
+    pub view: JobView,
+    /// The placement group of its bundle, while it holds one.
+    pub group: Option<String>,
+    /// When it ended, in milliseconds since the Unix epoch.
+    pub ended_unix_ms: Option<u64>,
+}
+
 /// The head's account of one job: its view, without its group.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord(JobView);
@@ -181,6 +197,15 @@ impl JobRecord {
             work_groups: Vec::new(),
             work: Vec::new(),
             detail: None,
+        })
+    }
+
+    /// The account kept on disk, as it was ([`StoredJob::view`]).
+    pub fn restored(view: JobView) -> Self {
+        Self(JobView {
+            group: None,
+            work: Vec::new(),
+            ..view
         })
     }
 

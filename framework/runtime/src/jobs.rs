@@ -22,6 +22,15 @@
 //! [`Retention`] says (by default the last 1,000, a week each), then
 //! forgotten, so the head's list stays bounded.
 //!
+//! Given a [`JobStore`] (the `node` binary keeps one in the head's state
+//! directory), the head writes every job there, committed before it
+//! answers the submission and after each change of state. A head started
+//! again on the same store lists the jobs that ended as before, and
+//! starts again, each in a bundle of its own, the jobs that had not (the
+//! nodes stopped their actors when the head's old incarnation went; the
+//! embed job's driver resumes from its manifest); the bundle a job held
+//! before is released as soon as the node holding it reports it.
+//!
 //! Who may do what: drivers, admins and the head submit; a job belongs to
 //! the certificate that submitted it, which (or an admin, or the head) may
 //! stop it; any role may list jobs ([`flotilla_proto::authority`]).
@@ -44,6 +53,7 @@ use futures::future::BoxFuture;
 
 use crate::caller::{Caller, sender_of};
 use crate::head_client::HeadUnavailable;
+use crate::job_store::{JobStore, JobStoreError};
 use crate::jobs_slot::ServeJobs;
 use crate::node::Node;
 use crate::placement_groups::GroupSpec;
@@ -54,13 +64,16 @@ use flotilla_proto::authority::{self, Unauthorized};
 use flotilla_proto::role::principal_of;
 
 pub use flotilla_proto::jobs::{
-    JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, Retention,
+    JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, Retention, StoredJob,
 };
 
 /// How often the head asks running jobs for their progress.
 const POLL: Duration = Duration::from_millis(500);
 /// How long one start of a job's actor may take.
 const START_WITHIN: Duration = Duration::from_secs(60);
+/// How long a restarted head keeps trying to release the bundle a job held
+/// before (the node holding it may take a while to join again).
+const RELEASE_STALE_WITHIN: Duration = Duration::from_secs(600);
 
 /// A progress question (no content).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +162,8 @@ impl Jobs {
 
 struct Entry {
     record: JobRecord,
+    /// What was submitted (what a restarted head starts again).
+    spec: JobSpec,
     /// Its actor's name: the job's id and a tag nobody can guess.
     actor: String,
     group: Option<String>,
@@ -163,6 +178,11 @@ struct Service {
     jobs: BTreeMap<u64, Entry>,
     next: u64,
     retention: Retention,
+    /// Where jobs are kept across restarts of the head.
+    store: Option<JobStore>,
+    /// Groups that jobs held before the head restarted, to release once
+    /// their nodes report them, until the deadline.
+    stale: Vec<(String, std::time::Instant)>,
 }
 
 impl Node {
@@ -175,10 +195,29 @@ impl Node {
 
     /// [`Node::serve_jobs`], keeping ended jobs as `retention` says.
     pub fn serve_jobs_with(self: &Arc<Self>, retention: Retention) -> Option<Jobs> {
-        self.placement.as_ref()?;
+        self.serve_jobs_in(retention, None)
+            .expect("no store, nothing to read")
+    }
+
+    /// [`Node::serve_jobs_with`], keeping every job in `store` as well:
+    /// the jobs it holds are taken back first (those that ended listed,
+    /// the others started again). A store that cannot be read is an error
+    /// and no job is served.
+    pub fn serve_jobs_in(
+        self: &Arc<Self>,
+        retention: Retention,
+        store: Option<JobStore>,
+    ) -> Result<Option<Jobs>, JobStoreError> {
+        if self.placement.is_none() {
+            return Ok(None);
+        }
+        let stored = match &store {
+            Some(store) => store.load()?,
+            None => Vec::new(),
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         if !self.jobs.set(Arc::new(JobsHandle { tx: tx.clone() })) {
-            return None;
+            return Ok(None);
         }
         let stop = CancellationToken::new();
         let service = Service {
@@ -187,9 +226,11 @@ impl Node {
             jobs: BTreeMap::new(),
             next: 1,
             retention,
+            store,
+            stale: Vec::new(),
         };
-        let task = tokio::spawn(service.run(rx, stop.clone()));
-        Some(Jobs { stop, task })
+        let task = tokio::spawn(service.run(stored, rx, stop.clone()));
+        Ok(Some(Jobs { stop, task }))
     }
 
     async fn jobs_request(&self, request: JobsRequest) -> Result<JobsReply, JobsError> {
@@ -255,7 +296,13 @@ impl Node {
 }
 
 impl Service {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>, stop: CancellationToken) {
+    async fn run(
+        mut self,
+        stored: Vec<StoredJob>,
+        mut rx: mpsc::UnboundedReceiver<Command>,
+        stop: CancellationToken,
+    ) {
+        self.take_back(stored).await;
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -271,6 +318,7 @@ impl Service {
                 },
                 _ = poll.tick() => {
                     self.forget_expired(std::time::Instant::now());
+                    self.release_stale().await;
                     self.poll();
                 }
                 () = stop.cancelled() => {
@@ -288,6 +336,121 @@ impl Service {
 
     fn find(&mut self, id: &str) -> Option<&mut Entry> {
         self.jobs.values_mut().find(|e| e.record.id == id)
+    }
+
+    /// Writes the job at `key` to the store, if there is one.
+    fn save(&self, key: u64) -> Result<(), JobStoreError> {
+        let (Some(store), Some(e)) = (&self.store, self.jobs.get(&key)) else {
+            return Ok(());
+        };
+        let ended_unix_ms = e.ended_at.map(|at| {
+            let ago = at.elapsed();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            now.saturating_sub(ago).as_millis() as u64
+        });
+        store.put(&StoredJob {
+            seq: key,
+            spec: e.spec.clone(),
+            view: (*e.record).clone(),
+            group: e.group.clone(),
+            ended_unix_ms,
+        })
+    }
+
+    /// [`Service::save`] of the job `id`, a failure logged: the change is
+    /// made, and lost only if the head restarts before a later write.
+    fn save_id(&self, id: &str) {
+        let Some((&key, _)) = self.jobs.iter().find(|(_, e)| e.record.id == id) else {
+            return;
+        };
+        if let Err(e) = self.save(key) {
+            tracing::error!(job = %id, error = %e, "cannot record the job's change");
+        }
+    }
+
+    /// Takes back the jobs a store held: those that ended are listed (and
+    /// kept for what is left of their retention), the others are started
+    /// again in a bundle of their own; the bundles they held before are
+    /// released once their nodes report them.
+    async fn take_back(&mut self, stored: Vec<StoredJob>) {
+        let now_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        for job in stored {
+            self.next = self.next.max(job.seq + 1);
+            let mut record = JobRecord::restored(job.view);
+            let mut entry = Entry {
+                actor: String::new(),
+                group: None,
+                supervisor: None,
+                ended_at: None,
+                spec: job.spec,
+                record: record.clone(),
+            };
+            if record.state.is_end() {
+                let ago = job
+                    .ended_unix_ms
+                    .map(|ms| now_unix.saturating_sub(Duration::from_millis(ms)))
+                    .unwrap_or_default();
+                let now = std::time::Instant::now();
+                entry.ended_at = Some(now.checked_sub(ago).unwrap_or(now));
+                self.jobs.insert(job.seq, entry);
+                continue;
+            }
+            if let Some(old) = job.group {
+                self.stale
+                    .push((old, std::time::Instant::now() + RELEASE_STALE_WITHIN));
+            }
+            record.exited(true);
+            match self.launch(job.seq, &record.id, &entry.spec).await {
+                Ok((actor, group, supervisor)) => {
+                    tracing::info!(job = %record.id, %group, "job started again after the head's restart");
+                    entry.actor = actor;
+                    entry.group = Some(group);
+                    entry.supervisor = Some(supervisor);
+                }
+                Err(why) => {
+                    record.failed(format!(
+                        "cannot start it again after the head's restart: {why}"
+                    ));
+                    entry.ended_at = Some(std::time::Instant::now());
+                }
+            }
+            entry.record = record;
+            let id = entry.record.id.clone();
+            self.jobs.insert(job.seq, entry);
+            self.save_id(&id);
+        }
+    }
+
+    /// Releases the bundles jobs held before the head restarted, as their
+    /// nodes report them; gives up on one past its deadline.
+    async fn release_stale(&mut self) {
+        if self.stale.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let mut kept = Vec::new();
+        for (group, deadline) in std::mem::take(&mut self.stale) {
+            match self.node.remove_group(&group).await {
+                Ok(true) => {
+                    tracing::info!(%group, "released the bundle a job held before the head's restart")
+                }
+                Ok(false) if now < deadline => kept.push((group, deadline)),
+                Ok(false) => {
+                    tracing::warn!(%group, "no node reported the bundle a job held before the head's restart")
+                }
+                Err(e) => {
+                    tracing::warn!(%group, error = %e, "cannot release a job's former bundle yet");
+                    if now < deadline {
+                        kept.push((group, deadline));
+                    }
+                }
+            }
+        }
+        self.stale = kept;
     }
 
     async fn view(&self, e: &Entry) -> JobView {
@@ -350,14 +513,53 @@ impl Service {
         let n = self.next;
         self.next += 1;
         let id = format!("job-{:x}-{n}", self.node.incarnation());
+        let (actor, group, supervisor) = match self.launch(n, &id, &spec).await {
+            Ok(started) => started,
+            Err(why) => return JobsReply::Invalid(why),
+        };
+        tracing::info!(job = %id, kind = %spec.kind, %group, "job submitted");
+        self.jobs.insert(
+            n,
+            Entry {
+                record: JobRecord::new(id.clone(), spec.description.clone(), owner),
+                spec,
+                actor,
+                group: Some(group),
+                supervisor: Some(supervisor),
+                ended_at: None,
+            },
+        );
+        // Recorded before it is acknowledged: a job the head cannot keep
+        // is not taken.
+        if let Err(e) = self.save(n) {
+            if let Some(entry) = self.jobs.get_mut(&n) {
+                entry.record.failed(format!("not recorded: {e}"));
+            }
+            self.finish(&id).await;
+            self.jobs.remove(&n);
+            return JobsReply::Invalid(format!("the head cannot record the job: {e}"));
+        }
+        JobsReply::Submitted(id)
+    }
+
+    /// Starts job `id` (its place `n`): a detached group of one bundle and
+    /// a supervisor that runs its actor there. Its actor's name, group and
+    /// supervisor.
+    async fn launch(
+        &self,
+        n: u64,
+        id: &str,
+        spec: &JobSpec,
+    ) -> Result<(String, String, ActorRef<SupervisorMsg>), String> {
         let actor = format!("{id}.{:016x}", crate::nonce::nonce());
         let group = GroupSpec::new(Strategy::Pack, vec![spec.resources.clone()])
             .with_timeout(Duration::from_secs(24 * 3600))
             .detached();
-        let group = match self.node.create_group(group).await {
-            Ok(g) => g,
-            Err(e) => return JobsReply::Invalid(e.to_string()),
-        };
+        let group = self
+            .node
+            .create_group(group)
+            .await
+            .map_err(|e| e.to_string())?;
         let child = RemoteChild::raw(
             Arc::clone(&self.node),
             spec.kind.clone(),
@@ -381,7 +583,7 @@ impl Service {
             },
             children: vec![Child::new(
                 ChildSpec {
-                    id: id.clone(),
+                    id: id.to_owned(),
                     restart: RestartType::Transient,
                     shutdown: Duration::from_secs(10),
                 },
@@ -396,11 +598,11 @@ impl Service {
             Ok((s, _)) => s,
             Err(e) => {
                 let _ = self.node.remove_group(&group).await;
-                return JobsReply::Invalid(format!("cannot start its supervisor: {e}"));
+                return Err(format!("cannot start its supervisor: {e}"));
             }
         };
         let tx = self.tx.clone();
-        let job = id.clone();
+        let job = id.to_owned();
         tokio::spawn(async move {
             while let Some(e) = events_rx.recv().await {
                 if tx.send(Command::Event(job.clone(), e)).is_err() {
@@ -408,18 +610,7 @@ impl Service {
                 }
             }
         });
-        tracing::info!(job = %id, kind = %spec.kind, %group, "job submitted");
-        self.jobs.insert(
-            n,
-            Entry {
-                record: JobRecord::new(id.clone(), spec.description.clone(), owner),
-                actor,
-                group: Some(group),
-                supervisor: Some(supervisor),
-                ended_at: None,
-            },
-        );
-        JobsReply::Submitted(id)
+        Ok((actor, group, supervisor))
     }
 
     async fn event(&mut self, id: &str, e: SupervisorEvent) {
@@ -438,13 +629,18 @@ impl Service {
                 self.finish(id).await;
             }
         }
+        self.save_id(id);
     }
 
     async fn progress(&mut self, id: &str, p: JobProgress) {
         let Some(entry) = self.find(id) else { return };
+        let before = entry.record.clone();
         if entry.record.progress(p) {
             tracing::info!(job = %id, state = entry.record.state.as_str(), "job ended");
             self.finish(id).await;
+        }
+        if self.find(id).is_some_and(|e| e.record != before) {
+            self.save_id(id);
         }
     }
 
@@ -458,6 +654,11 @@ impl Service {
         for key in self.retention.expired(now, &ended) {
             if let Some(e) = self.jobs.remove(&key) {
                 tracing::info!(job = %e.record.id, "ended job forgotten");
+                if let Some(store) = &self.store
+                    && let Err(err) = store.remove(key)
+                {
+                    tracing::error!(job = %e.record.id, error = %err, "cannot forget the job on disk");
+                }
             }
         }
     }
@@ -471,11 +672,19 @@ impl Service {
             let _ = crate::call::call(&s, SupervisorMsg::Shutdown, Duration::from_secs(15)).await;
             s.stop(None);
         }
-        if let Some(g) = group
-            && let Err(e) = self.node.remove_group(&g).await
-        {
-            tracing::warn!(job = %id, group = %g, error = %e, "cannot release a job's bundle");
+        if let Some(g) = group {
+            match self.node.remove_group(&g).await {
+                Ok(_) => {
+                    if let Some(entry) = self.find(id) {
+                        entry.group = None;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(job = %id, group = %g, error = %e, "cannot release a job's bundle")
+                }
+            }
         }
+        self.save_id(id);
     }
 
     /// Asks every running job where it is, on the node its actor was

@@ -44,6 +44,7 @@ mod head;
 mod head_client;
 pub mod host;
 mod identity;
+pub mod job_store;
 pub mod jobs;
 mod jobs_slot;
 pub mod member;

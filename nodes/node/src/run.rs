@@ -280,6 +280,14 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
         tracing::info!(%addr, "serving metrics on /metrics");
     }
+    // The head keeps its detached jobs in its state directory.
+    let job_store = settings.config.is_head().then(|| {
+        settings
+            .config
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| settings.config.certs.clone())
+    });
     let builder = extra(Node::builder(settings.config));
     let builder = flotilla_embed::job::detached::register(builder, settings.allow);
     let settings_trees = settings.trees;
@@ -318,8 +326,26 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(2);
         }
     };
-    // The head supervises detached jobs.
-    let jobs = node.serve_jobs_with(retention);
+    // The head supervises detached jobs, kept on disk across its restarts.
+    let store = match job_store.map(|dir| flotilla::job_store::JobStore::open_in(&dir)) {
+        None => None,
+        Some(Ok(store)) => Some(store),
+        Some(Err(e)) => {
+            eprintln!("NODE-JOB-010: {e}");
+            trees.stop().await;
+            node.shutdown().await;
+            return ExitCode::from(2);
+        }
+    };
+    let jobs = match node.serve_jobs_in(retention, store) {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            eprintln!("NODE-JOB-010: {e}");
+            trees.stop().await;
+            node.shutdown().await;
+            return ExitCode::from(2);
+        }
+    };
     crate::systemd::ready();
     let watchdog = crate::systemd::watchdog_interval()
         .map(|interval| tokio::spawn(crate::systemd::feed_watchdog(interval, node.pulse())));

@@ -326,7 +326,10 @@ async fn start_workers(
             .join(" ")
     );
     let args = embedder_args(config);
-    let tag = format!("{}-{}", node.name(), node.incarnation());
+    // Names no other start of the job takes: a driver started again on the
+    // same node (its head restarted) runs beside the actors of the one
+    // before until those stop.
+    let tag = format!("{}-{group}", node.name());
     // Actors on one node start one after another (the node's spawner
     // loads one model at a time); nodes start in parallel.
     let mut per_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
