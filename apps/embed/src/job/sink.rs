@@ -245,6 +245,9 @@ pub fn part_schema(manifest: &Manifest, columns: &[Column]) -> arrow_schema::Sch
     ]))
 }
 
+/// The Parquet column of the vectors' values.
+const EMBEDDING_VALUES: [&str; 3] = ["embedding", "list", "item"];
+
 fn parquet_part(
     manifest: &Manifest,
     columns: &[Column],
@@ -259,6 +262,7 @@ fn parquet_part(
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
     use parquet::file::properties::WriterProperties;
+    use parquet::schema::types::ColumnPath;
 
     let schema = Arc::new(part_schema(manifest, columns));
     let arrow_schema::DataType::FixedSizeList(item, dim) = schema.field(1).data_type().clone()
@@ -297,7 +301,14 @@ fn parquet_part(
         });
     }
     let batch = RecordBatch::try_new(schema.clone(), arrays)?;
+    // Ids are unique and vectors are floats: a dictionary of either only
+    // costs the writer time (an output column keeps the default).
     let props = WriterProperties::builder()
+        .set_column_dictionary_enabled(ColumnPath::from("id"), false)
+        .set_column_dictionary_enabled(
+            ColumnPath::new(EMBEDDING_VALUES.map(str::to_owned).to_vec()),
+            false,
+        )
         .set_key_value_metadata(Some(vec![
             KeyValue::new("flotilla.job_id".into(), manifest.job_id.clone()),
             KeyValue::new(
@@ -755,6 +766,38 @@ mod tests {
                 .map(String::as_str),
             Some("sha256:00")
         );
+    }
+
+    /// Ids and vectors are written without a dictionary (each id is
+    /// unique; a dictionary of floats only costs time); an output column
+    /// keeps it.
+    #[test]
+    fn ids_and_vectors_are_written_without_a_dictionary() {
+        use parquet::basic::Encoding;
+        use parquet::file::reader::FileReader;
+        let mut m = manifest("j");
+        m.format = Format::Parquet;
+        let columns = vec![("lang".to_owned(), CellType::Utf8)];
+        let ids: Vec<String> = (0..50).map(|i| format!("id-{i}")).collect();
+        let extra: Vec<Vec<Cell>> = (0..50).map(|_| vec![Cell::Str("en".into())]).collect();
+        let values = vec![0.5f32; 50 * 2];
+        let bytes = encode_part(&m, &columns, rows(&ids, &extra, &values)).unwrap();
+        let reader =
+            parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let group = reader.metadata().row_group(0);
+        let dictionary = |path: &str| {
+            let column = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == path)
+                .unwrap_or_else(|| panic!("no column {path}"));
+            column
+                .encodings()
+                .any(|e| matches!(e, Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY))
+        };
+        assert!(!dictionary("id"));
+        assert!(!dictionary(&EMBEDDING_VALUES.join(".")));
+        assert!(dictionary("lang"), "an output column keeps the default");
     }
 
     #[tokio::test]

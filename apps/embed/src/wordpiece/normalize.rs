@@ -76,16 +76,20 @@ impl BertNormalizer {
         }
     }
 
-    /// The ASCII path: no ideographs, no accents, one byte a character.
+    /// The ASCII path: no ideographs, no accents, one byte a character,
+    /// and no table looked up (within ASCII the controls are the C0 codes
+    /// and DEL, the whitespace left after them tab, newline, carriage
+    /// return and space).
     fn normalize_ascii(&self, text: &[u8], out: &mut String) {
         out.reserve(text.len());
         for &b in text {
             let c = b as char;
             let c = if self.clean_text {
-                if b == 0 || is_control(c) {
-                    continue;
+                match b {
+                    b'\t' | b'\n' | b'\r' | b' ' => ' ',
+                    0..=0x1f | 0x7f => continue,
+                    _ => c,
                 }
-                if is_whitespace(c) { ' ' } else { c }
             } else {
                 c
             };
@@ -215,6 +219,29 @@ mod tests {
                 c.is_ascii_punctuation() || c.is_punctuation(),
                 "{c:?}"
             );
+        }
+    }
+
+    /// The ASCII path gives what the general one gives, byte by byte.
+    #[test]
+    fn the_ascii_path_agrees_with_the_general_one_on_every_byte() {
+        for n in [
+            UNCASED,
+            BertNormalizer {
+                clean_text: false,
+                ..UNCASED
+            },
+            BertNormalizer {
+                lowercase: false,
+                strip_accents: false,
+                ..UNCASED
+            },
+        ] {
+            let text: String = (0u8..128).map(char::from).collect();
+            let (mut fast, mut general) = (String::new(), String::new());
+            n.normalize_ascii(text.as_bytes(), &mut fast);
+            n.normalize_unicode(&text, &mut general);
+            assert_eq!(fast, general, "{n:?}");
         }
         assert_eq!(
             words("a«b»c").collect::<Vec<_>>(),
