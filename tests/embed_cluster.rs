@@ -919,7 +919,25 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
         before.len() < ids.len().div_ceil(32),
         "the job finished before the head was killed"
     );
-    let head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let metrics = flotilla_testkit::ca::free_tcp_addr();
+    let metrics_flag = metrics.to_string();
+    let head = s.spawn_with(
+        "head",
+        "head",
+        head_addr,
+        None,
+        &s.certs(),
+        &[
+            state_flag[0],
+            state_flag[1],
+            "--metrics-listen",
+            &metrics_flag,
+        ],
+    );
     // The same job, listed by the new incarnation of the head.
     eventually(Duration::from_secs(30), || {
         let j = jobs_json(&s, &head)?;
@@ -944,6 +962,23 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
     let j = jobs_json(&s, &head).unwrap();
     assert_eq!(j["jobs"].as_array().map(Vec::len), Some(1), "{j}");
     assert_eq!(j["jobs"][0]["done"], 4000, "{j}");
+    // The operator's view: the head's role, its store's size and last
+    // durable commit (this incarnation's: the job's end).
+    let scraped = scrape(metrics).expect("the head serves /metrics");
+    assert_eq!(
+        gauge(&scraped, "flotilla_head_role{role=\"primary\"}"),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert!(
+        gauge(&scraped, "flotilla_head_store_bytes").is_some_and(|b| b > 0.0),
+        "{scraped}"
+    );
+    assert!(
+        gauge(&scraped, "flotilla_head_store_last_commit_seconds")
+            .is_some_and(|t| t >= started_unix),
+        "{scraped}"
+    );
 
     // Ended, it is listed as it ended by the head's next incarnation too,
     // and not run again.

@@ -376,6 +376,9 @@ impl NodeBuilder {
         };
         let board = Board::default();
         let jobs = JobsSlot::default();
+        if head.is_some() {
+            crate::counters::head_role("primary");
+        }
         let placement = head.as_ref().map(|_| {
             PlacementService::new(
                 Arc::clone(&identity),

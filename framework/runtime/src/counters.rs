@@ -13,6 +13,10 @@
 //! flotilla_sent_bytes_total{lane}               bytes sent per lane
 //! flotilla_batches_done_total                   pipeline batches done
 //! flotilla_batch_seconds                        their latency (histogram)
+//! flotilla_head_role{role}                      1 on the head: `primary` (no standby heads yet)
+//! flotilla_head_store_bytes                     size of the head's job store file
+//! flotilla_head_store_last_commit_seconds       when it last committed, durably (Unix time)
+//! flotilla_head_store_commit_seconds            each commit's latency (histogram)
 //! ```
 
 use flotilla_proto::hello::Refusal;
@@ -71,6 +75,22 @@ pub(crate) fn batch_done(latency: std::time::Duration) {
     metrics::histogram!("flotilla_batch_seconds").record(latency.as_secs_f64());
 }
 
+/// This node is the head, in `role` (`primary`).
+pub(crate) fn head_role(role: &'static str) {
+    metrics::gauge!("flotilla_head_role", "role" => role).set(1.0);
+}
+
+/// The head's job store committed a change durably, in `took`; its file
+/// is now `bytes` long.
+pub(crate) fn store_committed(bytes: u64, took: std::time::Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    metrics::gauge!("flotilla_head_store_bytes").set(bytes as f64);
+    metrics::gauge!("flotilla_head_store_last_commit_seconds").set(now.as_secs_f64());
+    metrics::histogram!("flotilla_head_store_commit_seconds").record(took.as_secs_f64());
+}
+
 /// Describes every counter and shows the unlabelled ones at 0, so a scrape
 /// of a node that has seen nothing yet lists them.
 pub(crate) fn register() {
@@ -104,6 +124,25 @@ pub(crate) fn register() {
         "flotilla_batch_seconds",
         metrics::Unit::Seconds,
         "Latency of pipeline batches done"
+    );
+    metrics::describe_gauge!(
+        "flotilla_head_role",
+        "1 on the head, labelled with its role (primary)"
+    );
+    metrics::describe_gauge!(
+        "flotilla_head_store_bytes",
+        metrics::Unit::Bytes,
+        "Size of the head's job store file"
+    );
+    metrics::describe_gauge!(
+        "flotilla_head_store_last_commit_seconds",
+        metrics::Unit::Seconds,
+        "When the head's job store last committed a change, durably (Unix time)"
+    );
+    metrics::describe_histogram!(
+        "flotilla_head_store_commit_seconds",
+        metrics::Unit::Seconds,
+        "Latency of the head's job store commits"
     );
     metrics::counter!("flotilla_sessions_opened_total").increment(0);
     metrics::counter!("flotilla_sessions_closed_total").increment(0);

@@ -142,7 +142,17 @@ impl JobStore {
                 .insert(job.seq, bytes.as_slice())
                 .map_err(|e| self.io(e))?;
         }
-        tx.commit().map_err(|e| self.io(e))
+        self.commit(tx)
+    }
+
+    /// Commits `tx` durably, counting it on the head's metrics.
+    fn commit(&self, tx: redb::WriteTransaction) -> Result<(), JobStoreError> {
+        let started = std::time::Instant::now();
+        tx.commit().map_err(|e| self.io(e))?;
+        let took = started.elapsed();
+        let bytes = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        crate::counters::store_committed(bytes, took);
+        Ok(())
     }
 
     /// Removes the job at `seq`, durably.
@@ -152,7 +162,7 @@ impl JobStore {
             let mut table = tx.open_table(JOBS).map_err(|e| self.io(e))?;
             table.remove(seq).map_err(|e| self.io(e))?;
         }
-        tx.commit().map_err(|e| self.io(e))
+        self.commit(tx)
     }
 }
 

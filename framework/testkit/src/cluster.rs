@@ -378,6 +378,18 @@ pub fn counter(scrape: &str, series: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// The value of the gauge `series` (name and labels exactly as Prometheus
+/// prints them) in a scrape, if present.
+pub fn gauge(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse::<f64>()
+            .ok()
+    })
+}
+
 /// The entry of node `name` in a status document.
 pub fn node_of<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
     status["nodes"]
