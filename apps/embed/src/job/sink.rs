@@ -261,7 +261,7 @@ fn parquet_part(
     };
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
-    use parquet::file::properties::WriterProperties;
+    use parquet::file::properties::{EnabledStatistics, WriterProperties};
     use parquet::schema::types::ColumnPath;
 
     let schema = Arc::new(part_schema(manifest, columns));
@@ -302,13 +302,13 @@ fn parquet_part(
     }
     let batch = RecordBatch::try_new(schema.clone(), arrays)?;
     // Ids are unique and vectors are floats: a dictionary of either only
-    // costs the writer time (an output column keeps the default).
+    // costs the writer time, and so do the minimum and maximum of every
+    // vector value (an output column keeps the defaults).
+    let values = ColumnPath::new(EMBEDDING_VALUES.map(str::to_owned).to_vec());
     let props = WriterProperties::builder()
         .set_column_dictionary_enabled(ColumnPath::from("id"), false)
-        .set_column_dictionary_enabled(
-            ColumnPath::new(EMBEDDING_VALUES.map(str::to_owned).to_vec()),
-            false,
-        )
+        .set_column_dictionary_enabled(values.clone(), false)
+        .set_column_statistics_enabled(values, EnabledStatistics::None)
         .set_key_value_metadata(Some(vec![
             KeyValue::new("flotilla.job_id".into(), manifest.job_id.clone()),
             KeyValue::new(
@@ -769,10 +769,10 @@ mod tests {
     }
 
     /// Ids and vectors are written without a dictionary (each id is
-    /// unique; a dictionary of floats only costs time); an output column
-    /// keeps it.
+    /// unique; a dictionary of floats only costs time), and vector values
+    /// without statistics; an output column keeps both.
     #[test]
-    fn ids_and_vectors_are_written_without_a_dictionary() {
+    fn ids_and_vectors_are_written_without_a_dictionary_nor_value_statistics() {
         use parquet::basic::Encoding;
         use parquet::file::reader::FileReader;
         let mut m = manifest("j");
@@ -798,6 +798,15 @@ mod tests {
         assert!(!dictionary("id"));
         assert!(!dictionary(&EMBEDDING_VALUES.join(".")));
         assert!(dictionary("lang"), "an output column keeps the default");
+        let statistics = |path: &str| {
+            group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == path)
+                .and_then(|c| c.statistics().cloned())
+        };
+        assert!(statistics(&EMBEDDING_VALUES.join(".")).is_none());
+        assert!(statistics("id").is_some(), "ids keep their statistics");
     }
 
     #[tokio::test]
