@@ -1008,6 +1008,36 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
     );
 }
 
+/// Clause "head: detached jobs on disk": a job store the head cannot read
+/// stops it at start with `NODE-JOB-010` and exit code 2, naming the file,
+/// rather than a head that forgets the jobs it held; with the file moved
+/// aside, the head starts and lists no job.
+#[test]
+fn a_head_whose_job_store_cannot_be_read_stops_naming_the_file() {
+    let s = Scratch::new("head-bad-store", NODE);
+    let state = s.dir.join("head-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let store = state.join("head-jobs.redb");
+    std::fs::write(
+        &store,
+        b"not a job store, though long enough to be read as one",
+    )
+    .unwrap();
+    let flags = ["--state-dir", state.to_str().unwrap()];
+    let mut head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &flags);
+    let status = head.exit_within(Duration::from_secs(20));
+    let log = s.log("head");
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("NODE-JOB-010") && log.contains("head-jobs.redb"),
+        "{log}"
+    );
+    std::fs::rename(&store, state.join("head-jobs.redb.bad")).unwrap();
+    let head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &flags);
+    let (j, _) = eventually(Duration::from_secs(30), || jobs_json(&s, &head));
+    assert_eq!(j["jobs"].as_array().map(Vec::len), Some(0), "{j}");
+}
+
 /// Clause "jobs: retention": the head keeps the ended jobs its retention
 /// allows (`--keep-finished-jobs 2 --keep-finished-jobs-for-s 4` here) and
 /// forgets the rest, so `node jobs` stays bounded: of three ended jobs the
