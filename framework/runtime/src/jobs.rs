@@ -71,6 +71,11 @@ pub use flotilla_proto::jobs::{
 const POLL: Duration = Duration::from_millis(500);
 /// How long one start of a job's actor may take.
 const START_WITHIN: Duration = Duration::from_secs(60);
+/// How often at most a running job's progress (texts done) is written to
+/// the store; its changes of state are written at once. Progress is not
+/// what a restarted job resumes from (its driver reads its manifest), so
+/// it need not cost a durable write every poll.
+const SAVE_PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// How long a restarted head keeps trying to release the bundle a job held
 /// before (the node holding it may take a while to join again).
 const RELEASE_STALE_WITHIN: Duration = Duration::from_secs(600);
@@ -170,6 +175,8 @@ struct Entry {
     supervisor: Option<ActorRef<SupervisorMsg>>,
     /// When it ended, once it has.
     ended_at: Option<std::time::Instant>,
+    /// When it was last written to the store.
+    saved_at: Option<std::time::Instant>,
 }
 
 struct Service {
@@ -339,10 +346,11 @@ impl Service {
     }
 
     /// Writes the job at `key` to the store, if there is one.
-    fn save(&self, key: u64) -> Result<(), JobStoreError> {
-        let (Some(store), Some(e)) = (&self.store, self.jobs.get(&key)) else {
+    fn save(&mut self, key: u64) -> Result<(), JobStoreError> {
+        let (Some(store), Some(e)) = (&self.store, self.jobs.get_mut(&key)) else {
             return Ok(());
         };
+        e.saved_at = Some(std::time::Instant::now());
         let ended_unix_ms = e.ended_at.map(|at| {
             let ago = at.elapsed();
             let now = std::time::SystemTime::now()
@@ -359,9 +367,20 @@ impl Service {
         })
     }
 
+    /// Whether the job `id`'s progress is due to be written again.
+    fn progress_due(&self, id: &str) -> bool {
+        self.jobs
+            .values()
+            .find(|e| e.record.id == id)
+            .is_some_and(|e| {
+                e.saved_at
+                    .is_none_or(|at| at.elapsed() >= SAVE_PROGRESS_EVERY)
+            })
+    }
+
     /// [`Service::save`] of the job `id`, a failure logged: the change is
     /// made, and lost only if the head restarts before a later write.
-    fn save_id(&self, id: &str) {
+    fn save_id(&mut self, id: &str) {
         let Some((&key, _)) = self.jobs.iter().find(|(_, e)| e.record.id == id) else {
             return;
         };
@@ -386,6 +405,7 @@ impl Service {
                 group: None,
                 supervisor: None,
                 ended_at: None,
+                saved_at: None,
                 spec: job.spec,
                 record: record.clone(),
             };
@@ -527,6 +547,7 @@ impl Service {
                 group: Some(group),
                 supervisor: Some(supervisor),
                 ended_at: None,
+                saved_at: None,
             },
         );
         // Recorded before it is acknowledged: a job the head cannot keep
@@ -637,9 +658,17 @@ impl Service {
         let before = entry.record.clone();
         if entry.record.progress(p) {
             tracing::info!(job = %id, state = entry.record.state.as_str(), "job ended");
+            // `finish` writes the end.
             self.finish(id).await;
+            return;
         }
-        if self.find(id).is_some_and(|e| e.record != before) {
+        // A change of state or of the groups its work runs in is written at
+        // once; texts done at most every SAVE_PROGRESS_EVERY.
+        let Some(after) = self.find(id).map(|e| e.record.clone()) else {
+            return;
+        };
+        let changed = after.state != before.state || after.work_groups != before.work_groups;
+        if changed || (after != before && self.progress_due(id)) {
             self.save_id(id);
         }
     }
