@@ -282,7 +282,7 @@ impl NodeBuilder {
             resources.declare(name, *amount)?;
         }
         self.gpus.set_count(resources.gpus as usize);
-        let state_dir = config.state_dir.as_ref().unwrap_or(&config.certs);
+        let state_dir = config.state_folder();
         let host = config
             .host_id
             .clone()

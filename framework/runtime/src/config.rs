@@ -103,6 +103,12 @@ impl NodeConfig {
     pub fn is_head(&self) -> bool {
         self.head.is_none()
     }
+
+    /// The folder the node keeps its state in: [`NodeConfig::state_dir`],
+    /// else the certificates folder.
+    pub fn state_folder(&self) -> &std::path::Path {
+        self.state_dir.as_deref().unwrap_or(&self.certs)
+    }
 }
 
 /// Resources of this machine: logical CPUs, total memory and NVIDIA GPUs

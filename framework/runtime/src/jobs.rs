@@ -367,25 +367,19 @@ impl Service {
         })
     }
 
-    /// Whether the job `id`'s progress is due to be written again.
-    fn progress_due(&self, id: &str) -> bool {
-        self.jobs
-            .values()
-            .find(|e| e.record.id == id)
-            .is_some_and(|e| {
-                e.saved_at
-                    .is_none_or(|at| at.elapsed() >= SAVE_PROGRESS_EVERY)
-            })
+    /// [`Service::save`], a failure logged: the change is made, and lost
+    /// only if the head restarts before a later write.
+    fn save_logged(&mut self, key: u64) {
+        if let Err(e) = self.save(key) {
+            let id = self.jobs.get(&key).map(|e| e.record.id.clone());
+            tracing::error!(job = ?id, error = %e, "cannot record the job's change");
+        }
     }
 
-    /// [`Service::save`] of the job `id`, a failure logged: the change is
-    /// made, and lost only if the head restarts before a later write.
+    /// [`Service::save_logged`] of the job `id`.
     fn save_id(&mut self, id: &str) {
-        let Some((&key, _)) = self.jobs.iter().find(|(_, e)| e.record.id == id) else {
-            return;
-        };
-        if let Err(e) = self.save(key) {
-            tracing::error!(job = %id, error = %e, "cannot record the job's change");
+        if let Some((&key, _)) = self.jobs.iter().find(|(_, e)| e.record.id == id) {
+            self.save_logged(key);
         }
     }
 
@@ -399,17 +393,16 @@ impl Service {
             .unwrap_or_default();
         for job in stored {
             self.next = self.next.max(job.seq + 1);
-            let mut record = JobRecord::restored(job.view);
             let mut entry = Entry {
+                record: JobRecord::restored(job.view),
+                spec: job.spec,
                 actor: String::new(),
                 group: None,
                 supervisor: None,
                 ended_at: None,
                 saved_at: None,
-                spec: job.spec,
-                record: record.clone(),
             };
-            if record.state.is_end() {
+            if entry.record.state.is_end() {
                 let ago = job
                     .ended_unix_ms
                     .map(|ms| now_unix.saturating_sub(Duration::from_millis(ms)))
@@ -423,25 +416,23 @@ impl Service {
                 self.stale
                     .push((old, std::time::Instant::now() + RELEASE_STALE_WITHIN));
             }
-            record.exited(true);
-            match self.launch(job.seq, &record.id, &entry.spec).await {
+            entry.record.exited(true);
+            match self.launch(job.seq, &entry.record.id, &entry.spec).await {
                 Ok((actor, group, supervisor)) => {
-                    tracing::info!(job = %record.id, %group, "job started again after the head's restart");
+                    tracing::info!(job = %entry.record.id, %group, "job started again after the head's restart");
                     entry.actor = actor;
                     entry.group = Some(group);
                     entry.supervisor = Some(supervisor);
                 }
                 Err(why) => {
-                    record.failed(format!(
+                    entry.record.failed(format!(
                         "cannot start it again after the head's restart: {why}"
                     ));
                     entry.ended_at = Some(std::time::Instant::now());
                 }
             }
-            entry.record = record;
-            let id = entry.record.id.clone();
             self.jobs.insert(job.seq, entry);
-            self.save_id(&id);
+            self.save_logged(job.seq);
         }
     }
 
@@ -647,14 +638,18 @@ impl Service {
             SupervisorEvent::Exited { restarting, .. } => entry.record.exited(restarting),
             SupervisorEvent::Escalated(e) => {
                 entry.record.failed(format!("its supervisor gave up: {e}"));
+                // `finish` writes the end.
                 self.finish(id).await;
+                return;
             }
         }
         self.save_id(id);
     }
 
     async fn progress(&mut self, id: &str, p: JobProgress) {
-        let Some(entry) = self.find(id) else { return };
+        let Some((&key, entry)) = self.jobs.iter_mut().find(|(_, e)| e.record.id == id) else {
+            return;
+        };
         let before = entry.record.clone();
         if entry.record.progress(p) {
             tracing::info!(job = %id, state = entry.record.state.as_str(), "job ended");
@@ -664,12 +659,14 @@ impl Service {
         }
         // A change of state or of the groups its work runs in is written at
         // once; texts done at most every SAVE_PROGRESS_EVERY.
-        let Some(after) = self.find(id).map(|e| e.record.clone()) else {
-            return;
-        };
+        let after = &entry.record;
         let changed = after.state != before.state || after.work_groups != before.work_groups;
-        if changed || (after != before && self.progress_due(id)) {
-            self.save_id(id);
+        let due = *after != before
+            && entry
+                .saved_at
+                .is_none_or(|at| at.elapsed() >= SAVE_PROGRESS_EVERY);
+        if changed || due {
+            self.save_logged(key);
         }
     }
 

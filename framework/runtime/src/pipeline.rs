@@ -331,9 +331,7 @@ impl<S: Stage> Pipeline<S> {
     /// had left; past them it comes back as [`Event::GaveUp`]. So a result
     /// that can never be used is not asked for without end.
     pub fn unusable(&mut self, id: BatchId, batch: S::Batch, receipt: Receipt) {
-        let weight = self.stage.weight(&batch);
-        self.held += weight;
-        self.flights.insert(id, Flight { batch, weight });
+        self.hold(id, batch);
         self.window.redo(now(), id, receipt.attempt, receipt.worker);
         self.pump();
     }
@@ -343,11 +341,16 @@ impl<S: Stage> Pipeline<S> {
     /// batches not yet reported (a batch reported done goes back through
     /// [`Pipeline::unusable`], not here).
     pub fn submit(&mut self, id: BatchId, batch: S::Batch) {
+        self.hold(id, batch);
+        self.backlog.push_back(id);
+        self.pump();
+    }
+
+    /// Holds `batch` until it is reported, counting its weight.
+    fn hold(&mut self, id: BatchId, batch: S::Batch) {
         let weight = self.stage.weight(&batch);
         self.held += weight;
         self.flights.insert(id, Flight { batch, weight });
-        self.backlog.push_back(id);
-        self.pump();
     }
 
     fn send(&mut self, d: Dispatch<WorkerKey>) {

@@ -372,10 +372,7 @@ pub fn scrape(addr: SocketAddr) -> Option<String> {
 /// The value of the counter `series` (name and labels exactly as
 /// Prometheus prints them) in a scrape, 0 when absent.
 pub fn counter(scrape: &str, series: &str) -> u64 {
-    scrape
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    gauge(scrape, series).map_or(0, |v| v as u64)
 }
 
 /// The value of the gauge `series` (name and labels exactly as Prometheus

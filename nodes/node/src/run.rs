@@ -281,13 +281,10 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         tracing::info!(%addr, "serving metrics on /metrics");
     }
     // The head keeps its detached jobs in its state directory.
-    let job_store = settings.config.is_head().then(|| {
-        settings
-            .config
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| settings.config.certs.clone())
-    });
+    let job_store = settings
+        .config
+        .is_head()
+        .then(|| settings.config.state_folder().to_path_buf());
     let builder = extra(Node::builder(settings.config));
     let builder = flotilla_embed::job::detached::register(builder, settings.allow);
     let settings_trees = settings.trees;
@@ -327,17 +324,11 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
     };
     // The head supervises detached jobs, kept on disk across its restarts.
-    let store = match job_store.map(|dir| flotilla::job_store::JobStore::open_in(&dir)) {
-        None => None,
-        Some(Ok(store)) => Some(store),
-        Some(Err(e)) => {
-            eprintln!("NODE-JOB-010: {e}");
-            trees.stop().await;
-            node.shutdown().await;
-            return ExitCode::from(2);
-        }
-    };
-    let jobs = match node.serve_jobs_in(retention, store) {
+    let jobs = job_store
+        .map(|dir| flotilla::job_store::JobStore::open_in(&dir))
+        .transpose()
+        .and_then(|store| node.serve_jobs_in(retention, store));
+    let jobs = match jobs {
         Ok(jobs) => jobs,
         Err(e) => {
             eprintln!("NODE-JOB-010: {e}");
