@@ -117,12 +117,7 @@ impl SentenceEncoder {
         let started = Instant::now();
         crate::cpu_level::CpuLevel::from_env()?;
         let folder = ModelFolder::open(dir)?;
-        let tokenizer = TextTokenizer::load_with(
-            &folder.tokenizer_path(),
-            folder.max_seq_length,
-            u32::try_from(folder.config.pad_token_id).ok(),
-            folder.do_lower_case,
-        )?;
+        let tokenizer = folder.tokenizer()?;
         let default_prompt =
             tokenizer
                 .prompt(folder.default_prompt())

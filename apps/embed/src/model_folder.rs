@@ -461,6 +461,18 @@ impl ModelFolder {
     pub fn tokenizer_path(&self) -> PathBuf {
         self.encoder_dir.join("tokenizer.json")
     }
+
+    /// The folder's tokenizer as sentence-transformers runs it: truncating
+    /// to `max_seq_length`, padding with the model's pad token, lower-casing
+    /// where `do_lower_case` says so.
+    pub fn tokenizer(&self) -> Result<crate::TextTokenizer, LoadError> {
+        crate::TextTokenizer::load_with(
+            &self.tokenizer_path(),
+            self.max_seq_length,
+            u32::try_from(self.config.pad_token_id).ok(),
+            self.do_lower_case,
+        )
+    }
 }
 
 /// The pipeline of `modules.json`: the encoder's folder, the pooling and

@@ -244,22 +244,18 @@ impl TextTokenizer {
         let mut tokens: Vec<Token> = Vec::new();
         let mut row = Vec::new();
         let mut ends = Vec::with_capacity(texts.len());
+        let mut seq_len = 0;
         for text in texts {
             if prompt.is_empty() && !self.lowercase {
                 fast.encode(text, &mut row, &mut scratch);
             } else {
                 fast.encode(&self.input(prompt, text), &mut row, &mut scratch);
             }
+            seq_len = seq_len.max(row.len());
             tokens.extend_from_slice(&row);
             ends.push(tokens.len());
         }
         let batch = texts.len();
-        let mut seq_len = 0;
-        let mut start = 0;
-        for &end in &ends {
-            seq_len = seq_len.max(end - start);
-            start = end;
-        }
         let mut ids = vec![i64::from(self.pad_id); batch * seq_len];
         let mut type_ids = vec![0i64; batch * seq_len];
         let mut mask = vec![0i64; batch * seq_len];
@@ -305,13 +301,10 @@ impl TextTokenizer {
         Ok(enc.len() - usize::from(ends_special))
     }
 
-    /// Number of tokens `text` becomes (special tokens included, truncated).
-    /// Used to sort texts by length before batching.
+    /// Number of tokens `text` becomes (special tokens included, truncated),
+    /// by the same tokenizer as [`TextTokenizer::tokenize`]. Used to sort
+    /// texts by length before batching.
     pub fn token_count(&self, text: &str) -> Result<usize, TokenizeError> {
-        let enc = self
-            .inner
-            .encode(self.input("", text), true)
-            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
-        Ok(enc.len())
+        Ok(self.tokenize(&[text])?.seq_len)
     }
 }

@@ -10,7 +10,8 @@
 //! For each core count (1, 2 and all this machine has, by default) the job
 //! runs in this process (`flotilla_embed::job::run`, what `node embed` runs)
 //! with as many actors, twice: on a quarter of the texts, then on all of
-//! them (after a first job that warms the page cache and the allocator). The rates are marginal (texts between the two runs over the time
+//! them (after a first job that warms the page cache and the allocator).
+//! The rates are marginal (texts between the two runs over the time
 //! between them), so the model's load and the job's start are left out:
 //! texts per second, that per core, and texts per CPU-second of the whole
 //! process (every thread: reader, driver, actors, writer). Tokenization
@@ -79,13 +80,7 @@ async fn run_job(
 /// WordPiece where it is a plain BERT WordPiece), on one thread, in
 /// batches of the job's micro-batch; and which tokenizer that is.
 fn job_tokenizer(model: &Path, texts: &[(String, String)]) -> anyhow::Result<(f64, &'static str)> {
-    let folder = flotilla_embed::ModelFolder::open(model)?;
-    let tokenizer = flotilla_embed::TextTokenizer::load_with(
-        &folder.tokenizer_path(),
-        folder.max_seq_length,
-        u32::try_from(folder.config.pad_token_id).ok(),
-        folder.do_lower_case,
-    )?;
+    let tokenizer = flotilla_embed::ModelFolder::open(model)?.tokenizer()?;
     let which = if tokenizer.is_fast_wordpiece() {
         "our WordPiece"
     } else {
