@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+pub mod arithmetic;
+
 /// Process CPU time (user + system, all threads) since start.
 pub fn process_cpu() -> Duration {
     cpu_time::ProcessTime::now().as_duration()

@@ -5,7 +5,11 @@
 //!
 //! The cap covers the int8 matrix products, the attention, GELU,
 //! LayerNorm and quantization loops. Burn's f32 matrix products (the gemm
-//! crate) keep their own choice.
+//! crate) choose at run time too, among the kernels the build holds: the
+//! crate's `gemm-avx512` feature (default) adds the AVX-512 ones; a build
+//! without it runs gemm's AVX2 + FMA kernels, so that build with
+//! `FLOTILLA_CPU_LEVEL=avx2` runs the whole encoder as an AVX2-only CPU
+//! does.
 
 /// The environment variable that caps the level.
 pub const ENV: &str = "FLOTILLA_CPU_LEVEL";
