@@ -1168,3 +1168,136 @@ fn a_node_still_held_by_a_task_leaves_cleanly_on_shutdown() {
     });
     assert!(took < Duration::from_secs(4), "left after {took:?}");
 }
+
+/// A driver node in this process, with nothing to offer, joined to `head`.
+async fn driver_in_process(s: &Scratch, name: &str, head: std::net::SocketAddr) -> flotilla::Node {
+    s.issue_role(name, "driver");
+    let mut config = flotilla::NodeConfig::new(name, free_addr(), s.certs()).join(head);
+    config.resources = Some(flotilla::Resources::default());
+    flotilla::Node::builder(config).start().await.unwrap()
+}
+
+/// The group `id` as `node` sees it once `done` holds of it, asking again
+/// (through the head's absence) for up to `budget`.
+async fn group_when(
+    node: &flotilla::Node,
+    id: &str,
+    budget: Duration,
+    done: impl Fn(&Option<flotilla::placement_groups::GroupView>) -> bool,
+) -> Option<flotilla::placement_groups::GroupView> {
+    let until = Instant::now() + budget;
+    loop {
+        let seen = node.group(id).await;
+        match seen {
+            Ok(v) if done(&v) => return v,
+            _ if Instant::now() > until => panic!("group {id}: still {seen:?} after {budget:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Clause "head: placement groups on disk": a head killed with SIGKILL and
+/// started again on its state directory takes its groups back. A ready
+/// group keeps its bundle where it was (same node, same revision: nothing
+/// placed anew); a pending group is pending under the same id and is placed
+/// when a node with what it needs joins; the group of a driver that went
+/// away while the head was down is removed once the confirmation grace
+/// passes without it, and its bundle released on its node.
+#[test]
+fn placement_groups_survive_the_heads_sigkill_and_restart() {
+    use flotilla::placement_groups::{GroupSpec, GroupState, Strategy, bundle};
+
+    let s = Scratch::new("groups-head-restart", NODE);
+    s.issue("head");
+    let state = s.dir.join("head-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let state_flag = ["--state-dir", state.to_str().unwrap()];
+    let head_addr = free_addr();
+    let mut head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    s.issue("w1");
+    let _w1 = s.spawn_with(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head_addr),
+        &s.certs(),
+        &["--resource", "cpu=2"],
+    );
+    eventually(Duration::from_secs(20), || {
+        s.status(head_addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+    runtime().block_on(async {
+        let budget = Duration::from_secs(30);
+        let d1 = driver_in_process(&s, "d1", head_addr).await;
+        let d2 = driver_in_process(&s, "d2", head_addr).await;
+        let ready = d1
+            .create_group(GroupSpec::new(
+                Strategy::Spread,
+                vec![bundle(&[("cpu", 1.0)])],
+            ))
+            .await
+            .unwrap();
+        let before = d1.wait_group(&ready, budget).await.unwrap();
+        assert_eq!(before.nodes, vec!["w1"]);
+        let pending = d1
+            .create_group(
+                GroupSpec::new(Strategy::Pack, vec![bundle(&[("slot", 1.0)])])
+                    .with_timeout(Duration::from_secs(600)),
+            )
+            .await
+            .unwrap();
+        let orphan = d2
+            .create_group(GroupSpec::new(
+                Strategy::Pack,
+                vec![bundle(&[("cpu", 0.5)])],
+            ))
+            .await
+            .unwrap();
+        d2.wait_group(&orphan, budget).await.unwrap();
+        assert_eq!(
+            d1.group(&pending).await.unwrap().map(|v| v.state),
+            Some(GroupState::Pending)
+        );
+
+        head.signal("-KILL");
+        let _ = head.child.wait();
+        // d2 goes away while the head is down, never to come back.
+        d2.shutdown().await;
+        let head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+
+        let after = group_when(&d1, &ready, budget, |v| {
+            v.as_ref().is_some_and(|v| v.state == GroupState::Ready)
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            (&after.nodes, after.revision),
+            (&before.nodes, before.revision),
+            "kept where it was, not placed anew"
+        );
+        let waiting = d1.group(&pending).await.unwrap().unwrap();
+        assert_eq!(waiting.state, GroupState::Pending, "{waiting:?}");
+        group_when(&d1, &orphan, budget, Option::is_none).await;
+        let (_, accounts) = d1.groups().await.unwrap();
+        let w1 = accounts.iter().find(|a| a.name == "w1").unwrap();
+        assert_eq!(w1.reserved.get("cpu"), Some(&1.0), "{accounts:?}");
+
+        s.issue("w2");
+        let _w2 = s.spawn_with(
+            "join",
+            "w2",
+            free_addr(),
+            Some(head.addr),
+            &s.certs(),
+            &["--resource", "slot=1"],
+        );
+        let placed = d1.wait_group(&pending, budget).await.unwrap();
+        assert_eq!(placed.nodes, vec!["w2"], "{placed:?}");
+        let log = s.log("head");
+        assert!(
+            log.contains("placement group taken back from the store"),
+            "{log}"
+        );
+        drop(head);
+    });
+}

@@ -1008,16 +1008,16 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
     );
 }
 
-/// Clause "head: detached jobs on disk": a job store the head cannot read
-/// stops it at start with `NODE-JOB-010` and exit code 2, naming the file,
-/// rather than a head that forgets the jobs it held; with the file moved
-/// aside, the head starts and lists no job.
+/// Clause "head: detached jobs on disk": a store the head cannot read
+/// stops it at start with `NODE-STORE-001` and exit code 2, naming the file,
+/// rather than a head that forgets the jobs and groups it held; with the
+/// file moved aside, the head starts and lists no job.
 #[test]
-fn a_head_whose_job_store_cannot_be_read_stops_naming_the_file() {
+fn a_head_whose_store_cannot_be_read_stops_naming_the_file() {
     let s = Scratch::new("head-bad-store", NODE);
     let state = s.dir.join("head-state");
     std::fs::create_dir_all(&state).unwrap();
-    let store = state.join("head-jobs.redb");
+    let store = state.join("head.redb");
     std::fs::write(
         &store,
         b"not a job store, though long enough to be read as one",
@@ -1029,10 +1029,10 @@ fn a_head_whose_job_store_cannot_be_read_stops_naming_the_file() {
     let log = s.log("head");
     assert_eq!(status.code(), Some(2), "{log}");
     assert!(
-        log.contains("NODE-JOB-010") && log.contains("head-jobs.redb"),
+        log.contains("NODE-STORE-001") && log.contains("head.redb"),
         "{log}"
     );
-    std::fs::rename(&store, state.join("head-jobs.redb.bad")).unwrap();
+    std::fs::rename(&store, state.join("head.redb.bad")).unwrap();
     let head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &flags);
     let (j, _) = eventually(Duration::from_secs(30), || jobs_json(&s, &head));
     assert_eq!(j["jobs"].as_array().map(Vec::len), Some(0), "{j}");

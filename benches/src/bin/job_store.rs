@@ -8,7 +8,7 @@
 //! head's state directory is on) takes `--changes` submissions of a job
 //! the size of a detached embed job, then as many updates of them, then
 //! as many removals, each committed durably as the head commits them
-//! (`flotilla::job_store::JobStore`). Baseline in the same run, same disk:
+//! (`flotilla::head_store::HeadStore`). Baseline in the same run, same disk:
 //! writing the same bytes to a file of their own and `fsync`ing it, the
 //! least a durable change costs. Prints p50, p99 and the mean per change;
 //! the last line reads `job store: p50 … ms per change (…)`.
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use flotilla::job_store::JobStore;
+use flotilla::head_store::HeadStore;
 use flotilla::jobs::{JobSpec, StoredJob};
 use flotilla_benches::percentile;
 use flotilla_proto::jobs::JobRecord;
@@ -82,23 +82,23 @@ fn main() -> anyhow::Result<()> {
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let dir = base.join(format!("flotilla-job-store-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let store = JobStore::open_in(&dir)?;
+    let store = HeadStore::open_in(&dir)?;
     let n = args.changes;
 
     let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
     let mut submit = Vec::new();
     for seq in 1..=n {
-        submit.push(timed(|| Ok(store.put(&job(seq, 0))?))?);
+        submit.push(timed(|| Ok(store.put_job(&job(seq, 0))?))?);
     }
     rows.push(("submission (new entry)", submit));
     let mut update = Vec::new();
     for seq in 1..=n {
-        update.push(timed(|| Ok(store.put(&job(seq, 64 * seq))?))?);
+        update.push(timed(|| Ok(store.put_job(&job(seq, 64 * seq))?))?);
     }
     rows.push(("change of state (entry replaced)", update));
     let mut remove = Vec::new();
     for seq in 1..=n {
-        remove.push(timed(|| Ok(store.remove(seq)?))?);
+        remove.push(timed(|| Ok(store.remove_job(seq)?))?);
     }
     rows.push(("forgotten (entry removed)", remove));
     let size = std::fs::metadata(store.path())?.len();

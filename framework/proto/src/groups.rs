@@ -23,6 +23,15 @@
 //! stays on the node of the others), with no timeout: the group is
 //! `Rescheduling` until then.
 //!
+//! The head keeps each group on disk ([`StoredGroup`]: its spec, owner,
+//! deadline and the placement it last had ready) and takes them back when
+//! it restarts ([`Groups::restore`]): a pending group stays pending under
+//! what is left of its timeout, a group that was ready waits for its
+//! nodes to report its bundles, as below, before placing any again. A
+//! group taken back, from the store or a report, whose owner is not seen
+//! up within the confirmation grace is removed and its bundles released:
+//! nobody is left to use or remove it.
+//!
 //! A node joining reports what it holds ([`Held`]): a head that restarted
 //! rebuilds its groups from these reports, and a node that was taken for
 //! lost gets its bundles back if they were not placed elsewhere meanwhile
@@ -93,6 +102,29 @@ pub struct GroupView {
     pub owner: Option<String>,
     /// Why it is not ready (the solver's or a node's reason), if it is not.
     pub why: Option<String>,
+}
+
+/// A group as the head keeps it on disk, to take it back after a
+/// restart ([`Groups::to_store`], [`Groups::restore`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StoredGroup {
+    /// Its id.
+    pub id: String,
+    /// What was asked.
+    pub spec: GroupSpec,
+    /// The member that owns it and that member's incarnation (`None`:
+    /// detached).
+    pub owner: Option<(String, u64)>,
+    /// Whether it was ever ready (then no timeout applies to it).
+    pub was_ready: bool,
+    /// The node of each bundle when it was last ready (empty strings
+    /// where a bundle had none).
+    pub nodes: Vec<String>,
+    /// The revision of that placement.
+    pub revision: u64,
+    /// When it fails if it is still pending, in milliseconds since the
+    /// Unix epoch (a wall-clock time, so it holds across restarts).
+    pub deadline_unix_ms: u64,
 }
 
 /// What a node has and has reserved, as the head accounts it.
@@ -283,6 +315,9 @@ struct Entry {
     not_before: Option<Instant>,
     why: Option<String>,
     seq: u64,
+    /// A group taken back after a restart: removed at this time unless
+    /// its owner has been seen up (with the incarnation that owns it).
+    owner_by: Option<Instant>,
 }
 
 impl Entry {
@@ -410,10 +445,100 @@ impl Groups {
             not_before: None,
             why: None,
             seq: self.next_id,
+            owner_by: None,
         };
         self.groups.insert(id.clone(), entry);
         self.fresh.push(id.clone());
         Ok(id)
+    }
+
+    /// Takes back a group the head kept on disk before it restarted: a
+    /// group that was ready waits for its nodes to report its bundles
+    /// (those not reported within the confirmation grace are placed
+    /// again); one that never was is pending for `remaining` of its
+    /// timeout. Its owner must be seen up within the grace, or it is
+    /// removed. A group already known (reported first) is left as it is.
+    pub fn restore(
+        &mut self,
+        now: Instant,
+        stored: StoredGroup,
+        remaining: Duration,
+    ) -> Result<(), BadSpec> {
+        let strategy = check_spec(&stored.spec)?;
+        if self.groups.contains_key(&stored.id) || self.removed.contains(&stored.id) {
+            return Ok(());
+        }
+        let bundles = stored.spec.bundles.len();
+        let unconfirmed: BTreeMap<u32, String> = if stored.was_ready {
+            stored
+                .nodes
+                .iter()
+                .take(bundles)
+                .enumerate()
+                .filter(|(_, n)| !n.is_empty())
+                .map(|(b, n)| (b as u32, n.clone()))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        self.next_id += 1;
+        let entry = Entry {
+            nodes: vec![None; bundles],
+            strategy,
+            owner_by: self.owner_grace(now, stored.owner.as_ref()),
+            owner: stored.owner,
+            revision: stored.revision,
+            unconfirmed,
+            confirm_by: stored.was_ready.then_some(now + self.config.confirm_grace),
+            phase: Phase::Waiting,
+            was_ready: stored.was_ready,
+            deadline: now + remaining,
+            not_before: None,
+            why: Some(if stored.was_ready {
+                "restored: waiting for its nodes to report".into()
+            } else {
+                "restored: waiting to be placed".into()
+            }),
+            seq: self.next_id,
+            spec: stored.spec,
+        };
+        self.groups.insert(stored.id.clone(), entry);
+        self.fresh.push(stored.id);
+        Ok(())
+    }
+
+    /// The group `id` as the head keeps it on disk, with the wall-clock
+    /// time it fails at if still pending.
+    pub fn to_store(&self, id: &str, deadline_unix_ms: u64) -> Option<StoredGroup> {
+        let e = self.groups.get(id)?;
+        Some(StoredGroup {
+            id: id.to_owned(),
+            spec: e.spec.clone(),
+            owner: e.owner.clone(),
+            was_ready: e.was_ready,
+            nodes: e
+                .nodes
+                .iter()
+                .map(|n| n.clone().unwrap_or_default())
+                .collect(),
+            revision: e.revision,
+            deadline_unix_ms,
+        })
+    }
+
+    /// Whether `owner` is up with the incarnation that owns.
+    fn owner_up(&self, (name, incarnation): &(String, u64)) -> bool {
+        self.nodes
+            .get(name)
+            .is_some_and(|n| n.incarnation == *incarnation)
+    }
+
+    /// Until when a group taken back must see `owner` up (none for a
+    /// detached group, or an owner up already).
+    fn owner_grace(&self, now: Instant, owner: Option<&(String, u64)>) -> Option<Instant> {
+        owner
+            .filter(|o| !self.owner_up(o))
+            .map(|_| now + self.config.confirm_grace)
     }
 
     /// The group `id` as its users see it.
@@ -576,6 +701,19 @@ impl Groups {
                 }
             }
         }
+        let seen: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|(_, e)| {
+                e.owner_by.is_some() && e.owner.as_ref().is_some_and(|o| self.owner_up(o))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in seen {
+            if let Some(e) = self.groups.get_mut(&id) {
+                e.owner_by = None;
+            }
+        }
         let gone: Vec<String> = self
             .groups
             .iter()
@@ -719,6 +857,7 @@ impl Groups {
                         not_before: None,
                         why: Some("rebuilt: waiting for its nodes to report".into()),
                         seq: self.next_id,
+                        owner_by: self.owner_grace(now, h.record.owner.as_ref()),
                     },
                 );
             }
@@ -922,6 +1061,15 @@ impl Groups {
     /// timeout, and places again the unconfirmed bundles of rebuilt
     /// groups past their grace.
     pub fn step(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let orphans: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|(_, e)| e.owner_by.is_some_and(|t| now >= t))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in orphans {
+            self.remove(&id, out);
+        }
         let ids: Vec<String> = if self.dirty || self.groups.values().any(|e| due(e, now)) {
             let mut all: Vec<(u64, String)> = self
                 .groups
@@ -1066,7 +1214,8 @@ impl Groups {
     /// When [`Groups::step`] next has something to do on its own (a
     /// timeout, a grace or a retry), if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.groups
+        let placing = self
+            .groups
             .values()
             .filter(|e| matches!(e.phase, Phase::Waiting))
             .filter_map(|e| {
@@ -1078,8 +1227,9 @@ impl Groups {
                 .into_iter()
                 .flatten()
                 .min()
-            })
-            .min()
+            });
+        let owners = self.groups.values().filter_map(|e| e.owner_by);
+        placing.chain(owners).min()
     }
 }
 
@@ -1478,6 +1628,8 @@ mod tests {
     #[test]
     fn a_rebuilt_groups_unreported_bundles_are_placed_again_after_the_grace() {
         let mut c = Cluster::new(&[("a", 1), ("b", 1), ("c", 1)]);
+        // The groups' owner, up throughout.
+        c.join("driver", 1, 0);
         let id = c.create(spec("strict-spread", 2, 1.0, 1000));
         assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "b"]);
         c.groups = Groups::new("h2", GroupsConfig::default());
@@ -1617,5 +1769,127 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The head restarts: a fresh machine takes back `ids` as the old one
+    /// would have kept them on disk, each with `remaining` of its timeout.
+    fn restart_from_store(c: &mut Cluster, ids: &[&str], remaining: Duration) {
+        let stored: Vec<StoredGroup> = ids
+            .iter()
+            .map(|id| c.groups.to_store(id, 0).unwrap())
+            .collect();
+        c.groups = Groups::new("h2", GroupsConfig::default());
+        for g in stored {
+            c.groups.restore(c.now, g, remaining).unwrap();
+        }
+    }
+
+    /// Each node reports what its ledger holds, as on rejoining.
+    fn report_all(c: &mut Cluster) {
+        let names: Vec<String> = c.ledgers.keys().cloned().collect();
+        for n in names {
+            let held = c.ledgers.get_mut(&n).unwrap().rejoin();
+            let mut out = Vec::new();
+            c.groups.report(c.now, &n, 1, held, &mut out);
+            c.run(out);
+        }
+    }
+
+    #[test]
+    fn a_pending_group_taken_back_stays_pending_until_resources_appear_or_its_time_is_up() {
+        let mut c = Cluster::new(&[("a", 1)]);
+        c.join("driver", 1, 0);
+        let waits = c.create(spec("pack", 1, 4.0, 600_000));
+        let expires = c.create(spec("pack", 1, 8.0, 600_000));
+        assert_eq!(c.state(&waits), GroupState::Pending);
+        let stored = c.groups.to_store(&expires, 0).unwrap();
+        restart_from_store(&mut c, &[&waits], Duration::from_secs(60));
+        c.groups
+            .restore(c.now, stored, Duration::from_secs(1))
+            .unwrap();
+        c.sync();
+        assert_eq!(c.state(&waits), GroupState::Pending, "same id, pending");
+        assert_eq!(c.state(&expires), GroupState::Pending);
+        c.advance(Duration::from_secs(1));
+        assert_eq!(
+            c.state(&expires),
+            GroupState::Failed,
+            "what was left of its timeout"
+        );
+        assert_eq!(c.state(&waits), GroupState::Pending);
+        c.join("b", 1, 4);
+        let v = c.groups.view(&waits).unwrap();
+        assert_eq!(
+            (v.state, v.nodes),
+            (GroupState::Ready, vec!["b".to_owned()])
+        );
+        c.check_accounts();
+    }
+
+    #[test]
+    fn a_ready_group_taken_back_keeps_its_bundles_where_they_are() {
+        let mut c = Cluster::new(&[("a", 2), ("b", 2)]);
+        c.join("driver", 1, 0);
+        let id = c.create(spec("spread", 2, 1.0, 1000));
+        let before = c.groups.view(&id).unwrap();
+        assert_eq!(before.state, GroupState::Ready);
+        restart_from_store(&mut c, &[&id], Duration::ZERO);
+        c.sync();
+        assert_eq!(
+            c.state(&id),
+            GroupState::Rescheduling,
+            "waiting for reports"
+        );
+        assert!(c.groups.reserved("a").is_empty(), "nothing placed anew");
+        report_all(&mut c);
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(
+            (v.state, &v.nodes, v.revision),
+            (GroupState::Ready, &before.nodes, before.revision)
+        );
+        c.advance(GroupsConfig::default().confirm_grace * 2);
+        assert_eq!(
+            c.groups.view(&id).unwrap().revision,
+            before.revision,
+            "never placed again"
+        );
+        for n in ["a", "b"] {
+            assert_eq!(c.ledgers[n].held().len(), 1, "{n} holds its bundle still");
+        }
+        c.check_accounts();
+    }
+
+    #[test]
+    fn groups_taken_back_whose_owner_is_not_seen_are_removed_and_released() {
+        let mut c = Cluster::new(&[("a", 4)]);
+        c.join("driver", 1, 0);
+        let stored = c.create(spec("pack", 1, 1.0, 1000));
+        let reported = c.create(spec("pack", 1, 1.0, 1000));
+        let detached = c.create(GroupSpec {
+            detached: true,
+            ..spec("pack", 1, 1.0, 1000)
+        });
+        // The driver dies while the head is down: it never rejoins.
+        c.members.retain(|m| m.name != "driver");
+        c.ledgers.remove("driver");
+        restart_from_store(&mut c, &[&stored, &detached], Duration::ZERO);
+        report_all(&mut c);
+        c.sync();
+        for id in [&stored, &reported, &detached] {
+            assert_eq!(c.state(id), GroupState::Ready, "{id} adopted");
+        }
+        c.advance(GroupsConfig::default().confirm_grace);
+        assert!(c.groups.view(&stored).is_none(), "its owner was not seen");
+        assert!(
+            c.groups.view(&reported).is_none(),
+            "likewise, rebuilt from a report"
+        );
+        assert_eq!(
+            c.state(&detached),
+            GroupState::Ready,
+            "nobody owns it: kept"
+        );
+        assert_eq!(c.ledgers["a"].held().len(), 1, "the two released on a");
+        c.check_accounts();
     }
 }

@@ -104,6 +104,10 @@ pub enum StartError {
     /// A declared resource cannot hold.
     #[error("NODE-CONFIG-008: {0}")]
     Resource(#[from] flotilla_proto::resources::BadResource),
+    /// The head's store cannot be read: fix or move aside the file it
+    /// names.
+    #[error("NODE-STORE-001: {0}")]
+    Store(#[from] crate::head_store::HeadStoreError),
     /// The ractor node server or the spawner could not start.
     #[error("NODE-START-001: cannot start the actor system: {0}")]
     ActorSystem(#[source] ractor::SpawnErr),
@@ -122,6 +126,7 @@ pub struct NodeBuilder {
     configurable: HashMap<String, ConfigKind>,
     handle: NodeHandle,
     gpus: crate::gpus::GpuSlots,
+    head_store: Option<Arc<crate::head_store::HeadStore>>,
 }
 
 /// The node an actor runs on, for actors that use the node's API (place
@@ -148,6 +153,7 @@ impl Node {
             configurable: HashMap::new(),
             handle: NodeHandle::default(),
             gpus: crate::gpus::GpuSlots::default(),
+            head_store: None,
         }
     }
 }
@@ -163,6 +169,16 @@ impl NodeBuilder {
     /// none before.
     pub fn gpu_slots(&self) -> crate::gpus::GpuSlots {
         self.gpus.clone()
+    }
+
+    /// On a head, keeps the placement groups in `store` as well: the
+    /// groups it holds are taken back at start (pending ones pending, ready
+    /// ones waiting for their nodes to report them) and every change is
+    /// written before it is answered. Pass the same store to
+    /// [`Node::serve_jobs_in`] for the detached jobs. Ignored on a member.
+    pub fn head_store(mut self, store: Arc<crate::head_store::HeadStore>) -> Self {
+        self.head_store = Some(store);
+        self
     }
 
     /// [`NodeBuilder::start`], shared, and its [`NodeHandle`] filled.
@@ -224,6 +240,11 @@ impl NodeBuilder {
                 role,
             });
         }
+        // The groups a head kept, read before anything starts.
+        let stored_groups = match (&self.head_store, config.is_head()) {
+            (Some(store), true) => Some((Arc::clone(store), store.load_groups()?)),
+            _ => None,
+        };
         let member_name = role::member_name(&config.name, role, crate::nonce::nonce());
         let seal_key = certs.derived_key("placement-groups");
         let ca = certs.ca.clone();
@@ -390,6 +411,7 @@ impl NodeBuilder {
                     ..GroupsConfig::default()
                 },
                 seal_key,
+                stored_groups,
             )
         });
         let (placement, placement_handle) = match placement {

@@ -22,7 +22,7 @@
 //! [`Retention`] says (by default the last 1,000, a week each), then
 //! forgotten, so the head's list stays bounded.
 //!
-//! Given a [`JobStore`] (the `node` binary keeps one in the head's state
+//! Given a [`HeadStore`] (the `node` binary keeps one in the head's state
 //! directory), the head writes every job there, committed before it
 //! answers the submission and after each change of state. A head started
 //! again on the same store lists the jobs that ended as before, and
@@ -53,7 +53,7 @@ use futures::future::BoxFuture;
 
 use crate::caller::{Caller, sender_of};
 use crate::head_client::HeadUnavailable;
-use crate::job_store::{JobStore, JobStoreError};
+use crate::head_store::{HeadStore, HeadStoreError};
 use crate::jobs_slot::ServeJobs;
 use crate::node::Node;
 use crate::placement_groups::GroupSpec;
@@ -186,7 +186,7 @@ struct Service {
     next: u64,
     retention: Retention,
     /// Where jobs are kept across restarts of the head.
-    store: Option<JobStore>,
+    store: Option<Arc<HeadStore>>,
     /// Groups that jobs held before the head restarted, to release once
     /// their nodes report them, until the deadline.
     stale: Vec<(String, std::time::Instant)>,
@@ -213,13 +213,13 @@ impl Node {
     pub fn serve_jobs_in(
         self: &Arc<Self>,
         retention: Retention,
-        store: Option<JobStore>,
-    ) -> Result<Option<Jobs>, JobStoreError> {
+        store: Option<Arc<HeadStore>>,
+    ) -> Result<Option<Jobs>, HeadStoreError> {
         if self.placement.is_none() {
             return Ok(None);
         }
         let stored = match &store {
-            Some(store) => store.load()?,
+            Some(store) => store.load_jobs()?,
             None => Vec::new(),
         };
         let (tx, rx) = mpsc::unbounded_channel();
@@ -346,7 +346,7 @@ impl Service {
     }
 
     /// Writes the job at `key` to the store, if there is one.
-    fn save(&mut self, key: u64) -> Result<(), JobStoreError> {
+    fn save(&mut self, key: u64) -> Result<(), HeadStoreError> {
         let (Some(store), Some(e)) = (&self.store, self.jobs.get_mut(&key)) else {
             return Ok(());
         };
@@ -358,7 +358,7 @@ impl Service {
                 .unwrap_or_default();
             now.saturating_sub(ago).as_millis() as u64
         });
-        store.put(&StoredJob {
+        store.put_job(&StoredJob {
             seq: key,
             spec: e.spec.clone(),
             view: (*e.record).clone(),
@@ -681,7 +681,7 @@ impl Service {
             if let Some(e) = self.jobs.remove(&key) {
                 tracing::info!(job = %e.record.id, "ended job forgotten");
                 if let Some(store) = &self.store
-                    && let Err(err) = store.remove(key)
+                    && let Err(err) = store.remove_job(key)
                 {
                     tracing::error!(job = %e.record.id, error = %err, "cannot forget the job on disk");
                 }

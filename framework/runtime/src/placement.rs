@@ -15,6 +15,11 @@
 //! after a prepare is applied after it. A stream that breaks fails every
 //! operation still waiting on it, and the next operation dials again.
 //!
+//! Given the head's store ([`HeadStore`]), every group is written there
+//! before its creation is answered, again each time it becomes ready
+//! (where its bundles are), and removed with it; a head started again on
+//! the store takes its groups back ([`Groups::restore`]).
+//!
 //! Requests are judged by who sent them ([`Caller`]): a group is created
 //! owned by its caller's member name and incarnation, removed only by its
 //! owner, an admin or the head. Every record the head hands a member is
@@ -30,7 +35,9 @@ use std::time::Duration;
 use flotilla_proto::authority::{self, Unauthorized};
 use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply, PlacementRequest};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
-use flotilla_proto::groups::{Action, GroupState, GroupView, Groups, GroupsConfig, Tag};
+use flotilla_proto::groups::{
+    Action, GroupState, GroupView, Groups, GroupsConfig, StoredGroup, Tag,
+};
 use flotilla_proto::hello::Purpose;
 use flotilla_proto::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
 use flotilla_transport::handshake::{self, Frames, send_msg};
@@ -39,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::caller::{Caller, sender_of};
 use crate::clock::{now, sleep_until};
+use crate::head_store::HeadStore;
 use crate::identity::Identity;
 use crate::pool::Pool;
 use crate::reservations::Reservations;
@@ -158,10 +166,20 @@ pub(crate) struct PlacementService {
     waiters: HashMap<String, Vec<Waiter>>,
     /// The key records are sealed with.
     seal_key: [u8; 32],
+    /// Where groups are kept across restarts of the head.
+    store: Option<Arc<HeadStore>>,
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl PlacementService {
-    /// The service of the head `identity`, and a handle on it.
+    /// The service of the head `identity`, and a handle on it; with a
+    /// store, the groups it held (read from it) are taken back.
     pub(crate) fn new(
         identity: Arc<Identity>,
         pool: Arc<Pool>,
@@ -169,11 +187,33 @@ impl PlacementService {
         ledger: Reservations,
         config: GroupsConfig,
         seal_key: [u8; 32],
+        stored: Option<(Arc<HeadStore>, Vec<StoredGroup>)>,
     ) -> (Self, PlacementHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
         let prefix = format!("pg{:x}", identity.incarnation());
+        let mut groups = Groups::new(prefix, config);
+        let (store, stored) = match stored {
+            Some((store, groups)) => (Some(store), groups),
+            None => (None, Vec::new()),
+        };
+        let (at, wall) = (now(), unix_ms());
+        for g in stored {
+            let id = g.id.clone();
+            let remaining = Duration::from_millis(g.deadline_unix_ms.saturating_sub(wall));
+            match groups.restore(at, g, remaining) {
+                Ok(()) => tracing::info!(group = %id, "placement group taken back from the store"),
+                Err(why) => {
+                    tracing::error!(group = %id, error = %why, "a stored placement group cannot be taken back; forgotten");
+                    if let Some(store) = &store
+                        && let Err(e) = store.remove_group(&id)
+                    {
+                        tracing::error!(group = %id, error = %e, "cannot forget the group on disk");
+                    }
+                }
+            }
+        }
         let service = Self {
-            groups: Groups::new(prefix, config),
+            groups,
             identity,
             pool,
             view,
@@ -183,6 +223,7 @@ impl PlacementService {
             links: HashMap::new(),
             waiters: HashMap::new(),
             seal_key,
+            store,
         };
         (service, PlacementHandle { tx })
     }
@@ -302,8 +343,18 @@ impl PlacementService {
                     }
                     Some(c) => (c.member.clone(), c.incarnation),
                 };
+                let deadline = unix_ms().saturating_add(spec.timeout_ms);
                 match self.groups.create(now(), spec, Some(owner)) {
-                    Ok(id) => PlacementReply::Created(id),
+                    Ok(id) => match self.record(&id, deadline) {
+                        Ok(()) => PlacementReply::Created(id),
+                        Err(e) => {
+                            // Not answered as created: nothing of it stays.
+                            self.groups.remove(&id, out);
+                            PlacementReply::Invalid(format!(
+                                "NODE-STORE-002: the head could not record the group: {e}"
+                            ))
+                        }
+                    },
                     Err(e) => PlacementReply::Invalid(e.to_string()),
                 }
             }
@@ -376,10 +427,40 @@ impl PlacementService {
                         self.groups.replied(now(), &node, tag, Ok(reply), out);
                     }
                     Action::Send { node, op, tag } => self.send(node, op, tag),
-                    Action::Changed(id) => self.wake(&id, false),
-                    Action::Removed(id) => self.wake(&id, true),
+                    Action::Changed(id) => {
+                        if self
+                            .groups
+                            .view(&id)
+                            .is_some_and(|v| v.state == GroupState::Ready)
+                            && let Err(e) = self.record(&id, 0)
+                        {
+                            tracing::error!(group = %id, error = %e, "cannot write where the ready group is; a restarted head will wait for its nodes' reports");
+                        }
+                        self.wake(&id, false);
+                    }
+                    Action::Removed(id) => {
+                        if let Some(store) = &self.store
+                            && let Err(e) = store.remove_group(&id)
+                        {
+                            tracing::error!(group = %id, error = %e, "cannot forget the removed group on disk");
+                        }
+                        self.wake(&id, true);
+                    }
                 }
             }
+        }
+    }
+
+    /// Writes the group `id` to the store, if there is one
+    /// (`deadline_unix_ms`: when it fails if pending; unused once ready).
+    fn record(
+        &self,
+        id: &str,
+        deadline_unix_ms: u64,
+    ) -> Result<(), crate::head_store::HeadStoreError> {
+        match (&self.store, self.groups.to_store(id, deadline_unix_ms)) {
+            (Some(store), Some(group)) => store.put_group(&group),
+            _ => Ok(()),
         }
     }
 

@@ -280,12 +280,23 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
         tracing::info!(%addr, "serving metrics on /metrics");
     }
-    // The head keeps its detached jobs in its state directory.
-    let job_store = settings
-        .config
-        .is_head()
-        .then(|| settings.config.state_folder().to_path_buf());
-    let builder = extra(Node::builder(settings.config));
+    // The head keeps its detached jobs and placement groups in its state
+    // directory, opened before the node starts.
+    let head_store = if settings.config.is_head() {
+        match flotilla::head_store::HeadStore::open_in(settings.config.state_folder()) {
+            Ok(store) => Some(std::sync::Arc::new(store)),
+            Err(e) => {
+                eprintln!("NODE-STORE-001: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
+    let mut builder = extra(Node::builder(settings.config));
+    if let Some(store) = &head_store {
+        builder = builder.head_store(std::sync::Arc::clone(store));
+    }
     let builder = flotilla_embed::job::detached::register(builder, settings.allow);
     let settings_trees = settings.trees;
     let retention = settings.retention;
@@ -306,6 +317,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
                     | flotilla::StartError::NoRole(_)
                     | flotilla::StartError::NotHeadRole { .. }
                     | flotilla::StartError::State(_)
+                    | flotilla::StartError::Store(_)
                     | flotilla::StartError::Resource(_)
             ) {
                 2
@@ -324,14 +336,10 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
     };
     // The head supervises detached jobs, kept on disk across its restarts.
-    let jobs = job_store
-        .map(|dir| flotilla::job_store::JobStore::open_in(&dir))
-        .transpose()
-        .and_then(|store| node.serve_jobs_in(retention, store));
-    let jobs = match jobs {
+    let jobs = match node.serve_jobs_in(retention, head_store) {
         Ok(jobs) => jobs,
         Err(e) => {
-            eprintln!("NODE-JOB-010: {e}");
+            eprintln!("NODE-STORE-001: {e}");
             trees.stop().await;
             node.shutdown().await;
             return ExitCode::from(2);
