@@ -1,11 +1,15 @@
 //! Helpers shared by the examples: a throw-away cluster CA (from the test
-//! kit) and worker processes started from the example's own executable.
+//! kit) and worker processes started from the example's own executable;
+//! and the examples' own actor kind ([`text_stats`]), which `my_node`
+//! registers.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 pub use flotilla_testkit::ca::{free_addr, scratch_certs};
+
+pub mod text_stats;
 
 /// A worker process running this same executable with `--worker NAME`.
 pub struct Worker(Child);
