@@ -18,11 +18,9 @@ mod cluster;
 mod config;
 pub mod detached;
 mod driver;
-pub mod input;
 mod local;
 mod progress;
 pub mod sink;
-pub mod source;
 mod stage;
 mod store;
 mod summary;
@@ -31,9 +29,9 @@ pub use config::{
     ClusterConfig, DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_MICRO_BATCH,
     DEFAULT_SORT_WINDOW, JobConfig, SettingError,
 };
-pub use input::{Input, InputError};
+pub use flotilla_data::SourceError;
+pub use flotilla_data::{Input, InputError, input, source};
 pub use sink::{Format, SinkError};
-pub use source::SourceError;
 pub use summary::Summary;
 
 /// Why a job failed. Rows refused one by one are not failures: they go to

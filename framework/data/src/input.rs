@@ -23,8 +23,6 @@ use std::sync::Arc;
 use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 
-use super::store;
-
 /// How a shard's rows are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShardFormat {
@@ -198,7 +196,7 @@ impl Input {
     /// Resolves `spec` (a path, a folder, a glob, or any of them as an
     /// object store URL) into its shards.
     pub async fn resolve(spec: &str) -> Result<Self, InputError> {
-        let (shards, store) = if store::is_url(spec) {
+        let (shards, store) = if flotilla::object_url::is_url(spec) {
             let (shards, store) = Self::stored(spec).await?;
             (shards, Some(store))
         } else {
@@ -338,7 +336,7 @@ impl Input {
             }
             None => (spec, None),
         };
-        let (store, root) = store::open_url(base).map_err(url_error)?;
+        let (store, root) = flotilla::object_url::open_url(base).map_err(url_error)?;
         let shard = |meta: object_store::ObjectMeta, name: String, explicit: bool| {
             let (format, compression) = match classify(&name) {
                 Some(f) => f,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::input::{Input, ShardChunks, ShardFormat, open_bytes};
+use crate::input::{Input, ShardChunks, ShardFormat, open_bytes};
 
 /// Where a row is: its shard (an index into the input's shards) and its
 /// 1-based line (JSONL) or row (Parquet) in that shard.

@@ -1,0 +1,49 @@
+//! The data layer of batch jobs: where a job's rows come from, streamed in
+//! flat memory with stable positions, for any actor a job runs them
+//! through.
+//!
+//! ```text
+//! Input::parse("s3://bucket/corpus/*.jsonl.gz") ─► Input::open ─► shards, in name order
+//!     ─► Source (a reader thread, a few chunks ahead) ─► Item::Row { at, id, text, extra } …
+//!                                                     └► Item::Invalid { at, reason } (malformed, repeated id)
+//! ```
+//!
+//! - [`input`]: one file, a folder, or a glob of JSONL (plain, `.gz`,
+//!   `.zst`) or Parquet shards, on local disk or behind an object-store
+//!   URL; shards in the byte order of their names, so positions (and the
+//!   batch ids a job makes of them) are the same on every run.
+//! - [`source`]: the rows of an input, read, decompressed and parsed on a
+//!   thread of their own, each with its shard and line, malformed rows and
+//!   repeated ids reported where they are.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use flotilla_data::{Fields, Input, Item, Source};
+//!
+//! let dir = std::env::temp_dir().join(format!("flotilla-data-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let file = dir.join("corpus.jsonl");
+//! std::fs::write(&file, "{\"id\": \"a\", \"text\": \"one\"}\nnot json\n{\"id\": 7, \"text\": \"two\"}\n")?;
+//!
+//! let input = Arc::new(Input::resolve(file.to_str().unwrap()).await?);
+//! let mut rows = Source::open(input, Fields::new("id", "text")).await?;
+//! let mut seen = Vec::new();
+//! while let Some(item) = rows.next().await {
+//!     match item? {
+//!         Item::Row { at, id, text, .. } => seen.push((at.line, id, text)),
+//!         Item::Invalid { at, reason, .. } => eprintln!("line {}: {reason}", at.line),
+//!     }
+//! }
+//! assert_eq!(seen, vec![(1, "a".into(), "one".into()), (3, "7".into(), "two".into())]);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod input;
+pub mod source;
+
+pub use input::{Input, InputError};
+pub use source::{Cell, CellType, Fields, Item, RowAt, Source, SourceError};
