@@ -6,6 +6,7 @@
 //! Input::parse("s3://bucket/corpus/*.jsonl.gz") ─► Input::open ─► shards, in name order
 //!     ─► Source (a reader thread, a few chunks ahead) ─► Item::Row { at, id, text, extra } …
 //!                                                     └► Item::Invalid { at, reason } (malformed, repeated id)
+//! … the application's actors … ─► Output::write_part(batch id, bytes) ─► OUT/parts/batch-…
 //! ```
 //!
 //! - [`input`]: one file, a folder, or a glob of JSONL (plain, `.gz`,
@@ -15,6 +16,10 @@
 //! - [`source`]: the rows of an input, read, decompressed and parsed on a
 //!   thread of their own, each with its shard and line, malformed rows and
 //!   repeated ids reported where they are.
+//! - [`output`]: exactly-once output — the application's manifest written
+//!   first (another job's refused), one part per completed batch with one
+//!   atomic put, the batches already done for a resumed job to skip, and
+//!   an errors file for the rows refused.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -43,7 +48,9 @@
 //! ```
 
 pub mod input;
+pub mod output;
 pub mod source;
 
 pub use input::{Input, InputError};
+pub use output::{ErrorLog, Output, OutputError, RowError};
 pub use source::{Cell, CellType, Fields, Item, RowAt, Source, SourceError};

@@ -22,7 +22,6 @@ mod local;
 mod progress;
 pub mod sink;
 mod stage;
-mod store;
 mod summary;
 
 pub use config::{

@@ -16,20 +16,15 @@
 //! dataset (`pyarrow.dataset`, polars' `scan_parquet`, DuckDB's
 //! `read_parquet` over `parts/*.parquet`).
 //!
-//! Every output goes through `object_store` (a local folder is its
-//! `LocalFileSystem` with fsync). A part is written with one atomic put
-//! (locally: a staged file, fsync, rename), so it exists whole or not at
-//! all; writing the same batch again replaces it with the same content. The parts present
-//! are the completed batches a resumed job skips.
-//!
-//! Object stores are configured from the environment as `object_store`
-//! reads it: for S3, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
-//! `AWS_REGION`, `AWS_ENDPOINT` (an S3-compatible server) and the other
-//! `AWS_*` settings.
+//! The output itself — manifest first, one atomic put per part, the parts
+//! present as the batches a resumed job skips, the errors file — is the
+//! data layer's [`Output`]; this module is what the embed job writes
+//! there: its manifest and the encoding of its parts.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 
+pub use flotilla_data::output::{ErrorLog, RowError};
+use flotilla_data::output::{Output, OutputError};
 use serde::{Deserialize, Serialize};
 
 use super::source::{Cell, CellType};
@@ -113,60 +108,8 @@ impl Format {
     }
 }
 
-/// Why the output folder cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SinkError {
-    /// Reading or writing failed.
-    #[error("output {path}: {source}")]
-    Io {
-        /// The file or folder.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The folder holds another job's output (another input, model,
-    /// batch size or format).
-    #[error("output folder holds {found}; this run is {expected}; use another folder")]
-    OtherJob {
-        /// The job found there.
-        found: Box<Manifest>,
-        /// This run's job.
-        expected: Box<Manifest>,
-    },
-    /// The manifest is not a manifest.
-    #[error("malformed manifest {path}: {source}")]
-    Manifest {
-        /// Where it is.
-        path: PathBuf,
-        /// What is wrong with it.
-        source: serde_json::Error,
-    },
-    /// A part could not be encoded.
-    #[error("output {location}: cannot encode the part: {source}")]
-    Encode {
-        /// The part's location.
-        location: String,
-        /// The encoder's error.
-        source: parquet::errors::ParquetError,
-    },
-    /// The output URL is not one `object_store` knows.
-    #[error("output {url}: {reason}")]
-    Url {
-        /// The URL given.
-        url: String,
-        /// Why it is refused.
-        reason: String,
-    },
-    /// An object store operation failed.
-    #[error("output {location}: {source}")]
-    Store {
-        /// The object's location.
-        location: String,
-        /// The store's error.
-        source: object_store::Error,
-    },
-}
+/// Why the output cannot be used (the data layer's [`OutputError`]).
+pub type SinkError = OutputError;
 
 /// An output column beside `id` and `embedding`: its name and type.
 pub type Column = (String, CellType);
@@ -192,22 +135,6 @@ pub struct Rows<'a> {
     pub extra: &'a [Vec<Cell>],
     /// `ids.len() × dim` vector values, row-major.
     pub values: &'a [f32],
-}
-
-/// Batch ids of the part names in `names`.
-fn completed<'a>(names: impl Iterator<Item = &'a str>, format: Format) -> HashSet<u64> {
-    let suffix = format!(".{}", format.extension());
-    names
-        .filter_map(|name| {
-            name.strip_prefix("batch-")
-                .and_then(|s| s.strip_suffix(suffix.as_str()))
-                .and_then(|s| s.parse::<u64>().ok())
-        })
-        .collect()
-}
-
-fn part_name(batch_id: u64, format: Format) -> String {
-    format!("batch-{batch_id:08}.{}", format.extension())
 }
 
 /// The Arrow schema every Parquet part of a job has.
@@ -353,126 +280,13 @@ fn jsonl_part(dim: usize, columns: &[Column], rows: Rows<'_>) -> Vec<u8> {
     out
 }
 
-/// A row that was not embedded, as written to the errors file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RowError {
-    /// The input shard it is in (its name relative to the input).
-    pub shard: String,
-    /// 1-based line (JSONL) or row (Parquet) in the shard.
-    pub line: u64,
-    /// The row's id, when known.
-    pub id: Option<String>,
-    /// Why.
-    pub reason: String,
-}
-
-/// Errors held before the errors file becomes a multipart upload.
-const ERRORS_BUFFER: usize = 1 << 20;
-
-/// The errors file, written as rows are refused: held in memory up to
-/// [`ERRORS_BUFFER`] bytes, then streamed as a multipart upload, so memory
-/// stays bounded however many rows are refused. The file appears whole
-/// when [`ErrorLog::finish`] completes it.
-pub struct ErrorLog<'a> {
-    sink: &'a Sink,
-    at: object_store::path::Path,
-    buffer: Vec<u8>,
-    upload: Option<object_store::WriteMultipart>,
-    rows: u64,
-}
-
-impl ErrorLog<'_> {
-    /// Adds one refused row.
-    pub async fn record(&mut self, error: &RowError) -> Result<(), SinkError> {
-        use object_store::ObjectStoreExt;
-        serde_json::to_writer(&mut self.buffer, error).expect("errors serialize");
-        self.buffer.push(b'\n');
-        self.rows += 1;
-        if self.buffer.len() >= ERRORS_BUFFER {
-            if self.upload.is_none() {
-                let upload = self
-                    .sink
-                    .store
-                    .put_multipart(&self.at)
-                    .await
-                    .map_err(|e| self.sink.fail(&self.at, e))?;
-                self.upload = Some(object_store::WriteMultipart::new(upload));
-            }
-            let upload = self.upload.as_mut().expect("started above");
-            upload
-                .wait_for_capacity(2)
-                .await
-                .map_err(|e| self.sink.fail(&self.at, e))?;
-            upload.write(&self.buffer);
-            self.buffer.clear();
-        }
-        Ok(())
-    }
-
-    /// Rows recorded so far.
-    pub fn rows(&self) -> u64 {
-        self.rows
-    }
-
-    /// Completes the errors file (replacing any earlier one).
-    pub async fn finish(self) -> Result<(), SinkError> {
-        use object_store::ObjectStoreExt;
-        let result = match self.upload {
-            None => self
-                .sink
-                .store
-                .put(&self.at, self.buffer.into())
-                .await
-                .map(|_| ()),
-            Some(mut upload) => {
-                upload.write(&self.buffer);
-                upload.finish().await.map(|_| ())
-            }
-        };
-        result.map_err(|e| self.sink.fail(&self.at, e))
-    }
-}
-
-/// A job's output: an object store (a local folder is one) and a prefix
-/// in it.
+/// A job's output: the data layer's [`Output`], with the job's manifest
+/// and the columns its parts hold.
 #[derive(Debug)]
 pub struct Sink {
-    store: std::sync::Arc<dyn object_store::ObjectStore>,
-    prefix: object_store::path::Path,
-    url: String,
+    output: Output,
     manifest: Manifest,
     columns: Vec<Column>,
-}
-
-/// A local folder as an object store: puts go to a staged file, fsync,
-/// rename. Staged files a killed run left behind (`NAME#N`, invisible to
-/// listings) are removed first.
-fn local_store(root: &Path) -> Result<std::sync::Arc<dyn object_store::ObjectStore>, SinkError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| SinkError::Io { path, source }
-    };
-    let parts = root.join("parts");
-    std::fs::create_dir_all(&parts).map_err(io(&parts))?;
-    for dir in [root, parts.as_path()] {
-        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-            let path = entry.map_err(io(dir))?.path();
-            if path.is_file()
-                && path
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().contains('#'))
-            {
-                std::fs::remove_file(&path).map_err(io(&path))?;
-            }
-        }
-    }
-    let store = object_store::local::LocalFileSystem::new_with_prefix(root)
-        .map_err(|e| SinkError::Io {
-            path: root.to_path_buf(),
-            source: std::io::Error::other(e),
-        })?
-        .with_fsync(true);
-    Ok(std::sync::Arc::new(store))
 }
 
 impl Sink {
@@ -486,110 +300,36 @@ impl Sink {
         manifest: &Manifest,
         columns: Vec<Column>,
     ) -> Result<(Self, HashSet<u64>), SinkError> {
-        use object_store::ObjectStoreExt;
-
-        let (store, prefix) = if super::store::is_url(output) {
-            super::store::open_url(output).map_err(|reason| SinkError::Url {
-                url: output.to_owned(),
-                reason,
-            })?
-        } else {
-            (
-                local_store(Path::new(output))?,
-                object_store::path::Path::default(),
-            )
-        };
+        let (output, done) = Output::open(output, manifest, manifest.format.extension()).await?;
         let sink = Self {
-            store,
-            prefix,
-            url: output.trim_end_matches('/').to_owned(),
+            output,
             manifest: manifest.clone(),
             columns,
         };
-        let at = sink.prefix.clone().join("manifest.json");
-        match sink.store.get(&at).await {
-            Ok(found) => {
-                let bytes = found.bytes().await.map_err(|e| sink.fail(&at, e))?;
-                let found: Manifest =
-                    serde_json::from_slice(&bytes).map_err(|source| SinkError::Manifest {
-                        path: PathBuf::from(sink.location(&at)),
-                        source,
-                    })?;
-                if found != *manifest {
-                    return Err(SinkError::OtherJob {
-                        found: Box::new(found),
-                        expected: Box::new(manifest.clone()),
-                    });
-                }
-            }
-            Err(object_store::Error::NotFound { .. }) => {
-                let json = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
-                sink.store
-                    .put(&at, json.into())
-                    .await
-                    .map_err(|e| sink.fail(&at, e))?;
-            }
-            Err(e) => return Err(sink.fail(&at, e)),
-        }
-        let parts = sink.prefix.clone().join("parts");
-        let listed = sink
-            .store
-            .list_with_delimiter(Some(&parts))
-            .await
-            .map_err(|e| sink.fail(&parts, e))?;
-        let done = completed(
-            listed.objects.iter().filter_map(|o| o.location.filename()),
-            manifest.format,
-        );
         Ok((sink, done))
-    }
-
-    fn location(&self, path: &object_store::path::Path) -> String {
-        format!("{} ({path})", self.url)
-    }
-
-    fn fail(&self, path: &object_store::path::Path, source: object_store::Error) -> SinkError {
-        SinkError::Store {
-            location: self.location(path),
-            source,
-        }
     }
 
     /// Writes a completed batch with one put.
     pub async fn write_batch(&self, batch_id: u64, rows: Rows<'_>) -> Result<(), SinkError> {
-        use object_store::ObjectStoreExt;
-        let at = self
-            .prefix
-            .clone()
-            .join("parts")
-            .join(part_name(batch_id, self.manifest.format));
         let bytes = encode_part(&self.manifest, &self.columns, rows).map_err(|source| {
             SinkError::Encode {
-                location: self.location(&at),
-                source,
+                location: self.output.part_location(batch_id),
+                source: Box::new(source),
             }
         })?;
-        self.store
-            .put(&at, bytes.into())
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(&at, e))
+        self.output.write_part(batch_id, bytes).await
     }
 
     /// Starts this run's errors file.
     pub fn errors(&self) -> ErrorLog<'_> {
-        ErrorLog {
-            sink: self,
-            at: self.prefix.clone().join("errors.jsonl"),
-            buffer: Vec::new(),
-            upload: None,
-            rows: 0,
-        }
+        self.output.errors()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn manifest(job: &str) -> Manifest {
@@ -702,43 +442,6 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["batch-00000003.jsonl"]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// More refused rows than the in-memory buffer holds stream out as a
-    /// multipart upload; every row arrives, in order.
-    #[tokio::test]
-    async fn many_errors_stream_out_in_order() {
-        let dir = scratch("errors");
-        let out = dir.to_string_lossy().into_owned();
-        let (sink, _) = Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
-        let mut log = sink.errors();
-        let n = 30_000u64;
-        for line in 1..=n {
-            log.record(&RowError {
-                shard: "a.jsonl".into(),
-                line,
-                id: Some(format!("id-{line}")),
-                reason: "a reason long enough to pass the buffer".into(),
-            })
-            .await
-            .unwrap();
-        }
-        assert_eq!(log.rows(), n);
-        assert!(log.upload.is_some(), "streamed, not held");
-        log.finish().await.unwrap();
-        let text = std::fs::read_to_string(dir.join("errors.jsonl")).unwrap();
-        let lines: Vec<RowError> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len() as u64, n);
-        assert!(
-            lines
-                .iter()
-                .enumerate()
-                .all(|(i, e)| e.line == i as u64 + 1)
-        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

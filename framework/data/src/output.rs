@@ -1,0 +1,429 @@
+//! A batch job's output, exactly once: a local folder (the default), or
+//! any object store `object_store` reaches by URL (`s3://bucket/prefix`,
+//! `file:///path`, `memory:///`), with the same layout.
+//!
+//! ```text
+//! OUT/manifest.json             what the job is (the application's manifest, written first)
+//! OUT/parts/batch-00000042.EXT  one part per completed batch, encoded by the application
+//! OUT/errors.jsonl              rows not processed: {"shard": …, "line": …, "id": …, "reason": …}
+//! ```
+//!
+//! A part is written with one atomic put (locally: a staged file, fsync,
+//! rename), so it exists whole or not at all; writing the same batch again
+//! replaces it with the same content. The parts present are the completed
+//! batches a resumed job skips. An output that holds another job's
+//! manifest is refused, naming both.
+//!
+//! Object stores are configured from the environment as `object_store`
+//! reads it: for S3, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_REGION`, `AWS_ENDPOINT` (an S3-compatible server) and the other
+//! `AWS_*` settings.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object_store::ObjectStoreExt;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Why the output cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutputError {
+    /// Reading or writing a local folder failed.
+    #[error("output {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The output holds another job's output.
+    #[error("output folder holds {found}; this run is {expected}; use another folder")]
+    OtherJob {
+        /// The job found there, as its manifest describes itself.
+        found: String,
+        /// This run's job.
+        expected: String,
+    },
+    /// The manifest is not a manifest.
+    #[error("malformed manifest {path}: {source}")]
+    Manifest {
+        /// Where it is.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: serde_json::Error,
+    },
+    /// A part could not be encoded.
+    #[error("output {location}: cannot encode the part: {source}")]
+    Encode {
+        /// The part's location.
+        location: String,
+        /// The encoder's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The output URL is not one `object_store` knows.
+    #[error("output {url}: {reason}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// An object store operation failed.
+    #[error("output {location}: {source}")]
+    Store {
+        /// The object's location.
+        location: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+}
+
+/// A row that was not processed, as written to the errors file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RowError {
+    /// The input shard it is in (its name relative to the input).
+    pub shard: String,
+    /// 1-based line (JSONL) or row (Parquet) in the shard.
+    pub line: u64,
+    /// The row's id, when known.
+    pub id: Option<String>,
+    /// Why.
+    pub reason: String,
+}
+
+/// Errors held before the errors file becomes a multipart upload.
+const ERRORS_BUFFER: usize = 1 << 20;
+
+/// The errors file, written as rows are refused: held in memory up to
+/// [`ERRORS_BUFFER`] bytes, then streamed as a multipart upload, so memory
+/// stays bounded however many rows are refused. The file appears whole
+/// when [`ErrorLog::finish`] completes it.
+pub struct ErrorLog<'a> {
+    output: &'a Output,
+    at: object_store::path::Path,
+    buffer: Vec<u8>,
+    upload: Option<object_store::WriteMultipart>,
+    rows: u64,
+}
+
+impl ErrorLog<'_> {
+    /// Adds one refused row.
+    pub async fn record(&mut self, error: &RowError) -> Result<(), OutputError> {
+        serde_json::to_writer(&mut self.buffer, error).expect("errors serialize");
+        self.buffer.push(b'\n');
+        self.rows += 1;
+        if self.buffer.len() >= ERRORS_BUFFER {
+            if self.upload.is_none() {
+                let upload = self
+                    .output
+                    .store
+                    .put_multipart(&self.at)
+                    .await
+                    .map_err(|e| self.output.fail(&self.at, e))?;
+                self.upload = Some(object_store::WriteMultipart::new(upload));
+            }
+            let upload = self.upload.as_mut().expect("started above");
+            upload
+                .wait_for_capacity(2)
+                .await
+                .map_err(|e| self.output.fail(&self.at, e))?;
+            upload.write(&self.buffer);
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+
+    /// Rows recorded so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Completes the errors file (replacing any earlier one).
+    pub async fn finish(self) -> Result<(), OutputError> {
+        let result = match self.upload {
+            None => self
+                .output
+                .store
+                .put(&self.at, self.buffer.into())
+                .await
+                .map(|_| ()),
+            Some(mut upload) => {
+                upload.write(&self.buffer);
+                upload.finish().await.map(|_| ())
+            }
+        };
+        result.map_err(|e| self.output.fail(&self.at, e))
+    }
+}
+
+/// A job's output: an object store (a local folder is one) and a prefix
+/// in it, holding parts of one extension.
+#[derive(Debug)]
+pub struct Output {
+    store: Arc<dyn object_store::ObjectStore>,
+    prefix: object_store::path::Path,
+    url: String,
+    extension: &'static str,
+}
+
+/// A local folder as an object store: puts go to a staged file, fsync,
+/// rename. Staged files a killed run left behind (`NAME#N`, invisible to
+/// listings) are removed first.
+fn local_store(root: &Path) -> Result<Arc<dyn object_store::ObjectStore>, OutputError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| OutputError::Io { path, source }
+    };
+    let parts = root.join("parts");
+    std::fs::create_dir_all(&parts).map_err(io(&parts))?;
+    for dir in [root, parts.as_path()] {
+        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+            let path = entry.map_err(io(dir))?.path();
+            if path.is_file()
+                && path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains('#'))
+            {
+                std::fs::remove_file(&path).map_err(io(&path))?;
+            }
+        }
+    }
+    let store = object_store::local::LocalFileSystem::new_with_prefix(root)
+        .map_err(|e| OutputError::Io {
+            path: root.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?
+        .with_fsync(true);
+    Ok(Arc::new(store))
+}
+
+/// Batch ids of the part names in `names` with `extension`.
+fn completed<'a>(names: impl Iterator<Item = &'a str>, extension: &str) -> HashSet<u64> {
+    let suffix = format!(".{extension}");
+    names
+        .filter_map(|name| {
+            name.strip_prefix("batch-")
+                .and_then(|s| s.strip_suffix(suffix.as_str()))
+                .and_then(|s| s.parse::<u64>().ok())
+        })
+        .collect()
+}
+
+impl Output {
+    /// Opens `output` for the job `manifest` describes, its parts ending in
+    /// `.extension`: a URL (`scheme://…`) names an object store, anything
+    /// else a local folder. Writes the manifest where there is none;
+    /// refuses an output whose manifest is another job's. Returns the ids
+    /// of the batches already completed there.
+    pub async fn open<M>(
+        output: &str,
+        manifest: &M,
+        extension: &'static str,
+    ) -> Result<(Self, HashSet<u64>), OutputError>
+    where
+        M: Serialize + DeserializeOwned + PartialEq + std::fmt::Display,
+    {
+        let (store, prefix) = if flotilla::object_url::is_url(output) {
+            flotilla::object_url::open_url(output).map_err(|reason| OutputError::Url {
+                url: output.to_owned(),
+                reason,
+            })?
+        } else {
+            (
+                local_store(Path::new(output))?,
+                object_store::path::Path::default(),
+            )
+        };
+        let this = Self {
+            store,
+            prefix,
+            url: output.trim_end_matches('/').to_owned(),
+            extension,
+        };
+        let at = this.prefix.clone().join("manifest.json");
+        match this.store.get(&at).await {
+            Ok(found) => {
+                let bytes = found.bytes().await.map_err(|e| this.fail(&at, e))?;
+                let found: M =
+                    serde_json::from_slice(&bytes).map_err(|source| OutputError::Manifest {
+                        path: PathBuf::from(this.location(&at)),
+                        source,
+                    })?;
+                if found != *manifest {
+                    return Err(OutputError::OtherJob {
+                        found: found.to_string(),
+                        expected: manifest.to_string(),
+                    });
+                }
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                let json = serde_json::to_vec_pretty(manifest).map_err(|source| {
+                    OutputError::Manifest {
+                        path: PathBuf::from(this.location(&at)),
+                        source,
+                    }
+                })?;
+                this.store
+                    .put(&at, json.into())
+                    .await
+                    .map_err(|e| this.fail(&at, e))?;
+            }
+            Err(e) => return Err(this.fail(&at, e)),
+        }
+        let parts = this.prefix.clone().join("parts");
+        let listed = this
+            .store
+            .list_with_delimiter(Some(&parts))
+            .await
+            .map_err(|e| this.fail(&parts, e))?;
+        let done = completed(
+            listed.objects.iter().filter_map(|o| o.location.filename()),
+            extension,
+        );
+        Ok((this, done))
+    }
+
+    fn part(&self, batch_id: u64) -> object_store::path::Path {
+        self.prefix
+            .clone()
+            .join("parts")
+            .join(format!("batch-{batch_id:08}.{}", self.extension))
+    }
+
+    fn location(&self, path: &object_store::path::Path) -> String {
+        format!("{} ({path})", self.url)
+    }
+
+    fn fail(&self, path: &object_store::path::Path, source: object_store::Error) -> OutputError {
+        OutputError::Store {
+            location: self.location(path),
+            source,
+        }
+    }
+
+    /// Where the part of `batch_id` goes, for messages.
+    pub fn part_location(&self, batch_id: u64) -> String {
+        self.location(&self.part(batch_id))
+    }
+
+    /// Writes the part of a completed batch with one put.
+    pub async fn write_part(&self, batch_id: u64, bytes: Vec<u8>) -> Result<(), OutputError> {
+        let at = self.part(batch_id);
+        self.store
+            .put(&at, bytes.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(&at, e))
+    }
+
+    /// Starts this run's errors file.
+    pub fn errors(&self) -> ErrorLog<'_> {
+        ErrorLog {
+            output: self,
+            at: self.prefix.clone().join("errors.jsonl"),
+            buffer: Vec::new(),
+            upload: None,
+            rows: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Job {
+        id: String,
+        width: u32,
+    }
+
+    impl std::fmt::Display for Job {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "job {} (width {})", self.id, self.width)
+        }
+    }
+
+    fn job(id: &str) -> Job {
+        Job {
+            id: id.into(),
+            width: 3,
+        }
+    }
+
+    /// Parts written are the batches a reopened output reports done (parts
+    /// of another extension, and files that are not parts, are not); a
+    /// manifest of another job is refused naming both.
+    #[tokio::test]
+    async fn parts_written_are_done_when_reopened_and_another_job_is_refused() {
+        let dir = std::env::temp_dir().join(format!("flotilla-output-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = dir.to_string_lossy().into_owned();
+        let (output, done) = Output::open(&out, &job("a"), "bin").await.unwrap();
+        assert!(done.is_empty());
+        output.write_part(3, b"three".to_vec()).await.unwrap();
+        output.write_part(12, b"twelve".to_vec()).await.unwrap();
+        std::fs::write(dir.join("parts/batch-00000007.txt"), b"x").unwrap();
+        std::fs::write(dir.join("parts/notes"), b"x").unwrap();
+        std::fs::write(dir.join("parts/batch-00000009.bin#1"), b"staged").unwrap();
+        let (_, done) = Output::open(&out, &job("a"), "bin").await.unwrap();
+        assert_eq!(done, HashSet::from([3, 12]));
+        assert!(
+            !dir.join("parts/batch-00000009.bin#1").exists(),
+            "staged leftovers removed"
+        );
+        assert_eq!(
+            std::fs::read(dir.join("parts/batch-00000012.bin")).unwrap(),
+            b"twelve"
+        );
+        let err = Output::open(&out, &job("b"), "bin").await.unwrap_err();
+        assert!(
+            matches!(&err, OutputError::OtherJob { found, expected }
+                if found == "job a (width 3)" && expected == "job b (width 3)"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// More refused rows than the in-memory buffer holds stream out as a
+    /// multipart upload; every row arrives, in order.
+    #[tokio::test]
+    async fn many_errors_stream_out_in_order() {
+        let dir =
+            std::env::temp_dir().join(format!("flotilla-output-errors-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = dir.to_string_lossy().into_owned();
+        let (output, _) = Output::open(&out, &job("a"), "bin").await.unwrap();
+        let mut log = output.errors();
+        let n = 30_000u64;
+        for line in 1..=n {
+            log.record(&RowError {
+                shard: "a.jsonl".into(),
+                line,
+                id: Some(format!("id-{line}")),
+                reason: "a reason long enough to pass the buffer".into(),
+            })
+            .await
+            .unwrap();
+        }
+        assert_eq!(log.rows(), n);
+        assert!(log.upload.is_some(), "streamed, not held");
+        log.finish().await.unwrap();
+        let text = std::fs::read_to_string(dir.join("errors.jsonl")).unwrap();
+        let lines: Vec<RowError> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len() as u64, n);
+        assert!(
+            lines
+                .iter()
+                .enumerate()
+                .all(|(i, e)| e.line == i as u64 + 1)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
