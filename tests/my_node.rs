@@ -84,7 +84,10 @@ fn my_node_runs_a_tree_of_its_own_kind_from_node_toml() {
                 "w1",
                 TEXT_STATS,
                 "stats-w1",
-                &flotilla_examples::text_stats::TextStatsArgs { min_word_len: 0 },
+                &flotilla_examples::text_stats::TextStatsArgs {
+                    min_word_len: 0,
+                    work_ms: 0,
+                },
                 Duration::from_secs(15),
             )
             .await

@@ -37,6 +37,72 @@ impl Drop for Worker {
     }
 }
 
+/// Issues a driver's certificate for `name` in the CA folder `certs`.
+pub fn issue_driver(certs: &Path, name: &str) -> anyhow::Result<()> {
+    flotilla_testkit::ca::issue_role(certs, name, flotilla_proto::role::Role::Driver)?;
+    Ok(())
+}
+
+/// A `my_node` process: the binary `cargo build -p flotilla-examples
+/// --bins` puts beside this example's. Killed with SIGKILL when dropped.
+pub struct MyNode(Child);
+
+impl MyNode {
+    /// Runs `my_node ARGS` (`head …` or `join …`), its log in `log`.
+    pub fn start(args: &[&str], log: &Path) -> anyhow::Result<Self> {
+        let binary = std::env::current_exe()?.with_file_name("my_node");
+        anyhow::ensure!(
+            binary.exists(),
+            "{} is missing: cargo build -p flotilla-examples --bins",
+            binary.display()
+        );
+        let child = Command::new(binary)
+            .args(args)
+            .stderr(std::fs::File::create(log)?)
+            .spawn()?;
+        Ok(Self(child))
+    }
+
+    /// Kills it with SIGKILL, at once.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `my_node` head and a worker for each of `workers`, with the
+/// certificates in `certs` and their logs in `dir`: the head's address and
+/// the processes.
+pub fn my_node_cluster(
+    certs: &Path,
+    dir: &Path,
+    workers: &[&str],
+) -> anyhow::Result<(SocketAddr, MyNode, Vec<MyNode>)> {
+    let (c, addr) = (certs.to_string_lossy().into_owned(), free_addr());
+    let head_addr = addr.to_string();
+    let head = MyNode::start(
+        &[
+            "head", "--name", "head", "--listen", &head_addr, "--certs", &c,
+        ],
+        &dir.join("head.log"),
+    )?;
+    let mut started = Vec::new();
+    for w in workers {
+        let listen = free_addr().to_string();
+        let args = [
+            "join", "--name", w, "--listen", &listen, "--head", &head_addr, "--certs", &c,
+        ];
+        started.push(MyNode::start(&args, &dir.join(format!("{w}.log")))?);
+    }
+    Ok((addr, head, started))
+}
+
+impl Drop for MyNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Worker-mode arguments: `--worker NAME --head ADDR --certs DIR`.
 pub fn worker_args() -> Option<(String, SocketAddr, PathBuf)> {
     let args: Vec<String> = std::env::args().collect();

@@ -5,9 +5,11 @@
 //! `my_node`).
 
 use flotilla::NodeBuilder;
+use flotilla::pipeline::{BatchId, Stage, Verdict};
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
+use flotilla_data::Row;
 
 /// The kind's name.
 pub const TEXT_STATS: &str = "example.text_stats";
@@ -19,6 +21,10 @@ pub struct TextStatsArgs {
     /// Words shorter than this many characters are not counted (0: all).
     #[serde(default)]
     pub min_word_len: u32,
+    /// Milliseconds each request takes at least (a stand-in for a model's
+    /// work; 0: none).
+    #[serde(default)]
+    pub work_ms: u32,
 }
 
 /// Texts to measure.
@@ -70,6 +76,7 @@ pub struct TextStats;
 /// Its state: its arguments and totals.
 pub struct TextStatsState {
     min_word_len: usize,
+    work: std::time::Duration,
     totals: Totals,
 }
 
@@ -99,6 +106,7 @@ impl Actor for TextStats {
     ) -> Result<TextStatsState, ActorProcessingErr> {
         Ok(TextStatsState {
             min_word_len: args.min_word_len as usize,
+            work: std::time::Duration::from_millis(args.work_ms.into()),
             totals: Totals::default(),
         })
     }
@@ -111,6 +119,7 @@ impl Actor for TextStats {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             TextStatsMsg::Measure(Texts(texts), reply) => {
+                tokio::time::sleep(state.work).await;
                 let stats: Vec<TextStat> = texts
                     .iter()
                     .map(|t| measure(t, state.min_word_len))
@@ -124,6 +133,29 @@ impl Actor for TextStats {
             }
         }
         Ok(())
+    }
+}
+
+/// How a batch job sends its rows to [`TextStats`] actors and checks
+/// their answers ([`flotilla_data::job`]).
+pub struct MeasureStage;
+
+impl Stage for MeasureStage {
+    type Msg = TextStatsMsg;
+    type Batch = Vec<Row>;
+    type Reply = Stats;
+    type Output = Vec<TextStat>;
+
+    fn request(&self, _: BatchId, rows: &Vec<Row>, reply: RpcReplyPort<Stats>) -> TextStatsMsg {
+        TextStatsMsg::Measure(Texts(rows.iter().map(|r| r.text.clone()).collect()), reply)
+    }
+
+    fn judge(&self, _: BatchId, rows: &Vec<Row>, Stats(stats): Stats) -> Verdict<Vec<TextStat>> {
+        if stats.len() == rows.len() {
+            Verdict::Done(stats)
+        } else {
+            Verdict::Retry(format!("{} measures for {} texts", stats.len(), rows.len()))
+        }
     }
 }
 

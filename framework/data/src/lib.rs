@@ -20,6 +20,11 @@
 //!   first (another job's refused), one part per completed batch with one
 //!   atomic put, the batches already done for a resumed job to skip, and
 //!   an errors file for the rows refused.
+//! - [`job`]: a batch job over any actor kind — the input cut into batches
+//!   with stable ids, the framework's bounded pipeline over the actors
+//!   (backpressure, least-loaded routing, deadlines, retries, a lost
+//!   member's batches sent elsewhere), one part per batch.
+//! - [`parts`]: Parquet parts of an `id` and the application's columns.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -48,9 +53,12 @@
 //! ```
 
 pub mod input;
+pub mod job;
 pub mod output;
+pub mod parts;
 pub mod source;
 
 pub use input::{Input, InputError};
+pub use job::{BatchJob, BatchJobError, BatchSummary, Row};
 pub use output::{ErrorLog, Output, OutputError, RowError};
 pub use source::{Cell, CellType, Fields, Item, RowAt, Source, SourceError};

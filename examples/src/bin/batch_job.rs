@@ -1,0 +1,134 @@
+//! A batch job over an actor kind of your own (`example.text_stats`):
+//! a JSONL corpus measured by actors in a SPREAD placement group on two
+//! workers, written as Parquet parts, every id exactly once though a worker
+//! is killed with SIGKILL mid-job. The cluster is `my_node` processes, the
+//! stock `node` with the kind registered; this process is the driver.
+//!
+//! ```text
+//! cargo build -p flotilla-examples --bins && cargo run -p flotilla-examples --bin batch_job
+//! ```
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use flotilla::pipeline::PipelineConfig;
+use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+use flotilla::{Node, NodeConfig, Resources};
+use flotilla_data::source::Cell;
+use flotilla_data::{BatchJob, Fields, Row, parts};
+use flotilla_examples::text_stats::{
+    MeasureStage, TEXT_STATS, TextStat, TextStatsArgs, TextStatsMsg,
+};
+use flotilla_examples::{free_addr, init_logs, issue_driver, my_node_cluster, scratch_certs};
+
+const TEXTS: usize = 20_000;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_logs();
+    let certs = scratch_certs("batch-job", &["head", "w1", "w2"])?;
+    issue_driver(&certs, "driver")?;
+    let dir = certs.join("job");
+    std::fs::create_dir_all(&dir)?;
+    let (head, _head, mut workers) = my_node_cluster(&certs, &dir, &["w1", "w2"])?;
+
+    // The driver: a node of its own that offers nothing.
+    let mut config = NodeConfig::new("driver", free_addr(), &certs).join(head);
+    config.resources = Some(Resources::default());
+    let node = Node::builder(config).start().await?;
+    let all_up = |t: &flotilla::Table| t.up().count() == 4;
+    node.wait_members(Duration::from_secs(30), all_up)
+        .await
+        .ok_or_else(|| anyhow::anyhow!("the workers did not join"))?;
+    let spec = GroupSpec::new(Strategy::Spread, vec![bundle(&[("cpu", 1.0)]); 2]);
+    let group = node.create_group(spec).await?;
+    let placed = node.wait_group(&group, Duration::from_secs(30)).await?;
+    let (args, wait) = (
+        TextStatsArgs {
+            min_word_len: 3,
+            work_ms: 20,
+        },
+        Duration::from_secs(15),
+    );
+    let mut actors = Vec::new();
+    for (i, member) in placed.nodes.iter().enumerate() {
+        let name = format!("stats-{i}");
+        let actor =
+            node.spawn_in_group::<TextStatsMsg, _>(&group, i, TEXT_STATS, &name, &args, wait);
+        actors.push((member.clone(), actor.await?));
+    }
+    println!("actors on {:?}", placed.nodes);
+
+    let corpus = dir.join("corpus.jsonl");
+    let lines: Vec<String> = (0..TEXTS)
+        .map(|i| {
+            format!(
+                "{{\"id\": \"t{i}\", \"text\": \"text number {i} says {}\"}}",
+                "word ".repeat(i % 17)
+            )
+        })
+        .collect();
+    std::fs::write(&corpus, lines.join("\n"))?;
+    let out = dir.join("out");
+    let job = BatchJob {
+        input: corpus.to_string_lossy().into_owned(),
+        fields: Fields::new("id", "text"),
+        output: out.to_string_lossy().into_owned(),
+        manifest: serde_json::json!({"job": "text-stats", "min_word_len": 3}).to_string(),
+        extension: "parquet",
+        batch_size: 100,
+        pipeline: PipelineConfig {
+            max_attempts: 10,
+            ..PipelineConfig::for_workers(2, Duration::from_secs(2))
+        },
+    };
+
+    // w1 is killed once 30 parts are written.
+    let parts_dir = out.join("parts");
+    let mut w1 = workers.remove(0);
+    let killer = tokio::spawn(async move {
+        while std::fs::read_dir(&parts_dir).map_or(0, |d| d.count()) < 30 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        w1.kill();
+        println!("w1 killed with SIGKILL");
+    });
+    let encode = |rows: &[Row], stats: Vec<TextStat>| {
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let chars = stats.iter().map(|s| Cell::Int(s.chars.into())).collect();
+        let words = stats.iter().map(|s| Cell::Int(s.words.into())).collect();
+        Ok(parts::parquet_part(
+            &ids,
+            &[("chars", chars), ("words", words)],
+        )?)
+    };
+    let survivor = actors[1].clone();
+    let summary = flotilla_data::job::run(&node, job.clone(), MeasureStage, actors, encode).await?;
+    anyhow::ensure!(killer.is_finished(), "the job ended before w1 was killed");
+    println!("{summary:?}");
+
+    let ids = parts::parquet_ids(&out.join("parts"))?;
+    let unique: HashSet<&String> = ids.iter().collect();
+    anyhow::ensure!(
+        ids.len() == TEXTS && unique.len() == TEXTS,
+        "{} rows, {} ids",
+        ids.len(),
+        unique.len()
+    );
+    println!(
+        "{TEXTS} ids, each exactly once, in {} parts",
+        summary.written
+    );
+    // Run again on the same output: every batch is found done.
+    let again = flotilla_data::job::run(&node, job, MeasureStage, vec![survivor], encode).await?;
+    anyhow::ensure!(
+        again.skipped == summary.written && again.written == 0,
+        "{again:?}"
+    );
+    println!(
+        "run again: {} batches found done, none written",
+        again.skipped
+    );
+    node.shutdown().await;
+    Ok(())
+}
