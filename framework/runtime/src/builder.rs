@@ -126,7 +126,7 @@ pub struct NodeBuilder {
     configurable: HashMap<String, ConfigKind>,
     handle: NodeHandle,
     gpus: crate::gpus::GpuSlots,
-    head_store: Option<Arc<crate::head_store::HeadStore>>,
+    head_store_in: Option<std::path::PathBuf>,
 }
 
 /// The node an actor runs on, for actors that use the node's API (place
@@ -153,7 +153,7 @@ impl Node {
             configurable: HashMap::new(),
             handle: NodeHandle::default(),
             gpus: crate::gpus::GpuSlots::default(),
-            head_store: None,
+            head_store_in: None,
         }
     }
 }
@@ -171,13 +171,16 @@ impl NodeBuilder {
         self.gpus.clone()
     }
 
-    /// On a head, keeps the placement groups in `store` as well: the
-    /// groups it holds are taken back at start (pending ones pending, ready
-    /// ones waiting for their nodes to report them) and every change is
-    /// written before it is answered. Pass the same store to
-    /// [`Node::serve_jobs_in`] for the detached jobs. Ignored on a member.
-    pub fn head_store(mut self, store: Arc<crate::head_store::HeadStore>) -> Self {
-        self.head_store = Some(store);
+    /// On a head, keeps its control state in the store in `dir`
+    /// ([`crate::head_store::FILE`], created where there is none), opened
+    /// at start once the node's certificates are checked and its
+    /// incarnation record is written: the placement groups it holds are
+    /// taken back (pending ones pending, ready ones waiting for their nodes
+    /// to report them) and every change is written before it is answered.
+    /// [`Node::head_store`] hands it to [`Node::serve_jobs_in`] for the
+    /// detached jobs. Ignored on a member.
+    pub fn head_store_in(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.head_store_in = Some(dir.into());
         self
     }
 
@@ -240,11 +243,6 @@ impl NodeBuilder {
                 role,
             });
         }
-        // The groups a head kept, read before anything starts.
-        let stored_groups = match (&self.head_store, config.is_head()) {
-            (Some(store), true) => Some((Arc::clone(store), store.load_groups()?)),
-            _ => None,
-        };
         let member_name = role::member_name(&config.name, role, crate::nonce::nonce());
         let seal_key = certs.derived_key("placement-groups");
         let ca = certs.ca.clone();
@@ -327,6 +325,24 @@ impl NodeBuilder {
                 return Err(e.into());
             }
         };
+        // The head's store and the groups it kept, beside the record.
+        let stored_groups = match (&self.head_store_in, config.is_head()) {
+            (Some(dir), true) => {
+                let opened = crate::head_store::HeadStore::open_in(dir).and_then(|store| {
+                    let groups = store.load_groups()?;
+                    Ok((Arc::new(store), groups))
+                });
+                match opened {
+                    Ok(opened) => Some(opened),
+                    Err(e) => {
+                        node_server.stop(None);
+                        return Err(e.into());
+                    }
+                }
+            }
+            _ => None,
+        };
+        let head_store = stored_groups.as_ref().map(|(store, _)| Arc::clone(store));
         let (store, swept) = Store::open(StoreConfig {
             scope: crate::objects::scope_of(&cookie_digest),
             owner: member_name.clone(),
@@ -455,6 +471,7 @@ impl NodeBuilder {
             outbound,
             tasks: tasks.clone(),
             placement: placement_handle,
+            head_store,
             head_client: HeadClient::new(Arc::clone(&identity), Arc::clone(&pool), config.head),
             ledger,
             jobs: jobs.clone(),

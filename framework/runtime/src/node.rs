@@ -207,6 +207,8 @@ pub enum StopUnavailable {
 /// ```
 pub struct Node {
     pub(crate) configurable: ConfigKinds,
+    /// The head's store, where [`crate::NodeBuilder::head_store_in`] named one.
+    pub(crate) head_store: Option<Arc<crate::head_store::HeadStore>>,
     pub(crate) board: Board,
     pub(crate) pulse: watch::Receiver<u64>,
     pub(crate) identity: Arc<Identity>,
@@ -599,6 +601,12 @@ impl Node {
                 found => return found,
             }
         }
+    }
+
+    /// The head's store of control state, where the node was built with
+    /// [`crate::NodeBuilder::head_store_in`] and is the head.
+    pub fn head_store(&self) -> Option<Arc<crate::head_store::HeadStore>> {
+        self.head_store.clone()
     }
 
     /// Leaves the cluster cleanly (members see this node as `left`; the

@@ -281,22 +281,9 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         tracing::info!(%addr, "serving metrics on /metrics");
     }
     // The head keeps its detached jobs and placement groups in its state
-    // directory, opened before the node starts.
-    let head_store = if settings.config.is_head() {
-        match flotilla::head_store::HeadStore::open_in(settings.config.state_folder()) {
-            Ok(store) => Some(std::sync::Arc::new(store)),
-            Err(e) => {
-                eprintln!("NODE-STORE-001: {e}");
-                return ExitCode::from(2);
-            }
-        }
-    } else {
-        None
-    };
-    let mut builder = extra(Node::builder(settings.config));
-    if let Some(store) = &head_store {
-        builder = builder.head_store(std::sync::Arc::clone(store));
-    }
+    // directory.
+    let state = settings.config.state_folder().to_path_buf();
+    let builder = extra(Node::builder(settings.config)).head_store_in(state);
     let builder = flotilla_embed::job::detached::register(builder, settings.allow);
     let settings_trees = settings.trees;
     let retention = settings.retention;
@@ -336,7 +323,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
     };
     // The head supervises detached jobs, kept on disk across its restarts.
-    let jobs = match node.serve_jobs_in(retention, head_store) {
+    let jobs = match node.serve_jobs_in(retention, node.head_store()) {
         Ok(jobs) => jobs,
         Err(e) => {
             eprintln!("NODE-STORE-001: {e}");
