@@ -166,14 +166,6 @@ async fn join_in_process(s: &Scratch, name: &str, head: std::net::SocketAddr) ->
         .unwrap()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// Clause "delivery: remote call": a typed call between actors on two
 /// workers, spawned by name from a third node, completes. Clause "remote
 /// spawn: ownership": once that node has left, the workers stop them.

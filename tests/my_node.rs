@@ -10,6 +10,14 @@ use flotilla_testkit::cluster::*;
 
 const MY_NODE: &str = env!("CARGO_BIN_EXE_my_node");
 
+/// The driver `d1`, in this process, offering nothing, joined to `head`.
+async fn driver(s: &Scratch, head: std::net::SocketAddr) -> flotilla::Node {
+    s.issue_role("d1", "driver");
+    let mut config = flotilla::NodeConfig::new("d1", free_addr(), s.certs()).join(head);
+    config.resources = Some(flotilla::Resources::default());
+    flotilla::Node::builder(config).start().await.unwrap()
+}
+
 /// A user's own `node` binary: a head started with a `[[supervisor]]`
 /// tree in its `node.toml` naming the example's kind runs the child with
 /// the arguments written there, `status` lists it, and a driver that
@@ -48,16 +56,8 @@ fn my_node_runs_a_tree_of_its_own_kind_from_node_toml() {
     let tree = supervisor_of(&st, "head", "stats").unwrap();
     assert_eq!(tree["children"][0]["id"], "stats-1", "{st}");
 
-    s.issue_role("d1", "driver");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let mut config = flotilla::NodeConfig::new("d1", free_addr(), s.certs()).join(head_addr);
-        config.resources = Some(flotilla::Resources::default());
-        let d1 = flotilla::Node::builder(config).start().await.unwrap();
+    runtime().block_on(async {
+        let d1 = driver(&s, head_addr).await;
         let stats = d1
             .wait_actor::<TextStatsMsg>("stats-1", Duration::from_secs(15))
             .await
@@ -100,6 +100,100 @@ fn my_node_runs_a_tree_of_its_own_kind_from_node_toml() {
         )
         .unwrap();
         assert_eq!(measured, vec![TextStat { chars: 4, words: 2 }]);
+        d1.shutdown().await;
+    });
+}
+
+/// A batch job (`flotilla_data::job::run`) over `my_node` actors: one
+/// actor stopped mid-job leaves the pool and the other completes every
+/// batch, each id exactly once; a job whose only actor has stopped fails
+/// with `NoWorkers` at once rather than wait for it.
+#[test]
+fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() {
+    use flotilla::pipeline::{PipelineConfig, PipelineError};
+    use flotilla_data::{BatchJob, BatchJobError, Fields, parts};
+    use flotilla_examples::text_stats::{MeasureStage, TextStatsArgs};
+
+    let s = Scratch::new("batch-stop", MY_NODE);
+    s.issue("head");
+    let head_addr = free_addr();
+    let _head = s.spawn("head", "head", head_addr, None, &s.certs());
+    s.issue("w1");
+    let _w1 = s.spawn("join", "w1", free_addr(), Some(head_addr), &s.certs());
+    eventually(Duration::from_secs(30), || {
+        s.status(head_addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+    let corpus = s.dir.join("corpus.jsonl");
+    let rows: Vec<String> = (0..3000)
+        .map(|i| format!("{{\"id\": \"r{i}\", \"text\": \"row {i}\"}}"))
+        .collect();
+    std::fs::write(&corpus, rows.join("\n")).unwrap();
+    let job = |out: &str| BatchJob {
+        input: corpus.to_string_lossy().into_owned(),
+        fields: Fields::new("id", "text"),
+        output: s.dir.join(out).to_string_lossy().into_owned(),
+        manifest: "stats".to_owned(),
+        extension: "parquet",
+        batch_size: 50,
+        pipeline: PipelineConfig::for_workers(2, Duration::from_secs(2)),
+    };
+    let encode = |rows: &[flotilla_data::Row], stats: Vec<TextStat>| {
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let words = stats
+            .iter()
+            .map(|s| flotilla_data::source::Cell::Int(s.words.into()))
+            .collect();
+        Ok(parts::parquet_part(&ids, &[("words", words)])?)
+    };
+
+    runtime().block_on(async {
+        let d1 = std::sync::Arc::new(driver(&s, head_addr).await);
+        let args = TextStatsArgs {
+            min_word_len: 0,
+            work_ms: 20,
+        };
+        let mut actors = Vec::new();
+        for name in ["a1", "a2"] {
+            let actor = d1
+                .spawn_on::<TextStatsMsg, _>("w1", TEXT_STATS, name, &args, Duration::from_secs(15))
+                .await
+                .unwrap();
+            actors.push(("w1".to_owned(), actor));
+        }
+        let last = actors[1].clone();
+        let (parts_dir, stopper) = (s.dir.join("out-1/parts"), std::sync::Arc::clone(&d1));
+        let stop = tokio::spawn(async move {
+            while std::fs::read_dir(&parts_dir).map_or(0, |d| d.count()) < 10 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            stopper
+                .stop_on("w1", "a1", Duration::from_secs(5))
+                .await
+                .unwrap();
+        });
+        let summary = flotilla_data::job::run(&d1, job("out-1"), MeasureStage, actors, encode)
+            .await
+            .unwrap();
+        assert!(stop.is_finished(), "a1 was stopped mid-job");
+        assert_eq!((summary.written, summary.rows), (60, 3000));
+        let ids = parts::parquet_ids(&s.dir.join("out-1/parts")).unwrap();
+        let unique: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!((ids.len(), unique.len()), (3000, 3000));
+
+        d1.stop_on("w1", "a2", Duration::from_secs(5))
+            .await
+            .unwrap();
+        let alone = flotilla_data::job::run(&d1, job("out-2"), MeasureStage, vec![last], encode);
+        let failed = tokio::time::timeout(Duration::from_secs(20), alone)
+            .await
+            .expect("a job with no actor left fails, not waits");
+        assert!(
+            matches!(
+                failed,
+                Err(BatchJobError::Pipeline(PipelineError::NoWorkers(_)))
+            ),
+            "{failed:?}"
+        );
         d1.shutdown().await;
     });
 }

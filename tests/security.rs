@@ -17,14 +17,6 @@ use flotilla_testkit::probe::{LENDER, LendRequest, LenderMsg, Lent, NoArgs};
 
 const NODE: &str = env!("CARGO_BIN_EXE_test-node");
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn identity(s: &Scratch, name: &str) -> flotilla_transport::Identity {
     flotilla_transport::Identity::load(&s.certs(), name).unwrap()
 }

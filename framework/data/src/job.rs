@@ -12,8 +12,9 @@
 //!
 //! Backpressure runs end to end: a batch is read only while the pipeline
 //! has credit, so reading stops when the window is full and the output is
-//! the consumer. A member that goes down takes its actors out of the pool
-//! and its batches go to the others at once. Batch ids depend only on the
+//! the consumer. A member that goes down, or an actor that stops, leaves
+//! the pool, and its batches go to the others at once; with no actor left
+//! the job fails ([`PipelineError::NoWorkers`]) rather than wait. Batch ids depend only on the
 //! input and the batch size, so a run started again on the same output
 //! skips the parts already there and writes the others: every row is in
 //! exactly one part.
@@ -22,14 +23,19 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use flotilla::Node;
-use flotilla::pipeline::{BatchId, Event, Pipeline, PipelineConfig, PipelineError, Stage};
-use flotilla::ractor::ActorRef;
+use flotilla::pipeline::{
+    BatchId, Event, Pipeline, PipelineConfig, PipelineError, Stage, WorkerKey,
+};
+use flotilla::ractor::{ActorRef, ActorStatus};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::input::{Input, InputError};
 use crate::output::{Output, OutputError, RowError};
 use crate::source::{Cell, Fields, Item, RowAt, Source, SourceError};
+
+/// How often the actors are looked over for one that stopped.
+const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// One row of a batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,9 +139,12 @@ where
     let mut source = Source::open(Arc::clone(&input), job.fields.clone()).await?;
     let mut errors = output.errors();
     let mut pipeline = Pipeline::new(stage, job.pipeline, node.outbound());
-    for (member, actor) in actors {
-        pipeline.add_worker(&member, actor);
-    }
+    let mut pool: Vec<(WorkerKey, ActorRef<S::Msg>)> = actors
+        .into_iter()
+        .map(|(member, actor)| (pipeline.add_worker(&member, actor.clone()), actor))
+        .collect();
+    // How often the pool is looked over for actors that stopped.
+    let mut look = tokio::time::interval(LOOK_EVERY);
     let mut members = node.watch_members();
     let mut summary = BatchSummary::default();
     let mut next_id = 0u64;
@@ -184,6 +193,16 @@ where
         if exhausted && pipeline.is_idle() {
             break;
         }
+        pool.retain(|(key, actor)| {
+            let stopped = matches!(
+                actor.get_status(),
+                ActorStatus::Stopped | ActorStatus::Stopping
+            );
+            if stopped {
+                pipeline.remove_worker(*key);
+            }
+            !stopped
+        });
         tokio::select! {
             event = pipeline.next() => match event? {
                 Some(Event::Done { id: BatchId(id), batch, output: result, .. }) => {
@@ -211,6 +230,7 @@ where
                 Some(Event::GaveUp { id: BatchId(id), .. }) => return Err(BatchJobError::GaveUp(id)),
                 None => {}
             },
+            _ = look.tick() => {}
             changed = members.changed(), if watching => {
                 if changed.is_err() {
                     // The node is stopping; the pipeline's deadlines still

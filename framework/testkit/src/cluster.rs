@@ -494,3 +494,13 @@ pub fn supervisor_of<'a>(st: &'a Value, node: &str, tree: &str) -> Option<&'a Va
         .iter()
         .find(|s| s["name"] == tree)
 }
+
+/// A two-thread tokio runtime, for tests that run nodes in their own
+/// process beside the `node` processes they start.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
