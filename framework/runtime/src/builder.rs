@@ -177,8 +177,8 @@ impl NodeBuilder {
     /// incarnation record is written: the placement groups it holds are
     /// taken back (pending ones pending, ready ones waiting for their nodes
     /// to report them) and every change is written before it is answered.
-    /// [`Node::head_store`] hands it to [`Node::serve_jobs_in`] for the
-    /// detached jobs. Ignored on a member.
+    /// [`Node::serve_jobs_with`] keeps the detached jobs there too. Ignored
+    /// on a member.
     pub fn head_store_in(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.head_store_in = Some(dir.into());
         self

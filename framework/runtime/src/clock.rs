@@ -14,6 +14,12 @@ pub(crate) fn clock_micros() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// Milliseconds since the Unix epoch on the wall clock (0 for a clock
+/// before it): what times kept across restarts are written in.
+pub(crate) fn clock_millis() -> u64 {
+    clock_micros() / 1000
+}
+
 /// Sleeps until `at` (an instant of [`now`]'s clock), or forever.
 pub(crate) async fn sleep_until(at: Option<std::time::Instant>) {
     match at {

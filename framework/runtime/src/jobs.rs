@@ -29,7 +29,9 @@
 //! starts again, each in a bundle of its own, the jobs that had not (the
 //! nodes stopped their actors when the head's old incarnation went; the
 //! embed job's driver resumes from its manifest); the bundle a job held
-//! before is released as soon as the node holding it reports it.
+//! before is released (the head's placement groups come back from the same
+//! store, so the group is known at once; its node is told when it reports
+//! the bundle).
 //!
 //! Who may do what: drivers, admins and the head submit; a job belongs to
 //! the certificate that submitted it, which (or an admin, or the head) may
@@ -52,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 use futures::future::BoxFuture;
 
 use crate::caller::{Caller, sender_of};
+use crate::clock::clock_millis;
 use crate::head_client::HeadUnavailable;
 use crate::head_store::{HeadStore, HeadStoreError};
 use crate::jobs_slot::ServeJobs;
@@ -76,9 +79,6 @@ const START_WITHIN: Duration = Duration::from_secs(60);
 /// what a restarted job resumes from (its driver reads its manifest), so
 /// it need not cost a durable write every poll.
 const SAVE_PROGRESS_EVERY: Duration = Duration::from_secs(10);
-/// How long a restarted head keeps trying to release the bundle a job held
-/// before (the node holding it may take a while to join again).
-const RELEASE_STALE_WITHIN: Duration = Duration::from_secs(600);
 
 /// A progress question (no content).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,34 +187,26 @@ struct Service {
     retention: Retention,
     /// Where jobs are kept across restarts of the head.
     store: Option<Arc<HeadStore>>,
-    /// Groups that jobs held before the head restarted, to release once
-    /// their nodes report them, until the deadline.
-    stale: Vec<(String, std::time::Instant)>,
 }
 
 impl Node {
     /// Serves detached jobs from this node, the head (`None` elsewhere):
     /// [`Node::submit_job`] from any node, and `node jobs`; ended jobs are
     /// kept as [`Retention::default`] says.
-    pub fn serve_jobs(self: &Arc<Self>) -> Option<Jobs> {
+    pub fn serve_jobs(self: &Arc<Self>) -> Result<Option<Jobs>, HeadStoreError> {
         self.serve_jobs_with(Retention::default())
     }
 
-    /// [`Node::serve_jobs`], keeping ended jobs as `retention` says.
-    pub fn serve_jobs_with(self: &Arc<Self>, retention: Retention) -> Option<Jobs> {
-        self.serve_jobs_in(retention, None)
-            .expect("no store, nothing to read")
-    }
-
-    /// [`Node::serve_jobs_with`], keeping every job in `store` as well:
-    /// the jobs it holds are taken back first (those that ended listed,
-    /// the others started again). A store that cannot be read is an error
-    /// and no job is served.
-    pub fn serve_jobs_in(
+    /// [`Node::serve_jobs`], keeping ended jobs as `retention` says. A head
+    /// built with [`crate::NodeBuilder::head_store_in`] keeps every job in
+    /// that store as well: the jobs it holds are taken back first (those
+    /// that ended listed, the others started again). A store that cannot
+    /// be read is an error and no job is served.
+    pub fn serve_jobs_with(
         self: &Arc<Self>,
         retention: Retention,
-        store: Option<Arc<HeadStore>>,
     ) -> Result<Option<Jobs>, HeadStoreError> {
+        let store = self.head_store.clone();
         if self.placement.is_none() {
             return Ok(None);
         }
@@ -234,7 +226,6 @@ impl Node {
             next: 1,
             retention,
             store,
-            stale: Vec::new(),
         };
         let task = tokio::spawn(service.run(stored, rx, stop.clone()));
         Ok(Some(Jobs { stop, task }))
@@ -325,7 +316,6 @@ impl Service {
                 },
                 _ = poll.tick() => {
                     self.forget_expired(std::time::Instant::now());
-                    self.release_stale().await;
                     self.poll();
                 }
                 () = stop.cancelled() => {
@@ -352,11 +342,8 @@ impl Service {
         };
         e.saved_at = Some(std::time::Instant::now());
         let ended_unix_ms = e.ended_at.map(|at| {
-            let ago = at.elapsed();
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default();
-            now.saturating_sub(ago).as_millis() as u64
+            let ago = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
+            clock_millis().saturating_sub(ago)
         });
         store.put_job(&StoredJob {
             seq: key,
@@ -388,9 +375,7 @@ impl Service {
     /// again in a bundle of their own; the bundles they held before are
     /// released once their nodes report them.
     async fn take_back(&mut self, stored: Vec<StoredJob>) {
-        let now_unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let now_ms = clock_millis();
         for job in stored {
             self.next = self.next.max(job.seq + 1);
             let mut entry = Entry {
@@ -405,7 +390,7 @@ impl Service {
             if entry.record.state.is_end() {
                 let ago = job
                     .ended_unix_ms
-                    .map(|ms| now_unix.saturating_sub(Duration::from_millis(ms)))
+                    .map(|ms| Duration::from_millis(now_ms.saturating_sub(ms)))
                     .unwrap_or_default();
                 let now = std::time::Instant::now();
                 entry.ended_at = Some(now.checked_sub(ago).unwrap_or(now));
@@ -413,8 +398,7 @@ impl Service {
                 continue;
             }
             if let Some(old) = job.group {
-                self.stale
-                    .push((old, std::time::Instant::now() + RELEASE_STALE_WITHIN));
+                self.release_former(&old).await;
             }
             entry.record.exited(true);
             match self.launch(job.seq, &entry.record.id, &entry.spec).await {
@@ -436,32 +420,21 @@ impl Service {
         }
     }
 
-    /// Releases the bundles jobs held before the head restarted, as their
-    /// nodes report them; gives up on one past its deadline.
-    async fn release_stale(&mut self) {
-        if self.stale.is_empty() {
-            return;
-        }
-        let now = std::time::Instant::now();
-        let mut kept = Vec::new();
-        for (group, deadline) in std::mem::take(&mut self.stale) {
-            match self.node.remove_group(&group).await {
-                Ok(true) => {
-                    tracing::info!(%group, "released the bundle a job held before the head's restart")
-                }
-                Ok(false) if now < deadline => kept.push((group, deadline)),
-                Ok(false) => {
-                    tracing::warn!(%group, "no node reported the bundle a job held before the head's restart")
-                }
-                Err(e) => {
-                    tracing::warn!(%group, error = %e, "cannot release a job's former bundle yet");
-                    if now < deadline {
-                        kept.push((group, deadline));
-                    }
-                }
+    /// Releases the bundle a job held before the head restarted (its group
+    /// came back from the store; the node holding the bundle is told when
+    /// it reports it).
+    async fn release_former(&self, group: &str) {
+        match self.node.remove_group(group).await {
+            Ok(true) => {
+                tracing::info!(%group, "released the bundle a job held before the head's restart")
+            }
+            Ok(false) => {
+                tracing::warn!(%group, "the group a job held before the head's restart is not known")
+            }
+            Err(e) => {
+                tracing::warn!(%group, error = %e, "cannot release the bundle a job held before the head's restart")
             }
         }
-        self.stale = kept;
     }
 
     async fn view(&self, e: &Entry) -> JobView {

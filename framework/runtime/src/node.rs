@@ -603,12 +603,6 @@ impl Node {
         }
     }
 
-    /// The head's store of control state, where the node was built with
-    /// [`crate::NodeBuilder::head_store_in`] and is the head.
-    pub fn head_store(&self) -> Option<Arc<crate::head_store::HeadStore>> {
-        self.head_store.clone()
-    }
-
     /// Leaves the cluster cleanly (members see this node as `left`; the
     /// head's acknowledgement is awaited, within two seconds), ends every
     /// task of the node, closes every connection and stops the actor

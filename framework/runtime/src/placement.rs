@@ -45,7 +45,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::caller::{Caller, sender_of};
-use crate::clock::{now, sleep_until};
+use crate::clock::{clock_millis, now, sleep_until};
 use crate::head_store::HeadStore;
 use crate::identity::Identity;
 use crate::pool::Pool;
@@ -170,13 +170,6 @@ pub(crate) struct PlacementService {
     store: Option<Arc<HeadStore>>,
 }
 
-/// Milliseconds since the Unix epoch.
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 impl PlacementService {
     /// The service of the head `identity`, and a handle on it; with a
     /// store, the groups it held (read from it) are taken back.
@@ -196,7 +189,7 @@ impl PlacementService {
             Some((store, groups)) => (Some(store), groups),
             None => (None, Vec::new()),
         };
-        let (at, wall) = (now(), unix_ms());
+        let (at, wall) = (now(), clock_millis());
         for g in stored {
             let id = g.id.clone();
             let remaining = Duration::from_millis(g.deadline_unix_ms.saturating_sub(wall));
@@ -343,7 +336,7 @@ impl PlacementService {
                     }
                     Some(c) => (c.member.clone(), c.incarnation),
                 };
-                let deadline = unix_ms().saturating_add(spec.timeout_ms);
+                let deadline = clock_millis().saturating_add(spec.timeout_ms);
                 match self.groups.create(now(), spec, Some(owner)) {
                     Ok(id) => match self.record(&id, deadline) {
                         Ok(()) => PlacementReply::Created(id),

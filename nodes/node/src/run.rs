@@ -323,7 +323,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
     };
     // The head supervises detached jobs, kept on disk across its restarts.
-    let jobs = match node.serve_jobs_in(retention, node.head_store()) {
+    let jobs = match node.serve_jobs_with(retention) {
         Ok(jobs) => jobs,
         Err(e) => {
             eprintln!("NODE-STORE-001: {e}");
