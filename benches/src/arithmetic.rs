@@ -129,6 +129,14 @@ mod x86 {
     }
 }
 
+/// One thread's FMA peak at each width this CPU has, widest first.
+pub fn fma_peaks() -> Vec<(VectorWidth, f64)> {
+    [VectorWidth::Avx512, VectorWidth::Avx2]
+        .into_iter()
+        .filter_map(|w| fma_peak_gmacs(w).map(|p| (w, p)))
+        .collect()
+}
+
 /// The encoder's multiply-accumulates per text over `texts`, run as the
 /// rivals run them: sorted by token length, cut into batches of `batch`,
 /// each padded to its longest text. Counted: the dense layers of every

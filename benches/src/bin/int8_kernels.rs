@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Tensor, TensorData};
 use clap::Parser;
-use flotilla_benches::arithmetic::{VectorWidth, fma_peak_gmacs};
+use flotilla_benches::arithmetic::fma_peaks;
 use flotilla_embed::int8_gemm::{Int8Matrix, Int8Rows, Kernel, matmul_with};
 
 #[derive(Parser)]
@@ -66,10 +66,7 @@ fn main() -> anyhow::Result<()> {
         args.rows,
         Kernel::detect()
     );
-    let peaks: Vec<(VectorWidth, f64)> = [VectorWidth::Avx512, VectorWidth::Avx2]
-        .into_iter()
-        .filter_map(|w| fma_peak_gmacs(w).map(|p| (w, p)))
-        .collect();
+    let peaks = fma_peaks();
     for (width, rate) in &peaks {
         println!("f32 FMA peak, {width}: {rate:.1} GMAC/s");
     }

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
-use flotilla_benches::arithmetic::{VectorWidth, fma_peak_gmacs, macs_per_text};
+use flotilla_benches::arithmetic::{fma_peaks, macs_per_text};
 use flotilla_benches::{JobRun, run_rival, time_job, write_jsonl};
 use flotilla_embed::Precision;
 use flotilla_embed::job::JobConfig;
@@ -140,10 +140,7 @@ async fn main() -> anyhow::Result<()> {
     let folder = flotilla_embed::ModelFolder::open(&args.corpus.model)?;
     let texts: Vec<&str> = rows.iter().map(|(_, t)| t.as_str()).collect();
     let macs = macs_per_text(&folder, &texts, args.ort_batch)?;
-    let peaks: Vec<(VectorWidth, f64)> = [VectorWidth::Avx512, VectorWidth::Avx2]
-        .into_iter()
-        .filter_map(|w| fma_peak_gmacs(w).map(|p| (w, p)))
-        .collect();
+    let peaks = fma_peaks();
     let peak = peaks.first().map_or(f64::NAN, |p| p.1);
     println!(
         "arithmetic: {:.1} M multiply-accumulates a text (sorted batches of {}); one thread's f32 FMA peak: {}\n",

@@ -134,7 +134,13 @@ where
         return Err(BatchJobError::Setting("no actor to run the batches".into()));
     }
     let input = Arc::new(Input::resolve(&job.input).await?);
-    let shards: Vec<String> = input.shards.iter().map(|s| s.name.clone()).collect();
+    let shard_of = |at: RowAt| {
+        input
+            .shards
+            .get(at.shard as usize)
+            .map(|s| s.name.clone())
+            .unwrap_or_default()
+    };
     let (output, done) = Output::open(&job.output, &job.manifest, job.extension).await?;
     let mut source = Source::open(Arc::clone(&input), job.fields.clone()).await?;
     let mut errors = output.errors();
@@ -150,7 +156,6 @@ where
     let mut next_id = 0u64;
     let mut batch = Vec::with_capacity(job.batch_size);
     let mut exhausted = false;
-    let mut lost: HashSet<String> = HashSet::new();
     let mut watching = true;
     loop {
         // Read while the window has room.
@@ -168,10 +173,9 @@ where
                     extra,
                 }),
                 Some(Item::Invalid { at, id, reason }) => {
-                    let shard = shards.get(at.shard as usize).cloned().unwrap_or_default();
                     errors
                         .record(&RowError {
-                            shard,
+                            shard: shard_of(at),
                             line: at.line,
                             id,
                             reason,
@@ -216,10 +220,9 @@ where
                 }
                 Some(Event::Rejected { batch, reason, .. }) => {
                     for row in batch {
-                        let shard = shards.get(row.at.shard as usize).cloned().unwrap_or_default();
                         errors
                             .record(&RowError {
-                                shard,
+                                shard: shard_of(row.at),
                                 line: row.at.line,
                                 id: Some(row.id),
                                 reason: reason.clone(),
@@ -240,14 +243,15 @@ where
                 }
                 let table = members.borrow_and_update().clone();
                 let up: HashSet<&str> = table.up().map(|m| m.name.as_str()).collect();
+                // A node's workers leave the pipeline with it, so it is
+                // removed once.
                 let gone: Vec<String> = pipeline
                     .nodes()
-                    .filter(|n| !up.contains(n) && !lost.contains(*n))
+                    .filter(|n| !up.contains(n))
                     .map(str::to_owned)
                     .collect();
                 for n in gone {
                     pipeline.remove_node(&n);
-                    lost.insert(n);
                 }
             }
         }

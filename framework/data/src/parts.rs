@@ -11,65 +11,47 @@ use parquet::errors::ParquetError;
 
 use crate::source::Cell;
 
+/// The values `pick` takes from `cells`, as an Arrow array (null where it
+/// takes none).
+fn array<'a, T, A>(cells: &'a [Cell], pick: impl Fn(&'a Cell) -> Option<T>) -> ArrayRef
+where
+    A: FromIterator<Option<T>> + arrow_array::Array + 'static,
+{
+    Arc::new(cells.iter().map(pick).collect::<A>())
+}
+
 /// The Arrow type of a column of `cells`: that of its first value
 /// (text where every cell is null). A cell of another type is written as
 /// null.
 fn column(cells: &[Cell]) -> (DataType, ArrayRef) {
-    let first = cells.iter().find(|c| !matches!(c, Cell::Null));
-    match first {
+    match cells.iter().find(|c| !matches!(c, Cell::Null)) {
         Some(Cell::Int(_)) => (
             DataType::Int64,
-            Arc::new(
-                cells
-                    .iter()
-                    .map(|c| if let Cell::Int(v) = c { Some(*v) } else { None })
-                    .collect::<Int64Array>(),
-            ),
+            array::<_, Int64Array>(cells, |c| match c {
+                Cell::Int(v) => Some(*v),
+                _ => None,
+            }),
         ),
         Some(Cell::Float(_)) => (
             DataType::Float64,
-            Arc::new(
-                cells
-                    .iter()
-                    .map(|c| {
-                        if let Cell::Float(v) = c {
-                            Some(*v)
-                        } else {
-                            None
-                        }
-                    })
-                    .collect::<Float64Array>(),
-            ),
+            array::<_, Float64Array>(cells, |c| match c {
+                Cell::Float(v) => Some(*v),
+                _ => None,
+            }),
         ),
         Some(Cell::Bool(_)) => (
             DataType::Boolean,
-            Arc::new(
-                cells
-                    .iter()
-                    .map(|c| {
-                        if let Cell::Bool(v) = c {
-                            Some(*v)
-                        } else {
-                            None
-                        }
-                    })
-                    .collect::<BooleanArray>(),
-            ),
+            array::<_, BooleanArray>(cells, |c| match c {
+                Cell::Bool(v) => Some(*v),
+                _ => None,
+            }),
         ),
         _ => (
             DataType::Utf8,
-            Arc::new(
-                cells
-                    .iter()
-                    .map(|c| {
-                        if let Cell::Str(v) = c {
-                            Some(v.as_str())
-                        } else {
-                            None
-                        }
-                    })
-                    .collect::<StringArray>(),
-            ),
+            array::<_, StringArray>(cells, |c| match c {
+                Cell::Str(v) => Some(v.as_str()),
+                _ => None,
+            }),
         ),
     }
 }
