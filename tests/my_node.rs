@@ -111,7 +111,7 @@ fn my_node_runs_a_tree_of_its_own_kind_from_node_toml() {
 #[test]
 fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() {
     use flotilla::pipeline::{PipelineConfig, PipelineError};
-    use flotilla_data::{BatchJob, BatchJobError, Fields, parts};
+    use flotilla_data::{BatchJob, BatchJobError, Batching, Encode, Fields, Links, Pool, parts};
     use flotilla_examples::text_stats::{MeasureStage, TextStatsArgs};
 
     let s = Scratch::new("batch-stop", MY_NODE);
@@ -134,8 +134,9 @@ fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() 
         output: s.dir.join(out).to_string_lossy().into_owned(),
         manifest: "stats".to_owned(),
         extension: "parquet",
-        batch_size: 50,
+        batching: Batching::rows(50),
         pipeline: PipelineConfig::for_workers(2, Duration::from_secs(2)),
+        progress: Default::default(),
     };
     let encode = |rows: &[flotilla_data::Row], stats: Vec<TextStat>| {
         let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
@@ -171,9 +172,11 @@ fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() 
                 .await
                 .unwrap();
         });
-        let summary = flotilla_data::job::run(&d1, job("out-1"), MeasureStage, actors, encode)
-            .await
-            .unwrap();
+        let (links, pool) = (Links::of(&d1), Pool::new(actors));
+        let summary =
+            flotilla_data::job::run(links, job("out-1"), MeasureStage, pool, Encode(encode))
+                .await
+                .unwrap();
         assert!(stop.is_finished(), "a1 was stopped mid-job");
         assert_eq!((summary.written, summary.rows), (60, 3000));
         let ids = parts::parquet_ids(&s.dir.join("out-1/parts")).unwrap();
@@ -183,14 +186,16 @@ fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() 
         d1.stop_on("w1", "a2", Duration::from_secs(5))
             .await
             .unwrap();
-        let alone = flotilla_data::job::run(&d1, job("out-2"), MeasureStage, vec![last], encode);
+        let (links, pool) = (Links::of(&d1), Pool::new(vec![last]));
+        let alone =
+            flotilla_data::job::run(links, job("out-2"), MeasureStage, pool, Encode(encode));
         let failed = tokio::time::timeout(Duration::from_secs(20), alone)
             .await
             .expect("a job with no actor left fails, not waits");
         assert!(
             matches!(
                 failed,
-                Err(BatchJobError::Pipeline(PipelineError::NoWorkers(_)))
+                Err(BatchJobError::NoWorkers(PipelineError::NoWorkers(_)))
             ),
             "{failed:?}"
         );

@@ -15,7 +15,7 @@ use flotilla::pipeline::PipelineConfig;
 use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
 use flotilla::{Node, NodeConfig, Resources};
 use flotilla_data::source::Cell;
-use flotilla_data::{BatchJob, Fields, Row, parts};
+use flotilla_data::{BatchJob, Batching, Encode, Fields, Links, Pool, Row, parts};
 use flotilla_examples::text_stats::{
     MeasureStage, TEXT_STATS, TextStat, TextStatsArgs, TextStatsMsg,
 };
@@ -76,11 +76,12 @@ async fn main() -> anyhow::Result<()> {
         output: out.to_string_lossy().into_owned(),
         manifest: serde_json::json!({"job": "text-stats", "min_word_len": 3}).to_string(),
         extension: "parquet",
-        batch_size: 100,
+        batching: Batching::rows(100),
         pipeline: PipelineConfig {
             max_attempts: 10,
             ..PipelineConfig::for_workers(2, Duration::from_secs(2))
         },
+        progress: Default::default(),
     };
 
     // w1 is killed once 30 parts are written.
@@ -103,7 +104,9 @@ async fn main() -> anyhow::Result<()> {
         )?)
     };
     let survivor = actors[1].clone();
-    let summary = flotilla_data::job::run(&node, job.clone(), MeasureStage, actors, encode).await?;
+    let (links, pool) = (Links::of(&node), Pool::new(actors));
+    let summary = flotilla_data::job::run(links, job.clone(), MeasureStage, pool, Encode(encode));
+    let summary = summary.await?;
     anyhow::ensure!(killer.is_finished(), "the job ended before w1 was killed");
     println!("{summary:?}");
 
@@ -120,7 +123,9 @@ async fn main() -> anyhow::Result<()> {
         summary.written
     );
     // Run again on the same output: every batch is found done.
-    let again = flotilla_data::job::run(&node, job, MeasureStage, vec![survivor], encode).await?;
+    let pool = Pool::new(vec![survivor]);
+    let again = flotilla_data::job::run(Links::of(&node), job, MeasureStage, pool, Encode(encode));
+    let again = again.await?;
     anyhow::ensure!(
         again.skipped == summary.written && again.written == 0,
         "{again:?}"

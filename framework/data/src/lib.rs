@@ -59,6 +59,9 @@ pub mod parts;
 pub mod source;
 
 pub use input::{Input, InputError};
-pub use job::{BatchJob, BatchJobError, BatchSummary, Row};
+pub use job::{
+    BatchJob, BatchJobError, BatchSummary, Batching, Encode, Links, PartError, PartOf, Parts, Pool,
+    ProgressConfig, Row,
+};
 pub use output::{ErrorLog, Output, OutputError, RowError};
 pub use source::{Cell, CellType, Fields, Item, RowAt, Source, SourceError};

@@ -65,6 +65,43 @@ impl std::str::FromStr for Strategy {
     }
 }
 
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `NAME=AMOUNT`, the amount a number.
+pub fn parse_amount(s: &str) -> Result<(String, f64), String> {
+    let (name, amount) = s
+        .split_once('=')
+        .ok_or_else(|| format!("resource {s:?} is not NAME=AMOUNT"))?;
+    let amount: f64 = amount
+        .trim()
+        .parse()
+        .map_err(|_| format!("resource {s:?}: {amount:?} is not a number"))?;
+    Ok((name.trim().to_owned(), amount))
+}
+
+/// What a bundle asks for, as `NAME=AMOUNT[,NAME=AMOUNT…]`: at least one
+/// resource, amounts finite and not negative.
+pub fn parse_bundle(s: &str) -> Result<Resources, String> {
+    let mut out = Resources::new();
+    for pair in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (name, amount) = parse_amount(pair)?;
+        if !amount.is_finite() || amount < 0.0 {
+            return Err(format!(
+                "resource {pair:?}: amounts are finite and not negative"
+            ));
+        }
+        out.insert(name, amount);
+    }
+    if out.is_empty() {
+        return Err("no resource given".into());
+    }
+    Ok(out)
+}
+
 /// A node as the solver sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {

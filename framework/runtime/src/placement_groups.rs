@@ -23,7 +23,7 @@ use ractor::{ActorRef, Message};
 
 pub use flotilla_proto::groups::NodeAccount;
 pub use flotilla_proto::groups::{GroupSpec, GroupState, GroupView, bundle};
-pub use flotilla_proto::placement::{Resources, Strategy};
+pub use flotilla_proto::placement::{Resources, Strategy, parse_amount, parse_bundle};
 
 pub use crate::head_client::HeadUnavailable;
 use crate::node::{Node, SpawnError};

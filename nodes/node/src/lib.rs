@@ -155,97 +155,13 @@ pub enum JobsOp {
     },
 }
 
-/// Flags of `node embed`.
+/// Flags of `node embed`: the job's settings, and how this run reaches
+/// a cluster.
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
-    /// Input: a file, a folder or a glob of JSONL (`.jsonl`, `.jsonl.gz`,
-    /// `.jsonl.zst`; one object per line) or Parquet (`.parquet`) shards,
-    /// local or an object store URL (`s3://bucket/corpus/`, `file:///…`).
-    /// Quote a glob so the shell leaves it alone.
-    #[arg(long)]
-    pub input: String,
-    /// Output: a local folder or an object store URL (parts, manifest,
-    /// errors file).
-    #[arg(long)]
-    pub output: String,
-    /// Format of the output parts.
-    #[arg(long, value_enum, default_value_t = PartFormat::Parquet)]
-    pub format: PartFormat,
-    /// Model folder (Hugging Face layout).
-    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
-    pub model: PathBuf,
-    /// Rows per batch.
-    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_BATCH_SIZE)]
-    pub batch_size: usize,
-    /// Batches in flight at most (default: 2 per actor on a CPU, 4 per
-    /// actor on a GPU).
-    #[arg(long)]
-    pub max_in_flight: Option<usize>,
-    /// Rows read ahead and sorted by length before batches are cut from
-    /// them, so batches carry little padding (0: batches in input order,
-    /// as outputs written before windows; batch ids depend on it).
-    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_SORT_WINDOW)]
-    pub sort_window: usize,
-    /// Estimated tokens per batch at most, padding included (rows × the
-    /// longest row's 2 + bytes/4): long texts go in smaller batches.
-    #[arg(long)]
-    pub max_batch_tokens: Option<usize>,
-    /// Embedding actors per node, one model and one core each (default:
-    /// one per GPU where they run on GPUs, else the CPUs; on a cluster,
-    /// one per GPU a worker reports, else its CPUs).
-    #[arg(long)]
-    pub actors_per_node: Option<usize>,
-    /// What the embedding actors run on: `auto` (each actor one GPU of its
-    /// node where the node has GPUs and the binary was built with the
-    /// `cuda` feature, else the CPU, saying why), `cpu`, or `cuda` (a GPU,
-    /// or the job fails).
-    #[arg(long, default_value = "auto")]
-    pub device: flotilla_embed::DeviceChoice,
-    /// Number type of the model's dense layers: f32, f16 or bf16 (and
-    /// attention in it too), or int8 on the CPU (quantized matrix
-    /// products, vectors within cosine 0.99 of f32's, faster). Embeddings,
-    /// layer norms and pooling stay f32.
-    #[arg(long, default_value = "f32")]
-    pub precision: flotilla_embed::Precision,
-    /// Text put before every input text, as sentence-transformers'
-    /// `prompt` (e5 models: "query: " or "passage: "). Default: the
-    /// model folder's default prompt, if it names one.
-    #[arg(long, conflicts_with = "prompt_name")]
-    pub prompt: Option<String>,
-    /// One of the model folder's named prompts
-    /// (config_sentence_transformers.json), e.g. `query`.
-    #[arg(long)]
-    pub prompt_name: Option<String>,
-    /// Keep the first N dimensions of every vector, renormalised
-    /// (Matryoshka models); at most the model's width.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub dim: Option<u32>,
-    /// Texts per forward pass on the CPU, after sorting a batch by length;
-    /// 0: a batch is one forward pass, tokenized while the one before runs
-    /// (what actors on GPUs always do).
-    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_MICRO_BATCH)]
-    pub micro_batch: usize,
-    /// Embedding actors in all (default: locally the CPUs; on a cluster
-    /// one per GPU of every worker with GPUs, else one per CPU, or
-    /// --actors-per-node on each worker).
-    #[arg(long)]
-    pub actors: Option<usize>,
-    /// What each actor's placement-group bundle reserves on a cluster, as
-    /// NAME=AMOUNT[,NAME=AMOUNT…] (default `cpu=1`, or `gpu=1` when every
-    /// worker has GPUs).
-    #[arg(long, value_parser = parse_bundle)]
-    pub actor_resources: Option<flotilla::placement_groups::Resources>,
-    /// How the actors' bundles are spread over the workers: pack, spread,
-    /// strict-pack or strict-spread.
-    #[arg(long, default_value = "spread")]
-    pub placement: flotilla::placement_groups::Strategy,
-    /// How long the actors' placement group may wait for resources before
-    /// the job fails, naming what is short where.
-    #[arg(long, default_value_t = 30)]
-    pub placement_timeout_s: u64,
-    /// Bytes of batches in flight at most, in MiB.
-    #[arg(long, default_value_t = flotilla_embed::job::DEFAULT_MEMORY_BUDGET >> 20)]
-    pub memory_budget_mb: usize,
+    /// The job's settings.
+    #[command(flatten)]
+    pub job: flotilla_embed::job::JobConfig,
     /// Run on the cluster whose head listens here (the driver joins it and
     /// spawns embedding actors on every worker).
     #[arg(long)]
@@ -278,36 +194,6 @@ pub struct EmbedArgs {
     /// sees, or object-store URLs.
     #[arg(long, requires = "head")]
     pub detach: bool,
-    /// Job id (default: from the input's content, batch size and model).
-    #[arg(long)]
-    pub job_id: Option<String>,
-    /// Input field with the id.
-    #[arg(long, default_value = "id")]
-    pub id_column: String,
-    /// Input field with the text.
-    #[arg(long, default_value = "text")]
-    pub text_column: String,
-    /// Input fields to keep in the output beside `id` and `embedding`
-    /// (comma-separated; the text column may be one).
-    #[arg(long, value_delimiter = ',')]
-    pub output_columns: Vec<String>,
-    /// Restarts allowed per embedding actor within --restart-window-s (a
-    /// panicking actor is restarted with its model reloaded, after a wait
-    /// from 100 ms doubling to 10 s); one more and the job stops.
-    #[arg(long, default_value_t = 5)]
-    pub max_restarts: u32,
-    /// The window of --max-restarts, in seconds.
-    #[arg(long, default_value_t = 60)]
-    pub restart_window_s: u64,
-}
-
-/// `--format` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PartFormat {
-    /// Apache Parquet: id (string), embedding (fixed-size list of f32).
-    Parquet,
-    /// JSON lines: {"id": …, "embedding": […]}.
-    Jsonl,
 }
 
 impl EmbedArgs {
@@ -315,33 +201,6 @@ impl EmbedArgs {
     pub fn job(self) -> flotilla_embed::job::JobConfig {
         use std::io::IsTerminal;
         flotilla_embed::job::JobConfig {
-            input: self.input,
-            output: self.output,
-            format: match self.format {
-                PartFormat::Parquet => flotilla_embed::job::Format::Parquet,
-                PartFormat::Jsonl => flotilla_embed::job::Format::Jsonl,
-            },
-            model: self.model,
-            id_field: self.id_column,
-            text_field: self.text_column,
-            output_columns: self.output_columns,
-            batch_size: self.batch_size,
-            sort_window: self.sort_window,
-            max_batch_tokens: self.max_batch_tokens,
-            actors_per_node: self.actors_per_node,
-            device: self.device,
-            precision: self.precision,
-            prompt: self.prompt,
-            prompt_name: self.prompt_name,
-            dim: self.dim.map(|d| d as usize),
-            micro_batch: self.micro_batch,
-            actors: self.actors,
-            actor_resources: self.actor_resources,
-            placement: self.placement,
-            placement_timeout: std::time::Duration::from_secs(self.placement_timeout_s),
-            max_in_flight: self.max_in_flight,
-            memory_budget: self.memory_budget_mb << 20,
-            job_id: self.job_id,
             cluster: self.head.map(|head| flotilla_embed::job::ClusterConfig {
                 head,
                 certs: self.certs,
@@ -351,13 +210,7 @@ impl EmbedArgs {
                 object_store_bytes: self.object_store_mb.map(|mb| mb << 20),
             }),
             progress_bar: !self.no_progress_bar && std::io::stderr().is_terminal(),
-            restart_limit: flotilla::supervisor::Intensity {
-                max_restarts: self.max_restarts,
-                within: std::time::Duration::from_secs(self.restart_window_s.max(1)),
-            },
-            progress_to: None,
-            group_to: None,
-            zeros: false,
+            ..self.job
         }
     }
 }
@@ -526,24 +379,6 @@ pub struct NodeArgs {
     pub model: Option<PathBuf>,
 }
 
-/// A bundle's resources from `NAME=AMOUNT[,NAME=AMOUNT…]`.
-fn parse_bundle(s: &str) -> Result<flotilla::placement_groups::Resources, String> {
-    let mut out = flotilla::placement_groups::Resources::new();
-    for pair in s.split(',').filter(|p| !p.trim().is_empty()) {
-        let (name, amount) = name_amount(pair)?;
-        if !amount.is_finite() || amount < 0.0 {
-            return Err(format!(
-                "resource {pair:?}: amounts are finite and not negative"
-            ));
-        }
-        out.insert(name, amount);
-    }
-    if out.is_empty() {
-        return Err("no resource given".into());
-    }
-    Ok(out)
-}
-
 /// Flags of `node status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -566,22 +401,10 @@ pub struct StatusArgs {
     pub no_supervisors: bool,
 }
 
-/// `NAME=AMOUNT`, the amount a number.
-fn name_amount(s: &str) -> Result<(String, f64), String> {
-    let (name, amount) = s
-        .split_once('=')
-        .ok_or_else(|| format!("resource {s:?} is not NAME=AMOUNT"))?;
-    let amount: f64 = amount
-        .trim()
-        .parse()
-        .map_err(|_| format!("resource {s:?}: {amount:?} is not a number"))?;
-    Ok((name.trim().to_owned(), amount))
-}
-
 /// A node's resource declaration: checked as a node declares it (`cpu`
 /// and `gpu` whole; a bundle may ask for fractions of them).
 fn parse_resource(s: &str) -> Result<(String, f64), String> {
-    let (name, amount) = name_amount(s)?;
+    let (name, amount) = flotilla::placement_groups::parse_amount(s)?;
     let mut check = flotilla::Resources::default();
     check.declare(&name, amount).map_err(|e| e.to_string())?;
     Ok((name, amount))

@@ -131,9 +131,8 @@ async fn run_on(
         config,
         started,
         &workers,
-        node.outbound(),
+        flotilla_data::job::Links::of(node),
         Some(node.objects()),
-        Some(node.watch_members()),
         Some(events),
     )
     .await;
@@ -284,7 +283,7 @@ fn group_spec(config: &JobConfig, workers: &[MemberView]) -> GroupSpec {
             bundle(&[("cpu", share)])
         }
     });
-    GroupSpec::new(config.placement, vec![one; count]).with_timeout(config.placement_timeout)
+    GroupSpec::new(config.placement, vec![one; count]).with_timeout(config.placement_timeout())
 }
 
 /// Places the job's actors with a placement group, spawns one in each
@@ -306,7 +305,7 @@ async fn start_workers(
     if let Some(to) = &config.group_to {
         let _ = to.send(group.clone());
     }
-    let wait = config.placement_timeout + Duration::from_secs(5);
+    let wait = config.placement_timeout() + Duration::from_secs(5);
     let view = match node.wait_group(&group, wait).await {
         Ok(v) => v,
         Err(e) => {

@@ -1,7 +1,11 @@
-//! What a job is told: its input, output, model and limits.
+//! What a job is told: its input, output, model and limits, defined once
+//! for the command line, Rust programs and detached jobs.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::sink::Format;
 
@@ -27,89 +31,145 @@ pub struct SettingError {
     pub rule: &'static str,
 }
 
-/// Settings of an embed job.
-#[derive(Debug, Clone)]
+/// Settings of an embed job, defined once: the flags of `node embed`
+/// (`clap`), the fields a Rust program sets, and the wire form of a
+/// detached job (`serde`, see [`super::detached::DetachedJob`]). What
+/// belongs to one run only (how it reaches a cluster, where it reports
+/// progress) is neither a flag nor sent.
+#[derive(Debug, Clone, clap::Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct JobConfig {
-    /// Input: a file, a folder or a glob of JSONL or Parquet shards, local
-    /// or an object store URL (see [`super::input`]).
+    /// Input: a file, a folder or a glob of JSONL (`.jsonl`, `.jsonl.gz`,
+    /// `.jsonl.zst`; one object per line) or Parquet (`.parquet`) shards,
+    /// local or an object store URL (`s3://bucket/corpus/`, `file:///…`).
+    /// Quote a glob so the shell leaves it alone.
+    #[arg(long)]
     pub input: String,
-    /// Output: a local folder, or an object store URL (`s3://bucket/prefix`).
+    /// Output: a local folder or an object store URL (parts, manifest,
+    /// errors file).
+    #[arg(long)]
     pub output: String,
-    /// Part format.
+    /// Format of the output parts.
+    #[arg(long, value_enum, default_value_t = Format::Parquet)]
     pub format: Format,
-    /// Model folder.
+    /// Model folder (Hugging Face layout).
+    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
     pub model: PathBuf,
-    /// Input field holding the id.
+    /// Input field with the id.
+    #[arg(long = "id-column", value_name = "COLUMN", default_value = "id")]
     pub id_field: String,
-    /// Input field holding the text.
+    /// Input field with the text.
+    #[arg(long = "text-column", value_name = "COLUMN", default_value = "text")]
     pub text_field: String,
-    /// Input fields kept in the output beside `id` and `embedding`.
+    /// Input fields to keep in the output beside `id` and `embedding`
+    /// (comma-separated; the text column may be one).
+    #[arg(long, value_delimiter = ',')]
     pub output_columns: Vec<String>,
     /// Rows per batch.
+    #[arg(long, default_value_t = DEFAULT_BATCH_SIZE)]
     pub batch_size: usize,
     /// Rows read ahead and sorted by length before batches are cut from
-    /// them (so a batch carries little padding); 0 cuts batches in input
-    /// order. Batch ids depend on it.
+    /// them, so batches carry little padding (0: batches in input order,
+    /// as outputs written before windows; batch ids depend on it).
+    #[arg(long, default_value_t = DEFAULT_SORT_WINDOW)]
     pub sort_window: usize,
-    /// At most this many estimated tokens per batch, padding included
-    /// (rows × the longest row's estimate: 2 + its bytes / 4); a batch
-    /// closes early rather than pass it. Batch ids depend on it.
+    /// Estimated tokens per batch at most, padding included (rows × the
+    /// longest row's 2 + bytes/4): long texts go in smaller batches. Batch
+    /// ids depend on it.
+    #[arg(long)]
     pub max_batch_tokens: Option<usize>,
-    /// Embedding actors per node, one model and one thread each (default:
-    /// locally one per GPU where the actors run on GPUs, else this
-    /// machine's CPUs; on a cluster one per GPU a worker reports, else one
-    /// per CPU).
+    /// Embedding actors per node, one model and one core each (default:
+    /// one per GPU where they run on GPUs, else the CPUs; on a cluster,
+    /// one per GPU a worker reports, else its CPUs).
+    #[arg(long)]
     pub actors_per_node: Option<usize>,
-    /// What the embedding actors run on: a GPU of their node where there
-    /// is one (`auto`, each actor its own GPU), the CPU, or a GPU or fail.
+    /// Embedding actors in all (default: locally the CPUs; on a cluster
+    /// one per GPU of every worker with GPUs, else one per CPU, or
+    /// --actors-per-node on each worker).
+    #[arg(long)]
+    pub actors: Option<usize>,
+    /// What the embedding actors run on: `auto` (each actor one GPU of its
+    /// node where the node has GPUs and the binary was built with the
+    /// `cuda` feature, else the CPU, saying why), `cpu`, or `cuda` (a GPU,
+    /// or the job fails).
+    #[arg(long, default_value = "auto")]
+    #[serde(with = "as_text")]
     pub device: crate::DeviceChoice,
-    /// The float type of the model's dense layers and attention.
+    /// Number type of the model's dense layers: f32, f16 or bf16 (and
+    /// attention in it too), or int8 on the CPU (quantized matrix
+    /// products, vectors within cosine 0.99 of f32's, faster). Embeddings,
+    /// layer norms and pooling stay f32.
+    #[arg(long, default_value = "f32")]
+    #[serde(with = "as_text")]
     pub precision: crate::Precision,
-    /// Prepended to every text, as sentence-transformers' `prompt` (none:
-    /// `prompt_name`'s, else the folder's default prompt, if it names one).
+    /// Text put before every input text, as sentence-transformers'
+    /// `prompt` (e5 models: "query: " or "passage: "). Default: the
+    /// model folder's default prompt, if it names one.
+    #[arg(long, conflicts_with = "prompt_name")]
     pub prompt: Option<String>,
     /// One of the model folder's named prompts
-    /// (`config_sentence_transformers.json`).
+    /// (config_sentence_transformers.json), e.g. `query`.
+    #[arg(long)]
     pub prompt_name: Option<String>,
-    /// Leading dimensions kept of each vector, renormalised (Matryoshka
-    /// models); none: all of them.
+    /// Keep the first N dimensions of every vector, renormalised
+    /// (Matryoshka models); at most the model's width.
+    #[arg(long)]
     pub dim: Option<usize>,
     /// Texts per forward pass on the CPU, after sorting a batch by length;
     /// 0: a batch is one forward pass, tokenized while the one before runs
-    /// (what an actor on a GPU always does).
+    /// (what actors on GPUs always do).
+    #[arg(long, default_value_t = DEFAULT_MICRO_BATCH)]
     pub micro_batch: usize,
-    /// Embedding actors in all (default: locally, `actors_per_node`; on a
-    /// cluster, one per GPU or else per CPU of every worker, or
-    /// `actors_per_node` on each).
-    pub actors: Option<usize>,
-    /// What each actor's bundle reserves on a cluster (default `cpu=1`, or
-    /// `gpu=1` when every worker has GPUs).
+    /// What each actor's placement-group bundle reserves on a cluster, as
+    /// NAME=AMOUNT[,NAME=AMOUNT…] (default `cpu=1`, or `gpu=1` when every
+    /// worker has GPUs).
+    #[arg(long, value_parser = flotilla::placement_groups::parse_bundle)]
     pub actor_resources: Option<flotilla::placement_groups::Resources>,
-    /// How the actors' bundles are spread over the workers.
+    /// How the actors' bundles are spread over the workers: pack, spread,
+    /// strict-pack or strict-spread.
+    #[arg(long, default_value = "spread")]
+    #[serde(with = "as_text")]
     pub placement: flotilla::placement_groups::Strategy,
-    /// How long the actors' placement group may stay pending before the
-    /// job fails.
-    pub placement_timeout: std::time::Duration,
+    /// How long the actors' placement group may wait for resources before
+    /// the job fails, naming what is short where, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub placement_timeout_s: u64,
     /// Batches in flight at most (default: 2 per actor on a CPU, 4 per
     /// actor on a GPU).
+    #[arg(long)]
     pub max_in_flight: Option<usize>,
-    /// Bytes of batches in flight at most (texts and vectors).
-    pub memory_budget: usize,
-    /// Job id; default derived from the input, the batch size and the
-    /// model revision.
+    /// Bytes of batches in flight at most (texts and vectors), in MiB.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_BUDGET >> 20)]
+    pub memory_budget_mb: usize,
+    /// Job id (default: from the input's content, the settings batch ids
+    /// depend on, and the model revision).
+    #[arg(long)]
     pub job_id: Option<String>,
+    /// Restarts allowed per embedding actor within --restart-window-s (a
+    /// panicking actor is restarted with its model reloaded, after a wait
+    /// from 100 ms doubling to 10 s); one more and the job stops.
+    #[arg(long, default_value_t = 5)]
+    pub max_restarts: u32,
+    /// The window of --max-restarts, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub restart_window_s: u64,
     /// Run on a cluster instead of in this process.
+    #[arg(skip)]
+    #[serde(skip)]
     pub cluster: Option<ClusterConfig>,
     /// Show a progress bar (on a terminal); otherwise log progress lines.
+    #[arg(skip)]
+    #[serde(skip)]
     pub progress_bar: bool,
-    /// How often one embedding actor may be restarted (after a panic or a
-    /// failure) before the job stops.
-    pub restart_limit: flotilla::supervisor::Intensity,
     /// Where to publish `(texts done, texts in all)` as the job goes (all
     /// known once the input is scanned; 0 before).
+    #[arg(skip)]
+    #[serde(skip)]
     pub progress_to: Option<tokio::sync::watch::Sender<(u64, u64)>>,
     /// Where to publish the id of the placement group the job's actors
     /// run in, once created (cluster mode).
+    #[arg(skip)]
+    #[serde(skip)]
     pub group_to: Option<tokio::sync::watch::Sender<String>>,
     /// The actors answer vectors of zeros without running the model: the
     /// job's CPU side (reading, tokenizing, batching, routing, writing)
@@ -117,10 +177,86 @@ pub struct JobConfig {
     /// the manifest and the default job id starts with
     /// [`crate::actor::ZEROS_REVISION_PREFIX`], so such an output is never
     /// taken for, nor resumed as, the model's vectors.
+    #[arg(skip)]
+    #[serde(skip)]
     pub zeros: bool,
 }
 
+/// Serde of a setting by its text (`auto`, `int8`, `strict-spread`): the
+/// form its flag takes.
+mod as_text {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<T: std::fmt::Display, S: Serializer>(
+        value: &T,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: std::str::FromStr<Err: std::fmt::Display>,
+        D: Deserializer<'de>,
+    {
+        String::deserialize(d)?.parse().map_err(D::Error::custom)
+    }
+}
+
+/// The job's flags alone, parsed as `node embed` parses them.
+#[derive(clap::Parser)]
+struct Flags {
+    #[command(flatten)]
+    job: JobConfig,
+}
+
 impl JobConfig {
+    /// Parses `args` as the flags of `node embed` (`--input`, `--output`,
+    /// `--batch-size 48`, …); settings not given take their defaults.
+    pub fn from_flags<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser;
+        let flags = std::iter::once(std::ffi::OsString::from("embed"))
+            .chain(args.into_iter().map(Into::into));
+        Ok(Flags::try_parse_from(flags)?.job)
+    }
+
+    /// A local job from `input` to `output` with the model in `model` and
+    /// every other setting at its default.
+    pub fn new(
+        input: impl Into<String>,
+        output: impl Into<String>,
+        model: impl Into<PathBuf>,
+    ) -> Self {
+        let mut job = Self::from_flags(["--input=", "--output="]).expect("the defaults parse");
+        job.input = input.into();
+        job.output = output.into();
+        job.model = model.into();
+        job
+    }
+
+    /// How often one embedding actor may be restarted (after a panic or a
+    /// failure) before the job stops.
+    pub fn restart_limit(&self) -> flotilla::supervisor::Intensity {
+        flotilla::supervisor::Intensity {
+            max_restarts: self.max_restarts,
+            within: Duration::from_secs(self.restart_window_s.max(1)),
+        }
+    }
+
+    /// How long the actors' placement group may stay pending.
+    pub fn placement_timeout(&self) -> Duration {
+        Duration::from_secs(self.placement_timeout_s)
+    }
+
+    /// Bytes of batches in flight at most.
+    pub fn memory_budget(&self) -> usize {
+        self.memory_budget_mb.saturating_mul(1 << 20)
+    }
+
     /// Checks every setting's range: counts that must be positive are
     /// (batch size, token budget, actors, batches in flight, memory
     /// budget, dimensions). A job that fails this reads nothing.
@@ -131,7 +267,7 @@ impl JobConfig {
             ("--actors", self.actors),
             ("--actors-per-node", self.actors_per_node),
             ("--max-in-flight", self.max_in_flight),
-            ("--memory-budget-mb", Some(self.memory_budget)),
+            ("--memory-budget-mb", Some(self.memory_budget_mb)),
             ("--dim", self.dim),
         ];
         for (name, value) in positive {
@@ -158,47 +294,6 @@ impl JobConfig {
             self.prompt_name.as_deref(),
             self.dim,
         )
-    }
-
-    /// A local job from `input` to `output` with the model in `model` and
-    /// every other setting at its default.
-    pub fn new(
-        input: impl Into<String>,
-        output: impl Into<String>,
-        model: impl Into<PathBuf>,
-    ) -> Self {
-        Self {
-            input: input.into(),
-            output: output.into(),
-            format: Format::Parquet,
-            model: model.into(),
-            id_field: "id".into(),
-            text_field: "text".into(),
-            output_columns: Vec::new(),
-            batch_size: DEFAULT_BATCH_SIZE,
-            sort_window: DEFAULT_SORT_WINDOW,
-            max_batch_tokens: None,
-            actors_per_node: None,
-            device: crate::DeviceChoice::Auto,
-            precision: crate::Precision::F32,
-            prompt: None,
-            prompt_name: None,
-            dim: None,
-            micro_batch: DEFAULT_MICRO_BATCH,
-            actors: None,
-            actor_resources: None,
-            placement: flotilla::placement_groups::Strategy::Spread,
-            placement_timeout: std::time::Duration::from_secs(30),
-            max_in_flight: None,
-            memory_budget: DEFAULT_MEMORY_BUDGET,
-            job_id: None,
-            cluster: None,
-            progress_bar: false,
-            restart_limit: flotilla::supervisor::Intensity::default(),
-            progress_to: None,
-            group_to: None,
-            zeros: false,
-        }
     }
 }
 

@@ -30,146 +30,54 @@ use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use flotilla::{Node, NodeHandle};
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 
-use super::{Format, JobConfig};
+use super::JobConfig;
 
 /// The registered kind of the embed job's driver.
 pub const JOB_KIND: &str = "flotilla.embed.job";
 
-/// A detached embed job's settings, as they travel to its driver.
+/// A detached embed job's settings, as they travel to its driver: the
+/// job's [`JobConfig`] in JSON, its one definition (the settings of one
+/// run aside), read back by its driver with a typed error.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[rkyv(crate = flotilla::rkyv)]
 pub struct DetachedJob {
-    /// See [`JobConfig::input`].
+    /// The settings, as JSON.
+    pub settings: String,
+    /// See [`JobConfig::input`], for the job's description and the
+    /// roots check.
     pub input: String,
     /// See [`JobConfig::output`].
     pub output: String,
-    /// `parquet` or `jsonl`.
-    pub format: String,
     /// See [`JobConfig::model`].
     pub model: String,
-    /// See [`JobConfig::id_field`].
-    pub id_field: String,
-    /// See [`JobConfig::text_field`].
-    pub text_field: String,
-    /// See [`JobConfig::output_columns`].
-    pub output_columns: Vec<String>,
-    /// See [`JobConfig::batch_size`].
-    pub batch_size: u64,
-    /// See [`JobConfig::sort_window`].
-    pub sort_window: u64,
-    /// See [`JobConfig::max_batch_tokens`].
-    pub max_batch_tokens: Option<u64>,
-    /// See [`JobConfig::actors_per_node`].
-    pub actors_per_node: Option<u64>,
-    /// See [`JobConfig::actors`].
-    pub actors: Option<u64>,
-    /// See [`JobConfig::actor_resources`].
-    pub actor_resources: Option<Vec<(String, f64)>>,
-    /// See [`JobConfig::placement`].
-    pub placement: String,
-    /// See [`JobConfig::placement_timeout`], in seconds.
-    pub placement_timeout_s: u64,
-    /// See [`JobConfig::max_in_flight`].
-    pub max_in_flight: Option<u64>,
-    /// See [`JobConfig::memory_budget`].
-    pub memory_budget: u64,
-    /// See [`JobConfig::job_id`].
-    pub job_id: Option<String>,
-    /// See [`JobConfig::restart_limit`].
-    pub max_restarts: u32,
-    /// See [`JobConfig::restart_limit`], in seconds.
-    pub restart_window_s: u64,
-    /// See [`JobConfig::device`].
-    pub device: String,
-    /// See [`JobConfig::precision`].
-    pub precision: String,
-    /// See [`JobConfig::micro_batch`].
-    pub micro_batch: u64,
-    /// See [`JobConfig::prompt`].
-    pub prompt: Option<String>,
-    /// See [`JobConfig::prompt_name`].
-    pub prompt_name: Option<String>,
-    /// See [`JobConfig::dim`].
-    pub dim: Option<u64>,
 }
 
 flotilla::remote_type!(DetachedJob);
 
 impl DetachedJob {
-    /// The settings of `config` (its cluster part aside).
+    /// The settings of `config`.
     pub fn of(config: &JobConfig) -> Self {
         Self {
+            settings: serde_json::to_string(config).expect("settings serialize"),
             input: config.input.clone(),
             output: config.output.clone(),
-            format: match config.format {
-                Format::Parquet => "parquet".into(),
-                Format::Jsonl => "jsonl".into(),
-            },
             model: config.model.to_string_lossy().into_owned(),
-            id_field: config.id_field.clone(),
-            text_field: config.text_field.clone(),
-            output_columns: config.output_columns.clone(),
-            batch_size: config.batch_size as u64,
-            sort_window: config.sort_window as u64,
-            max_batch_tokens: config.max_batch_tokens.map(|n| n as u64),
-            actors_per_node: config.actors_per_node.map(|n| n as u64),
-            actors: config.actors.map(|n| n as u64),
-            actor_resources: config
-                .actor_resources
-                .as_ref()
-                .map(|r| r.iter().map(|(k, v)| (k.clone(), *v)).collect()),
-            placement: config.placement.as_str().to_owned(),
-            placement_timeout_s: config.placement_timeout.as_secs(),
-            max_in_flight: config.max_in_flight.map(|n| n as u64),
-            memory_budget: config.memory_budget as u64,
-            job_id: config.job_id.clone(),
-            max_restarts: config.restart_limit.max_restarts,
-            restart_window_s: config.restart_limit.within.as_secs(),
-            device: config.device.to_string(),
-            precision: config.precision.to_string(),
-            micro_batch: config.micro_batch as u64,
-            prompt: config.prompt.clone(),
-            prompt_name: config.prompt_name.clone(),
-            dim: config.dim.map(|d| d as u64),
         }
     }
 
-    /// The job's configuration, for its driver.
-    pub fn config(&self) -> JobConfig {
-        let mut c = JobConfig::new(&self.input, &self.output, &self.model);
-        c.format = if self.format == "jsonl" {
-            Format::Jsonl
-        } else {
-            Format::Parquet
-        };
-        c.id_field = self.id_field.clone();
-        c.text_field = self.text_field.clone();
-        c.output_columns = self.output_columns.clone();
-        c.batch_size = self.batch_size as usize;
-        c.sort_window = self.sort_window as usize;
-        c.max_batch_tokens = self.max_batch_tokens.map(|n| n as usize);
-        c.actors_per_node = self.actors_per_node.map(|n| n as usize);
-        c.actors = self.actors.map(|n| n as usize);
-        c.actor_resources = self
-            .actor_resources
-            .as_ref()
-            .map(|r| r.iter().cloned().collect());
-        c.placement = self.placement.parse().unwrap_or(c.placement);
-        c.placement_timeout = std::time::Duration::from_secs(self.placement_timeout_s);
-        c.max_in_flight = self.max_in_flight.map(|n| n as usize);
-        c.memory_budget = self.memory_budget as usize;
-        c.job_id = self.job_id.clone();
-        c.device = self.device.parse().unwrap_or(c.device);
-        c.precision = self.precision.parse().unwrap_or(c.precision);
-        c.micro_batch = self.micro_batch as usize;
-        c.prompt = self.prompt.clone();
-        c.prompt_name = self.prompt_name.clone();
-        c.dim = self.dim.map(|d| d as usize);
-        c.restart_limit = flotilla::supervisor::Intensity {
-            max_restarts: self.max_restarts,
-            within: std::time::Duration::from_secs(self.restart_window_s.max(1)),
-        };
-        c
+    /// The job's configuration, for its driver, or why the settings that
+    /// came are not one.
+    pub fn config(&self) -> Result<JobConfig, String> {
+        let config: JobConfig = serde_json::from_str(&self.settings)
+            .map_err(|e| format!("the job's settings cannot be read: {e}"))?;
+        let same = config.input == self.input
+            && config.output == self.output
+            && config.model.to_string_lossy() == self.model;
+        if !same {
+            return Err("the job's settings name another input, output or model".into());
+        }
+        config.check().map_err(|e| e.to_string())?;
+        Ok(config)
     }
 
     /// The job to submit: its driver in a bundle reserving `memory_mb=256`
@@ -253,20 +161,27 @@ impl Actor for JobDriver {
             .ok_or("this node was not started to host detached jobs")?;
         // Refused before anything is opened: the job ends failed with why
         // (a refusal is no crash: it is not restarted elsewhere).
-        if let Err(why) = job.check_allowed(&self.allow) {
-            tracing::warn!(error = %why, "detached embed job refused");
-            let report = Arc::new(Mutex::new(JobProgress {
-                state: JobState::Failed,
-                done: 0,
-                total: 0,
-                detail: format!("on node {}: {why}", node.name()),
-                groups: Vec::new(),
-            }));
-            return Ok(DriverState {
-                report,
-                task: tokio::spawn(async {}),
-            });
-        }
+        let config = job
+            .check_allowed(&self.allow)
+            .map_err(|why| why.to_string())
+            .and_then(|()| job.config());
+        let mut config = match config {
+            Ok(config) => config,
+            Err(why) => {
+                tracing::warn!(error = %why, "detached embed job refused");
+                let report = Arc::new(Mutex::new(JobProgress {
+                    state: JobState::Failed,
+                    done: 0,
+                    total: 0,
+                    detail: format!("on node {}: {why}", node.name()),
+                    groups: Vec::new(),
+                }));
+                return Ok(DriverState {
+                    report,
+                    task: tokio::spawn(async {}),
+                });
+            }
+        };
         let report = Arc::new(Mutex::new(JobProgress {
             state: JobState::Running,
             done: 0,
@@ -276,7 +191,6 @@ impl Actor for JobDriver {
         }));
         let (tx, mut rx) = tokio::sync::watch::channel((0, 0));
         let (group_tx, mut group_rx) = tokio::sync::watch::channel(String::new());
-        let mut config = job.config();
         config.progress_to = Some(tx);
         config.group_to = Some(group_tx);
         let task = tokio::spawn({
@@ -357,6 +271,7 @@ impl Actor for JobDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::Format;
 
     /// What a detached job's driver is given is what was submitted: every
     /// setting of the model's output (prompt, prompt name, dimensions)
@@ -372,7 +287,7 @@ mod tests {
         config.batch_size = 48;
         config.micro_batch = 0;
         config.output_columns = vec!["lang".into()];
-        let back = DetachedJob::of(&config).config();
+        let back = DetachedJob::of(&config).config().unwrap();
         assert_eq!(back.prompt.as_deref(), Some("query: "));
         assert_eq!(back.prompt_name.as_deref(), Some("passage"));
         assert_eq!(back.dim, Some(256));
@@ -380,10 +295,32 @@ mod tests {
         assert_eq!((back.batch_size, back.micro_batch), (48, 0));
         assert_eq!(back.format, Format::Jsonl);
         assert_eq!(back.output_columns, vec!["lang".to_owned()]);
-        let plain = DetachedJob::of(&JobConfig::new("a", "b", "c")).config();
+        let plain = DetachedJob::of(&JobConfig::new("a", "b", "c"))
+            .config()
+            .unwrap();
         assert_eq!(
             (plain.prompt, plain.prompt_name, plain.dim),
             (None, None, None)
         );
+    }
+
+    /// Settings that are not a job's, or out of range, are refused by the
+    /// driver with the reason: they crossed a trust boundary.
+    #[test]
+    fn settings_that_are_not_a_jobs_are_refused_with_the_reason() {
+        let mut job = DetachedJob::of(&JobConfig::new("a", "b", "c"));
+        let good = job.settings.clone();
+        job.settings = good.replace("\"batch_size\":64", "\"batch_size\":0");
+        let e = job.config().unwrap_err();
+        assert!(e.contains("--batch-size is 0"), "{e}");
+        job.settings = good.replace("{", "{\"unknown\":1,");
+        let e = job.config().unwrap_err();
+        assert!(e.contains("unknown field"), "{e}");
+        job.settings = good.replace("\"precision\":\"f32\"", "\"precision\":\"f7\"");
+        let e = job.config().unwrap_err();
+        assert!(e.contains("f7"), "{e}");
+        job.settings = good.replace("\"input\":\"a\"", "\"input\":\"/etc\"");
+        let e = job.config().unwrap_err();
+        assert!(e.contains("another input"), "{e}");
     }
 }

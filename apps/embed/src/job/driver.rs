@@ -1,35 +1,38 @@
 //! The job proper, once embedding actors run (in this process or on a
-//! cluster): the input cut into batches with stable ids, the framework's
-//! bounded pipeline over the actors, parts written as batches complete,
-//! refused rows streamed to the errors file.
+//! cluster): the data layer's batch job (`flotilla_data::job`) over them,
+//! with the embed job's manifest, batches whose texts may travel as
+//! objects, and parts of vectors.
 //!
 //! ```text
-//! Source ─► Batcher (ids 0, 1, 2, … in input order; done ones skipped)
-//!        ─► Pipeline (≤ M in flight) ─► actors ─► Sink part per batch
-//!   invalid rows ─────────────────────────────────► errors file
+//! input ─► flotilla_data::job (windows, ids, pipeline, output, errors file)
+//!       ─► EmbedParts::batch (texts into the driver's object store)
+//!       ─► embedding actors ─► EmbedParts::part (vectors read, checked, encoded; objects released)
 //! ```
 //!
 //! Memory is flat in the input: the batches in flight, a chunk of rows
 //! read ahead, a 16-byte digest per id, a fixed-size latency histogram and
 //! at most a megabyte of refused rows before they stream out.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla::pipeline::{BatchId, Event, Pipeline, PipelineConfig, WorkerKey};
+use flotilla::pipeline::PipelineConfig;
 use flotilla::ractor::{Actor, ActorRef};
 use flotilla::supervisor::{
     Backoff, Child, Strategy, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg,
     SupervisorSpec,
 };
+use flotilla_data::job::{
+    BatchJob, BatchJobError, Batching, Links, PartError, PartOf, Parts, Pool, ProgressConfig,
+};
+use flotilla_data::{Fields, Row};
 use tokio::sync::mpsc;
 
 use super::input::Input;
-use super::sink::{ErrorLog, Manifest, RowError, Rows, Sink};
-use super::source::{Cell, Fields, Item, RowAt, Source};
-use super::stage::{Batch, EmbedStage, Held, Output, read_result};
-use super::summary::{Latencies, Summary};
+use super::sink::{Column, Manifest, encode_part};
+use super::stage::{Batch, EmbedStage, Output, read_result};
+use super::summary::Summary;
 use super::{JobConfig, JobError};
 use crate::actor::{EmbedMsg, EmbedderArgs, ModelInfo};
 
@@ -80,7 +83,7 @@ pub(crate) async fn supervise(
     let args = SupervisorArgs {
         spec: SupervisorSpec {
             strategy: Strategy::OneForOne,
-            intensity: config.restart_limit,
+            intensity: config.restart_limit(),
             per_child: true,
             backoff: Backoff::default(),
         },
@@ -195,291 +198,8 @@ fn pipeline_config(actors: usize, gpu_actors: usize, config: &JobConfig) -> Pipe
         max_in_flight: config
             .max_in_flight
             .map_or(defaults.max_in_flight + gpu_extra, |m| m.max(1)),
-        memory_budget: config.memory_budget,
+        memory_budget: config.memory_budget(),
         ..defaults
-    }
-}
-
-/// How long a worker node may be missing from the member table (not down
-/// or left: absent, as after a head restart, until it rejoins the new
-/// head) before its workers are given up.
-const ABSENT_GRACE: Duration = Duration::from_secs(15);
-
-/// Which worker nodes the job has lost, from the member tables it sees. A
-/// node `down` or `left` is lost at once. A node absent from the table is
-/// lost only once it has stayed absent for the grace: a restarted head
-/// starts with an empty table that the members fill as they rejoin. Time
-/// is passed in.
-#[derive(Debug, Default)]
-struct LostWorkers {
-    /// Nodes absent from the last table, since when.
-    absent: std::collections::BTreeMap<String, Instant>,
-}
-
-/// What the table says of a worker node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
-    Up,
-    Gone,
-    Absent,
-}
-
-impl LostWorkers {
-    /// The nodes among `nodes` lost as of `now`, given what the table
-    /// says of each.
-    fn lost<'a>(
-        &mut self,
-        now: Instant,
-        nodes: impl Iterator<Item = &'a str>,
-        seen: impl Fn(&str) -> Seen,
-    ) -> Vec<String> {
-        let mut lost = Vec::new();
-        let mut still_absent = std::collections::BTreeMap::new();
-        for node in nodes {
-            match seen(node) {
-                Seen::Up => {}
-                Seen::Gone => lost.push(node.to_owned()),
-                Seen::Absent => {
-                    let since = self.absent.get(node).copied().unwrap_or(now);
-                    if now.duration_since(since) >= ABSENT_GRACE {
-                        lost.push(node.to_owned());
-                    } else {
-                        still_absent.insert(node.to_owned(), since);
-                    }
-                }
-            }
-        }
-        self.absent = still_absent;
-        lost
-    }
-
-    /// When the next absent node's grace ends, if any is absent.
-    fn next_deadline(&self) -> Option<Instant> {
-        self.absent
-            .values()
-            .min()
-            .map(|since| *since + ABSENT_GRACE)
-    }
-}
-
-/// Removes the workers of every node the job has lost; their batches go to
-/// the others.
-fn drop_lost_workers(
-    pipeline: &mut Pipeline<EmbedStage>,
-    tracker: &mut LostWorkers,
-    table: &flotilla::Table,
-) {
-    let seen = |node: &str| match table.get(node) {
-        Some(m) if m.state == flotilla::MemberState::Up => Seen::Up,
-        Some(_) => Seen::Gone,
-        None => Seen::Absent,
-    };
-    let lost = tracker.lost(Instant::now(), pipeline.nodes(), seen);
-    for node in lost {
-        let actors = pipeline.remove_node(&node);
-        tracing::warn!(%node, actors, in_flight = pipeline.in_flight(), "worker node lost; its batches go to the other workers");
-    }
-}
-
-/// Applies what the job's supervisor reports to the pipeline: an actor
-/// that exited leaves it (its batches go to the others at once), a
-/// restarted one joins it, an escalation ends the job.
-fn on_supervision(
-    event: SupervisorEvent,
-    pipeline: &mut Pipeline<EmbedStage>,
-    keys: &mut HashMap<String, WorkerKey>,
-    restarting: &mut BTreeSet<String>,
-    summary: &mut Summary,
-) -> Result<(), flotilla::supervisor::Escalation> {
-    match event {
-        SupervisorEvent::Exited {
-            child,
-            exit,
-            restarting: again,
-        } => {
-            if let Some(key) = keys.remove(&child)
-                && pipeline.remove_worker(key)
-            {
-                tracing::warn!(actor = %child, ?exit, restart = again, in_flight = pipeline.in_flight(),
-                    "embedding actor exited; its batches go to the other actors");
-            }
-            if again {
-                restarting.insert(child);
-            } else {
-                restarting.remove(&child);
-            }
-        }
-        SupervisorEvent::Started {
-            child,
-            running,
-            restarts,
-        } => {
-            restarting.remove(&child);
-            if restarts > 0 {
-                let node = running
-                    .node
-                    .as_ref()
-                    .map_or_else(|| "local".to_owned(), |(n, _)| n.clone());
-                let key = pipeline.add_worker(&node, ActorRef::from(running.cell));
-                keys.insert(child, key);
-                summary.restarts += 1;
-            }
-        }
-        SupervisorEvent::Escalated(e) => return Err(e),
-    }
-    Ok(())
-}
-
-/// Output column names the job itself writes.
-const RESERVED: [&str; 2] = ["id", "embedding"];
-
-/// Cuts the input into batches with ids 0, 1, 2, …: windows of rows read
-/// in input order, each sorted by length and cut into batches (see
-/// [`Cut`]). Invalid rows go to the errors file as they are read.
-struct Batcher {
-    source: Source,
-    input: Arc<Input>,
-    cut: Cut,
-    /// Batches cut from the current window, not yet handed out.
-    ready: std::collections::VecDeque<Batch>,
-    next_id: u64,
-    exhausted: bool,
-}
-
-/// How a window of rows becomes batches. Deterministic: the same input and
-/// settings give the same batches (so resume skips exactly the written
-/// ones).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cut {
-    /// Rows per batch at most.
-    size: usize,
-    /// Rows per window (0: a window is one batch, in input order).
-    window: usize,
-    /// Estimated tokens per batch at most, padding included.
-    max_tokens: Option<usize>,
-}
-
-/// Bytes of a window at most, whatever its row count: the driver's memory
-/// stays bounded on long texts.
-const WINDOW_BYTES: usize = 16 << 20;
-
-/// A row's tokens as the token budget estimates them: its two special
-/// tokens and one per four bytes.
-fn estimated_tokens(text: &str) -> usize {
-    2 + text.len() / 4
-}
-
-impl Cut {
-    /// Rows a window holds.
-    fn rows(&self) -> usize {
-        if self.window == 0 {
-            self.size
-        } else {
-            self.window.max(self.size)
-        }
-    }
-
-    /// The window's rows, sorted by length (stably: equal lengths keep
-    /// input order) unless windows are off, cut into batches of at most
-    /// `size` rows and `max_tokens` estimated tokens.
-    fn batches(&self, mut rows: Vec<Row>) -> Vec<Batch> {
-        if self.window > 0 {
-            rows.sort_by_key(|r| r.text.len());
-        }
-        let mut out = Vec::new();
-        let mut batch = Batch::default();
-        let mut longest = 0;
-        for row in rows {
-            let tokens = estimated_tokens(&row.text);
-            let would = (batch.len() + 1) * longest.max(tokens);
-            let over = self.max_tokens.is_some_and(|t| would > t);
-            if batch.len() == self.size || (over && batch.len() > 0) {
-                out.push(std::mem::take(&mut batch));
-                longest = 0;
-            }
-            longest = longest.max(tokens);
-            batch.ids.push(row.id);
-            batch.at.push(row.at);
-            batch.texts.push(row.text);
-            batch.extra.push(row.extra);
-        }
-        if batch.len() > 0 {
-            out.push(batch);
-        }
-        out
-    }
-}
-
-/// One valid input row.
-struct Row {
-    at: RowAt,
-    id: String,
-    text: String,
-    extra: Vec<Cell>,
-}
-
-impl Batcher {
-    /// Whether every batch has been handed out.
-    fn is_done(&self) -> bool {
-        self.exhausted && self.ready.is_empty()
-    }
-
-    /// The next batch and its id, `None` at the end of the input.
-    async fn next(&mut self, errors: &mut ErrorLog<'_>) -> Result<Option<(u64, Batch)>, JobError> {
-        if self.ready.is_empty() && !self.exhausted {
-            let rows = self.window(errors).await?;
-            self.ready.extend(self.cut.batches(rows));
-        }
-        let Some(batch) = self.ready.pop_front() else {
-            return Ok(None);
-        };
-        let id = self.next_id;
-        self.next_id += 1;
-        Ok(Some((id, batch)))
-    }
-
-    /// Reads the next window of valid rows.
-    async fn window(&mut self, errors: &mut ErrorLog<'_>) -> Result<Vec<Row>, JobError> {
-        let (limit, mut bytes) = (self.cut.rows(), 0usize);
-        let mut rows = Vec::new();
-        while !self.exhausted && rows.len() < limit && bytes < WINDOW_BYTES {
-            match self.source.next().await {
-                None => self.exhausted = true,
-                Some(Err(source)) => {
-                    return Err(JobError::Read {
-                        input: self.input.spec.clone(),
-                        source,
-                    });
-                }
-                Some(Ok(Item::Invalid { at, id, reason })) => {
-                    errors.record(&self.row_error(at, id, reason)).await?;
-                }
-                Some(Ok(Item::Row {
-                    at,
-                    id,
-                    text,
-                    extra,
-                })) => {
-                    bytes += text.len();
-                    rows.push(Row {
-                        at,
-                        id,
-                        text,
-                        extra,
-                    });
-                }
-            }
-        }
-        Ok(rows)
-    }
-
-    fn row_error(&self, at: RowAt, id: Option<String>, reason: String) -> RowError {
-        RowError {
-            shard: self.input.shards[at.shard as usize].name.clone(),
-            line: at.line,
-            id,
-            reason,
-        }
     }
 }
 
@@ -527,9 +247,10 @@ impl Releases {
     }
 
     /// Sends what is queued and waits up to `within` for every lot.
-    async fn finish(mut self, within: Duration) {
+    async fn finish(&mut self, within: Duration) {
         self.flush();
-        let _ = tokio::time::timeout(within, self.sending.join_all()).await;
+        let sending = std::mem::take(&mut self.sending);
+        let _ = tokio::time::timeout(within, sending.join_all()).await;
     }
 }
 
@@ -540,34 +261,143 @@ const TEXTS_PUT_WITHIN: Duration = Duration::from_secs(10);
 /// How long a finished job waits for its last releases.
 const RELEASES_WITHIN: Duration = Duration::from_secs(5);
 
-/// Runs the job over `workers`, sending through `outbound`. With `members`,
-/// workers whose node goes down or leaves are dropped and their batches
-/// sent elsewhere.
+/// Output column names the job itself writes.
+const RESERVED: [&str; 2] = ["id", "embedding"];
+
+/// What the embed job adds to the data layer's batch job: batches whose
+/// texts go into the driver's object store while it takes them, and
+/// parts of the vectors each batch gets back, in the reply or in a result
+/// object read in place, checked and released.
+struct EmbedParts {
+    manifest: Manifest,
+    /// The output columns beside `id` and `embedding`.
+    names: Vec<String>,
+    /// Their types, once the input gave them.
+    columns: Option<Vec<Column>>,
+    objects: Option<flotilla::Objects>,
+    /// The store batches put their texts in, while it takes them.
+    texts_as_objects: Option<flotilla::Objects>,
+    releases: Releases,
+}
+
+impl Parts<EmbedStage> for EmbedParts {
+    async fn batch(&mut self, rows: Vec<Row>) -> Batch {
+        let mut batch = Batch { rows, object: None };
+        if let Some(objects) = &self.texts_as_objects
+            && let Err(e) = batch.put_texts(objects).await
+        {
+            // A store too small (a container's /dev/shm, say) or full:
+            // this batch and the rest carry their texts in the request.
+            tracing::warn!(error = %e, "the driver's object store refused a batch; texts go in the requests from now on");
+            self.texts_as_objects = None;
+        }
+        batch
+    }
+
+    async fn part(
+        &mut self,
+        batch: &Batch,
+        output: Output,
+        of: PartOf<'_>,
+    ) -> Result<Vec<u8>, PartError> {
+        let columns = self.columns.get_or_insert_with(|| {
+            self.names
+                .iter()
+                .cloned()
+                .zip(of.types.iter().copied())
+                .collect()
+        });
+        let encoded = match output {
+            Output::Values(values) => encode_part(&self.manifest, columns, &batch.rows, &values),
+            Output::Object(object) => {
+                let read = read_result(
+                    self.objects.as_ref(),
+                    &object,
+                    &self.manifest.model_revision,
+                    self.manifest.dim,
+                    batch.rows.len(),
+                )
+                .await;
+                match read {
+                    Ok(vectors) => {
+                        let values = flotilla::objects::f32s(vectors.values.as_slice());
+                        let encoded = encode_part(&self.manifest, columns, &batch.rows, &values);
+                        drop(values);
+                        drop(vectors);
+                        self.releases.release(Some(object), false);
+                        encoded
+                    }
+                    Err(reason) => {
+                        self.releases.release(Some(object), true);
+                        return Err(PartError::Unusable(format!(
+                            "result object unreadable: {reason}"
+                        )));
+                    }
+                }
+            }
+        };
+        encoded.map_err(|e| PartError::Encode(Box::new(e)))
+    }
+
+    async fn finish(&mut self) {
+        self.releases.finish(RELEASES_WITHIN).await;
+    }
+}
+
+/// The job id a run without `--job-id` gets: a digest of the input, the
+/// settings batch ids depend on, the prompt, the width and the revision.
+fn job_id(config: &JobConfig, digest: &[u8], info: &ModelInfo) -> String {
+    let revision = crate::ModelRevision::new(info.revision.clone());
+    let digest: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let mut id = format!("{digest}-b{}", config.batch_size);
+    if config.sort_window > 0 {
+        id.push_str(&format!("-w{}", config.sort_window));
+    }
+    if let Some(t) = config.max_batch_tokens {
+        id.push_str(&format!("-t{t}"));
+    }
+    if !info.prompt.is_empty() {
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(info.prompt.as_bytes());
+        id.push_str("-p");
+        id.extend(digest[..4].iter().map(|b| format!("{b:02x}")));
+    }
+    if config.dim.is_some() {
+        id.push_str(&format!("-d{}", info.dim));
+    }
+    format!("{id}-{}", revision.short())
+}
+
+impl From<BatchJobError> for JobError {
+    fn from(e: BatchJobError) -> Self {
+        // The restart limit is told with the flags that set it.
+        match e {
+            BatchJobError::RestartLimit(e) => JobError::RestartLimit(e),
+            other => JobError::Batch(other),
+        }
+    }
+}
+
+/// Runs the job over `workers`, reaching them through `links`; with
+/// `objects`, texts and results may travel as objects.
 pub(crate) async fn drive(
     config: &JobConfig,
     started: Instant,
     workers: &Workers,
-    outbound: flotilla::Outbound,
+    links: Links,
     objects: Option<flotilla::Objects>,
-    mut members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
-    mut events: Option<SupervisorEvents>,
+    events: Option<SupervisorEvents>,
 ) -> Result<Summary, JobError> {
     // Every actor has its model: what follows is the job itself.
     let ready_after = started.elapsed();
     let info = &workers.info;
-    let revision = crate::ModelRevision::new(info.revision.clone());
-    // At least 1 (JobConfig::check).
-    let batch_size = config.batch_size;
     let mut seen = HashSet::new();
     for column in &config.output_columns {
         if RESERVED.contains(&column.as_str()) || !seen.insert(column) {
             return Err(JobError::OutputColumn(column.clone()));
         }
     }
-
-    let input = Arc::new(Input::resolve(&config.input).await?);
     let scan = {
-        let input = Arc::clone(&input);
+        let input = Arc::new(Input::resolve(&config.input).await?);
         let hash = config.job_id.is_none();
         match tokio::task::spawn_blocking(move || input.scan(hash)).await {
             Ok(scan) => scan?,
@@ -576,51 +406,13 @@ pub(crate) async fn drive(
     };
     let job_id = match &config.job_id {
         Some(id) => id.clone(),
-        None => {
-            let digest: String = scan.digest.expect("hashed without a job id")[..8]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let mut id = format!("{digest}-b{batch_size}");
-            if config.sort_window > 0 {
-                id.push_str(&format!("-w{}", config.sort_window));
-            }
-            if let Some(t) = config.max_batch_tokens {
-                id.push_str(&format!("-t{t}"));
-            }
-            if !info.prompt.is_empty() {
-                let digest = <sha2::Sha256 as sha2::Digest>::digest(info.prompt.as_bytes());
-                id.push_str("-p");
-                id.extend(digest[..4].iter().map(|b| format!("{b:02x}")));
-            }
-            if config.dim.is_some() {
-                id.push_str(&format!("-d{}", info.dim));
-            }
-            format!("{id}-{}", revision.short())
-        }
+        None => job_id(config, &scan.digest.expect("hashed without a job id"), info),
     };
-    let fields = Fields {
-        id: config.id_field.clone(),
-        text: config.text_field.clone(),
-        extra: config.output_columns.clone(),
-    };
-    let source = Source::open(Arc::clone(&input), fields)
-        .await
-        .map_err(|source| JobError::Read {
-            input: config.input.clone(),
-            source,
-        })?;
-    let columns = config
-        .output_columns
-        .iter()
-        .cloned()
-        .zip(source.types().iter().copied())
-        .collect();
     let manifest = Manifest {
         job_id: job_id.clone(),
-        model_revision: revision.to_string(),
+        model_revision: info.revision.clone(),
         dim: info.dim,
-        batch_size: batch_size as u32,
+        batch_size: config.batch_size as u32,
         format: config.format,
         columns: config.output_columns.clone(),
         sort_window: u32::try_from(config.sort_window).unwrap_or(u32::MAX),
@@ -630,41 +422,49 @@ pub(crate) async fn drive(
         prompt: info.prompt.clone(),
         similarity: info.similarity.clone(),
     };
-    let (sink, done) = Sink::open(&config.output, &manifest, columns).await?;
-    let mut errors = sink.errors();
-    let mut batcher = Batcher {
-        source,
-        input: Arc::clone(&input),
-        cut: Cut {
-            size: batch_size,
-            window: config.sort_window,
+    let job = BatchJob {
+        input: config.input.clone(),
+        fields: Fields {
+            id: config.id_field.clone(),
+            text: config.text_field.clone(),
+            extra: config.output_columns.clone(),
+        },
+        output: config.output.clone(),
+        manifest: manifest.clone(),
+        extension: config.format.extension(),
+        batching: Batching {
+            size: config.batch_size,
+            sort_window: config.sort_window,
             max_tokens: config.max_batch_tokens,
         },
-        ready: std::collections::VecDeque::new(),
-        next_id: 0,
-        exhausted: false,
-    };
-
-    let mut pipeline = Pipeline::new(
-        EmbedStage {
-            revision: manifest.model_revision.clone(),
-            dim: info.dim,
+        pipeline: pipeline_config(workers.actors.len(), workers.gpu_actors, config),
+        progress: ProgressConfig {
+            bar: config.progress_bar,
+            total: scan.rows,
+            report: config.progress_to.clone(),
         },
-        pipeline_config(workers.actors.len(), workers.gpu_actors, config),
-        outbound,
-    );
-    // Which worker each supervised actor is.
-    let mut keys: HashMap<String, WorkerKey> = HashMap::new();
-    for (i, (node, actor)) in workers.actors.iter().enumerate() {
-        let key = pipeline.add_worker(node, actor.clone());
-        if let Some(s) = &workers.supervision {
-            keys.insert(s.ids[i].clone(), key);
-        }
-    }
-    // Actors that exited and are being restarted.
-    let mut restarting: BTreeSet<String> = BTreeSet::new();
-
-    let mut summary = Summary {
+    };
+    let stage = EmbedStage {
+        revision: manifest.model_revision.clone(),
+        dim: info.dim,
+    };
+    let pool = match (&workers.supervision, events) {
+        (Some(s), Some(events)) => Pool::supervised(workers.actors.clone(), s.ids.clone(), events),
+        _ => Pool::new(workers.actors.clone()),
+    };
+    let parts = EmbedParts {
+        names: config.output_columns.clone(),
+        columns: None,
+        manifest,
+        texts_as_objects: objects
+            .clone()
+            .map(|o| o.with_put_timeout(TEXTS_PUT_WITHIN)),
+        releases: Releases::new(objects.clone()),
+        objects,
+    };
+    let before_run = started.elapsed();
+    let done = flotilla_data::job::run(links, job, stage, pool, parts).await?;
+    Ok(Summary {
         job_id,
         output: config.output.clone(),
         format: Some(config.format),
@@ -672,199 +472,25 @@ pub(crate) async fn drive(
         actors: workers.actors.len(),
         devices: workers.devices.clone(),
         ready_after,
-        ..Summary::default()
-    };
-    let mut progress =
-        super::progress::Progress::new(config.progress_bar, scan.rows, config.progress_to.clone());
-    let mut latencies = Latencies::new();
-    let mut gave_up = 0u64;
-    let mut lost_workers = LostWorkers::default();
-    let mut releases = Releases::new(objects.clone());
-    // Batches hand their texts over as objects of the driver's store while
-    // it takes them.
-    let mut texts_as_objects = objects
-        .clone()
-        .map(|o| o.with_put_timeout(TEXTS_PUT_WITHIN));
-
-    loop {
-        // Fill free credits with the next batches not already done.
-        while !batcher.is_done() && pipeline.has_credit() {
-            let Some((id, mut batch)) = batcher.next(&mut errors).await? else {
-                break;
-            };
-            if done.contains(&id) {
-                summary.skipped_batches += 1;
-                progress.skipped(batch.len());
-                continue;
-            }
-            if let Some(objects) = &texts_as_objects
-                && let Err(e) = batch.put_texts(objects).await
-            {
-                // A store too small (a container's /dev/shm, say) or full:
-                // this batch and the rest carry their texts in the request.
-                tracing::warn!(error = %e, "the driver's object store refused a batch; texts go in the requests from now on");
-                texts_as_objects = None;
-            }
-            pipeline.submit(BatchId(id), batch);
-        }
-        if batcher.is_done() && pipeline.is_idle() {
-            break;
-        }
-        let grace_ends = lost_workers.next_deadline();
-        let grace = async {
-            match grace_ends {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        let table_changed = async {
-            match members.as_mut() {
-                Some(rx) => rx.changed().await.is_ok(),
-                None => std::future::pending().await,
-            }
-        };
-        let supervised = async {
-            match events.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        // With every worker restarting, wait for them rather than give up.
-        let serving = pipeline.workers() > 0 || restarting.is_empty();
-        let event = tokio::select! {
-            e = pipeline.next(), if serving => e,
-            open = table_changed => {
-                match members.as_mut() {
-                    Some(rx) if open => {
-                        drop_lost_workers(&mut pipeline, &mut lost_workers, &rx.borrow_and_update());
-                    }
-                    _ => members = None,
-                }
-                continue;
-            }
-            () = grace => {
-                if let Some(rx) = &members {
-                    drop_lost_workers(&mut pipeline, &mut lost_workers, &rx.borrow());
-                }
-                continue;
-            }
-            event = supervised => {
-                match event {
-                    Some(event) => on_supervision(event, &mut pipeline, &mut keys, &mut restarting, &mut summary)
-                        .map_err(JobError::RestartLimit)?,
-                    None => events = None,
-                }
-                continue;
-            }
-        };
-        // A supervisor that gives up says so before the exits it causes, so
-        // an escalation ends the job above before its last worker leaves.
-        match event.map_err(JobError::NoWorkers)? {
-            None => {}
-            Some(Event::Done {
-                id,
-                batch,
-                output,
-                latency,
-                receipt,
-            }) => {
-                let (held, lent) = match output {
-                    Output::Values(values) => (Held::Values(values), None),
-                    Output::Object(object) => match read_result(
-                        objects.as_ref(),
-                        &object,
-                        &manifest.model_revision,
-                        info.dim,
-                        batch.len(),
-                    )
-                    .await
-                    {
-                        Ok(vectors) => (Held::Object(vectors), Some(object)),
-                        Err(reason) => {
-                            // A failed attempt of the batch: sent again
-                            // within the attempts it has left.
-                            tracing::warn!(batch = id.0, attempt = receipt.attempt(), %reason, "result object unreadable; the batch goes out again");
-                            releases.release(Some(object), true);
-                            pipeline.unusable(id, batch, receipt);
-                            continue;
-                        }
-                    },
-                };
-                let values = held.values();
-                let rows = Rows {
-                    ids: &batch.ids,
-                    extra: &batch.extra,
-                    values: &values,
-                };
-                sink.write_batch(id.0, rows).await?;
-                drop(values);
-                drop(held);
-                releases.release(lent, false);
-                summary
-                    .first_batch_after
-                    .get_or_insert_with(|| started.elapsed());
-                summary.texts += batch.len() as u64;
-                summary.batches += 1;
-                latencies.record(latency);
-                progress.done(batch.len());
-            }
-            Some(Event::Rejected { batch, reason, .. }) => {
-                for (id, at) in batch.ids.iter().zip(&batch.at) {
-                    errors
-                        .record(&batcher.row_error(*at, Some(id.clone()), reason.clone()))
-                        .await?;
-                }
-                progress.done(batch.len());
-            }
-            Some(Event::GaveUp { id, .. }) => {
-                tracing::error!(batch = id.0, "batch failed on every attempt");
-                gave_up += 1;
-            }
-        }
-    }
-    progress.finish();
-    releases.finish(RELEASES_WITHIN).await;
-    summary.rejected_rows = errors.rows();
-    errors.finish().await?;
-    let stats = pipeline.stats();
-    summary.retries = stats.retries;
-    summary.redispatches = stats.redispatches;
-    summary.batch_p50 = latencies.quantile(0.5);
-    summary.batch_p95 = latencies.quantile(0.95);
-    summary.elapsed = started.elapsed();
-    summary.peak_rss = flotilla::process::peak_rss_bytes();
-    if gave_up > 0 {
-        return Err(JobError::Incomplete(gave_up));
-    }
-    Ok(summary)
+        texts: done.rows,
+        batches: done.written,
+        skipped_batches: done.skipped,
+        rejected_rows: done.refused,
+        retries: done.retries,
+        redispatches: done.redispatches,
+        restarts: done.restarts,
+        first_batch_after: done.first_part_after.map(|d| before_run + d),
+        batch_p50: done.batch_p50,
+        batch_p95: done.batch_p95,
+        elapsed: started.elapsed(),
+        peak_rss: flotilla::process::peak_rss_bytes(),
+        placement: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rows(texts: &[&str]) -> Vec<Row> {
-        texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| Row {
-                at: RowAt {
-                    shard: 0,
-                    line: i as u64,
-                },
-                id: format!("r{i}"),
-                text: (*t).to_owned(),
-                extra: Vec::new(),
-            })
-            .collect()
-    }
-
-    fn ids(batches: &[Batch]) -> Vec<Vec<&str>> {
-        batches
-            .iter()
-            .map(|b| b.ids.iter().map(String::as_str).collect())
-            .collect()
-    }
 
     fn info(device: &str, precision: &str) -> ModelInfo {
         ModelInfo {
@@ -903,109 +529,5 @@ mod tests {
             ..config
         };
         assert_eq!(pipeline_config(2, 2, &told).max_in_flight, 3);
-    }
-
-    #[test]
-    fn without_a_window_batches_keep_input_order() {
-        let cut = Cut {
-            size: 2,
-            window: 0,
-            max_tokens: None,
-        };
-        assert_eq!(cut.rows(), 2);
-        let b = cut.batches(rows(&["ccc", "a", "bb"]));
-        assert_eq!(ids(&b), [vec!["r0", "r1"], vec!["r2"]]);
-    }
-
-    #[test]
-    fn a_window_is_sorted_by_length_stably_and_cut_the_same_every_time() {
-        let cut = Cut {
-            size: 2,
-            window: 8,
-            max_tokens: None,
-        };
-        let texts = ["cccc", "a", "bb", "dd", "e", "ffffff"];
-        let b = cut.batches(rows(&texts));
-        assert_eq!(
-            ids(&b),
-            [vec!["r1", "r4"], vec!["r2", "r3"], vec!["r0", "r5"]],
-            "shortest first; equal lengths in input order"
-        );
-        assert_eq!(ids(&cut.batches(rows(&texts))), ids(&b), "deterministic");
-    }
-
-    #[test]
-    fn a_token_budget_closes_batches_early_and_a_long_row_goes_alone() {
-        let cut = Cut {
-            size: 8,
-            window: 8,
-            max_tokens: Some(12),
-        };
-        // Estimates: 2 + bytes / 4 → 3, 3, 4, 4, 27.
-        let long = "x".repeat(100);
-        let b = cut.batches(rows(&["aaaa", "bbbb", "cccccccc", "dddddddd", &long]));
-        assert_eq!(
-            ids(&b),
-            [vec!["r0", "r1", "r2"], vec!["r3"], vec!["r4"]],
-            "3 rows × 4 ≤ 12; a fourth would make 16; the long row alone"
-        );
-    }
-
-    fn seen(up: &[&str], gone: &[&str]) -> impl Fn(&str) -> Seen {
-        let (up, gone): (Vec<String>, Vec<String>) = (
-            up.iter().map(|s| s.to_string()).collect(),
-            gone.iter().map(|s| s.to_string()).collect(),
-        );
-        move |n: &str| {
-            if up.iter().any(|u| u == n) {
-                Seen::Up
-            } else if gone.iter().any(|g| g == n) {
-                Seen::Gone
-            } else {
-                Seen::Absent
-            }
-        }
-    }
-
-    #[test]
-    fn a_node_down_or_left_is_lost_at_once() {
-        let mut t = LostWorkers::default();
-        let now = Instant::now();
-        let lost = t.lost(now, ["w1", "w2"].into_iter(), seen(&["w1"], &["w2"]));
-        assert_eq!(lost, vec!["w2".to_owned()]);
-        assert_eq!(t.next_deadline(), None);
-    }
-
-    #[test]
-    fn a_node_absent_from_a_fresh_table_is_kept_for_the_grace() {
-        // A restarted head's first table holds only the members that have
-        // rejoined so far.
-        let mut t = LostWorkers::default();
-        let t0 = Instant::now();
-        let nodes = ["w1", "w2"];
-        assert!(t.lost(t0, nodes.into_iter(), seen(&["w1"], &[])).is_empty());
-        assert_eq!(t.next_deadline(), Some(t0 + ABSENT_GRACE));
-        // Still absent a little later: kept, and its grace still counts
-        // from when it went missing.
-        let t1 = t0 + Duration::from_secs(3);
-        assert!(t.lost(t1, nodes.into_iter(), seen(&["w1"], &[])).is_empty());
-        assert_eq!(t.next_deadline(), Some(t0 + ABSENT_GRACE));
-        // It rejoins: nothing lost, nothing pending.
-        let t2 = t0 + Duration::from_secs(5);
-        assert!(
-            t.lost(t2, nodes.into_iter(), seen(&["w1", "w2"], &[]))
-                .is_empty()
-        );
-        assert_eq!(t.next_deadline(), None);
-    }
-
-    #[test]
-    fn a_node_absent_past_the_grace_is_lost() {
-        let mut t = LostWorkers::default();
-        let t0 = Instant::now();
-        assert!(t.lost(t0, ["w2"].into_iter(), seen(&[], &[])).is_empty());
-        let lost = t.lost(t0 + ABSENT_GRACE, ["w2"].into_iter(), seen(&[], &[]));
-        assert_eq!(lost, vec!["w2".to_owned()]);
-        assert_eq!(t.next_deadline(), None);
     }
 }

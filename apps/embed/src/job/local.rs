@@ -105,8 +105,7 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         &config,
         started,
         &workers,
-        flotilla::Outbound::local(),
-        None,
+        flotilla_data::job::Links::local(),
         None,
         Some(events),
     )

@@ -19,7 +19,6 @@ mod config;
 pub mod detached;
 mod driver;
 mod local;
-mod progress;
 pub mod sink;
 mod stage;
 mod summary;
@@ -41,14 +40,6 @@ pub enum JobError {
     /// The input names nothing usable.
     #[error(transparent)]
     Input(#[from] InputError),
-    /// The input could not be read on.
-    #[error("input {input}: {source}")]
-    Read {
-        /// The input as given.
-        input: String,
-        /// What failed.
-        source: SourceError,
-    },
     /// There is no model folder where the job looks.
     #[error(
         "no model folder at {0}: run `scripts/fetch-model` to place all-MiniLM-L6-v2 there, or pass --model DIR (a sentence-transformers folder in Hugging Face layout)"
@@ -57,9 +48,6 @@ pub enum JobError {
     /// The model folder is unusable.
     #[error(transparent)]
     Model(#[from] crate::LoadError),
-    /// The output folder is unusable.
-    #[error(transparent)]
-    Sink(#[from] SinkError),
     /// A setting is out of its range (`--batch-size 0`, say).
     #[error(transparent)]
     Setting(#[from] SettingError),
@@ -82,12 +70,10 @@ pub enum JobError {
     /// The cluster offers no usable worker.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
-    /// Every worker was lost with batches still to do.
-    #[error("{0}; rerun to finish the job (completed batches are kept)")]
-    NoWorkers(flotilla::pipeline::PipelineError),
-    /// Batches failed on every attempt.
-    #[error("{0} batches failed on every attempt; rerun to retry them")]
-    Incomplete(u64),
+    /// The batch job failed: its input could not be read on, its output
+    /// written, every worker was lost, or batches failed on every attempt.
+    #[error(transparent)]
+    Batch(flotilla_data::BatchJobError),
     /// An embedding actor failed more often than its restart limit allows.
     #[error(
         "embedding actor {}: more than {} restarts within {:?} (--max-restarts, --restart-window-s); the job stopped: rerun to resume (completed batches are kept)",

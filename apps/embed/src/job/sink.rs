@@ -21,13 +21,10 @@
 //! data layer's [`Output`]; this module is what the embed job writes
 //! there: its manifest and the encoding of its parts.
 
-use std::collections::HashSet;
-
+use flotilla_data::output::OutputError;
 pub use flotilla_data::output::{ErrorLog, RowError};
-use flotilla_data::output::{Output, OutputError};
+use flotilla_data::{Cell, CellType, Row};
 use serde::{Deserialize, Serialize};
-
-use super::source::{Cell, CellType};
 
 /// What identifies a job's output; a folder holds one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,12 +82,13 @@ impl std::fmt::Display for Manifest {
 }
 
 /// Format of the parts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
-    /// Apache Parquet, one file per batch.
+    /// Apache Parquet, one file per batch: id (string), embedding
+    /// (fixed-size list of f32), the output columns.
     Parquet,
-    /// JSON lines, one file per batch.
+    /// JSON lines, one file per batch: {"id": …, "embedding": […], …}.
     Jsonl,
 }
 
@@ -114,27 +112,19 @@ pub type SinkError = OutputError;
 /// An output column beside `id` and `embedding`: its name and type.
 pub type Column = (String, CellType);
 
-/// A part's bytes in the manifest's format.
-fn encode_part(
+/// The part of a completed batch in the manifest's format: its `rows`
+/// (their output columns in `columns`' order) and their `values`, `dim`
+/// of them a row, row-major.
+pub fn encode_part(
     manifest: &Manifest,
     columns: &[Column],
-    rows: Rows<'_>,
+    rows: &[Row],
+    values: &[f32],
 ) -> Result<Vec<u8>, parquet::errors::ParquetError> {
     match manifest.format {
-        Format::Jsonl => Ok(jsonl_part(manifest.dim as usize, columns, rows)),
-        Format::Parquet => parquet_part(manifest, columns, rows),
+        Format::Jsonl => Ok(jsonl_part(manifest.dim as usize, columns, rows, values)),
+        Format::Parquet => parquet_part(manifest, columns, rows, values),
     }
-}
-
-/// The rows of one completed batch.
-#[derive(Debug, Clone, Copy)]
-pub struct Rows<'a> {
-    /// Row ids.
-    pub ids: &'a [String],
-    /// Each row's output columns, in the sink's column order.
-    pub extra: &'a [Vec<Cell>],
-    /// `ids.len() × dim` vector values, row-major.
-    pub values: &'a [f32],
 }
 
 /// The Arrow schema every Parquet part of a job has.
@@ -178,7 +168,8 @@ const EMBEDDING_VALUES: [&str; 3] = ["embedding", "list", "item"];
 fn parquet_part(
     manifest: &Manifest,
     columns: &[Column],
-    rows: Rows<'_>,
+    rows: &[Row],
+    values: &[f32],
 ) -> Result<Vec<u8>, parquet::errors::ParquetError> {
     use std::sync::Arc;
 
@@ -199,15 +190,17 @@ fn parquet_part(
     let embeddings = FixedSizeListArray::try_new(
         item,
         dim,
-        Arc::new(Float32Array::from(rows.values.to_vec())) as ArrayRef,
+        Arc::new(Float32Array::from(values.to_vec())) as ArrayRef,
         None,
     )?;
     let mut arrays = vec![
-        Arc::new(StringArray::from_iter_values(rows.ids)) as ArrayRef,
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.id.as_str()),
+        )) as ArrayRef,
         Arc::new(embeddings) as ArrayRef,
     ];
     for (c, (_, kind)) in columns.iter().enumerate() {
-        let cells = rows.extra.iter().map(|row| &row[c]);
+        let cells = rows.iter().map(|row| &row.extra[c]);
         arrays.push(match kind {
             CellType::Utf8 => Arc::new(StringArray::from_iter(cells.map(|v| match v {
                 Cell::Str(s) => Some(s.clone()),
@@ -253,17 +246,17 @@ fn parquet_part(
 
 /// JSON lines with the keys in column order: `id`, `embedding`, then the
 /// output columns.
-fn jsonl_part(dim: usize, columns: &[Column], rows: Rows<'_>) -> Vec<u8> {
+fn jsonl_part(dim: usize, columns: &[Column], rows: &[Row], values: &[f32]) -> Vec<u8> {
     fn put<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
         serde_json::to_writer(&mut *out, value).expect("values serialize");
     }
-    let mut out = Vec::with_capacity(rows.ids.len() * (dim * 12 + 32));
-    for (i, id) in rows.ids.iter().enumerate() {
+    let mut out = Vec::with_capacity(rows.len() * (dim * 12 + 32));
+    for (i, row) in rows.iter().enumerate() {
         out.extend_from_slice(b"{\"id\":");
-        put(&mut out, id);
+        put(&mut out, &row.id);
         out.extend_from_slice(b",\"embedding\":");
-        put(&mut out, &rows.values[i * dim..(i + 1) * dim]);
-        for ((name, _), cell) in columns.iter().zip(&rows.extra[i]) {
+        put(&mut out, &values[i * dim..(i + 1) * dim]);
+        for ((name, _), cell) in columns.iter().zip(&row.extra) {
             out.push(b',');
             put(&mut out, name);
             out.push(b':');
@@ -280,55 +273,12 @@ fn jsonl_part(dim: usize, columns: &[Column], rows: Rows<'_>) -> Vec<u8> {
     out
 }
 
-/// A job's output: the data layer's [`Output`], with the job's manifest
-/// and the columns its parts hold.
-#[derive(Debug)]
-pub struct Sink {
-    output: Output,
-    manifest: Manifest,
-    columns: Vec<Column>,
-}
-
-impl Sink {
-    /// Opens `output` for the job described by `manifest`: a URL
-    /// (`scheme://…`) names an object store, anything else a local folder.
-    /// Returns the ids of the batches already completed there.
-    /// `columns` are the output columns beside `id` and `embedding`, with
-    /// their types; their names are the manifest's.
-    pub async fn open(
-        output: &str,
-        manifest: &Manifest,
-        columns: Vec<Column>,
-    ) -> Result<(Self, HashSet<u64>), SinkError> {
-        let (output, done) = Output::open(output, manifest, manifest.format.extension()).await?;
-        let sink = Self {
-            output,
-            manifest: manifest.clone(),
-            columns,
-        };
-        Ok((sink, done))
-    }
-
-    /// Writes a completed batch with one put.
-    pub async fn write_batch(&self, batch_id: u64, rows: Rows<'_>) -> Result<(), SinkError> {
-        let bytes = encode_part(&self.manifest, &self.columns, rows).map_err(|source| {
-            SinkError::Encode {
-                location: self.output.part_location(batch_id),
-                source: Box::new(source),
-            }
-        })?;
-        self.output.write_part(batch_id, bytes).await
-    }
-
-    /// Starts this run's errors file.
-    pub fn errors(&self) -> ErrorLog<'_> {
-        self.output.errors()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
     use std::path::PathBuf;
+
+    use flotilla_data::{Output, RowAt};
 
     use super::*;
 
@@ -354,8 +304,25 @@ mod tests {
         dir
     }
 
-    fn rows<'a>(ids: &'a [String], extra: &'a [Vec<Cell>], values: &'a [f32]) -> Rows<'a> {
-        Rows { ids, extra, values }
+    fn rows(ids: &[String], extra: &[Vec<Cell>]) -> Vec<Row> {
+        ids.iter()
+            .zip(extra)
+            .enumerate()
+            .map(|(i, (id, extra))| Row {
+                at: RowAt {
+                    shard: 0,
+                    line: i as u64,
+                },
+                id: id.clone(),
+                text: String::new(),
+                extra: extra.clone(),
+            })
+            .collect()
+    }
+
+    /// Opens `out` for the job `m` describes, as the job does.
+    async fn open(out: &str, m: &Manifest) -> Result<(Output, HashSet<u64>), SinkError> {
+        Output::open(out, m, m.format.extension()).await
     }
 
     /// A manifest from before parts had a format describes JSON-lines
@@ -367,10 +334,10 @@ mod tests {
         let out = dir.to_string_lossy().into_owned();
         let old = r#"{"job_id":"j","model_revision":"sha256:00","dim":2,"batch_size":2}"#;
         std::fs::write(dir.join("manifest.json"), old).unwrap();
-        Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
+        open(&out, &manifest("j")).await.unwrap();
 
         std::fs::write(dir.join("manifest.json"), r#"{"job_id": 3}"#).unwrap();
-        let err = Sink::open(&out, &manifest("j"), vec![]).await.unwrap_err();
+        let err = open(&out, &manifest("j")).await.unwrap_err();
         assert!(matches!(err, SinkError::Manifest { .. }), "{err}");
         assert!(err.to_string().contains("invalid type"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -386,13 +353,12 @@ mod tests {
         let mut m = manifest("j");
         m.columns = vec!["lang".into()];
         let columns = vec![("lang".to_owned(), CellType::Utf8)];
-        let (sink, done) = Sink::open(&url, &m, columns.clone()).await.unwrap();
+        let (sink, done) = open(&url, &m).await.unwrap();
         assert!(done.is_empty());
         let ids = vec!["a".to_owned(), "b".to_owned()];
         let extra = vec![vec![Cell::Str("en".into())], vec![Cell::Null]];
-        sink.write_batch(7, rows(&ids, &extra, &[1.0, 0.0, 0.0, 1.0]))
-            .await
-            .unwrap();
+        let part = encode_part(&m, &columns, &rows(&ids, &extra), &[1.0, 0.0, 0.0, 1.0]).unwrap();
+        sink.write_part(7, part).await.unwrap();
         sink.errors().finish().await.unwrap();
         let part = std::fs::read_to_string(dir.join("out/parts/batch-00000007.jsonl")).unwrap();
         assert_eq!(part.lines().count(), 2);
@@ -403,16 +369,14 @@ mod tests {
         assert!(part.contains("\"lang\":null"), "{part}");
         assert_eq!(std::fs::read(dir.join("out/errors.jsonl")).unwrap(), b"");
 
-        let (_, done) = Sink::open(&url, &m, columns.clone()).await.unwrap();
+        let (_, done) = open(&url, &m).await.unwrap();
         assert_eq!(done, HashSet::from([7]));
-        let err = Sink::open(&url, &manifest("j"), vec![]).await.unwrap_err();
+        let err = open(&url, &manifest("j")).await.unwrap_err();
         assert!(
             matches!(err, SinkError::OtherJob { .. }),
             "other columns: {err}"
         );
-        let err = Sink::open(&url, &manifest("other"), vec![])
-            .await
-            .unwrap_err();
+        let err = open(&url, &manifest("other")).await.unwrap_err();
         assert!(matches!(err, SinkError::OtherJob { .. }), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -428,14 +392,13 @@ mod tests {
         std::fs::write(&leftover, "half a part").unwrap();
         let errors_leftover = dir.join("errors.jsonl#2");
         std::fs::write(&errors_leftover, "half an errors file").unwrap();
-        let (sink, done) = Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
+        let (sink, done) = open(&out, &manifest("j")).await.unwrap();
         assert!(done.is_empty());
         assert!(!leftover.exists() && !errors_leftover.exists());
         let ids = vec!["a".to_owned()];
-        sink.write_batch(3, rows(&ids, &[vec![]], &[0.6, 0.8]))
-            .await
-            .unwrap();
-        let (_, done) = Sink::open(&out, &manifest("j"), vec![]).await.unwrap();
+        let part = encode_part(&manifest("j"), &[], &rows(&ids, &[vec![]]), &[0.6, 0.8]).unwrap();
+        sink.write_part(3, part).await.unwrap();
+        let (_, done) = open(&out, &manifest("j")).await.unwrap();
         assert_eq!(done, HashSet::from([3]));
         let names: Vec<String> = std::fs::read_dir(dir.join("parts"))
             .unwrap()
@@ -455,7 +418,7 @@ mod tests {
         ];
         let ids = vec!["a".to_owned()];
         let extra = vec![vec![Cell::Int(4), Cell::Bool(true)]];
-        let bytes = encode_part(&m, &columns, rows(&ids, &extra, &[0.6, 0.8])).unwrap();
+        let bytes = encode_part(&m, &columns, &rows(&ids, &extra), &[0.6, 0.8]).unwrap();
         let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
             bytes::Bytes::from(bytes),
         )
@@ -484,7 +447,7 @@ mod tests {
         let ids: Vec<String> = (0..50).map(|i| format!("id-{i}")).collect();
         let extra: Vec<Vec<Cell>> = (0..50).map(|_| vec![Cell::Str("en".into())]).collect();
         let values = vec![0.5f32; 50 * 2];
-        let bytes = encode_part(&m, &columns, rows(&ids, &extra, &values)).unwrap();
+        let bytes = encode_part(&m, &columns, &rows(&ids, &extra), &values).unwrap();
         let reader =
             parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
         let group = reader.metadata().row_group(0);
@@ -511,9 +474,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_scheme_is_a_typed_error() {
-        let err = Sink::open("nosuch://bucket/x", &manifest("j"), vec![])
-            .await
-            .unwrap_err();
+        let err = open("nosuch://bucket/x", &manifest("j")).await.unwrap_err();
         assert!(matches!(err, SinkError::Url { .. }), "{err}");
     }
 }

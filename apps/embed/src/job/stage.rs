@@ -3,8 +3,8 @@
 
 use flotilla::pipeline::{BatchId, RpcReplyPort, Stage, Verdict};
 
-use super::source::{Cell, RowAt};
 use crate::actor::{EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest};
+use flotilla_data::Row;
 
 /// A batch's vectors as the pipeline hands them over: in the reply, or in
 /// an object lent by the actor's node, read (and then released) when the
@@ -20,41 +20,60 @@ pub(crate) enum Output {
 /// A batch held while in flight.
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
-    pub(crate) ids: Vec<String>,
-    /// Where each row is in the input.
-    pub(crate) at: Vec<RowAt>,
-    pub(crate) texts: Vec<String>,
-    /// The extra output columns of each row.
-    pub(crate) extra: Vec<Vec<Cell>>,
-    /// The texts as an object in the driver's store, once put there (then
-    /// `texts` is empty): held until the batch is done, so that every
-    /// retry reads the same object.
+    /// Its rows; their texts are empty once in [`Batch::object`].
+    pub(crate) rows: Vec<Row>,
+    /// The texts as an object in the driver's store, once put there:
+    /// held until the batch is done, so that every retry reads the same
+    /// object.
     pub(crate) object: Option<flotilla::Object>,
 }
 
-impl Batch {
-    /// Rows in the batch.
-    pub(crate) fn len(&self) -> usize {
-        self.ids.len()
+impl AsRef<[Row]> for Batch {
+    fn as_ref(&self) -> &[Row] {
+        &self.rows
     }
+}
 
+impl Batch {
     /// Moves the texts into an object of `objects`' store, which actors
     /// read in place on this host or pull from it.
     pub(crate) async fn put_texts(
         &mut self,
         objects: &flotilla::Objects,
     ) -> Result<(), flotilla::ObjectsError> {
-        let object = objects.put_archive(&self.texts).await?;
-        self.texts = Vec::new();
-        self.object = Some(object);
-        Ok(())
+        let texts: Vec<String> = self
+            .rows
+            .iter_mut()
+            .map(|r| std::mem::take(&mut r.text))
+            .collect();
+        match objects.put_archive(&texts).await {
+            Ok(object) => {
+                self.object = Some(object);
+                Ok(())
+            }
+            Err(e) => {
+                // The texts go back in the rows, for the request to carry.
+                for (row, text) in self.rows.iter_mut().zip(texts) {
+                    row.text = text;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The texts for a request: empty when they are in the object.
+    fn texts(&self) -> Vec<String> {
+        match self.object {
+            Some(_) => Vec::new(),
+            None => self.rows.iter().map(|r| r.text.clone()).collect(),
+        }
     }
 
     /// Bytes of the batch's texts, wherever they are.
     fn text_bytes(&self) -> usize {
         match &self.object {
             Some(object) => object.reference().size as usize,
-            None => self.texts.iter().map(String::len).sum(),
+            None => self.rows.iter().map(|r| r.text.len()).sum(),
         }
     }
 }
@@ -75,7 +94,7 @@ impl Stage for EmbedStage {
         EmbedMsg::Embed(
             EmbedRequest {
                 batch_id: id.0,
-                texts: batch.texts.clone(),
+                texts: batch.texts(),
                 object: batch.object.as_ref().map(|o| o.reference().clone()),
             },
             reply,
@@ -90,7 +109,7 @@ impl Stage for EmbedStage {
             } if batch_id == id.0
                 && v.revision == self.revision
                 && v.dim == self.dim
-                && v.values.len() == batch.len() * self.dim as usize =>
+                && v.values.len() == batch.rows.len() * self.dim as usize =>
             {
                 Verdict::Done(Output::Values(v.values))
             }
@@ -100,7 +119,7 @@ impl Stage for EmbedStage {
             } if batch_id == id.0
                 && v.revision == self.revision
                 && v.dim == self.dim
-                && v.rows as usize == batch.len() =>
+                && v.rows as usize == batch.rows.len() =>
             {
                 Verdict::Done(Output::Object(v.object))
             }
@@ -114,9 +133,9 @@ impl Stage for EmbedStage {
 
     fn weight(&self, batch: &Batch) -> usize {
         let text = batch.text_bytes();
-        let ids: usize = batch.ids.iter().map(String::len).sum();
+        let ids: usize = batch.rows.iter().map(|r| r.id.len()).sum();
         // The request's copy of the texts, and the vectors coming back.
-        2 * text + ids + batch.len() * self.dim as usize * 4
+        2 * text + ids + batch.rows.len() * self.dim as usize * 4
     }
 }
 
@@ -171,22 +190,4 @@ pub(crate) async fn read_result(
         ));
     }
     Ok(v)
-}
-
-/// A finished batch's vectors, wherever they came in.
-pub(crate) enum Held {
-    /// In the reply.
-    Values(Vec<f32>),
-    /// In a result object, read in place.
-    Object(flotilla::ArchivedObject<crate::actor::Vectors>),
-}
-
-impl Held {
-    /// The values, row-major.
-    pub(crate) fn values(&self) -> std::borrow::Cow<'_, [f32]> {
-        match self {
-            Held::Values(v) => std::borrow::Cow::Borrowed(v),
-            Held::Object(v) => flotilla::objects::f32s(v.values.as_slice()),
-        }
-    }
 }

@@ -1,4 +1,4 @@
-//! What a job did, printed at its end, and the batch latencies behind it.
+//! What a job did, printed at its end.
 
 use std::time::Duration;
 
@@ -100,48 +100,9 @@ impl std::fmt::Display for Summary {
     }
 }
 
-/// Batch latencies in a histogram of fixed size, whatever the number of
-/// batches: microseconds from 1 µs to an hour, three significant digits.
-pub(crate) struct Latencies(hdrhistogram::Histogram<u64>);
-
-impl Latencies {
-    pub(crate) fn new() -> Self {
-        Self(
-            hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                .expect("bounds and precision are valid"),
-        )
-    }
-
-    /// Records one batch's latency (clamped to the range).
-    pub(crate) fn record(&mut self, latency: Duration) {
-        self.0.saturating_record(latency.as_micros().max(1) as u64);
-    }
-
-    /// The `q`-quantile (0..=1), zero when nothing was recorded.
-    pub(crate) fn quantile(&self, q: f64) -> Duration {
-        if self.0.is_empty() {
-            return Duration::ZERO;
-        }
-        Duration::from_micros(self.0.value_at_quantile(q))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantiles_of_latencies_are_within_the_histogram_precision() {
-        let mut l = Latencies::new();
-        assert_eq!(l.quantile(0.5), Duration::ZERO);
-        for ms in 1..=100u64 {
-            l.record(Duration::from_millis(ms));
-        }
-        let p50 = l.quantile(0.5).as_secs_f64() * 1e3;
-        let p95 = l.quantile(0.95).as_secs_f64() * 1e3;
-        assert!((p50 - 50.0).abs() < 0.1, "{p50}");
-        assert!((p95 - 95.0).abs() < 0.1, "{p95}");
-    }
 
     #[test]
     fn the_summary_says_where_the_output_is_and_how_to_read_it() {

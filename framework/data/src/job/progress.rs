@@ -8,12 +8,23 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// How often progress is logged when there is no bar.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
+/// How a job shows its progress.
+#[derive(Debug, Clone, Default)]
+pub struct ProgressConfig {
+    /// A bar on the terminal (else a log line every few seconds).
+    pub bar: bool,
+    /// Rows in the input, when known: the bar's length and the ETA.
+    pub total: Option<u64>,
+    /// Where `(rows done or skipped, total)` is published as the job goes.
+    pub report: Option<tokio::sync::watch::Sender<(u64, u64)>>,
+}
+
 /// Progress of one run, in rows.
 pub(crate) struct Progress {
     bar: Option<ProgressBar>,
     started: Instant,
     last_log: Instant,
-    /// Rows embedded (or refused) by this run.
+    /// Rows written (or refused) by this run.
     rows: u64,
     /// Rows of batches skipped as already done.
     skipped: u64,
@@ -23,13 +34,9 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// Progress over `total` rows (when known); with `bar`, drawn on the
-    /// terminal.
-    pub(crate) fn new(
-        bar: bool,
-        total: Option<u64>,
-        report: Option<tokio::sync::watch::Sender<(u64, u64)>>,
-    ) -> Self {
+    /// Progress as `config` asks.
+    pub(crate) fn new(config: ProgressConfig) -> Self {
+        let ProgressConfig { bar, total, report } = config;
         let bar = bar.then(|| {
             let b = ProgressBar::new(total.unwrap_or(0));
             let template = if total.is_some() {

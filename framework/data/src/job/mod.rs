@@ -1,0 +1,790 @@
+//! A batch job over any actor kind: the rows of an [`Input`] cut into
+//! batches with stable ids, run through actors with the framework's
+//! bounded [`Pipeline`], each completed batch written as one part of an
+//! [`Output`], exactly once, resumable.
+//!
+//! ```text
+//! Source ─► Batching (windows sorted by length, cut by rows and tokens; ids 0, 1, …; done ones skipped)
+//!        ─► Parts::batch (the stage's batch) ─► Pipeline (≤ M in flight, least loaded,
+//!           deadlines, retries) ─► the actors ─► Parts::part (bytes, or an unusable answer
+//!           sent again) ─► Output part k
+//!   invalid rows, rejected batches ─► errors file
+//! ```
+//!
+//! Backpressure runs end to end: a batch is read only while the pipeline
+//! has credit, so reading stops when the window is full and the output is
+//! the consumer. A member that goes down or leaves (or stays absent from
+//! the member table past a grace, as while a restarted head fills its
+//! table), or an actor that stops, leaves the pool, and its batches go to
+//! the others at once. Under a supervisor, a restarted actor joins the
+//! pool again, the job waits while every actor is restarting, and an
+//! escalation ends the job. With no actor left the job fails
+//! ([`BatchJobError::NoWorkers`]) rather than wait. Batch ids depend only
+//! on the input and the [`Batching`], so a run started again on the same
+//! output skips the parts already there and writes the others: every row
+//! is in exactly one part.
+
+mod batching;
+mod lost;
+mod progress;
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flotilla::pipeline::{
+    BatchId, Event, Pipeline, PipelineConfig, PipelineError, Stage, WorkerKey,
+};
+use flotilla::ractor::{ActorRef, ActorStatus};
+use flotilla::supervisor::{Escalation, SupervisorEvent};
+use flotilla::{Node, Outbound, Table};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+pub use batching::Batching;
+pub use progress::ProgressConfig;
+
+use crate::input::{Input, InputError};
+use crate::output::{Output, OutputError};
+use crate::source::{Cell, CellType, Fields, RowAt, Source, SourceError};
+use batching::Batcher;
+use lost::{LostWorkers, drop_lost_workers};
+use progress::Progress;
+
+/// How often the actors are looked over for one that stopped.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// One row of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Where it is in the input.
+    pub at: RowAt,
+    /// Its id.
+    pub id: String,
+    /// Its text.
+    pub text: String,
+    /// Its extra columns, in [`Fields::extra`]'s order.
+    pub extra: Vec<Cell>,
+}
+
+/// What a batch job reads, where it writes and how it cuts batches.
+#[derive(Debug, Clone)]
+pub struct BatchJob<M> {
+    /// The input: a file, folder or glob, local or an object-store URL.
+    pub input: String,
+    /// The fields (columns) read from it.
+    pub fields: Fields,
+    /// The output: a folder or an object-store URL.
+    pub output: String,
+    /// The output's manifest: what makes two runs the same job.
+    pub manifest: M,
+    /// The parts' file extension (`parquet`, `jsonl`, …).
+    pub extension: &'static str,
+    /// How rows are cut into batches (batch ids depend on it).
+    pub batching: Batching,
+    /// The pipeline's limits (batches in flight, deadline, attempts).
+    pub pipeline: PipelineConfig,
+    /// How progress is shown and published.
+    pub progress: ProgressConfig,
+}
+
+/// Why a batch job failed. Rows refused one by one are not failures: they
+/// go to the errors file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchJobError {
+    /// A setting cannot hold.
+    #[error("batch job: {0}")]
+    Setting(String),
+    /// The input names nothing usable.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The input could not be read on.
+    #[error("input {input}: {source}")]
+    Read {
+        /// The input as given.
+        input: String,
+        /// What failed.
+        source: SourceError,
+    },
+    /// The output cannot be used or written.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// Every actor was lost with batches still to do.
+    #[error("{0}; rerun to finish the job (completed batches are kept)")]
+    NoWorkers(PipelineError),
+    /// Batches failed on every attempt (the others are written).
+    #[error("{0} batches failed on every attempt; rerun to retry them")]
+    Incomplete(u64),
+    /// An actor failed more often than its supervisor's restart limit
+    /// allows.
+    #[error(
+        "actor {}: more than {} restarts within {:?}; the job stopped: rerun to resume (completed batches are kept)",
+        .0.child, .0.max_restarts, .0.within
+    )]
+    RestartLimit(Escalation),
+}
+
+/// What a finished batch job did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchSummary {
+    /// Batches written by this run.
+    pub written: u64,
+    /// Batches found done by an earlier run, skipped.
+    pub skipped: u64,
+    /// Rows written by this run.
+    pub rows: u64,
+    /// Rows refused (in the errors file).
+    pub refused: u64,
+    /// Sends after the first of a batch (failures, deadlines, lost actors).
+    pub retries: u64,
+    /// Batches moved off an actor that was lost.
+    pub redispatches: u64,
+    /// Actors restarted by their supervisor during the job.
+    pub restarts: u64,
+    /// When the first part was written, from the start of the run.
+    pub first_part_after: Option<Duration>,
+    /// Median batch latency.
+    pub batch_p50: Duration,
+    /// 95th percentile batch latency.
+    pub batch_p95: Duration,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+}
+
+/// Where a job's actors are reached and how it learns of lost members.
+pub struct Links {
+    /// The sending side for remote actors.
+    pub outbound: Outbound,
+    /// The member table; without it only actors that stop leave the pool.
+    pub members: Option<watch::Receiver<Table>>,
+}
+
+impl Links {
+    /// Actors of this process only.
+    pub fn local() -> Self {
+        Self {
+            outbound: Outbound::local(),
+            members: None,
+        }
+    }
+
+    /// Actors anywhere in `node`'s cluster.
+    pub fn of(node: &Node) -> Self {
+        Self {
+            outbound: node.outbound(),
+            members: Some(node.watch_members()),
+        }
+    }
+}
+
+/// The actors a job runs on, each with the member it runs on, and the
+/// supervisor over them if any.
+pub struct Pool<M: flotilla::ractor::Message> {
+    actors: Vec<(String, ActorRef<M>)>,
+    /// Each actor's child id under the supervisor, in the same order.
+    ids: Vec<String>,
+    events: Option<mpsc::UnboundedReceiver<SupervisorEvent>>,
+}
+
+impl<M: flotilla::ractor::Message> Pool<M> {
+    /// `actors`, unsupervised: one that stops leaves the pool.
+    pub fn new(actors: Vec<(String, ActorRef<M>)>) -> Self {
+        Self {
+            actors,
+            ids: Vec::new(),
+            events: None,
+        }
+    }
+
+    /// `actors` as the children `ids` of a supervisor reporting `events`:
+    /// one that exits leaves the pool, comes back when restarted, and an
+    /// escalation ends the job.
+    pub fn supervised(
+        actors: Vec<(String, ActorRef<M>)>,
+        ids: Vec<String>,
+        events: mpsc::UnboundedReceiver<SupervisorEvent>,
+    ) -> Self {
+        Self {
+            actors,
+            ids,
+            events: Some(events),
+        }
+    }
+}
+
+/// What a part is written for: its batch id and the types of the input's
+/// extra columns (in [`Fields::extra`]'s order).
+#[derive(Debug, Clone, Copy)]
+pub struct PartOf<'a> {
+    /// The batch id.
+    pub id: u64,
+    /// The extra columns' types.
+    pub types: &'a [CellType],
+}
+
+/// Why a completed batch gives no part.
+#[derive(Debug)]
+pub enum PartError {
+    /// The answer cannot be used (a result that cannot be read, say): a
+    /// failed attempt of the batch, sent again within its attempts.
+    Unusable(String),
+    /// The part cannot be encoded: the job fails.
+    Encode(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// What an application adds around its stage: the batch the stage holds,
+/// made of rows, and the part a completed batch becomes.
+pub trait Parts<S: Stage>: Send {
+    /// The stage's batch of `rows` (the application may move its texts
+    /// into the object store, say).
+    fn batch(&mut self, rows: Vec<Row>) -> impl Future<Output = S::Batch> + Send;
+
+    /// The part of a completed batch.
+    fn part(
+        &mut self,
+        batch: &S::Batch,
+        output: S::Output,
+        of: PartOf<'_>,
+    ) -> impl Future<Output = Result<Vec<u8>, PartError>> + Send;
+
+    /// Called once every part is written, before the job returns.
+    fn finish(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+}
+
+impl<S: Stage, P: Parts<S>> Parts<S> for &mut P {
+    fn batch(&mut self, rows: Vec<Row>) -> impl Future<Output = S::Batch> + Send {
+        (**self).batch(rows)
+    }
+
+    fn part(
+        &mut self,
+        batch: &S::Batch,
+        output: S::Output,
+        of: PartOf<'_>,
+    ) -> impl Future<Output = Result<Vec<u8>, PartError>> + Send {
+        (**self).part(batch, output, of)
+    }
+
+    fn finish(&mut self) -> impl Future<Output = ()> + Send {
+        (**self).finish()
+    }
+}
+
+/// [`Parts`] of a stage whose batch is its rows: a function encodes each
+/// completed batch's part.
+pub struct Encode<F>(pub F);
+
+impl<S, F> Parts<S> for Encode<F>
+where
+    S: Stage<Batch = Vec<Row>>,
+    F: Fn(&[Row], S::Output) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> + Send,
+    S::Output: Send,
+{
+    fn batch(&mut self, rows: Vec<Row>) -> impl Future<Output = Vec<Row>> + Send {
+        std::future::ready(rows)
+    }
+
+    fn part(
+        &mut self,
+        batch: &Vec<Row>,
+        output: S::Output,
+        _: PartOf<'_>,
+    ) -> impl Future<Output = Result<Vec<u8>, PartError>> + Send {
+        std::future::ready((self.0)(batch, output).map_err(PartError::Encode))
+    }
+}
+
+/// Batch latencies in a histogram of fixed size, whatever the number of
+/// batches: microseconds from 1 µs to an hour, three significant digits.
+struct Latencies(hdrhistogram::Histogram<u64>);
+
+impl Latencies {
+    fn new() -> Self {
+        Self(
+            hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("bounds and precision are valid"),
+        )
+    }
+
+    /// Records one batch's latency (clamped to the range).
+    fn record(&mut self, latency: Duration) {
+        self.0.saturating_record(latency.as_micros().max(1) as u64);
+    }
+
+    /// The `q`-quantile (0..=1), zero when nothing was recorded.
+    fn quantile(&self, q: f64) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(self.0.value_at_quantile(q))
+    }
+}
+
+/// The pool as the pipeline sees it: which worker each supervised actor
+/// is, which are being restarted.
+struct Members<M: flotilla::ractor::Message> {
+    actors: Vec<(WorkerKey, ActorRef<M>)>,
+    keys: HashMap<String, WorkerKey>,
+    restarting: BTreeSet<String>,
+}
+
+impl<M: flotilla::ractor::Message> Members<M> {
+    /// Removes actors that stopped.
+    fn prune<S: Stage<Msg = M>>(&mut self, pipeline: &mut Pipeline<S>) {
+        self.actors.retain(|(key, actor)| {
+            let stopped = matches!(
+                actor.get_status(),
+                ActorStatus::Stopped | ActorStatus::Stopping
+            );
+            if stopped {
+                pipeline.remove_worker(*key);
+            }
+            !stopped
+        });
+    }
+
+    /// Applies what the supervisor reports: an actor that exited leaves
+    /// the pipeline (its batches go to the others at once), a restarted
+    /// one joins it, an escalation ends the job.
+    fn on_supervision<S: Stage<Msg = M>>(
+        &mut self,
+        event: SupervisorEvent,
+        pipeline: &mut Pipeline<S>,
+        restarts: &mut u64,
+    ) -> Result<(), Escalation> {
+        match event {
+            SupervisorEvent::Exited {
+                child,
+                exit,
+                restarting,
+            } => {
+                if let Some(key) = self.keys.remove(&child)
+                    && pipeline.remove_worker(key)
+                {
+                    tracing::warn!(actor = %child, ?exit, restart = restarting, in_flight = pipeline.in_flight(),
+                        "actor exited; its batches go to the other actors");
+                }
+                if restarting {
+                    self.restarting.insert(child);
+                } else {
+                    self.restarting.remove(&child);
+                }
+            }
+            SupervisorEvent::Started {
+                child,
+                running,
+                restarts: n,
+            } => {
+                self.restarting.remove(&child);
+                if n > 0 {
+                    let node = running
+                        .node
+                        .as_ref()
+                        .map_or_else(|| "local".to_owned(), |(n, _)| n.clone());
+                    let actor = ActorRef::<M>::from(running.cell);
+                    let key = pipeline.add_worker(&node, actor.clone());
+                    self.keys.insert(child, key);
+                    self.actors.push((key, actor));
+                    *restarts += 1;
+                }
+            }
+            SupervisorEvent::Escalated(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
+/// Runs `job` through the actors of `pool`, reached through `links`:
+/// `stage` makes each actor's request of a batch and judges its answer;
+/// `parts` makes the stage's batches and the parts of completed ones.
+/// Returns when every batch is written (or refused).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use flotilla::pipeline::{BatchId, PipelineConfig, RpcReplyPort, Stage, Verdict};
+/// use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, Message};
+/// use flotilla_data::{BatchJob, Batching, Cell, Encode, Fields, Links, Pool, Row, parts};
+///
+/// // An actor kind: the length of each text.
+/// struct Lengths;
+/// struct Measure(Vec<String>, RpcReplyPort<Vec<i64>>);
+/// impl Message for Measure {}
+/// impl Actor for Lengths {
+///     type Msg = Measure;
+///     type State = ();
+///     type Arguments = ();
+///     async fn pre_start(&self, _: ActorRef<Measure>, _: ()) -> Result<(), ActorProcessingErr> {
+///         Ok(())
+///     }
+///     async fn handle(&self, _: ActorRef<Measure>, m: Measure, _: &mut ()) -> Result<(), ActorProcessingErr> {
+///         let _ = m.1.send(m.0.iter().map(|t| t.len() as i64).collect());
+///         Ok(())
+///     }
+/// }
+/// // How a batch is asked of it and its answer checked.
+/// struct Measuring;
+/// impl Stage for Measuring {
+///     type Msg = Measure;
+///     type Batch = Vec<Row>;
+///     type Reply = Vec<i64>;
+///     type Output = Vec<i64>;
+///     fn request(&self, _: BatchId, rows: &Vec<Row>, reply: RpcReplyPort<Vec<i64>>) -> Measure {
+///         Measure(rows.iter().map(|r| r.text.clone()).collect(), reply)
+///     }
+///     fn judge(&self, _: BatchId, rows: &Vec<Row>, lengths: Vec<i64>) -> Verdict<Vec<i64>> {
+///         if lengths.len() == rows.len() { Verdict::Done(lengths) } else { Verdict::Retry("short".into()) }
+///     }
+/// }
+///
+/// let dir = std::env::temp_dir().join(format!("flotilla-job-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let lines: Vec<String> = (0..10).map(|i| format!("{{\"id\": {i}, \"text\": \"{}\"}}", "x".repeat(i))).collect();
+/// std::fs::write(dir.join("in.jsonl"), lines.join("\n"))?;
+/// let (actor, _) = Actor::spawn(None, Lengths, ()).await?;
+/// let job = BatchJob {
+///     input: dir.join("in.jsonl").to_string_lossy().into_owned(),
+///     fields: Fields::new("id", "text"),
+///     output: dir.join("out").to_string_lossy().into_owned(),
+///     manifest: "lengths-v1".to_owned(),
+///     extension: "parquet",
+///     batching: Batching::rows(4),
+///     pipeline: PipelineConfig::for_workers(1, std::time::Duration::from_secs(5)),
+///     progress: Default::default(),
+/// };
+/// let encode = |rows: &[Row], lengths: Vec<i64>| {
+///     let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+///     Ok(parts::parquet_part(&ids, &[("len", lengths.into_iter().map(Cell::Int).collect())])?)
+/// };
+/// let pool = Pool::new(vec![("local".to_owned(), actor.clone())]);
+/// let done = flotilla_data::job::run(Links::local(), job.clone(), Measuring, pool, Encode(encode)).await?;
+/// assert_eq!((done.written, done.rows), (3, 10));
+/// // Run again on the same output: every batch is found done.
+/// let pool = Pool::new(vec![("local".to_owned(), actor.clone())]);
+/// let again = flotilla_data::job::run(Links::local(), job, Measuring, pool, Encode(encode)).await?;
+/// assert_eq!((again.written, again.skipped), (0, 3));
+/// assert_eq!(parts::parquet_ids(&dir.join("out/parts"))?.len(), 10);
+/// # actor.stop(None);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn run<S, M, P>(
+    links: Links,
+    job: BatchJob<M>,
+    stage: S,
+    pool: Pool<S::Msg>,
+    mut parts: P,
+) -> Result<BatchSummary, BatchJobError>
+where
+    S: Stage<Batch: AsRef<[Row]>>,
+    M: Serialize + DeserializeOwned + PartialEq + std::fmt::Display,
+    P: Parts<S>,
+{
+    let started = Instant::now();
+    if job.batching.size == 0 {
+        return Err(BatchJobError::Setting(
+            "the batch size must be at least 1".into(),
+        ));
+    }
+    if pool.actors.is_empty() {
+        return Err(BatchJobError::Setting("no actor to run the batches".into()));
+    }
+    let input = Arc::new(Input::resolve(&job.input).await?);
+    let source = Source::open(Arc::clone(&input), job.fields.clone())
+        .await
+        .map_err(|source| BatchJobError::Read {
+            input: job.input.clone(),
+            source,
+        })?;
+    let types = source.types().to_vec();
+    let (output, done) = Output::open(&job.output, &job.manifest, job.extension).await?;
+    let mut errors = output.errors();
+    let mut batcher = Batcher::new(source, input, job.batching);
+    let Links {
+        outbound,
+        mut members,
+    } = links;
+    let mut pipeline = Pipeline::new(stage, job.pipeline, outbound);
+    let mut pool_state = Members {
+        actors: Vec::with_capacity(pool.actors.len()),
+        keys: HashMap::new(),
+        restarting: BTreeSet::new(),
+    };
+    for (i, (member, actor)) in pool.actors.into_iter().enumerate() {
+        let key = pipeline.add_worker(&member, actor.clone());
+        if let Some(id) = pool.ids.get(i) {
+            pool_state.keys.insert(id.clone(), key);
+        }
+        pool_state.actors.push((key, actor));
+    }
+    let mut events = pool.events;
+    let mut look = tokio::time::interval(LOOK_EVERY);
+    let mut lost = LostWorkers::default();
+    let mut progress = Progress::new(job.progress);
+    let mut latencies = Latencies::new();
+    let mut summary = BatchSummary::default();
+    let mut gave_up = 0u64;
+    loop {
+        // Fill free credits with the next batches not already done.
+        while !batcher.is_done() && pipeline.has_credit() {
+            let Some((id, rows)) = batcher.next(&mut errors).await? else {
+                break;
+            };
+            if done.contains(&id) {
+                summary.skipped += 1;
+                progress.skipped(rows.len());
+                continue;
+            }
+            let batch = parts.batch(rows).await;
+            pipeline.submit(BatchId(id), batch);
+        }
+        if batcher.is_done() && pipeline.is_idle() {
+            break;
+        }
+        pool_state.prune(&mut pipeline);
+        let grace_ends = lost.next_deadline();
+        let grace = async {
+            match grace_ends {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let table_changed = async {
+            match members.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let supervised = async {
+            match events.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        // With every actor restarting, wait for them rather than give up.
+        let serving = pipeline.workers() > 0 || pool_state.restarting.is_empty();
+        let event = tokio::select! {
+            e = pipeline.next(), if serving => e,
+            open = table_changed => {
+                match members.as_mut() {
+                    Some(rx) if open => {
+                        drop_lost_workers(&mut pipeline, &mut lost, &rx.borrow_and_update());
+                    }
+                    // The node is stopping; the pipeline's deadlines still
+                    // move the batches of actors that do not answer.
+                    _ => members = None,
+                }
+                continue;
+            }
+            () = grace => {
+                if let Some(rx) = &members {
+                    drop_lost_workers(&mut pipeline, &mut lost, &rx.borrow());
+                }
+                continue;
+            }
+            event = supervised => {
+                match event {
+                    Some(event) => pool_state
+                        .on_supervision(event, &mut pipeline, &mut summary.restarts)
+                        .map_err(BatchJobError::RestartLimit)?,
+                    None => events = None,
+                }
+                continue;
+            }
+            _ = look.tick() => continue,
+        };
+        // A supervisor that gives up says so before the exits it causes, so
+        // an escalation ends the job above before its last actor leaves.
+        match event.map_err(BatchJobError::NoWorkers)? {
+            None => {}
+            Some(Event::Done {
+                id,
+                batch,
+                output: answer,
+                latency,
+                receipt,
+            }) => {
+                let of = PartOf {
+                    id: id.0,
+                    types: &types,
+                };
+                let bytes = match parts.part(&batch, answer, of).await {
+                    Ok(bytes) => bytes,
+                    Err(PartError::Unusable(reason)) => {
+                        // A failed attempt of the batch: sent again within
+                        // the attempts it has left.
+                        tracing::warn!(batch = id.0, attempt = receipt.attempt(), %reason, "answer unusable; the batch goes out again");
+                        pipeline.unusable(id, batch, receipt);
+                        continue;
+                    }
+                    Err(PartError::Encode(source)) => {
+                        return Err(OutputError::Encode {
+                            location: output.part_location(id.0),
+                            source,
+                        }
+                        .into());
+                    }
+                };
+                output.write_part(id.0, bytes).await?;
+                let rows = batch.as_ref().len();
+                summary.first_part_after.get_or_insert(started.elapsed());
+                summary.written += 1;
+                summary.rows += rows as u64;
+                latencies.record(latency);
+                progress.done(rows);
+            }
+            Some(Event::Rejected { batch, reason, .. }) => {
+                for row in batch.as_ref() {
+                    let error = batcher.row_error(row.at, Some(row.id.clone()), reason.clone());
+                    errors.record(&error).await?;
+                }
+                progress.done(batch.as_ref().len());
+            }
+            Some(Event::GaveUp { id, .. }) => {
+                tracing::error!(batch = id.0, "batch failed on every attempt");
+                gave_up += 1;
+            }
+        }
+    }
+    progress.finish();
+    parts.finish().await;
+    summary.refused = errors.rows();
+    errors.finish().await?;
+    let stats = pipeline.stats();
+    summary.retries = stats.retries;
+    summary.redispatches = stats.redispatches;
+    summary.batch_p50 = latencies.quantile(0.5);
+    summary.batch_p95 = latencies.quantile(0.95);
+    summary.elapsed = started.elapsed();
+    if gave_up > 0 {
+        return Err(BatchJobError::Incomplete(gave_up));
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla::pipeline::{RpcReplyPort, Verdict};
+    use flotilla::ractor::{Actor, ActorProcessingErr, Message};
+
+    use super::*;
+
+    /// Answers each batch with its row count.
+    struct Count;
+    struct Rows(usize, RpcReplyPort<usize>);
+    impl Message for Rows {}
+    impl Actor for Count {
+        type Msg = Rows;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<Rows>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            _: ActorRef<Rows>,
+            Rows(n, reply): Rows,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            let _ = reply.send(n);
+            Ok(())
+        }
+    }
+    struct Counting;
+    impl Stage for Counting {
+        type Msg = Rows;
+        type Batch = Vec<Row>;
+        type Reply = usize;
+        type Output = usize;
+        fn request(&self, _: BatchId, rows: &Vec<Row>, reply: RpcReplyPort<usize>) -> Rows {
+            Rows(rows.len(), reply)
+        }
+        fn judge(&self, _: BatchId, _: &Vec<Row>, n: usize) -> Verdict<usize> {
+            Verdict::Done(n)
+        }
+    }
+
+    /// Parts whose every answer is unusable, counting how often each
+    /// batch's was looked at.
+    #[derive(Default)]
+    struct Unreadable(HashMap<u64, u32>);
+    impl Parts<Counting> for Unreadable {
+        async fn batch(&mut self, rows: Vec<Row>) -> Vec<Row> {
+            rows
+        }
+        async fn part(
+            &mut self,
+            _: &Vec<Row>,
+            _: usize,
+            of: PartOf<'_>,
+        ) -> Result<Vec<u8>, PartError> {
+            *self.0.entry(of.id).or_default() += 1;
+            Err(PartError::Unusable("cannot be read".into()))
+        }
+    }
+
+    /// An answer that cannot be used is a failed attempt of its batch: the
+    /// batch goes out again within its attempts, then counts as failed,
+    /// rather than being sent again without limit.
+    #[tokio::test]
+    async fn an_unusable_answer_is_a_failed_attempt_within_the_limit() {
+        let dir =
+            std::env::temp_dir().join(format!("flotilla-job-unusable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lines: Vec<String> = (0..5)
+            .map(|i| format!("{{\"id\": {i}, \"text\": \"t\"}}"))
+            .collect();
+        std::fs::write(dir.join("in.jsonl"), lines.join("\n")).unwrap();
+        let (actor, _) = Actor::spawn(None, Count, ()).await.unwrap();
+        let job = BatchJob {
+            input: dir.join("in.jsonl").to_string_lossy().into_owned(),
+            fields: Fields::new("id", "text"),
+            output: dir.join("out").to_string_lossy().into_owned(),
+            manifest: "count".to_owned(),
+            extension: "bin",
+            batching: Batching::rows(2),
+            pipeline: PipelineConfig {
+                max_attempts: 3,
+                retry_backoff: Duration::from_millis(1),
+                ..PipelineConfig::for_workers(1, Duration::from_secs(5))
+            },
+            progress: ProgressConfig::default(),
+        };
+        let mut parts = Unreadable::default();
+        let pool = Pool::new(vec![("local".to_owned(), actor.clone())]);
+        let result = tokio::time::timeout(
+            Duration::from_secs(20),
+            run(Links::local(), job, Counting, pool, &mut parts),
+        )
+        .await
+        .expect("the job ends");
+        assert!(
+            matches!(result, Err(BatchJobError::Incomplete(3))),
+            "{result:?}"
+        );
+        assert_eq!(parts.0, HashMap::from([(0, 3), (1, 3), (2, 3)]));
+        let written = std::fs::read_dir(dir.join("out/parts")).unwrap().count();
+        assert_eq!(written, 0);
+        actor.stop(None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn quantiles_of_latencies_are_within_the_histogram_precision() {
+        let mut l = Latencies::new();
+        assert_eq!(l.quantile(0.5), Duration::ZERO);
+        for ms in 1..=100u64 {
+            l.record(Duration::from_millis(ms));
+        }
+        let p50 = l.quantile(0.5).as_secs_f64() * 1e3;
+        let p95 = l.quantile(0.95).as_secs_f64() * 1e3;
+        assert!((p50 - 50.0).abs() < 0.1, "{p50}");
+        assert!((p95 - 95.0).abs() < 0.1, "{p95}");
+    }
+}
