@@ -1,7 +1,8 @@
 //! A batch job over an actor kind of your own (`example.text_stats`):
-//! a JSONL corpus measured by actors in a SPREAD placement group on two
-//! workers, written as Parquet parts, every id exactly once though a worker
-//! is killed with SIGKILL mid-job. The cluster is `my_node` processes, the
+//! a JSONL corpus measured by supervised actors in a SPREAD placement group
+//! on two workers, written as Parquet parts, every id exactly once though a
+//! worker is killed with SIGKILL mid-job (its batches go to the other
+//! actor at once). The cluster is `my_node` processes, the
 //! stock `node` with the kind registered; this process is the driver.
 //!
 //! ```text
@@ -13,7 +14,10 @@ use std::time::Duration;
 
 use flotilla::pipeline::PipelineConfig;
 use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+use flotilla::ractor::ActorRef;
+use flotilla::supervisor::Intensity;
 use flotilla::{Node, NodeConfig, Resources};
+use flotilla_data::job::{Placed, Placement};
 use flotilla_data::source::Cell;
 use flotilla_data::{BatchJob, Batching, Encode, Fields, Links, Pool, Row, parts};
 use flotilla_examples::text_stats::{
@@ -35,29 +39,30 @@ async fn main() -> anyhow::Result<()> {
     // The driver: a node of its own that offers nothing.
     let mut config = NodeConfig::new("driver", free_addr(), &certs).join(head);
     config.resources = Some(Resources::default());
-    let node = Node::builder(config).start().await?;
+    let node = std::sync::Arc::new(Node::builder(config).start().await?);
     let all_up = |t: &flotilla::Table| t.up().count() == 4;
     node.wait_members(Duration::from_secs(30), all_up)
         .await
         .ok_or_else(|| anyhow::anyhow!("the workers did not join"))?;
-    let spec = GroupSpec::new(Strategy::Spread, vec![bundle(&[("cpu", 1.0)]); 2]);
-    let group = node.create_group(spec).await?;
-    let placed = node.wait_group(&group, Duration::from_secs(30)).await?;
-    let (args, wait) = (
-        TextStatsArgs {
+    // Two actors of the kind in a SPREAD group of the job's own, supervised.
+    let placement = Placement {
+        spec: GroupSpec::new(Strategy::Spread, vec![bundle(&[("cpu", 1.0)]); 2]),
+        kind: TEXT_STATS.to_owned(),
+        name: "stats".to_owned(),
+        args: TextStatsArgs {
             min_word_len: 3,
             work_ms: 20,
         },
-        Duration::from_secs(15),
+        spawn_timeout: Duration::from_secs(15),
+    };
+    let ready = |_: ActorRef<TextStatsMsg>| async { Ok(()) };
+    let placed = Placed::start(&node, placement, Duration::from_secs(30), None, ready).await?;
+    println!("actors placed: {}", placed.placed);
+    let survivor = (
+        placed.actors[1].member.clone(),
+        placed.actors[1].actor.clone(),
     );
-    let mut actors = Vec::new();
-    for (i, member) in placed.nodes.iter().enumerate() {
-        let name = format!("stats-{i}");
-        let actor =
-            node.spawn_in_group::<TextStatsMsg, _>(&group, i, TEXT_STATS, &name, &args, wait);
-        actors.push((member.clone(), actor.await?));
-    }
-    println!("actors on {:?}", placed.nodes);
+    let (pool, _, stopper) = placed.supervise(Intensity::default()).await?;
 
     let corpus = dir.join("corpus.jsonl");
     let lines: Vec<String> = (0..TEXTS)
@@ -103,8 +108,7 @@ async fn main() -> anyhow::Result<()> {
             &[("chars", chars), ("words", words)],
         )?)
     };
-    let survivor = actors[1].clone();
-    let (links, pool) = (Links::of(&node), Pool::new(actors));
+    let links = Links::of(&node);
     let summary = flotilla_data::job::run(links, job.clone(), MeasureStage, pool, Encode(encode));
     let summary = summary.await?;
     anyhow::ensure!(killer.is_finished(), "the job ended before w1 was killed");
@@ -134,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
         "run again: {} batches found done, none written",
         again.skipped
     );
+    stopper.stop().await;
     node.shutdown().await;
     Ok(())
 }

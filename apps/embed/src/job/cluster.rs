@@ -15,21 +15,17 @@
 //! The actors are owned by the driver's node: when it leaves or goes down,
 //! the workers stop them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flotilla::placement_groups::{GroupSpec, bundle};
 use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberView, Node, NodeConfig, Resources};
+use flotilla_data::job::{Placed, Placement, Stopper};
 
-use flotilla::placement_groups::{GroupSpec, bundle};
-use flotilla::supervisor::{Child, ChildSpec, RemoteChild, RestartType, SupervisorMsg};
-
-use super::driver::{Workers, drive, embedder_args, supervise};
-use super::{
-    ClusterConfig, ClusterError, JobConfig, JobError, Summary, WorkerFailure, WorkerStartError,
-};
-use crate::actor::{EmbedMsg, KIND, ModelInfo};
+use super::driver::{Workers, drive, embedder_args};
+use super::{ActorError, ClusterConfig, ClusterError, JobConfig, JobError, Summary};
+use crate::actor::{EmbedMsg, KIND};
 use crate::model_folder::ModelFolder;
 
 /// How long spawning one actor (its model load included) may take.
@@ -106,140 +102,11 @@ async fn run_on(
     started: Instant,
     reference: Option<String>,
 ) -> Result<Summary, JobError> {
-    let (mut workers, group) = start_workers(config, node, reference).await?;
-    let mut teardown = Teardown(Some(Parts {
-        node: Arc::clone(node),
-        group: group.clone(),
-        supervisor: None,
-        actors: workers
-            .actors
-            .iter()
-            .filter_map(|(on, a)| Some((on.clone(), a.get_name()?)))
-            .collect(),
-    }));
-    let (s, events) = supervise(
-        config,
-        remote_children(config, node, &workers, &group),
-        Some(node.watch_members()),
-    )
-    .await?;
-    if let Some(parts) = teardown.0.as_mut() {
-        parts.supervisor = Some(s.supervisor.clone());
-    }
-    workers.supervision = Some(s);
-    let result = drive(
-        config,
-        started,
-        &workers,
-        flotilla_data::job::Links::of(node),
-        Some(node.objects()),
-        Some(events),
-    )
-    .await;
-    teardown.finish().await;
-    result.map(|mut s| {
-        s.placement = workers.placement.clone();
-        s
-    })
-}
-
-/// What ends with the job: its actors (through their supervisor once it
-/// runs) and its placement group.
-struct Parts {
-    node: Arc<Node>,
-    group: String,
-    supervisor: Option<ActorRef<SupervisorMsg>>,
-    /// `(node, name)` of the first actors, stopped directly before the
-    /// supervisor runs.
-    actors: Vec<(String, String)>,
-}
-
-impl Parts {
-    async fn stop(self) {
-        match self.supervisor {
-            Some(s) => {
-                let within = Duration::from_secs(15);
-                if flotilla::call::call(&s, SupervisorMsg::Shutdown, within)
-                    .await
-                    .is_err()
-                {
-                    s.stop(None);
-                }
-            }
-            None => {
-                for (on, name) in &self.actors {
-                    let _ = self.node.stop_on(on, name, Duration::from_secs(5)).await;
-                }
-            }
-        }
-        if let Err(e) = self.node.remove_group(&self.group).await {
-            tracing::warn!(group = %self.group, error = %e, "cannot remove the job's placement group");
-        }
-    }
-}
-
-/// Stops the job's [`Parts`] when the job ends, and also when the job's
-/// future is dropped mid-way (a detached driver stopped or restarted): the
-/// actors and their group do not outlive it.
-struct Teardown(Option<Parts>);
-
-impl Teardown {
-    async fn finish(&mut self) {
-        if let Some(parts) = self.0.take() {
-            parts.stop().await;
-        }
-    }
-}
-
-impl Drop for Teardown {
-    fn drop(&mut self) {
-        if let Some(parts) = self.0.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(parts.stop());
-        }
-    }
-}
-
-/// The job's actors as children of its supervisor, each in its bundle of
-/// the job's placement group: after a failure it is restarted there; when
-/// its node is lost, the head places the bundle again and the actor is
-/// restarted on the bundle's new node (waiting while the group has no room
-/// for it, so a worker that returns is used again).
-fn remote_children(
-    config: &JobConfig,
-    node: &Arc<Node>,
-    workers: &Workers,
-    group: &str,
-) -> Vec<Child> {
-    let args = embedder_args(config);
-    workers
-        .actors
-        .iter()
-        .zip(&workers.bundles)
-        .enumerate()
-        .map(|(i, ((on, actor), bundle))| {
-            let name = actor
-                .get_name()
-                .unwrap_or_else(|| format!("flotilla.embed.{on}.{i}"));
-            let start = RemoteChild::new::<EmbedMsg, _>(
-                Arc::clone(node),
-                KIND,
-                name.clone(),
-                &args,
-                |_: &flotilla::Table| None,
-                SPAWN_TIMEOUT,
-            )
-            .in_bundle(group, *bundle)
-            .adopt(on.clone(), actor.get_cell());
-            let spec = ChildSpec {
-                id: name,
-                restart: RestartType::Transient,
-                shutdown: Duration::from_secs(5),
-            };
-            Child::new(spec, start)
-        })
-        .collect()
+    let (workers, stopper) = start_workers(config, node, reference).await?;
+    let links = flotilla_data::job::Links::of(node);
+    let result = drive(config, started, workers, links, Some(node.objects())).await;
+    stopper.stop().await;
+    result
 }
 
 /// Worker nodes: up, not the head, offering CPUs or GPUs (a driver that
@@ -287,126 +154,56 @@ fn group_spec(config: &JobConfig, workers: &[MemberView]) -> GroupSpec {
 }
 
 /// Places the job's actors with a placement group, spawns one in each
-/// bundle, and keeps those whose model is the job's.
+/// bundle, keeps those whose model is the job's, and puts them under the
+/// job's supervisor, each restarted in its bundle.
 async fn start_workers(
     config: &JobConfig,
     node: &Arc<Node>,
     reference: Option<String>,
-) -> Result<(Workers, String), JobError> {
+) -> Result<(Workers, Stopper), JobError> {
     let members = worker_nodes(node);
     if members.is_empty() {
         return Err(ClusterError::NoWorkerUp.into());
     }
-    let spec = group_spec(config, &members);
-    let group = node
-        .create_group(spec)
+    let placement = Placement {
+        spec: group_spec(config, &members),
+        kind: KIND.to_owned(),
+        name: format!("flotilla.embed.{}", node.name()),
+        args: embedder_args(config),
+        spawn_timeout: SPAWN_TIMEOUT,
+    };
+    let wait = config.placement_timeout() + Duration::from_secs(5);
+    let describe = |actor: ActorRef<EmbedMsg>| async move {
+        call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
+            .map_err(|_| format!("the actor did not describe its model within {INFO_WITHIN:?}"))
+    };
+    let mut placed = Placed::start(node, placement, wait, config.group_to.as_ref(), describe)
         .await
         .map_err(|e| ClusterError::Placement(Box::new(e)))?;
-    if let Some(to) = &config.group_to {
-        let _ = to.send(group.clone());
-    }
-    let wait = config.placement_timeout() + Duration::from_secs(5);
-    let view = match node.wait_group(&group, wait).await {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = node.remove_group(&group).await;
-            return Err(ClusterError::Placement(Box::new(e)).into());
-        }
-    };
-    tracing::info!(%group, strategy = %view.strategy, nodes = ?view.nodes, "embedding actors placed");
-    let placed = format!(
-        "group {group} ({}): {}",
-        view.strategy,
-        view.nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| format!("{i}→{n}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let args = embedder_args(config);
-    // Names no other start of the job takes: a driver started again on the
-    // same node (its head restarted) runs beside the actors of the one
-    // before until those stop.
-    let tag = format!("{}-{group}", node.name());
-    // Actors on one node start one after another (the node's spawner
-    // loads one model at a time); nodes start in parallel.
-    let mut per_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (b, n) in view.nodes.iter().enumerate() {
-        per_node.entry(n.clone()).or_default().push(b);
-    }
-    let mut tasks = tokio::task::JoinSet::new();
-    for (name, bundles) in per_node {
-        let node = Arc::clone(node);
-        let args = args.clone();
-        let tag = tag.clone();
-        tasks.spawn(async move {
-            let mut out = Vec::new();
-            for b in bundles {
-                let actor_name = format!("flotilla.embed.{tag}.{b}");
-                let spawned: Result<(ActorRef<EmbedMsg>, ModelInfo), WorkerStartError> = async {
-                    let actor: ActorRef<EmbedMsg> = node
-                        .spawn_on(&name, KIND, &actor_name, &args, SPAWN_TIMEOUT)
-                        .await?;
-                    let info = call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
-                        .map_err(|_| WorkerStartError::NoInfo(INFO_WITHIN))?;
-                    Ok((actor, info))
-                }
-                .await;
-                let failed = spawned.is_err();
-                out.push((name.clone(), b, spawned));
-                if failed {
-                    break;
-                }
-            }
-            out
-        });
-    }
-    let mut started: Vec<(String, usize, ActorRef<EmbedMsg>, ModelInfo)> = Vec::new();
-    let mut failures: Vec<WorkerFailure> = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        let results = match joined {
-            Ok(results) => results,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        };
-        for (name, b, r) in results {
-            match r {
-                Ok((actor, info)) => started.push((name, b, actor, info)),
-                Err(why) => {
-                    tracing::warn!(node = %name, error = %why, "no embedding actor on this worker");
-                    failures.push(WorkerFailure { node: name, why });
-                }
-            }
-        }
-    }
-    started.sort_by_key(|s| s.1);
-    if started.is_empty() {
-        let _ = node.remove_group(&group).await;
+    if placed.actors.is_empty() {
+        let failures = std::mem::take(&mut placed.failures);
         return Err(ClusterError::NoActorStarted(failures).into());
     }
-    let revision = reference.unwrap_or_else(|| started[0].3.revision.clone());
-    let mut actors = Vec::new();
-    let mut bundles = Vec::new();
-    let mut infos: Vec<ModelInfo> = Vec::new();
-    for (name, b, actor, info) in started {
-        if info.revision == revision {
-            actors.push((name, actor));
-            bundles.push(b);
-            infos.push(info);
-        } else {
-            // Not used; it stops when the driver leaves.
-            tracing::warn!(node = %name, worker_revision = %info.revision, job_revision = %revision,
-                "worker has another model revision; not using it");
-        }
+    let revision = reference.unwrap_or_else(|| placed.actors[0].ready.revision.clone());
+    for a in placed
+        .actors
+        .iter()
+        .filter(|a| a.ready.revision != revision)
+    {
+        tracing::warn!(node = %a.member, worker_revision = %a.ready.revision, job_revision = %revision,
+            "worker has another model revision; not using it");
     }
-    let mut nodes: Vec<String> = actors.iter().map(|(n, _)| n.clone()).collect();
-    nodes.dedup();
-    let Some(mut workers) = Workers::new(actors, &infos) else {
-        let _ = node.remove_group(&group).await;
-        return Err(ClusterError::NoMatchingRevision(revision.clone()).into());
-    };
-    workers.bundles = bundles;
-    workers.placement = Some(placed);
-    tracing::info!(actors = workers.actors.len(), nodes = ?nodes, %revision, "embedding actors ready");
-    Ok((workers, group))
+    placed.retain(|a| a.ready.revision == revision).await;
+    if placed.actors.is_empty() {
+        return Err(ClusterError::NoMatchingRevision(revision).into());
+    }
+    let at = placed.placed.clone();
+    let (pool, infos, stopper) = placed
+        .supervise(config.restart_limit())
+        .await
+        .map_err(ActorError::Spawn)?;
+    let mut workers = Workers::new(pool, &infos);
+    workers.placement = Some(at);
+    tracing::info!(actors = infos.len(), %revision, "embedding actors ready");
+    Ok((workers, stopper))
 }

@@ -18,16 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla::pipeline::PipelineConfig;
-use flotilla::ractor::{Actor, ActorRef};
-use flotilla::supervisor::{
-    Backoff, Child, Strategy, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg,
-    SupervisorSpec,
-};
 use flotilla_data::job::{
     BatchJob, BatchJobError, Batching, Links, PartError, PartOf, Parts, Pool, ProgressConfig,
 };
 use flotilla_data::{Fields, Row};
-use tokio::sync::mpsc;
 
 use super::input::Input;
 use super::sink::{Column, Manifest, encode_part};
@@ -36,67 +30,20 @@ use super::summary::Summary;
 use super::{JobConfig, JobError};
 use crate::actor::{EmbedMsg, EmbedderArgs, ModelInfo};
 
-/// Embedding actors the job runs on, where they run, and what they loaded.
+/// Embedding actors the job runs on and what they loaded.
 pub(crate) struct Workers {
-    /// `(node, actor)` pairs.
-    pub(crate) actors: Vec<(String, ActorRef<EmbedMsg>)>,
+    /// The actors, supervised.
+    pub(crate) pool: Pool<EmbedMsg>,
+    /// How many.
+    pub(crate) actors: usize,
     /// The model every actor loaded.
     pub(crate) info: ModelInfo,
     /// Where the actors run (`cpu ×2 (f32)`, `cuda:0 (f16), cuda:1 (f16)`).
     pub(crate) devices: String,
     /// How many of them run on a GPU.
     pub(crate) gpu_actors: usize,
-    /// On a cluster, the placement-group bundle of each actor.
-    pub(crate) bundles: Vec<usize>,
     /// On a cluster, where the bundles were placed (for the summary).
     pub(crate) placement: Option<String>,
-    /// The job's supervisor, whose children the actors are (their ids are
-    /// the actors' names, in the same order), and what it reports.
-    pub(crate) supervision: Option<Supervision>,
-}
-
-/// The job's supervisor.
-pub(crate) struct Supervision {
-    /// The supervisor.
-    pub(crate) supervisor: ActorRef<SupervisorMsg>,
-    /// Child ids, in the order of [`Workers::actors`].
-    pub(crate) ids: Vec<String>,
-}
-
-/// What the job's supervisor reports: starts, exits and escalation.
-pub(crate) type SupervisorEvents = mpsc::UnboundedReceiver<SupervisorEvent>;
-
-/// Starts the job's supervisor over `children` (the running actors
-/// adopted as their first start): one for one, the job's restart limit
-/// for each actor, a wait from 100 ms doubling to 10 s before each
-/// restart.
-pub(crate) async fn supervise(
-    config: &JobConfig,
-    children: Vec<Child>,
-    members: Option<tokio::sync::watch::Receiver<flotilla::Table>>,
-) -> Result<(Supervision, SupervisorEvents), super::ActorError> {
-    let ids = children.iter().map(|c| c.spec.id.clone()).collect();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let args = SupervisorArgs {
-        spec: SupervisorSpec {
-            strategy: Strategy::OneForOne,
-            intensity: config.restart_limit(),
-            per_child: true,
-            backoff: Backoff::default(),
-        },
-        children,
-        events: Some(tx),
-        members,
-        seed,
-        report: None,
-    };
-    let (supervisor, _) = Actor::spawn(None, Supervisor, args)
-        .await
-        .map_err(super::ActorError::Spawn)?;
-    Ok((Supervision { supervisor, ids }, rx))
 }
 
 /// Where actors that reported `infos` run, each device once with its
@@ -122,46 +69,21 @@ pub(crate) fn devices_of(infos: &[ModelInfo]) -> String {
 }
 
 impl Workers {
-    /// Workers whose actors reported `infos` (same revision, in order):
-    /// the job's model facts are the first actor's, with the slowest load.
-    pub(crate) fn new(
-        actors: Vec<(String, ActorRef<EmbedMsg>)>,
-        infos: &[ModelInfo],
-    ) -> Option<Self> {
-        let first = infos.first()?.clone();
+    /// The actors of `pool`, which reported `infos` (same revision, at
+    /// least one): the job's model facts are the first actor's, with the
+    /// slowest load.
+    pub(crate) fn new(pool: Pool<EmbedMsg>, infos: &[ModelInfo]) -> Self {
         let info = ModelInfo {
             load_ms: infos.iter().map(|i| i.load_ms).max().unwrap_or(0),
-            ..first
+            ..infos[0].clone()
         };
-        Some(Self {
-            actors,
+        Self {
+            pool,
+            actors: infos.len(),
             info,
             devices: devices_of(infos),
             gpu_actors: infos.iter().filter(|i| i.device != "cpu").count(),
-            bundles: Vec::new(),
             placement: None,
-            supervision: None,
-        })
-    }
-
-    /// Stops every actor: through the supervisor (the last first, each
-    /// given its shutdown time), or directly before there is one.
-    pub(crate) async fn stop(&self) {
-        match &self.supervision {
-            Some(s) => {
-                let within = Duration::from_secs(10);
-                if flotilla::call::call(&s.supervisor, SupervisorMsg::Shutdown, within)
-                    .await
-                    .is_err()
-                {
-                    s.supervisor.stop(None);
-                }
-            }
-            None => {
-                for (_, a) in &self.actors {
-                    a.stop(None);
-                }
-            }
         }
     }
 }
@@ -382,14 +304,14 @@ impl From<BatchJobError> for JobError {
 pub(crate) async fn drive(
     config: &JobConfig,
     started: Instant,
-    workers: &Workers,
+    workers: Workers,
     links: Links,
     objects: Option<flotilla::Objects>,
-    events: Option<SupervisorEvents>,
 ) -> Result<Summary, JobError> {
     // Every actor has its model: what follows is the job itself.
     let ready_after = started.elapsed();
-    let info = &workers.info;
+    let info = workers.info.clone();
+    let info = &info;
     let mut seen = HashSet::new();
     for column in &config.output_columns {
         if RESERVED.contains(&column.as_str()) || !seen.insert(column) {
@@ -437,7 +359,7 @@ pub(crate) async fn drive(
             sort_window: config.sort_window,
             max_tokens: config.max_batch_tokens,
         },
-        pipeline: pipeline_config(workers.actors.len(), workers.gpu_actors, config),
+        pipeline: pipeline_config(workers.actors, workers.gpu_actors, config),
         progress: ProgressConfig {
             bar: config.progress_bar,
             total: scan.rows,
@@ -447,10 +369,6 @@ pub(crate) async fn drive(
     let stage = EmbedStage {
         revision: manifest.model_revision.clone(),
         dim: info.dim,
-    };
-    let pool = match (&workers.supervision, events) {
-        (Some(s), Some(events)) => Pool::supervised(workers.actors.clone(), s.ids.clone(), events),
-        _ => Pool::new(workers.actors.clone()),
     };
     let parts = EmbedParts {
         names: config.output_columns.clone(),
@@ -463,14 +381,14 @@ pub(crate) async fn drive(
         objects,
     };
     let before_run = started.elapsed();
-    let done = flotilla_data::job::run(links, job, stage, pool, parts).await?;
+    let done = flotilla_data::job::run(links, job, stage, workers.pool, parts).await?;
     Ok(Summary {
         job_id,
         output: config.output.clone(),
         format: Some(config.format),
         model_load: Duration::from_millis(info.load_ms),
-        actors: workers.actors.len(),
-        devices: workers.devices.clone(),
+        actors: workers.actors,
+        devices: workers.devices,
         ready_after,
         texts: done.rows,
         batches: done.written,
@@ -484,7 +402,7 @@ pub(crate) async fn drive(
         batch_p95: done.batch_p95,
         elapsed: started.elapsed(),
         peak_rss: flotilla::process::peak_rss_bytes(),
-        placement: None,
+        placement: workers.placement,
     })
 }
 

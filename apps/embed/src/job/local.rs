@@ -1,15 +1,13 @@
 //! The embedded default: embedding actors in this process, one per GPU
 //! where they run on GPUs, else one per core.
 
-use std::time::Instant;
-
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flotilla::ractor::{Actor, ActorRef, call_t};
-
 use flotilla::supervisor::{Child, ChildSpec, LocalChild};
+use flotilla_data::job::{Links, Pool};
 
-use super::driver::{Workers, drive, embedder_args, supervise};
+use super::driver::{Workers, drive, embedder_args};
 use super::{ActorError, JobConfig, JobError, Summary};
 use crate::actor::{EmbedMsg, Embedder, ModelInfo};
 use crate::model_folder::ModelFolder;
@@ -77,11 +75,9 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         stop(&actors);
         return Err(ActorError::Revisions(first.revision.clone(), other.revision.clone()).into());
     }
-    let mut workers = Workers::new(actors, &infos).expect("at least one actor");
     // The actors become children of the job's supervisor, which restarts
     // one that fails (its model reloaded) within the job's limit.
-    let children = workers
-        .actors
+    let children = actors
         .iter()
         .enumerate()
         .map(|(i, (_, actor))| {
@@ -91,25 +87,16 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
             Child::new(ChildSpec::permanent(format!("local.{i}")), start)
         })
         .collect();
-    let events = match supervise(&config, children, None).await {
-        Ok((s, events)) => {
-            workers.supervision = Some(s);
-            events
-        }
+    let limit = config.restart_limit();
+    let (pool, stopper) = match Pool::supervise(actors.clone(), children, limit, None).await {
+        Ok(supervised) => supervised,
         Err(e) => {
-            workers.stop().await;
-            return Err(e.into());
+            stop(&actors);
+            return Err(ActorError::Spawn(e).into());
         }
     };
-    let result = drive(
-        &config,
-        started,
-        &workers,
-        flotilla_data::job::Links::local(),
-        None,
-        Some(events),
-    )
-    .await;
-    workers.stop().await;
+    let workers = Workers::new(pool, &infos);
+    let result = drive(&config, started, workers, Links::local(), None).await;
+    stopper.stop().await;
     result
 }

@@ -28,6 +28,7 @@ pub use config::{
     DEFAULT_SORT_WINDOW, JobConfig, SettingError,
 };
 pub use flotilla_data::SourceError;
+pub use flotilla_data::job::ActorStartError;
 pub use flotilla_data::{Input, InputError, input, source};
 pub use sink::{Format, SinkError};
 pub use summary::Summary;
@@ -106,7 +107,7 @@ pub enum ClusterError {
     NoWorkerUp,
     /// No embedding actor started anywhere.
     #[error("cluster: no embedding actor started on any worker: {}", list(.0))]
-    NoActorStarted(Vec<WorkerFailure>),
+    NoActorStarted(Vec<(String, ActorStartError)>),
     /// No worker has the job's model revision.
     #[error("cluster: no worker has model revision {0}")]
     NoMatchingRevision(String),
@@ -115,32 +116,10 @@ pub enum ClusterError {
     Placement(Box<flotilla::placement_groups::PlacementError>),
 }
 
-/// One worker's embedding actor that did not start.
-#[derive(Debug, thiserror::Error)]
-#[error("{node}: {why}")]
-pub struct WorkerFailure {
-    /// The worker.
-    pub node: String,
-    /// What went wrong.
-    pub why: WorkerStartError,
-}
-
-/// Why an embedding actor did not start on a worker.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WorkerStartError {
-    /// The spawn failed.
-    #[error(transparent)]
-    Spawn(#[from] flotilla::SpawnError),
-    /// The actor did not describe its model in time.
-    #[error("the actor did not describe its model within {0:?}")]
-    NoInfo(std::time::Duration),
-}
-
-fn list(failures: &[WorkerFailure]) -> String {
+fn list(failures: &[(String, ActorStartError)]) -> String {
     failures
         .iter()
-        .map(ToString::to_string)
+        .map(|(node, why)| format!("{node}: {why}"))
         .collect::<Vec<_>>()
         .join("; ")
 }

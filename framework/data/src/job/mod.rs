@@ -24,6 +24,7 @@
 //! output skips the parts already there and writes the others: every row
 //! is in exactly one part.
 
+mod actors;
 mod batching;
 mod lost;
 mod progress;
@@ -43,6 +44,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+pub use actors::{ActorStartError, Placed, PlacedActor, Placement, Stopper};
 pub use batching::Batching;
 pub use progress::ProgressConfig;
 
@@ -547,7 +549,11 @@ where
         if batcher.is_done() && pipeline.is_idle() {
             break;
         }
-        pool_state.prune(&mut pipeline);
+        // A supervised pool learns of exits from its supervisor, whose
+        // escalation must end the job before the exits it causes do.
+        if events.is_none() {
+            pool_state.prune(&mut pipeline);
+        }
         let grace_ends = lost.next_deadline();
         let grace = async {
             match grace_ends {
@@ -570,6 +576,16 @@ where
         // With every actor restarting, wait for them rather than give up.
         let serving = pipeline.workers() > 0 || pool_state.restarting.is_empty();
         let event = tokio::select! {
+            biased;
+            event = supervised => {
+                match event {
+                    Some(event) => pool_state
+                        .on_supervision(event, &mut pipeline, &mut summary.restarts)
+                        .map_err(BatchJobError::RestartLimit)?,
+                    None => events = None,
+                }
+                continue;
+            }
             e = pipeline.next(), if serving => e,
             open = table_changed => {
                 match members.as_mut() {
@@ -585,15 +601,6 @@ where
             () = grace => {
                 if let Some(rx) = &members {
                     drop_lost_workers(&mut pipeline, &mut lost, &rx.borrow());
-                }
-                continue;
-            }
-            event = supervised => {
-                match event {
-                    Some(event) => pool_state
-                        .on_supervision(event, &mut pipeline, &mut summary.restarts)
-                        .map_err(BatchJobError::RestartLimit)?,
-                    None => events = None,
                 }
                 continue;
             }
@@ -710,6 +717,29 @@ mod tests {
         }
     }
 
+    /// A job over `rows` rows of one text each, batches of 2, in `dir`.
+    fn counting_job(dir: &std::path::Path, rows: usize) -> BatchJob<String> {
+        std::fs::create_dir_all(dir).unwrap();
+        let lines: Vec<String> = (0..rows)
+            .map(|i| format!("{{\"id\": {i}, \"text\": \"t\"}}"))
+            .collect();
+        std::fs::write(dir.join("in.jsonl"), lines.join("\n")).unwrap();
+        BatchJob {
+            input: dir.join("in.jsonl").to_string_lossy().into_owned(),
+            fields: Fields::new("id", "text"),
+            output: dir.join("out").to_string_lossy().into_owned(),
+            manifest: "count".to_owned(),
+            extension: "bin",
+            batching: Batching::rows(2),
+            pipeline: PipelineConfig {
+                max_attempts: 3,
+                retry_backoff: Duration::from_millis(1),
+                ..PipelineConfig::for_workers(1, Duration::from_secs(5))
+            },
+            progress: ProgressConfig::default(),
+        }
+    }
+
     /// Parts whose every answer is unusable, counting how often each
     /// batch's was looked at.
     #[derive(Default)]
@@ -736,26 +766,8 @@ mod tests {
     async fn an_unusable_answer_is_a_failed_attempt_within_the_limit() {
         let dir =
             std::env::temp_dir().join(format!("flotilla-job-unusable-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let lines: Vec<String> = (0..5)
-            .map(|i| format!("{{\"id\": {i}, \"text\": \"t\"}}"))
-            .collect();
-        std::fs::write(dir.join("in.jsonl"), lines.join("\n")).unwrap();
+        let job = counting_job(&dir, 5);
         let (actor, _) = Actor::spawn(None, Count, ()).await.unwrap();
-        let job = BatchJob {
-            input: dir.join("in.jsonl").to_string_lossy().into_owned(),
-            fields: Fields::new("id", "text"),
-            output: dir.join("out").to_string_lossy().into_owned(),
-            manifest: "count".to_owned(),
-            extension: "bin",
-            batching: Batching::rows(2),
-            pipeline: PipelineConfig {
-                max_attempts: 3,
-                retry_backoff: Duration::from_millis(1),
-                ..PipelineConfig::for_workers(1, Duration::from_secs(5))
-            },
-            progress: ProgressConfig::default(),
-        };
         let mut parts = Unreadable::default();
         let pool = Pool::new(vec![("local".to_owned(), actor.clone())]);
         let result = tokio::time::timeout(
