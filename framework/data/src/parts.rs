@@ -9,51 +9,67 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::errors::ParquetError;
 
-use crate::source::Cell;
+use crate::source::{Cell, CellType};
 
-/// The values `pick` takes from `cells`, as an Arrow array (null where it
-/// takes none).
-fn array<'a, T, A>(cells: &'a [Cell], pick: impl Fn(&'a Cell) -> Option<T>) -> ArrayRef
-where
-    A: FromIterator<Option<T>> + arrow_array::Array + 'static,
-{
-    Arc::new(cells.iter().map(pick).collect::<A>())
+/// The Arrow type of cells of `kind`.
+pub fn arrow_type(kind: CellType) -> DataType {
+    match kind {
+        CellType::Utf8 => DataType::Utf8,
+        CellType::Int64 => DataType::Int64,
+        CellType::Float64 => DataType::Float64,
+        CellType::Boolean => DataType::Boolean,
+    }
+}
+
+/// `cells` as an Arrow array of `kind`: null where a cell is null or of
+/// another type.
+pub fn cells_array<'a>(cells: impl Iterator<Item = &'a Cell>, kind: CellType) -> ArrayRef {
+    match kind {
+        CellType::Utf8 => Arc::new(StringArray::from_iter(cells.map(|c| match c {
+            Cell::Str(v) => Some(v.as_str()),
+            _ => None,
+        }))),
+        CellType::Int64 => Arc::new(Int64Array::from_iter(cells.map(|c| match c {
+            Cell::Int(v) => Some(*v),
+            _ => None,
+        }))),
+        CellType::Float64 => Arc::new(Float64Array::from_iter(cells.map(|c| match c {
+            Cell::Float(v) => Some(*v),
+            _ => None,
+        }))),
+        CellType::Boolean => Arc::new(BooleanArray::from_iter(cells.map(|c| match c {
+            Cell::Bool(v) => Some(*v),
+            _ => None,
+        }))),
+    }
+}
+
+/// A cell as JSON (`null` for a null).
+pub fn write_json_cell(out: &mut Vec<u8>, cell: &Cell) {
+    let written = match cell {
+        Cell::Null => {
+            out.extend_from_slice(b"null");
+            Ok(())
+        }
+        Cell::Str(v) => serde_json::to_writer(&mut *out, v),
+        Cell::Int(v) => serde_json::to_writer(&mut *out, v),
+        Cell::Float(v) => serde_json::to_writer(&mut *out, v),
+        Cell::Bool(v) => serde_json::to_writer(&mut *out, v),
+    };
+    written.expect("cells serialize");
 }
 
 /// The Arrow type of a column of `cells`: that of its first value
 /// (text where every cell is null). A cell of another type is written as
 /// null.
 fn column(cells: &[Cell]) -> (DataType, ArrayRef) {
-    match cells.iter().find(|c| !matches!(c, Cell::Null)) {
-        Some(Cell::Int(_)) => (
-            DataType::Int64,
-            array::<_, Int64Array>(cells, |c| match c {
-                Cell::Int(v) => Some(*v),
-                _ => None,
-            }),
-        ),
-        Some(Cell::Float(_)) => (
-            DataType::Float64,
-            array::<_, Float64Array>(cells, |c| match c {
-                Cell::Float(v) => Some(*v),
-                _ => None,
-            }),
-        ),
-        Some(Cell::Bool(_)) => (
-            DataType::Boolean,
-            array::<_, BooleanArray>(cells, |c| match c {
-                Cell::Bool(v) => Some(*v),
-                _ => None,
-            }),
-        ),
-        _ => (
-            DataType::Utf8,
-            array::<_, StringArray>(cells, |c| match c {
-                Cell::Str(v) => Some(v.as_str()),
-                _ => None,
-            }),
-        ),
-    }
+    let kind = match cells.iter().find(|c| !matches!(c, Cell::Null)) {
+        Some(Cell::Int(_)) => CellType::Int64,
+        Some(Cell::Float(_)) => CellType::Float64,
+        Some(Cell::Bool(_)) => CellType::Boolean,
+        _ => CellType::Utf8,
+    };
+    (arrow_type(kind), cells_array(cells.iter(), kind))
 }
 
 /// One Parquet file: `id`, then each named column (as many cells as ids).

@@ -60,6 +60,7 @@ pub mod placement_groups;
 mod pool;
 pub mod process;
 mod pull_server;
+pub mod releases;
 mod reservations;
 mod router;
 mod sessions;

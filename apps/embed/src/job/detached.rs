@@ -22,12 +22,9 @@
 //! it is opened, naming the setting. A local path is checked as written
 //! and, where it exists, again with its links resolved.
 
-use std::sync::{Arc, Mutex};
-
-use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobSpec, JobState};
-use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
+use flotilla::jobs::{JobMsg, JobSpec};
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
-use flotilla::{Node, NodeHandle};
+use flotilla_data::job::detached;
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 
 use super::JobConfig;
@@ -95,21 +92,33 @@ impl DetachedJob {
     }
 }
 
-/// Registers the detached job's driver kind; it drives the job from the
-/// node `builder` starts (see [`flotilla::NodeBuilder::start_shared`]),
-/// on inputs, outputs and models under `allow` only.
+/// Registers the detached job's driver kind ([`flotilla_data::job::detached`]);
+/// it drives the job from the node `builder` starts (see
+/// [`flotilla::NodeBuilder::start_shared`]), on inputs, outputs and models
+/// under `allow` only.
 pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla::NodeBuilder {
-    let handle = builder.node_handle();
-    builder.register(JOB_KIND, move || JobDriver {
-        node: handle.clone(),
-        allow: allow.clone(),
+    detached::register(builder, JOB_KIND, move |node, job: DetachedJob, report| {
+        let allow = allow.clone();
+        async move {
+            // Refused before anything is opened.
+            job.check_allowed(&allow).map_err(|why| why.to_string())?;
+            let mut config = job.config()?;
+            let (progress, progress_rx) = tokio::sync::watch::channel((0, 0));
+            let (group, group_rx) = tokio::sync::watch::channel(String::new());
+            config.progress_to = Some(progress);
+            config.group_to = Some(group);
+            let follow = async {
+                report.follow(progress_rx, group_rx).await;
+                std::future::pending().await
+            };
+            tokio::select! {
+                outcome = super::cluster::run_detached(&config, &node) => {
+                    outcome.map(|summary| summary.to_string()).map_err(|e| e.to_string())
+                }
+                () = follow => unreachable!("the follower never ends"),
+            }
+        }
     })
-}
-
-/// The driver of a detached job.
-pub struct JobDriver {
-    node: NodeHandle,
-    allow: AllowedRoots,
 }
 
 impl DetachedJob {
@@ -135,135 +144,6 @@ impl DetachedJob {
                 }
             }
         }
-        Ok(())
-    }
-}
-
-/// The driver's state: what it reports, and its job.
-pub struct DriverState {
-    report: Arc<Mutex<JobProgress>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Actor for JobDriver {
-    type Msg = JobMsg;
-    type State = DriverState;
-    type Arguments = DetachedJob;
-
-    async fn pre_start(
-        &self,
-        _: ActorRef<JobMsg>,
-        job: DetachedJob,
-    ) -> Result<DriverState, ActorProcessingErr> {
-        let node: Arc<Node> = self
-            .node
-            .get()
-            .ok_or("this node was not started to host detached jobs")?;
-        // Refused before anything is opened: the job ends failed with why
-        // (a refusal is no crash: it is not restarted elsewhere).
-        let config = job
-            .check_allowed(&self.allow)
-            .map_err(|why| why.to_string())
-            .and_then(|()| job.config());
-        let mut config = match config {
-            Ok(config) => config,
-            Err(why) => {
-                tracing::warn!(error = %why, "detached embed job refused");
-                let report = Arc::new(Mutex::new(JobProgress {
-                    state: JobState::Failed,
-                    done: 0,
-                    total: 0,
-                    detail: format!("on node {}: {why}", node.name()),
-                    groups: Vec::new(),
-                }));
-                return Ok(DriverState {
-                    report,
-                    task: tokio::spawn(async {}),
-                });
-            }
-        };
-        let report = Arc::new(Mutex::new(JobProgress {
-            state: JobState::Running,
-            done: 0,
-            total: 0,
-            detail: String::new(),
-            groups: Vec::new(),
-        }));
-        let (tx, mut rx) = tokio::sync::watch::channel((0, 0));
-        let (group_tx, mut group_rx) = tokio::sync::watch::channel(String::new());
-        config.progress_to = Some(tx);
-        config.group_to = Some(group_tx);
-        let task = tokio::spawn({
-            let report = Arc::clone(&report);
-            async move {
-                let follow = {
-                    let report = Arc::clone(&report);
-                    async move {
-                        loop {
-                            tokio::select! {
-                                c = rx.changed() => {
-                                    if c.is_err() { break; }
-                                    let (done, total) = *rx.borrow_and_update();
-                                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                                    r.done = done;
-                                    r.total = total;
-                                }
-                                c = group_rx.changed() => {
-                                    if c.is_err() { break; }
-                                    let g = group_rx.borrow_and_update().clone();
-                                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                                    r.groups = vec![g];
-                                }
-                            }
-                        }
-                        std::future::pending::<()>().await;
-                    }
-                };
-                let outcome = tokio::select! {
-                    r = super::cluster::run_detached(&config, &node) => r,
-                    () = follow => unreachable!("the follower never ends"),
-                };
-                let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                match outcome {
-                    Ok(summary) => {
-                        r.state = JobState::Succeeded;
-                        r.detail = summary.to_string();
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "detached embed job failed");
-                        r.state = JobState::Failed;
-                        r.detail = format!("on node {}: {e}", node.name());
-                    }
-                }
-            }
-        });
-        Ok(DriverState { report, task })
-    }
-
-    async fn post_stop(
-        &self,
-        _: ActorRef<JobMsg>,
-        state: &mut DriverState,
-    ) -> Result<(), ActorProcessingErr> {
-        // The job's actors stop with their placement group's owner gone,
-        // or with this task: a driver started again resumes the output.
-        state.task.abort();
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        _: ActorRef<JobMsg>,
-        msg: JobMsg,
-        state: &mut DriverState,
-    ) -> Result<(), ActorProcessingErr> {
-        let JobMsg::Progress(_, reply) = msg;
-        let r = state
-            .report
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let _ = reply.send(JobReport(r));
         Ok(())
     }
 }

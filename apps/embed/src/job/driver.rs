@@ -125,57 +125,6 @@ fn pipeline_config(actors: usize, gpu_actors: usize, config: &JobConfig) -> Pipe
     }
 }
 
-/// Result objects whose parts are written, released to their actors'
-/// nodes a few at a time (one request per node for each lot), without
-/// holding up the job; the job waits for what is still on its way before
-/// it ends. A release that does not arrive leaves the object to its lease.
-struct Releases {
-    objects: Option<flotilla::Objects>,
-    pending: Vec<flotilla::ObjectRef>,
-    sending: tokio::task::JoinSet<()>,
-}
-
-/// Result objects released in one lot.
-const RELEASE_LOT: usize = 32;
-
-impl Releases {
-    fn new(objects: Option<flotilla::Objects>) -> Self {
-        Self {
-            objects,
-            pending: Vec::new(),
-            sending: tokio::task::JoinSet::new(),
-        }
-    }
-
-    /// Queues `object`; sends the lot once it is full (or when `now`).
-    fn release(&mut self, object: Option<flotilla::ObjectRef>, now: bool) {
-        self.pending.extend(object);
-        if self.pending.len() >= RELEASE_LOT || (now && !self.pending.is_empty()) {
-            self.flush();
-        }
-    }
-
-    fn flush(&mut self) {
-        // Forget the lots already sent: the set holds those on their way.
-        while self.sending.try_join_next().is_some() {}
-        let lot = std::mem::take(&mut self.pending);
-        if let (Some(objects), false) = (self.objects.clone(), lot.is_empty()) {
-            self.sending.spawn(async move {
-                if let Err(e) = objects.release_all(&lot).await {
-                    tracing::debug!(error = %e, "result objects not released; their lease ends them");
-                }
-            });
-        }
-    }
-
-    /// Sends what is queued and waits up to `within` for every lot.
-    async fn finish(&mut self, within: Duration) {
-        self.flush();
-        let sending = std::mem::take(&mut self.sending);
-        let _ = tokio::time::timeout(within, sending.join_all()).await;
-    }
-}
-
 /// How long a batch's texts wait for room in the driver's store before
 /// the job sends texts in its requests instead.
 const TEXTS_PUT_WITHIN: Duration = Duration::from_secs(10);
@@ -199,7 +148,7 @@ struct EmbedParts {
     objects: Option<flotilla::Objects>,
     /// The store batches put their texts in, while it takes them.
     texts_as_objects: Option<flotilla::Objects>,
-    releases: Releases,
+    releases: flotilla::releases::Releases,
 }
 
 impl Parts<EmbedStage> for EmbedParts {
@@ -377,7 +326,7 @@ pub(crate) async fn drive(
         texts_as_objects: objects
             .clone()
             .map(|o| o.with_put_timeout(TEXTS_PUT_WITHIN)),
-        releases: Releases::new(objects.clone()),
+        releases: flotilla::releases::Releases::new(objects.clone()),
         objects,
     };
     let before_run = started.elapsed();

@@ -23,7 +23,7 @@
 
 use flotilla_data::output::OutputError;
 pub use flotilla_data::output::{ErrorLog, RowError};
-use flotilla_data::{Cell, CellType, Row};
+use flotilla_data::{CellType, Row, parts};
 use serde::{Deserialize, Serialize};
 
 /// What identifies a job's output; a folder holds one job.
@@ -139,15 +139,11 @@ pub fn part_schema(manifest: &Manifest, columns: &[Column]) -> arrow_schema::Sch
             false,
         ),
     ];
-    fields.extend(columns.iter().map(|(name, kind)| {
-        let t = match kind {
-            CellType::Utf8 => DataType::Utf8,
-            CellType::Int64 => DataType::Int64,
-            CellType::Float64 => DataType::Float64,
-            CellType::Boolean => DataType::Boolean,
-        };
-        Field::new(name, t, true)
-    }));
+    fields.extend(
+        columns
+            .iter()
+            .map(|(name, kind)| Field::new(name, parts::arrow_type(*kind), true)),
+    );
     Schema::new(fields).with_metadata(std::collections::HashMap::from([
         ("flotilla.job_id".to_owned(), manifest.job_id.clone()),
         (
@@ -173,10 +169,7 @@ fn parquet_part(
 ) -> Result<Vec<u8>, parquet::errors::ParquetError> {
     use std::sync::Arc;
 
-    use arrow_array::{
-        ArrayRef, BooleanArray, FixedSizeListArray, Float32Array, Float64Array, Int64Array,
-        RecordBatch, StringArray,
-    };
+    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::KeyValue;
     use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -200,25 +193,10 @@ fn parquet_part(
         Arc::new(embeddings) as ArrayRef,
     ];
     for (c, (_, kind)) in columns.iter().enumerate() {
-        let cells = rows.iter().map(|row| &row.extra[c]);
-        arrays.push(match kind {
-            CellType::Utf8 => Arc::new(StringArray::from_iter(cells.map(|v| match v {
-                Cell::Str(s) => Some(s.clone()),
-                _ => None,
-            }))) as ArrayRef,
-            CellType::Int64 => Arc::new(Int64Array::from_iter(cells.map(|v| match v {
-                Cell::Int(i) => Some(*i),
-                _ => None,
-            }))),
-            CellType::Float64 => Arc::new(Float64Array::from_iter(cells.map(|v| match v {
-                Cell::Float(x) => Some(*x),
-                _ => None,
-            }))),
-            CellType::Boolean => Arc::new(BooleanArray::from_iter(cells.map(|v| match v {
-                Cell::Bool(b) => Some(*b),
-                _ => None,
-            }))),
-        });
+        arrays.push(parts::cells_array(
+            rows.iter().map(|row| &row.extra[c]),
+            *kind,
+        ));
     }
     let batch = RecordBatch::try_new(schema.clone(), arrays)?;
     // Ids are unique and vectors are floats: a dictionary of either only
@@ -260,13 +238,7 @@ fn jsonl_part(dim: usize, columns: &[Column], rows: &[Row], values: &[f32]) -> V
             out.push(b',');
             put(&mut out, name);
             out.push(b':');
-            match cell {
-                Cell::Null => out.extend_from_slice(b"null"),
-                Cell::Str(s) => put(&mut out, s),
-                Cell::Int(v) => put(&mut out, v),
-                Cell::Float(v) => put(&mut out, v),
-                Cell::Bool(v) => put(&mut out, v),
-            }
+            parts::write_json_cell(&mut out, cell);
         }
         out.extend_from_slice(b"}\n");
     }
@@ -278,7 +250,7 @@ mod tests {
     use std::collections::HashSet;
     use std::path::PathBuf;
 
-    use flotilla_data::{Output, RowAt};
+    use flotilla_data::{Cell, Output, RowAt};
 
     use super::*;
 

@@ -26,6 +26,7 @@
 
 mod actors;
 mod batching;
+pub mod detached;
 mod lost;
 mod progress;
 

@@ -1,0 +1,173 @@
+//! Detached jobs of any application: a driver kind ([`flotilla::jobs`])
+//! that the head runs in a bundle of its own on some node of the cluster,
+//! so a job survives the machine it was submitted from and the one its
+//! driver runs on. The driver runs the application's function on the node
+//! it lands on with the job's arguments, and answers the head's progress
+//! questions with what that function reports; a driver started again
+//! elsewhere runs it again, which resumes from the job's output.
+//!
+//! ```text
+//! head ─► Driver (kind K, args A) on a node ─► run(node, args, report) ─► Ok(summary) / Err(why)
+//!      ◄─ JobMsg::Progress: done / total, groups, then the end and its detail
+//! ```
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobState};
+use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
+use flotilla::wire::Decode;
+use flotilla::{Node, NodeBuilder, NodeHandle};
+use tokio::sync::watch;
+
+/// What a detached job's driver tells the head as the job goes.
+#[derive(Clone)]
+pub struct Report(Arc<Mutex<JobProgress>>);
+
+impl Report {
+    fn new() -> Self {
+        Self(Arc::new(Mutex::new(JobProgress {
+            state: JobState::Running,
+            done: 0,
+            total: 0,
+            detail: String::new(),
+            groups: Vec::new(),
+        })))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut JobProgress) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Units done and in all (0: not known yet).
+    pub fn progress(&self, done: u64, total: u64) {
+        self.with(|r| (r.done, r.total) = (done, total));
+    }
+
+    /// The placement group the job's own work runs in.
+    pub fn group(&self, id: String) {
+        self.with(|r| r.groups = vec![id]);
+    }
+
+    /// Reports what `progress` and `group` publish, until both are closed.
+    pub async fn follow(
+        &self,
+        mut progress: watch::Receiver<(u64, u64)>,
+        mut group: watch::Receiver<String>,
+    ) {
+        let (mut counting, mut grouping) = (true, true);
+        while counting || grouping {
+            tokio::select! {
+                c = progress.changed(), if counting => match c {
+                    Ok(()) => {
+                        let (done, total) = *progress.borrow_and_update();
+                        self.progress(done, total);
+                    }
+                    Err(_) => counting = false,
+                },
+                c = group.changed(), if grouping => match c {
+                    Ok(()) => self.group(group.borrow_and_update().clone()),
+                    Err(_) => grouping = false,
+                },
+            }
+        }
+    }
+}
+
+/// The driver of a detached job of one kind: runs `run` on its node.
+pub struct Driver<A, F> {
+    node: NodeHandle,
+    run: Arc<F>,
+    _args: PhantomData<fn(A)>,
+}
+
+/// A driver's state: what it reports, and its job.
+pub struct DriverState {
+    report: Report,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<A, F, Fut> Actor for Driver<A, F>
+where
+    A: Decode + Send + Sync + 'static,
+    F: Fn(Arc<Node>, A, Report) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<String, String>> + Send + 'static,
+{
+    type Msg = JobMsg;
+    type State = DriverState;
+    type Arguments = A;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<JobMsg>,
+        args: A,
+    ) -> Result<DriverState, ActorProcessingErr> {
+        let node: Arc<Node> = self
+            .node
+            .get()
+            .ok_or("this node was not started to host detached jobs")?;
+        let report = Report::new();
+        let job = (self.run)(Arc::clone(&node), args, report.clone());
+        let task = tokio::spawn({
+            let report = report.clone();
+            async move {
+                // A job that fails (or refuses to start) ends failed with
+                // why; it is no crash and is not restarted elsewhere.
+                let outcome = job.await;
+                report.with(|r| match outcome {
+                    Ok(summary) => {
+                        r.state = JobState::Succeeded;
+                        r.detail = summary;
+                    }
+                    Err(why) => {
+                        tracing::warn!(error = %why, "detached job failed");
+                        r.state = JobState::Failed;
+                        r.detail = format!("on node {}: {why}", node.name());
+                    }
+                });
+            }
+        });
+        Ok(DriverState { report, task })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<JobMsg>,
+        state: &mut DriverState,
+    ) -> Result<(), ActorProcessingErr> {
+        // What the job started stops with it (or with its groups' owner
+        // gone): a driver started again resumes the output.
+        state.task.abort();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<JobMsg>,
+        msg: JobMsg,
+        state: &mut DriverState,
+    ) -> Result<(), ActorProcessingErr> {
+        let JobMsg::Progress(_, reply) = msg;
+        let _ = reply.send(JobReport(state.report.with(|r| r.clone())));
+        Ok(())
+    }
+}
+
+/// Registers `kind` as the driver of detached jobs whose arguments are
+/// `A`: each runs `run` on the node `builder` starts (see
+/// [`flotilla::NodeBuilder::start_shared`]), which returns the job's
+/// summary or why it failed.
+pub fn register<A, F, Fut>(builder: NodeBuilder, kind: &str, run: F) -> NodeBuilder
+where
+    A: Decode + Send + Sync + 'static,
+    F: Fn(Arc<Node>, A, Report) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<String, String>> + Send + 'static,
+{
+    let (node, run) = (builder.node_handle(), Arc::new(run));
+    builder.register(kind, move || Driver {
+        node: node.clone(),
+        run: Arc::clone(&run),
+        _args: PhantomData,
+    })
+}
