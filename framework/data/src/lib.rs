@@ -21,10 +21,14 @@
 //!   atomic put, the batches already done for a resumed job to skip, and
 //!   an errors file for the rows refused.
 //! - [`job`]: a batch job over any actor kind — the input cut into batches
-//!   with stable ids, the framework's bounded pipeline over the actors
-//!   (backpressure, least-loaded routing, deadlines, retries, a lost
-//!   member's batches sent elsewhere), one part per batch.
-//! - [`parts`]: Parquet parts of an `id` and the application's columns.
+//!   with stable ids (length-sorted windows, a token budget), the
+//!   framework's bounded pipeline over the actors (backpressure,
+//!   least-loaded routing, deadlines, retries, a lost member's batches sent
+//!   elsewhere), one part per batch; actors placed in a placement group of
+//!   the job's own under a supervisor with a restart limit
+//!   ([`job::Placed`]); a driver for detached jobs ([`job::detached`]).
+//! - [`parts`]: Parquet parts of an `id` and the application's columns;
+//!   typed cells as Arrow arrays and JSON.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

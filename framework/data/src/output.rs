@@ -98,7 +98,7 @@ pub struct RowError {
 const ERRORS_BUFFER: usize = 1 << 20;
 
 /// The errors file, written as rows are refused: held in memory up to
-/// [`ERRORS_BUFFER`] bytes, then streamed as a multipart upload, so memory
+/// a megabyte, then streamed as a multipart upload, so memory
 /// stays bounded however many rows are refused. The file appears whole
 /// when [`ErrorLog::finish`] completes it.
 pub struct ErrorLog<'a> {

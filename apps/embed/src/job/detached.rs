@@ -126,25 +126,12 @@ impl DetachedJob {
     /// each as written, and a local one that exists also with its links
     /// resolved (a link under a root that leads out of it is refused).
     pub fn check_allowed(&self, allow: &AllowedRoots) -> Result<(), NotAllowed> {
-        for (what, path) in [
-            ("input", &self.input),
-            ("output", &self.output),
-            ("model", &self.model),
-        ] {
-            allow.check(what, path)?;
-            let local = path.strip_prefix("file://").unwrap_or(path);
-            if !local.contains("://") {
-                // A glob's folder, or the path itself.
-                let literal: std::path::PathBuf = std::path::Path::new(local)
-                    .components()
-                    .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
-                    .collect();
-                if let Ok(real) = std::fs::canonicalize(&literal) {
-                    allow.check(what, &real.to_string_lossy())?;
-                }
-            }
-        }
-        Ok(())
+        let paths = [
+            ("input", self.input.as_str()),
+            ("output", self.output.as_str()),
+            ("model", self.model.as_str()),
+        ];
+        detached::check_paths(allow, paths)
     }
 }
 

@@ -1,18 +1,18 @@
-//! The embed job: JSONL or Parquet shards streamed in batches with stable
-//! ids, resident embedding actors in this process (the embedded default) or
-//! on every worker of a cluster, the framework's bounded pipeline between
-//! them, idempotent output and resume.
+//! The embed job: the data layer's batch job (`flotilla_data::job`) with
+//! resident embedding actors, in this process (the embedded default) or
+//! in a placement group of the job's own on the workers of a cluster.
 //!
 //! ```text
-//! input (file, folder, glob; local or URL) ─► source (reader thread)
-//!     ─► batches (id = ordinal) ─► flotilla::pipeline (≤ M in flight,
-//!     least loaded, deadlines, retries) ─► Embedder actors (local or remote)
-//!     ─► checks (batch id, revision, dim) ─► Sink part (local folder or object store)
+//! input ─► flotilla_data::job (windows, ids, pipeline, supervision, output, errors file)
+//!       ─► Embedder actors (texts in the request or as an object) ─► EmbedStage::judge
+//!          (batch id, revision, width) ─► parts of vectors (Parquet or JSON lines)
 //! ```
 //!
-//! Memory stays flat as the input grows: only the batches in flight and a
-//! few chunks of rows read ahead are held, plus a 16-byte digest per id to
-//! refuse duplicates.
+//! What is the embed job's own: its settings ([`JobConfig`], the flags of
+//! `node embed` and the detached form), its stage, its manifest and parts,
+//! its job id, and the model facts in its [`Summary`]. Memory stays flat
+//! as the input grows: only the batches in flight and a few chunks of rows
+//! read ahead are held, plus a 16-byte digest per id to refuse duplicates.
 
 mod cluster;
 mod config;

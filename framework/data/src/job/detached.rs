@@ -19,6 +19,7 @@ use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobState};
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
 use flotilla::wire::Decode;
 use flotilla::{Node, NodeBuilder, NodeHandle};
+use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 use tokio::sync::watch;
 
 /// What a detached job's driver tells the head as the job goes.
@@ -152,6 +153,31 @@ where
         let _ = reply.send(JobReport(state.report.with(|r| r.clone())));
         Ok(())
     }
+}
+
+/// Checks the paths a job names (`(what, path)`: input, output, model…)
+/// against the roots `allow` before anything is opened: each as written,
+/// and a local one that exists also with its links resolved (a link under
+/// a root that leads out of it is refused). A glob is checked by its
+/// folder.
+pub fn check_paths<'a>(
+    allow: &AllowedRoots,
+    paths: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), NotAllowed> {
+    for (what, path) in paths {
+        allow.check(what, path)?;
+        let local = path.strip_prefix("file://").unwrap_or(path);
+        if !local.contains("://") {
+            let literal: std::path::PathBuf = std::path::Path::new(local)
+                .components()
+                .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
+                .collect();
+            if let Ok(real) = std::fs::canonicalize(&literal) {
+                allow.check(what, &real.to_string_lossy())?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Registers `kind` as the driver of detached jobs whose arguments are
