@@ -24,7 +24,9 @@ use flotilla::{MemberView, Node, NodeConfig, Resources};
 use flotilla_data::job::{Placed, Placement, Stopper};
 
 use super::driver::{Workers, drive, embedder_args};
-use super::{ActorError, ClusterConfig, ClusterError, JobConfig, JobError, Summary};
+use super::{
+    ActorError, ActorStartError, ClusterConfig, ClusterError, JobConfig, JobError, Summary,
+};
 use crate::actor::{EmbedMsg, KIND};
 use crate::model_folder::ModelFolder;
 
@@ -175,7 +177,7 @@ async fn start_workers(
     let wait = config.placement_timeout() + Duration::from_secs(5);
     let describe = |actor: ActorRef<EmbedMsg>| async move {
         call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
-            .map_err(|_| format!("the actor did not describe its model within {INFO_WITHIN:?}"))
+            .map_err(|_| format!("it did not describe its model within {INFO_WITHIN:?}"))
     };
     let mut placed = Placed::start(node, placement, wait, config.group_to.as_ref(), describe)
         .await
@@ -201,7 +203,7 @@ async fn start_workers(
     let (pool, infos, stopper) = placed
         .supervise(config.restart_limit())
         .await
-        .map_err(ActorError::Spawn)?;
+        .map_err(|e| ActorError::Start(ActorStartError::Start(e)))?;
     let mut workers = Workers::new(pool, &infos);
     workers.placement = Some(at);
     tracing::info!(actors = infos.len(), %revision, "embedding actors ready");

@@ -3,13 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use flotilla::ractor::{Actor, ActorRef, call_t};
-use flotilla::supervisor::{Child, ChildSpec, LocalChild};
+use flotilla::ractor::{ActorRef, call_t};
 use flotilla_data::job::{Links, Pool};
 
 use super::driver::{Workers, drive, embedder_args};
 use super::{ActorError, JobConfig, JobError, Summary};
-use crate::actor::{EmbedMsg, Embedder, ModelInfo};
+use crate::actor::{EmbedMsg, Embedder};
 use crate::model_folder::ModelFolder;
 
 /// Runs the job with actors in this process.
@@ -37,64 +36,31 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         .or(config.actors_per_node)
         .unwrap_or(if gpus > 0 { gpus } else { cpus })
         .max(1);
-    let mut actors: Vec<(String, ActorRef<EmbedMsg>)> = Vec::with_capacity(count);
-    let mut infos: Vec<ModelInfo> = Vec::with_capacity(count);
-    let stop = |actors: &[(String, ActorRef<EmbedMsg>)]| {
-        for (_, a) in actors {
-            a.stop(None);
-        }
-    };
     const INFO_WITHIN: Duration = Duration::from_secs(10);
     // The actors share one loaded model (restarted ones too).
     let models = crate::SharedModels::default();
-    let embedder = move || Embedder {
-        models: models.clone(),
-        gpus: slots.clone(),
-        ..Embedder::default()
-    };
-    for _ in 0..count {
-        let spawned = match Actor::spawn(None, embedder(), embedder_args(&config)).await {
-            Ok((actor, _)) => call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
-                .map(|info| (actor, info))
-                .map_err(|_| ActorError::NoInfo(INFO_WITHIN)),
-            Err(e) => Err(ActorError::Spawn(e)),
+    let args = embedder_args(&config);
+    let embedder = move || {
+        let actor = Embedder {
+            models: models.clone(),
+            gpus: slots.clone(),
+            ..Embedder::default()
         };
-        match spawned {
-            Ok((actor, info)) => {
-                actors.push(("local".to_owned(), actor));
-                infos.push(info);
-            }
-            Err(e) => {
-                stop(&actors);
-                return Err(e.into());
-            }
-        }
-    }
-    let first = infos[0].clone();
-    if let Some(other) = infos.iter().find(|i| i.revision != first.revision) {
-        stop(&actors);
-        return Err(ActorError::Revisions(first.revision.clone(), other.revision.clone()).into());
-    }
-    // The actors become children of the job's supervisor, which restarts
-    // one that fails (its model reloaded) within the job's limit.
-    let children = actors
-        .iter()
-        .enumerate()
-        .map(|(i, (_, actor))| {
-            let args = embedder_args(&config);
-            let embedder = embedder.clone();
-            let start = LocalChild::new(move || (embedder(), args.clone())).adopt(actor.clone());
-            Child::new(ChildSpec::permanent(format!("local.{i}")), start)
-        })
-        .collect();
-    let limit = config.restart_limit();
-    let (pool, stopper) = match Pool::supervise(actors.clone(), children, limit, None).await {
-        Ok(supervised) => supervised,
-        Err(e) => {
-            stop(&actors);
-            return Err(ActorError::Spawn(e).into());
-        }
+        (actor, args.clone())
     };
+    let describe = |actor: ActorRef<EmbedMsg>| async move {
+        call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
+            .map_err(|_| format!("it did not describe its model within {INFO_WITHIN:?}"))
+    };
+    let limit = config.restart_limit();
+    let (pool, infos, stopper) = Pool::local(count, embedder, describe, limit)
+        .await
+        .map_err(ActorError::Start)?;
+    if let Some(other) = infos.iter().find(|i| i.revision != infos[0].revision) {
+        let revisions = ActorError::Revisions(infos[0].revision.clone(), other.revision.clone());
+        stopper.stop().await;
+        return Err(revisions.into());
+    }
     let workers = Workers::new(pool, &infos);
     let result = drive(&config, started, workers, Links::local(), None).await;
     stopper.stop().await;

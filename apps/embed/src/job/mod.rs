@@ -87,12 +87,10 @@ pub enum JobError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ActorError {
-    /// An actor failed in its start (its model did not load).
-    #[error("embedding actor failed to start: {0}")]
-    Spawn(#[source] flotilla::ractor::SpawnErr),
-    /// An actor did not describe its model in time.
-    #[error("embedding actor did not describe its model within {0:?}")]
-    NoInfo(std::time::Duration),
+    /// An actor (or the job's supervisor) did not start (its model did
+    /// not load), or did not describe its model in time.
+    #[error("embedding {0}")]
+    Start(#[source] ActorStartError),
     /// Two actors loaded different weights.
     #[error("actors loaded different weights: {0} and {1}")]
     Revisions(String, String),

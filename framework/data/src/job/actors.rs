@@ -20,8 +20,8 @@ use std::time::Duration;
 use flotilla::placement_groups::{GroupSpec, PlacementError};
 use flotilla::ractor::{Actor, ActorRef, Message, SpawnErr};
 use flotilla::supervisor::{
-    Backoff, Child, ChildSpec, Intensity, RemoteChild, RestartType, Strategy, Supervisor,
-    SupervisorArgs, SupervisorMsg, SupervisorSpec,
+    Backoff, Child, ChildSpec, Intensity, LocalChild, RemoteChild, RestartType, Strategy,
+    Supervisor, SupervisorArgs, SupervisorMsg, SupervisorSpec,
 };
 use flotilla::wire::Encode;
 use flotilla::{Node, SpawnError, Table};
@@ -68,6 +68,62 @@ impl<M: Message> Pool<M> {
             placed: None,
         };
         Ok((Self::supervised(actors, ids, rx), stopper))
+    }
+}
+
+impl<M: Message> Pool<M> {
+    /// `count` actors in this process, each made by `make` and checked
+    /// with `ready`, under a supervisor of the job's own (see
+    /// [`Pool::supervise`]; child ids `local.0`, `local.1`, …) that
+    /// restarts one that fails with `make` again. Returns the pool, what
+    /// each check found, and what stops the actors.
+    pub async fn local<A, F, C, Fut, R>(
+        count: usize,
+        make: F,
+        ready: C,
+        intensity: Intensity,
+    ) -> Result<(Self, Vec<R>, Stopper), ActorStartError>
+    where
+        A: Actor<Msg = M>,
+        A::Arguments: Clone + Sync,
+        F: Fn() -> (A, A::Arguments) + Clone + Send + Sync + 'static,
+        C: Fn(ActorRef<M>) -> Fut,
+        Fut: Future<Output = Result<R, String>>,
+    {
+        let mut actors: Vec<(String, ActorRef<M>)> = Vec::with_capacity(count);
+        let mut found = Vec::with_capacity(count);
+        let started = async {
+            for _ in 0..count {
+                let (actor, args) = make();
+                let (actor, _) = Actor::spawn(None, actor, args)
+                    .await
+                    .map_err(ActorStartError::Start)?;
+                actors.push(("local".to_owned(), actor.clone()));
+                found.push(ready(actor).await.map_err(ActorStartError::NotReady)?);
+            }
+            Ok(())
+        };
+        let children = match started.await {
+            Ok(()) => actors
+                .iter()
+                .enumerate()
+                .map(|(i, (_, actor))| {
+                    let start = LocalChild::new(make.clone()).adopt(actor.clone());
+                    Child::new(ChildSpec::permanent(format!("local.{i}")), start)
+                })
+                .collect(),
+            Err(e) => {
+                actors.iter().for_each(|(_, a)| a.stop(None));
+                return Err(e);
+            }
+        };
+        match Self::supervise(actors.clone(), children, intensity, None).await {
+            Ok((pool, stopper)) => Ok((pool, found, stopper)),
+            Err(e) => {
+                actors.iter().for_each(|(_, a)| a.stop(None));
+                Err(ActorStartError::Start(e))
+            }
+        }
     }
 }
 
@@ -155,11 +211,14 @@ pub struct PlacedActor<M, R> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ActorStartError {
-    /// The spawn failed.
+    /// The spawn on a member failed.
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// An actor (or the job's supervisor) in this process failed to start.
+    #[error("actor failed to start: {0}")]
+    Start(#[source] SpawnErr),
     /// The application's check of the actor failed.
-    #[error("{0}")]
+    #[error("actor not ready: {0}")]
     NotReady(String),
 }
 
