@@ -22,7 +22,7 @@
 //! it is opened, naming the setting. A local path is checked as written
 //! and, where it exists, again with its links resolved.
 
-use flotilla::jobs::{JobMsg, JobSpec};
+use flotilla::jobs::JobSpec;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use flotilla_data::job::detached;
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
@@ -77,18 +77,10 @@ impl DetachedJob {
         Ok(config)
     }
 
-    /// The job to submit: its driver in a bundle reserving `memory_mb=256`
-    /// (so it lands on a worker, not on a head that offers nothing), three
-    /// restarts a minute.
+    /// The job to submit (see [`detached::spec`]).
     pub fn spec(&self) -> JobSpec {
-        JobSpec {
-            kind: JOB_KIND.to_owned(),
-            args: flotilla::wire::encode(self),
-            message_type: std::any::type_name::<JobMsg>().to_owned(),
-            resources: [("memory_mb".to_owned(), 256.0)].into_iter().collect(),
-            description: format!("embed {} -> {}", self.input, self.output),
-            max_restarts: 3,
-        }
+        let description = format!("embed {} -> {}", self.input, self.output);
+        detached::spec(JOB_KIND, self, description)
     }
 }
 

@@ -15,9 +15,9 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobState};
+use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobSpec, JobState};
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
-use flotilla::wire::Decode;
+use flotilla::wire::{Decode, Encode};
 use flotilla::{Node, NodeBuilder, NodeHandle};
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 use tokio::sync::watch;
@@ -152,6 +152,20 @@ where
         let JobMsg::Progress(_, reply) = msg;
         let _ = reply.send(JobReport(state.report.with(|r| r.clone())));
         Ok(())
+    }
+}
+
+/// A detached job of `kind` with `args` to submit: its driver in a bundle
+/// reserving `memory_mb=256` (so it lands on a worker, not on a head that
+/// offers nothing), three restarts a minute.
+pub fn spec<A: Encode>(kind: &str, args: &A, description: String) -> JobSpec {
+    JobSpec {
+        kind: kind.to_owned(),
+        args: flotilla::wire::encode(args),
+        message_type: std::any::type_name::<JobMsg>().to_owned(),
+        resources: [("memory_mb".to_owned(), 256.0)].into_iter().collect(),
+        description,
+        max_restarts: 3,
     }
 }
 
