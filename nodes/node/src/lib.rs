@@ -155,35 +155,13 @@ pub enum JobsOp {
     },
 }
 
-/// Flags of `node embed`: the job's settings, and how this run reaches
-/// a cluster.
+/// Flags of `node embed`: the job's settings (how it reaches a cluster
+/// among them), and how this run shows itself.
 #[derive(Debug, Args)]
 pub struct EmbedArgs {
     /// The job's settings.
     #[command(flatten)]
     pub job: flotilla_embed::job::JobConfig,
-    /// Run on the cluster whose head listens here (the driver joins it and
-    /// spawns embedding actors on every worker).
-    #[arg(long)]
-    pub head: Option<SocketAddr>,
-    /// Folder with ca.crt and the driver's certificate (with --head).
-    #[arg(long, default_value = "certs")]
-    pub certs: PathBuf,
-    /// The driver's node name, as in its certificate (with --head).
-    #[arg(long, default_value = "admin")]
-    pub name: String,
-    /// UDP address the driver listens on (with --head; default: the local
-    /// address that routes to the head, any port).
-    #[arg(long)]
-    pub listen: Option<SocketAddr>,
-    /// Cluster cookie (with --head; default: the certs folder's `cookie`).
-    #[arg(long)]
-    pub cookie: Option<String>,
-    /// Capacity of the driver's object store in MiB (with --head; default
-    /// as for nodes). Batches hand their texts to the actors as objects
-    /// while it takes them, and carry them in the requests otherwise.
-    #[arg(long)]
-    pub object_store_mb: Option<u64>,
     /// Log progress lines instead of drawing a bar, even on a terminal.
     #[arg(long)]
     pub no_progress_bar: bool,
@@ -201,14 +179,6 @@ impl EmbedArgs {
     pub fn job(self) -> flotilla_embed::job::JobConfig {
         use std::io::IsTerminal;
         flotilla_embed::job::JobConfig {
-            cluster: self.head.map(|head| flotilla_embed::job::ClusterConfig {
-                head,
-                certs: self.certs,
-                name: self.name,
-                listen: self.listen,
-                cookie: self.cookie,
-                object_store_bytes: self.object_store_mb.map(|mb| mb << 20),
-            }),
             progress_bar: !self.no_progress_bar && std::io::stderr().is_terminal(),
             ..self.job
         }

@@ -195,7 +195,8 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
 
 /// `node embed --detach`: submits the job to the head and prints its id.
 async fn submit(args: crate::EmbedArgs) -> ExitCode {
-    let (head, certs, name) = (args.head, args.certs.clone(), args.name.clone());
+    let join = &args.job.cluster;
+    let (head, certs, name) = (join.head, join.certs.clone(), join.name.clone());
     let Some(head) = head else {
         eprintln!("--detach needs --head");
         return ExitCode::from(2);

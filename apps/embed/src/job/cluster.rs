@@ -15,18 +15,17 @@
 //! The actors are owned by the driver's node: when it leaves or goes down,
 //! the workers stop them.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla::placement_groups::{GroupSpec, bundle};
 use flotilla::ractor::{ActorRef, call_t};
-use flotilla::{MemberView, Node, NodeConfig, Resources};
+use flotilla::{MemberView, Node};
 use flotilla_data::job::{Placed, Placement, Stopper};
 
 use super::driver::{Workers, drive, embedder_args};
-use super::{
-    ActorError, ActorStartError, ClusterConfig, ClusterError, JobConfig, JobError, Summary,
-};
+use super::{ActorError, ActorStartError, ClusterError, JobConfig, JobError, Summary};
 use crate::actor::{EmbedMsg, KIND};
 use crate::model_folder::ModelFolder;
 
@@ -35,37 +34,18 @@ const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a spawned actor may take to describe its model.
 const INFO_WITHIN: Duration = Duration::from_secs(30);
 
-/// Runs the job on the cluster of `cluster`.
-pub(crate) async fn run(config: JobConfig, cluster: ClusterConfig) -> Result<Summary, JobError> {
+/// Runs the job on the cluster whose head listens at `head`.
+pub(crate) async fn run(config: JobConfig, head: SocketAddr) -> Result<Summary, JobError> {
     let started = Instant::now();
     // The driver's own copy of the model, when it has one, is the reference
     // every worker must match; otherwise the first worker's is.
     let reference = reference_revision(&config).await?;
-    let mut node_config = NodeConfig::new(
-        cluster.name.clone(),
-        cluster
-            .listen
-            .unwrap_or_else(|| flotilla::config::route_to(cluster.head)),
-        cluster.certs.clone(),
-    )
-    .join(cluster.head);
-    // A driver hosts no work: other jobs must not place actors on it.
-    node_config.resources = Some(Resources::default());
-    node_config
-        .labels
-        .insert("role".to_owned(), "embed-driver".to_owned());
-    node_config.cookie = cluster.cookie.clone();
-    node_config.object_store_bytes = cluster.object_store_bytes;
-    let node =
-        Arc::new(
-            Node::builder(node_config)
-                .start()
-                .await
-                .map_err(|source| JobError::Join {
-                    head: cluster.head,
-                    source,
-                })?,
-        );
+    let node_config = config.cluster.node_config(head, "embed-driver");
+    let node = Node::builder(node_config)
+        .start()
+        .await
+        .map_err(|source| JobError::Join { head, source })?;
+    let node = Arc::new(node);
     let result = run_on(&config, &node, started, reference).await;
     node.shutdown().await;
     result

@@ -1,7 +1,6 @@
 //! What a job is told: its input, output, model and limits, defined once
 //! for the command line, Rust programs and detached jobs.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -153,10 +152,11 @@ pub struct JobConfig {
     /// The window of --max-restarts, in seconds.
     #[arg(long, default_value_t = 60)]
     pub restart_window_s: u64,
-    /// Run on a cluster instead of in this process.
-    #[arg(skip)]
+    /// How the driver reaches a cluster; without `head`, the job runs in
+    /// this process.
+    #[command(flatten)]
     #[serde(skip)]
-    pub cluster: Option<ClusterConfig>,
+    pub cluster: flotilla_data::job::Join,
     /// Show a progress bar (on a terminal); otherwise log progress lines.
     #[arg(skip)]
     #[serde(skip)]
@@ -295,26 +295,6 @@ impl JobConfig {
             self.dim,
         )
     }
-}
-
-/// How the driver joins a cluster.
-#[derive(Debug, Clone)]
-pub struct ClusterConfig {
-    /// The head's address.
-    pub head: SocketAddr,
-    /// Folder with `ca.crt` and the driver's certificate and key.
-    pub certs: PathBuf,
-    /// The driver's node name (its certificate's name).
-    pub name: String,
-    /// UDP address the driver listens on (default: the local address that
-    /// routes to the head, any port).
-    pub listen: Option<SocketAddr>,
-    /// The cluster cookie.
-    pub cookie: Option<String>,
-    /// Capacity of the driver's object store in bytes (`None`: the node
-    /// default). Batches hand their texts to the actors as objects of it
-    /// while it takes them, and carry them in the requests otherwise.
-    pub object_store_bytes: Option<u64>,
 }
 
 #[cfg(test)]

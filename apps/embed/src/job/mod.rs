@@ -24,8 +24,8 @@ mod stage;
 mod summary;
 
 pub use config::{
-    ClusterConfig, DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_MICRO_BATCH,
-    DEFAULT_SORT_WINDOW, JobConfig, SettingError,
+    DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_MICRO_BATCH, DEFAULT_SORT_WINDOW, JobConfig,
+    SettingError,
 };
 pub use flotilla_data::SourceError;
 pub use flotilla_data::job::ActorStartError;
@@ -127,8 +127,8 @@ fn list(failures: &[(String, ActorStartError)]) -> String {
 /// batches are skipped, the rest are computed.
 pub async fn run(config: JobConfig) -> Result<Summary, JobError> {
     config.check()?;
-    match config.cluster.clone() {
+    match config.cluster.head {
         None => local::run(config).await,
-        Some(cluster) => cluster::run(config, cluster).await,
+        Some(head) => cluster::run(config, head).await,
     }
 }

@@ -27,6 +27,7 @@
 mod actors;
 mod batching;
 pub mod detached;
+mod join;
 mod lost;
 mod progress;
 
@@ -47,6 +48,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use actors::{ActorStartError, Placed, PlacedActor, Placement, Stopper};
 pub use batching::Batching;
+pub use join::Join;
 pub use progress::ProgressConfig;
 
 use crate::input::{Input, InputError};
