@@ -156,7 +156,7 @@ pub async fn time_job(config: flotilla_embed::job::JobConfig) -> anyhow::Result<
     let (cpu0, wall0) = (process_cpu(), std::time::Instant::now());
     let summary = flotilla_embed::job::run(config).await?;
     let run = JobRun {
-        texts: summary.texts,
+        texts: summary.job.rows,
         wall: wall0.elapsed(),
         cpu: process_cpu() - cpu0,
     };

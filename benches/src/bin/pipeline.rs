@@ -475,12 +475,16 @@ async fn model(args: &Args) -> anyhow::Result<()> {
         })
         .await?;
         anyhow::ensure!(
-            summary.texts as usize == rows.len(),
+            summary.job.rows as usize == rows.len(),
             "job embedded {} texts",
-            summary.texts
+            summary.job.rows
         );
-        let compute = summary.elapsed.saturating_sub(summary.ready_after);
-        jobs.push((label, summary.texts as f64 / compute.as_secs_f64(), summary));
+        let compute = summary.job.elapsed.saturating_sub(summary.ready_after);
+        jobs.push((
+            label,
+            summary.job.rows as f64 / compute.as_secs_f64(),
+            summary,
+        ));
     }
     let (bare2, _) = bare_loop(args, &texts)?;
     let bare = (bare1 + bare2) / 2.0;
@@ -488,7 +492,11 @@ async fn model(args: &Args) -> anyhow::Result<()> {
         println!(
             "| {label} | {job:.1} | {:.3} | {:.2} s (load {:.2} s) | - |",
             job / bare,
-            summary.first_batch_after.unwrap_or_default().as_secs_f64(),
+            summary
+                .job
+                .first_part_after
+                .unwrap_or_default()
+                .as_secs_f64(),
             summary.ready_after.as_secs_f64()
         );
     }
@@ -509,7 +517,7 @@ async fn model(args: &Args) -> anyhow::Result<()> {
             ray["steady_texts_per_s"].as_f64().unwrap_or(f64::NAN),
             ray["total_s"].as_f64().unwrap_or(f64::NAN),
         );
-        let total = summary.elapsed.as_secs_f64();
+        let total = summary.job.elapsed.as_secs_f64();
         println!(
             "\n## The same job in Ray (same texts, {} actors, batches of {})\n",
             args.actors, args.batch_size

@@ -330,26 +330,18 @@ pub(crate) async fn drive(
         objects,
     };
     let before_run = started.elapsed();
-    let done = flotilla_data::job::run(links, job, stage, workers.pool, parts).await?;
+    let mut job = flotilla_data::job::run(links, job, stage, workers.pool, parts).await?;
+    job.first_part_after = job.first_part_after.map(|d| before_run + d);
+    job.elapsed = started.elapsed();
     Ok(Summary {
         job_id,
         output: config.output.clone(),
         format: Some(config.format),
+        job,
         model_load: Duration::from_millis(info.load_ms),
         actors: workers.actors,
         devices: workers.devices,
         ready_after,
-        texts: done.rows,
-        batches: done.written,
-        skipped_batches: done.skipped,
-        rejected_rows: done.refused,
-        retries: done.retries,
-        redispatches: done.redispatches,
-        restarts: done.restarts,
-        first_batch_after: done.first_part_after.map(|d| before_run + d),
-        batch_p50: done.batch_p50,
-        batch_p95: done.batch_p95,
-        elapsed: started.elapsed(),
         peak_rss: flotilla::process::peak_rss_bytes(),
         placement: workers.placement,
     })

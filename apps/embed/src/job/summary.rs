@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use flotilla_data::BatchSummary;
+
 use super::sink::Format;
 
 /// What a job did.
@@ -13,36 +15,17 @@ pub struct Summary {
     pub output: String,
     /// Format of its parts.
     pub format: Option<Format>,
-    /// Rows embedded by this run.
-    pub texts: u64,
-    /// Batches embedded by this run.
-    pub batches: u64,
-    /// Batches found complete and skipped.
-    pub skipped_batches: u64,
-    /// Rows refused (malformed, duplicate, rejected by the model).
-    pub rejected_rows: u64,
-    /// Sends after the first of a batch (failures, deadlines, lost workers).
-    pub retries: u64,
-    /// Batches moved off a worker that went down.
-    pub redispatches: u64,
-    /// Embedding actors restarted after a failure.
-    pub restarts: u64,
+    /// What the batch job did (rows are texts; its times count from the
+    /// start of the job, model loading included).
+    pub job: BatchSummary,
     /// Embedding actors used.
     pub actors: usize,
     /// Where they ran (`cpu ×2 (f32)`, `cuda:0 (f16), cuda:1 (f16)`).
     pub devices: String,
-    /// Wall time of the run.
-    pub elapsed: Duration,
     /// When every actor had its model loaded, from the start.
     pub ready_after: Duration,
-    /// When the first batch was written, from the start.
-    pub first_batch_after: Option<Duration>,
     /// Model load time of the slowest actor.
     pub model_load: Duration,
-    /// Median batch latency.
-    pub batch_p50: Duration,
-    /// 95th percentile batch latency.
-    pub batch_p95: Duration,
     /// Peak resident memory of this process, in bytes (Linux; 0 elsewhere).
     pub peak_rss: u64,
     /// On a cluster, where the actors' bundles were first placed
@@ -52,27 +35,28 @@ pub struct Summary {
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let rate = self.texts as f64 / self.elapsed.as_secs_f64().max(1e-9);
-        let first = self
-            .first_batch_after
+        let job = &self.job;
+        let rate = job.rows as f64 / job.elapsed.as_secs_f64().max(1e-9);
+        let first = job
+            .first_part_after
             .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
         write!(
             f,
             "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {:.1} texts/s, first batch after {}, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
             self.job_id,
-            self.texts,
-            self.batches,
-            self.skipped_batches,
+            job.rows,
+            job.written,
+            job.skipped,
             self.actors,
-            self.rejected_rows,
-            self.retries,
-            self.redispatches,
-            self.restarts,
-            self.elapsed.as_secs_f64(),
+            job.refused,
+            job.retries,
+            job.redispatches,
+            job.restarts,
+            job.elapsed.as_secs_f64(),
             rate,
             first,
-            self.batch_p50.as_secs_f64() * 1e3,
-            self.batch_p95.as_secs_f64() * 1e3,
+            job.batch_p50.as_secs_f64() * 1e3,
+            job.batch_p95.as_secs_f64() * 1e3,
             self.model_load.as_secs_f64(),
             self.peak_rss >> 20
         )?;
