@@ -388,6 +388,41 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A local folder: staged files a killed run left (a part's, the errors
+    /// file's) are removed and do not count as parts; a written part does.
+    #[tokio::test]
+    async fn a_local_folder_drops_staged_leftovers_and_resumes() {
+        let dir =
+            std::env::temp_dir().join(format!("flotilla-output-staged-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("parts")).unwrap();
+        let out = dir.to_string_lossy().into_owned();
+        let leftover = dir.join("parts/batch-00000003.bin#1");
+        std::fs::write(&leftover, "half a part").unwrap();
+        let errors_leftover = dir.join("errors.jsonl#2");
+        std::fs::write(&errors_leftover, "half an errors file").unwrap();
+        let (output, done) = Output::open(&out, &job("a"), "bin").await.unwrap();
+        assert!(done.is_empty());
+        assert!(!leftover.exists() && !errors_leftover.exists());
+        output.write_part(3, b"three".to_vec()).await.unwrap();
+        let (_, done) = Output::open(&out, &job("a"), "bin").await.unwrap();
+        assert_eq!(done, HashSet::from([3]));
+        let names: Vec<String> = std::fs::read_dir(dir.join("parts"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["batch-00000003.bin"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unknown_scheme_is_a_typed_error() {
+        let err = Output::open("nosuch://bucket/x", &job("a"), "bin")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OutputError::Url { .. }), "{err}");
+    }
+
     /// More refused rows than the in-memory buffer holds stream out as a
     /// multipart upload; every row arrives, in order.
     #[tokio::test]

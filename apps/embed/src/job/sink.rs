@@ -353,33 +353,6 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A local folder: a staged file left by a killed run is removed and
-    /// does not count as a part; a written part does.
-    #[tokio::test]
-    async fn local_output_drops_staged_leftovers_and_resumes() {
-        let dir = scratch("local");
-        let out = dir.to_string_lossy().into_owned();
-        std::fs::create_dir_all(dir.join("parts")).unwrap();
-        let leftover = dir.join("parts/batch-00000003.jsonl#1");
-        std::fs::write(&leftover, "half a part").unwrap();
-        let errors_leftover = dir.join("errors.jsonl#2");
-        std::fs::write(&errors_leftover, "half an errors file").unwrap();
-        let (sink, done) = open(&out, &manifest("j")).await.unwrap();
-        assert!(done.is_empty());
-        assert!(!leftover.exists() && !errors_leftover.exists());
-        let ids = vec!["a".to_owned()];
-        let part = encode_part(&manifest("j"), &[], &rows(&ids, &[vec![]]), &[0.6, 0.8]).unwrap();
-        sink.write_part(3, part).await.unwrap();
-        let (_, done) = open(&out, &manifest("j")).await.unwrap();
-        assert_eq!(done, HashSet::from([3]));
-        let names: Vec<String> = std::fs::read_dir(dir.join("parts"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["batch-00000003.jsonl"]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
     #[test]
     fn every_part_has_the_schema_with_the_revision_in_its_metadata() {
         let mut m = manifest("j");
@@ -442,11 +415,5 @@ mod tests {
         assert!(dictionary("lang"), "an output column keeps the default");
         assert!(!statistics(&values));
         assert!(statistics("id"), "ids keep their statistics");
-    }
-
-    #[tokio::test]
-    async fn an_unknown_scheme_is_a_typed_error() {
-        let err = open("nosuch://bucket/x", &manifest("j")).await.unwrap_err();
-        assert!(matches!(err, SinkError::Url { .. }), "{err}");
     }
 }
