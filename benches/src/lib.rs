@@ -151,7 +151,7 @@ impl JobRun {
 /// Runs the embed job of `config` (what `node embed` runs) in this
 /// process, timed, and removes its output folder after.
 pub async fn time_job(config: flotilla_embed::job::JobConfig) -> anyhow::Result<JobRun> {
-    let output = PathBuf::from(&config.output);
+    let output = PathBuf::from(&config.job.output);
     let _ = std::fs::remove_dir_all(&output);
     let (cpu0, wall0) = (process_cpu(), std::time::Instant::now());
     let summary = flotilla_embed::job::run(config).await?;

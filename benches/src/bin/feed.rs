@@ -58,22 +58,20 @@ async fn run_job(
 ) -> anyhow::Result<JobRun> {
     let stem = input.file_stem().unwrap_or_default().to_string_lossy();
     let output = scratch.join(format!("out-{actors}-{stem}"));
-    time_job(JobConfig {
-        actors_per_node: Some(actors),
-        batch_size: args.batch_size,
-        format: if args.jsonl {
-            Format::Jsonl
-        } else {
-            Format::Parquet
-        },
-        zeros: true,
-        ..JobConfig::new(
-            input.to_string_lossy(),
-            output.to_string_lossy(),
-            args.corpus.model.clone(),
-        )
-    })
-    .await
+    let mut config = JobConfig::new(
+        input.to_string_lossy(),
+        output.to_string_lossy(),
+        args.corpus.model.clone(),
+    );
+    config.job.actors_per_node = Some(actors);
+    config.job.batch_size = args.batch_size;
+    config.job.format = if args.jsonl {
+        Format::Jsonl
+    } else {
+        Format::Parquet
+    };
+    config.zeros = true;
+    time_job(config).await
 }
 
 /// Texts per CPU-second of the job's own tokenizer for the folder (our

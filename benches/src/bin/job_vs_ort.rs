@@ -64,17 +64,15 @@ async fn job(
     precision: Precision,
     actors: usize,
 ) -> anyhow::Result<JobRun> {
-    time_job(JobConfig {
-        actors_per_node: Some(actors),
-        precision,
-        device: flotilla_embed::DeviceChoice::Cpu,
-        ..JobConfig::new(
-            input.to_string_lossy(),
-            out.to_string_lossy(),
-            args.corpus.model.clone(),
-        )
-    })
-    .await
+    let mut config = JobConfig::new(
+        input.to_string_lossy(),
+        out.to_string_lossy(),
+        args.corpus.model.clone(),
+    );
+    config.job.actors_per_node = Some(actors);
+    config.precision = precision;
+    config.device = flotilla_embed::DeviceChoice::Cpu;
+    time_job(config).await
 }
 
 #[tokio::main]

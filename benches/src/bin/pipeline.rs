@@ -462,18 +462,16 @@ async fn model(args: &Args) -> anyhow::Result<()> {
         ),
         ("embed job, batches in input order (--sort-window 0)", 0),
     ] {
-        let summary = flotilla_embed::job::run(flotilla_embed::job::JobConfig {
-            batch_size: args.batch_size,
-            actors_per_node: Some(args.actors),
-            sort_window: window,
-            precision: args.precision,
-            ..flotilla_embed::job::JobConfig::new(
-                input.to_string_lossy(),
-                scratch.join(format!("out-w{window}")).to_string_lossy(),
-                args.corpus.model.clone(),
-            )
-        })
-        .await?;
+        let mut config = flotilla_embed::job::JobConfig::new(
+            input.to_string_lossy(),
+            scratch.join(format!("out-w{window}")).to_string_lossy(),
+            args.corpus.model.clone(),
+        );
+        config.job.batch_size = args.batch_size;
+        config.job.actors_per_node = Some(args.actors);
+        config.job.sort_window = window;
+        config.precision = args.precision;
+        let summary = flotilla_embed::job::run(config).await?;
         anyhow::ensure!(
             summary.job.rows as usize == rows.len(),
             "job embedded {} texts",

@@ -112,7 +112,7 @@ async fn main() -> anyhow::Result<()> {
     let summary = flotilla_data::job::run(links, job.clone(), MeasureStage, pool, Encode(encode));
     let summary = summary.await?;
     anyhow::ensure!(killer.is_finished(), "the job ended before w1 was killed");
-    println!("{summary:?}");
+    println!("{}", summary.line("texts", 2));
 
     let ids = parts::parquet_ids(&out.join("parts"))?;
     let unique: HashSet<&String> = ids.iter().collect();

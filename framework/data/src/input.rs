@@ -399,6 +399,16 @@ impl Input {
         Ok((shards, store))
     }
 
+    /// [`Input::scan`] of the input `spec` names, resolved first, on a
+    /// thread where blocking reads are allowed.
+    pub async fn resolve_and_scan(spec: &str, hash: bool) -> Result<Scan, InputError> {
+        let input = Self::resolve(spec).await?;
+        match tokio::task::spawn_blocking(move || input.scan(hash)).await {
+            Ok(scan) => scan,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
     /// The input's fingerprint and row count, for the default job id and
     /// for progress. Local uncompressed shards are read once (hashed when
     /// `hash`, JSONL lines counted on the way); a Parquet shard's rows come

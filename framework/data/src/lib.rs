@@ -26,9 +26,12 @@
 //!   least-loaded routing, deadlines, retries, a lost member's batches sent
 //!   elsewhere), one part per batch; actors placed in a placement group of
 //!   the job's own under a supervisor with a restart limit
-//!   ([`job::Placed`]); a driver for detached jobs ([`job::detached`]).
-//! - [`parts`]: Parquet parts of an `id` and the application's columns;
-//!   typed cells as Arrow arrays and JSON.
+//!   ([`job::Placed`]); the settings every job takes, as flags and as
+//!   the detached form ([`job::Settings`]); a driver for detached jobs
+//!   ([`job::detached`]).
+//! - [`parts`]: parts of an `id` and the application's columns, or of
+//!   rows with a vector column, as Parquet or JSON lines; typed cells as
+//!   Arrow arrays and JSON.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

@@ -388,6 +388,29 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// An object-store URL (`file://`, a real local store) holds the same
+    /// layout: parts under its prefix and the errors file, found again by
+    /// a reopened output; another job is refused there too.
+    #[tokio::test]
+    async fn an_object_store_url_holds_the_same_layout_and_resumes() {
+        let dir = std::env::temp_dir().join(format!("flotilla-output-url-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("file://{}/out", dir.display());
+        let (output, done) = Output::open(&url, &job("a"), "bin").await.unwrap();
+        assert!(done.is_empty());
+        output.write_part(7, b"seven".to_vec()).await.unwrap();
+        output.errors().finish().await.unwrap();
+        let part = std::fs::read(dir.join("out/parts/batch-00000007.bin")).unwrap();
+        assert_eq!(part, b"seven");
+        assert_eq!(std::fs::read(dir.join("out/errors.jsonl")).unwrap(), b"");
+        let (_, done) = Output::open(&url, &job("a"), "bin").await.unwrap();
+        assert_eq!(done, HashSet::from([7]));
+        let err = Output::open(&url, &job("b"), "bin").await.unwrap_err();
+        assert!(matches!(err, OutputError::OtherJob { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A local folder: staged files a killed run left (a part's, the errors
     /// file's) are removed and do not count as parts; a written part does.
     #[tokio::test]

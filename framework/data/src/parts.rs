@@ -1,6 +1,8 @@
-//! Parquet parts of the columns an application defines: an `id` column
-//! and any number of columns of [`Cell`]s, typed by their values, and the
-//! ids read back from a folder of parts (to check a job's output).
+//! Parts of the columns an application defines: an `id` column and any
+//! number of columns of [`Cell`]s, typed by their values, or of a job's
+//! rows with a column of vectors beside their kept columns, as Parquet or
+//! JSON lines; and the ids read back from a folder of parts (to check a
+//! job's output).
 
 use std::sync::Arc;
 
@@ -9,7 +11,9 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::errors::ParquetError;
 
-use crate::source::{Cell, CellType};
+use serde::{Deserialize, Serialize};
+
+use crate::source::{Cell, CellType, Row};
 
 /// The Arrow type of cells of `kind`.
 pub fn arrow_type(kind: CellType) -> DataType {
@@ -96,6 +100,165 @@ pub fn parquet_part(ids: &[&str], columns: &[(&str, Vec<Cell>)]) -> Result<Vec<u
     Ok(out)
 }
 
+/// Format of a job's parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// Apache Parquet, one file per batch.
+    Parquet,
+    /// JSON lines, one file per batch: one object per row, keys in column
+    /// order.
+    Jsonl,
+}
+
+impl Format {
+    /// The parts' file extension.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Self::Parquet => "parquet",
+            Self::Jsonl => "jsonl",
+        }
+    }
+}
+
+/// A column of vectors: `dim` values a row, row-major.
+#[derive(Debug, Clone, Copy)]
+pub struct Vectors<'a> {
+    /// The column's name.
+    pub name: &'a str,
+    /// Values per row.
+    pub dim: usize,
+    /// Every row's values, one row after the other.
+    pub values: &'a [f32],
+}
+
+/// The Arrow schema of every Parquet part of rows with `vectors` (their
+/// name and width) and the kept `columns`: `id` (text), the vectors (a
+/// fixed-size list of f32), then the columns; `metadata` in the schema.
+pub fn vector_schema(
+    vectors: &str,
+    dim: usize,
+    columns: &[(String, CellType)],
+    metadata: &[(&str, &str)],
+) -> Schema {
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let mut fields = vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new(vectors, DataType::FixedSizeList(item, dim as i32), false),
+    ];
+    fields.extend(
+        columns
+            .iter()
+            .map(|(name, kind)| Field::new(name, arrow_type(*kind), true)),
+    );
+    let metadata = metadata
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+    Schema::new(fields).with_metadata(metadata.collect::<std::collections::HashMap<_, _>>())
+}
+
+/// One part of `rows` in `format`: each row's id, its vector, then its
+/// cells of the kept `columns` (in [`Row::extra`]'s order). In Parquet,
+/// `metadata` is in the schema and the file's key-value metadata; ids and
+/// vectors are written without a dictionary (each id is unique; a
+/// dictionary of floats only costs time) and vector values without
+/// statistics, while kept columns keep the writer's defaults.
+pub fn vector_part(
+    format: Format,
+    rows: &[Row],
+    vectors: Vectors<'_>,
+    columns: &[(String, CellType)],
+    metadata: &[(&str, &str)],
+) -> Result<Vec<u8>, ParquetError> {
+    if vectors.values.len() != rows.len() * vectors.dim {
+        return Err(ParquetError::General(format!(
+            "{} values for {} rows of {}",
+            vectors.values.len(),
+            rows.len(),
+            vectors.dim
+        )));
+    }
+    match format {
+        Format::Jsonl => Ok(jsonl_vector_part(rows, vectors, columns)),
+        Format::Parquet => parquet_vector_part(rows, vectors, columns, metadata),
+    }
+}
+
+fn parquet_vector_part(
+    rows: &[Row],
+    vectors: Vectors<'_>,
+    columns: &[(String, CellType)],
+    metadata: &[(&str, &str)],
+) -> Result<Vec<u8>, ParquetError> {
+    use arrow_array::{FixedSizeListArray, Float32Array};
+    use parquet::file::metadata::KeyValue;
+    use parquet::file::properties::{EnabledStatistics, WriterProperties};
+    use parquet::schema::types::ColumnPath;
+
+    let schema = Arc::new(vector_schema(vectors.name, vectors.dim, columns, metadata));
+    let DataType::FixedSizeList(item, dim) = schema.field(1).data_type().clone() else {
+        unreachable!("the vectors are a fixed-size list")
+    };
+    let values = Arc::new(Float32Array::from(vectors.values.to_vec())) as ArrayRef;
+    let mut arrays = vec![
+        Arc::new(StringArray::from_iter_values(
+            rows.iter().map(|r| r.id.as_str()),
+        )) as ArrayRef,
+        Arc::new(FixedSizeListArray::try_new(item, dim, values, None)?) as ArrayRef,
+    ];
+    for (c, (_, kind)) in columns.iter().enumerate() {
+        arrays.push(cells_array(rows.iter().map(|row| &row.extra[c]), *kind));
+    }
+    let batch = RecordBatch::try_new(schema.clone(), arrays)?;
+    let values = ColumnPath::new(vec![vectors.name.to_owned(), "list".into(), "item".into()]);
+    let props = WriterProperties::builder()
+        .set_column_dictionary_enabled(ColumnPath::from("id"), false)
+        .set_column_dictionary_enabled(values.clone(), false)
+        .set_column_statistics_enabled(values, EnabledStatistics::None)
+        .set_key_value_metadata(Some(
+            metadata
+                .iter()
+                .map(|(k, v)| KeyValue::new((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ))
+        .build();
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(props))?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(out)
+}
+
+/// JSON lines with the keys in column order: `id`, the vectors, then the
+/// kept columns.
+fn jsonl_vector_part(
+    rows: &[Row],
+    vectors: Vectors<'_>,
+    columns: &[(String, CellType)],
+) -> Vec<u8> {
+    fn put<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+        serde_json::to_writer(&mut *out, value).expect("values serialize");
+    }
+    let dim = vectors.dim;
+    let mut out = Vec::with_capacity(rows.len() * (dim * 12 + 32));
+    for (i, row) in rows.iter().enumerate() {
+        out.extend_from_slice(b"{\"id\":");
+        put(&mut out, &row.id);
+        out.push(b',');
+        put(&mut out, vectors.name);
+        out.push(b':');
+        put(&mut out, &vectors.values[i * dim..(i + 1) * dim]);
+        for ((name, _), cell) in columns.iter().zip(&row.extra) {
+            out.push(b',');
+            put(&mut out, name);
+            out.push(b':');
+            write_json_cell(&mut out, cell);
+        }
+        out.extend_from_slice(b"}\n");
+    }
+    out
+}
+
 /// The `id` column of every Parquet part in `folder`, part after part.
 pub fn parquet_ids(folder: &std::path::Path) -> Result<Vec<String>, ParquetError> {
     let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(folder)
@@ -159,5 +322,87 @@ mod tests {
             "lengths must match"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn row(id: &str, extra: Vec<Cell>) -> Row {
+        Row {
+            at: crate::RowAt { shard: 0, line: 1 },
+            id: id.into(),
+            text: String::new(),
+            extra,
+        }
+    }
+
+    /// Ids and vectors are written without a dictionary (each id is
+    /// unique; a dictionary of floats only costs time), and vector values
+    /// without statistics; a kept column keeps both, and the metadata is
+    /// in the schema and the file.
+    #[test]
+    fn vector_parts_skip_dictionaries_and_value_statistics_but_keep_metadata() {
+        use parquet::basic::Encoding;
+        use parquet::file::reader::FileReader;
+        let columns = vec![("lang".to_owned(), CellType::Utf8)];
+        let rows: Vec<Row> = (0..50)
+            .map(|i| row(&format!("id-{i}"), vec![Cell::Str("en".into())]))
+            .collect();
+        let values = vec![0.5f32; 50 * 2];
+        let vectors = Vectors {
+            name: "vec",
+            dim: 2,
+            values: &values,
+        };
+        let meta = [("k", "v")];
+        let bytes = vector_part(Format::Parquet, &rows, vectors, &columns, &meta).unwrap();
+        let reader =
+            parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let kv = reader
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .unwrap();
+        assert!(
+            kv.iter()
+                .any(|e| e.key == "k" && e.value.as_deref() == Some("v"))
+        );
+        let group = reader.metadata().row_group(0);
+        let column = |path: &str| {
+            group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == path)
+                .unwrap_or_else(|| panic!("no column {path}"))
+        };
+        let dictionary = |path: &str| {
+            column(path)
+                .encodings()
+                .any(|e| matches!(e, Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY))
+        };
+        let statistics = |path: &str| column(path).statistics().is_some();
+        assert!(!dictionary("id"));
+        assert!(!dictionary("vec.list.item"));
+        assert!(dictionary("lang"), "a kept column keeps the default");
+        assert!(!statistics("vec.list.item"));
+        assert!(statistics("id"), "ids keep their statistics");
+        let short = Vectors {
+            values: &values[1..],
+            ..vectors
+        };
+        assert!(vector_part(Format::Jsonl, &rows, short, &columns, &meta).is_err());
+    }
+
+    #[test]
+    fn jsonl_parts_keep_the_column_order_and_write_nulls() {
+        let columns = vec![("n".to_owned(), CellType::Int64)];
+        let rows = [row("a", vec![Cell::Int(3)]), row("b", vec![Cell::Null])];
+        let vectors = Vectors {
+            name: "v",
+            dim: 1,
+            values: &[0.5, 1.0],
+        };
+        let bytes = vector_part(Format::Jsonl, &rows, vectors, &columns, &[]).unwrap();
+        assert_eq!(
+            String::from_utf8(bytes).unwrap(),
+            "{\"id\":\"a\",\"v\":[0.5],\"n\":3}\n{\"id\":\"b\",\"v\":[1.0],\"n\":null}\n"
+        );
     }
 }

@@ -33,6 +33,19 @@ pub struct RowAt {
     pub line: u64,
 }
 
+/// One row of the input, as a batch holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Where it is in the input.
+    pub at: RowAt,
+    /// Its id.
+    pub id: String,
+    /// Its text.
+    pub text: String,
+    /// Its extra columns, in [`Fields::extra`]'s order.
+    pub extra: Vec<Cell>,
+}
+
 /// A value of an extra output column.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Cell {

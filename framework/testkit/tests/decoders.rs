@@ -272,7 +272,7 @@ fn cases() -> Vec<Case> {
         7,
         vec!["a text".into(); 32],
     )));
-    out.push(of(&flotilla_embed::job::detached::DetachedJob::of(
+    out.push(of(&flotilla_embed::job::detached::submission(
         &flotilla_embed::job::JobConfig::new("/data/in/*.jsonl", "s3://out/run1", "/srv/model"),
     )));
     out

@@ -178,10 +178,9 @@ impl EmbedArgs {
     /// The job configuration.
     pub fn job(self) -> flotilla_embed::job::JobConfig {
         use std::io::IsTerminal;
-        flotilla_embed::job::JobConfig {
-            progress_bar: !self.no_progress_bar && std::io::stderr().is_terminal(),
-            ..self.job
-        }
+        let mut config = self.job;
+        config.job.progress_bar = !self.no_progress_bar && std::io::stderr().is_terminal();
+        config
     }
 }
 

@@ -195,7 +195,7 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
 
 /// `node embed --detach`: submits the job to the head and prints its id.
 async fn submit(args: crate::EmbedArgs) -> ExitCode {
-    let join = &args.job.cluster;
+    let join = &args.job.job.cluster;
     let (head, certs, name) = (join.head, join.certs.clone(), join.name.clone());
     let Some(head) = head else {
         eprintln!("--detach needs --head");
@@ -210,7 +210,7 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
     // The driver runs elsewhere: local paths are made absolute here, with
     // their links and `..` resolved where they exist (the node that runs
     // the job checks them against the roots it allows).
-    for path in [&mut config.input, &mut config.output] {
+    for path in [&mut config.job.input, &mut config.job.output] {
         if !path.contains("://") {
             *path = resolved(std::path::Path::new(path))
                 .to_string_lossy()
@@ -218,7 +218,7 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
         }
     }
     config.model = resolved(&config.model);
-    let job = flotilla_embed::job::detached::DetachedJob::of(&config);
+    let job = flotilla_embed::job::detached::submission(&config);
     let identity = match flotilla_transport::Identity::load(&certs, &name) {
         Ok(i) => i,
         Err(e) => {
@@ -226,7 +226,7 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let request = flotilla::jobs::JobsRequest::Submit(job.spec());
+    let request = flotilla::jobs::JobsRequest::Submit(flotilla_embed::job::detached::spec(&job));
     match flotilla::query_jobs(head, identity, request).await {
         Ok(flotilla::jobs::JobsReply::Submitted(id)) => {
             println!("{id}");

@@ -19,9 +19,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flotilla::placement_groups::{GroupSpec, bundle};
+use flotilla::Node;
 use flotilla::ractor::{ActorRef, call_t};
-use flotilla::{MemberView, Node};
 use flotilla_data::job::{Placed, Placement, Stopper};
 
 use super::driver::{Workers, drive, embedder_args};
@@ -40,7 +39,7 @@ pub(crate) async fn run(config: JobConfig, head: SocketAddr) -> Result<Summary, 
     // The driver's own copy of the model, when it has one, is the reference
     // every worker must match; otherwise the first worker's is.
     let reference = reference_revision(&config).await?;
-    let node_config = config.cluster.node_config(head, "embed-driver");
+    let node_config = config.job.cluster.node_config(head, "embed-driver");
     let node = Node::builder(node_config)
         .start()
         .await
@@ -91,50 +90,6 @@ async fn run_on(
     result
 }
 
-/// Worker nodes: up, not the head, offering CPUs or GPUs (a driver that
-/// joined for the job offers none; a detached job's node may be one).
-fn worker_nodes(node: &Node) -> Vec<MemberView> {
-    let table = node.members();
-    table
-        .up()
-        .filter(|m| m.name != table.head)
-        .filter(|m| m.resources.cpus > 0 || m.resources.gpus > 0)
-        .cloned()
-        .collect()
-}
-
-/// The job's placement group: `--actors` bundles of `--actor-resources`
-/// under `--placement`; by default one bundle per GPU of every worker
-/// that has GPUs (`gpu=1`), else per CPU (`cpu=1`), or `actors_per_node`
-/// on each worker, spread.
-fn group_spec(config: &JobConfig, workers: &[MemberView]) -> GroupSpec {
-    let gpus = workers.iter().all(|m| m.resources.gpus > 0);
-    let per_node = |m: &MemberView| {
-        config.actors_per_node.unwrap_or(if gpus {
-            m.resources.gpus as usize
-        } else {
-            m.resources.cpus as usize
-        })
-    };
-    let count = config
-        .actors
-        .unwrap_or_else(|| workers.iter().map(per_node).sum())
-        .max(1);
-    let one = config.actor_resources.clone().unwrap_or_else(|| {
-        if gpus {
-            bundle(&[("gpu", 1.0)])
-        } else {
-            // More actors than CPUs on a node share them.
-            let fewest = workers.iter().map(|m| m.resources.cpus).min().unwrap_or(1);
-            let share = config
-                .actors_per_node
-                .map_or(1.0, |n| (f64::from(fewest) / n.max(1) as f64).min(1.0));
-            bundle(&[("cpu", share)])
-        }
-    });
-    GroupSpec::new(config.placement, vec![one; count]).with_timeout(config.placement_timeout())
-}
-
 /// Places the job's actors with a placement group, spawns one in each
 /// bundle, keeps those whose model is the job's, and puts them under the
 /// job's supervisor, each restarted in its bundle.
@@ -143,25 +98,31 @@ async fn start_workers(
     node: &Arc<Node>,
     reference: Option<String>,
 ) -> Result<(Workers, Stopper), JobError> {
-    let members = worker_nodes(node);
+    let members = flotilla_data::job::workers_of(&node.members());
     if members.is_empty() {
         return Err(ClusterError::NoWorkerUp.into());
     }
     let placement = Placement {
-        spec: group_spec(config, &members),
+        spec: config.job.group_spec(&members),
         kind: KIND.to_owned(),
         name: format!("flotilla.embed.{}", node.name()),
         args: embedder_args(config),
         spawn_timeout: SPAWN_TIMEOUT,
     };
-    let wait = config.placement_timeout() + Duration::from_secs(5);
+    let wait = config.job.placement_timeout() + Duration::from_secs(5);
     let describe = |actor: ActorRef<EmbedMsg>| async move {
         call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
             .map_err(|_| format!("it did not describe its model within {INFO_WITHIN:?}"))
     };
-    let mut placed = Placed::start(node, placement, wait, config.group_to.as_ref(), describe)
-        .await
-        .map_err(|e| ClusterError::Placement(Box::new(e)))?;
+    let mut placed = Placed::start(
+        node,
+        placement,
+        wait,
+        config.job.group_to.as_ref(),
+        describe,
+    )
+    .await
+    .map_err(|e| ClusterError::Placement(Box::new(e)))?;
     if placed.actors.is_empty() {
         let failures = std::mem::take(&mut placed.failures);
         return Err(ClusterError::NoActorStarted(failures).into());
@@ -181,7 +142,7 @@ async fn start_workers(
     }
     let at = placed.placed.clone();
     let (pool, infos, stopper) = placed
-        .supervise(config.restart_limit())
+        .supervise(config.job.restart_limit())
         .await
         .map_err(|e| ActorError::Start(ActorStartError::Start(e)))?;
     let mut workers = Workers::new(pool, &infos);

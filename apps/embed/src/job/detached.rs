@@ -7,7 +7,7 @@
 //! never recomputed.
 //!
 //! ```text
-//! node embed --detach ─► head: Jobs(Submit{kind: flotilla.embed.job, args: DetachedJob})
+//! node embed --detach ─► head: Jobs(Submit{kind: flotilla.embed.job, args: Submission})
 //! head ─► JobDriver on a node ─► the cluster job (its actors in their own group)
 //!      ◄─ JobMsg::Progress: texts done / in all, then its end
 //! ```
@@ -23,82 +23,59 @@
 //! and, where it exists, again with its links resolved.
 
 use flotilla::jobs::JobSpec;
-use flotilla::rkyv::{Archive, Deserialize, Serialize};
-use flotilla_data::job::detached;
-use flotilla_proto::roots::{AllowedRoots, NotAllowed};
+use flotilla_data::job::detached::{self, Submission};
+use flotilla_proto::roots::AllowedRoots;
 
 use super::JobConfig;
 
 /// The registered kind of the embed job's driver.
 pub const JOB_KIND: &str = "flotilla.embed.job";
 
-/// A detached embed job's settings, as they travel to its driver: the
-/// job's [`JobConfig`] in JSON, its one definition (the settings of one
-/// run aside), read back by its driver with a typed error.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[rkyv(crate = flotilla::rkyv)]
-pub struct DetachedJob {
-    /// The settings, as JSON.
-    pub settings: String,
-    /// See [`JobConfig::input`], for the job's description and the
-    /// roots check.
-    pub input: String,
-    /// See [`JobConfig::output`].
-    pub output: String,
-    /// See [`JobConfig::model`].
-    pub model: String,
+/// The paths an embed job opens, by what they are.
+fn paths(config: &JobConfig) -> Vec<(String, String)> {
+    vec![
+        ("input".into(), config.job.input.clone()),
+        ("output".into(), config.job.output.clone()),
+        ("model".into(), config.model.to_string_lossy().into_owned()),
+    ]
 }
 
-flotilla::remote_type!(DetachedJob);
+/// A detached embed job: `config` as it travels to its driver (the
+/// settings of one run aside).
+pub fn submission(config: &JobConfig) -> Submission {
+    Submission::of(config, paths(config))
+}
 
-impl DetachedJob {
-    /// The settings of `config`.
-    pub fn of(config: &JobConfig) -> Self {
-        Self {
-            settings: serde_json::to_string(config).expect("settings serialize"),
-            input: config.input.clone(),
-            output: config.output.clone(),
-            model: config.model.to_string_lossy().into_owned(),
-        }
-    }
+/// The job's configuration, for its driver, or why the settings that
+/// came are not one (unreadable, naming other paths, out of range).
+pub fn config_of(job: &Submission) -> Result<JobConfig, String> {
+    let config: JobConfig = job.settings(paths)?;
+    config.check().map_err(|e| e.to_string())?;
+    Ok(config)
+}
 
-    /// The job's configuration, for its driver, or why the settings that
-    /// came are not one.
-    pub fn config(&self) -> Result<JobConfig, String> {
-        let config: JobConfig = serde_json::from_str(&self.settings)
-            .map_err(|e| format!("the job's settings cannot be read: {e}"))?;
-        let same = config.input == self.input
-            && config.output == self.output
-            && config.model.to_string_lossy() == self.model;
-        if !same {
-            return Err("the job's settings name another input, output or model".into());
-        }
-        config.check().map_err(|e| e.to_string())?;
-        Ok(config)
-    }
-
-    /// The job to submit (see [`detached::spec`]).
-    pub fn spec(&self) -> JobSpec {
-        let description = format!("embed {} -> {}", self.input, self.output);
-        detached::spec(JOB_KIND, self, description)
-    }
+/// The job to submit (see [`detached::spec`]).
+pub fn spec(job: &Submission) -> JobSpec {
+    let description = format!("embed {} -> {}", job.path("input"), job.path("output"));
+    detached::spec(JOB_KIND, job, description)
 }
 
 /// Registers the detached job's driver kind ([`flotilla_data::job::detached`]);
 /// it drives the job from the node `builder` starts (see
 /// [`flotilla::NodeBuilder::start_shared`]), on inputs, outputs and models
-/// under `allow` only.
+/// under `allow` only (each as written, and a local one that exists also
+/// with its links resolved).
 pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla::NodeBuilder {
-    detached::register(builder, JOB_KIND, move |node, job: DetachedJob, report| {
+    detached::register(builder, JOB_KIND, move |node, job: Submission, report| {
         let allow = allow.clone();
         async move {
             // Refused before anything is opened.
             job.check_allowed(&allow).map_err(|why| why.to_string())?;
-            let mut config = job.config()?;
+            let mut config = config_of(&job)?;
             let (progress, progress_rx) = tokio::sync::watch::channel((0, 0));
             let (group, group_rx) = tokio::sync::watch::channel(String::new());
-            config.progress_to = Some(progress);
-            config.group_to = Some(group);
+            config.job.progress_to = Some(progress);
+            config.job.group_to = Some(group);
             let follow = async {
                 report.follow(progress_rx, group_rx).await;
                 std::future::pending().await
@@ -113,20 +90,6 @@ pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla
     })
 }
 
-impl DetachedJob {
-    /// Checks the job's input, output and model against the roots `allow`:
-    /// each as written, and a local one that exists also with its links
-    /// resolved (a link under a root that leads out of it is refused).
-    pub fn check_allowed(&self, allow: &AllowedRoots) -> Result<(), NotAllowed> {
-        let paths = [
-            ("input", self.input.as_str()),
-            ("output", self.output.as_str()),
-            ("model", self.model.as_str()),
-        ];
-        detached::check_paths(allow, paths)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,25 +101,23 @@ mod tests {
     #[test]
     fn the_wire_form_keeps_every_setting() {
         let mut config = JobConfig::new("s3://corpus/", "s3://out/", "/models/e5");
-        config.format = Format::Jsonl;
+        config.job.format = Format::Jsonl;
         config.prompt = Some("query: ".into());
         config.prompt_name = Some("passage".into());
         config.dim = Some(256);
         config.precision = crate::Precision::Int8;
-        config.batch_size = 48;
+        config.job.batch_size = 48;
         config.micro_batch = 0;
-        config.output_columns = vec!["lang".into()];
-        let back = DetachedJob::of(&config).config().unwrap();
+        config.job.output_columns = vec!["lang".into()];
+        let back = config_of(&submission(&config)).unwrap();
         assert_eq!(back.prompt.as_deref(), Some("query: "));
         assert_eq!(back.prompt_name.as_deref(), Some("passage"));
         assert_eq!(back.dim, Some(256));
         assert_eq!(back.precision, crate::Precision::Int8);
-        assert_eq!((back.batch_size, back.micro_batch), (48, 0));
-        assert_eq!(back.format, Format::Jsonl);
-        assert_eq!(back.output_columns, vec!["lang".to_owned()]);
-        let plain = DetachedJob::of(&JobConfig::new("a", "b", "c"))
-            .config()
-            .unwrap();
+        assert_eq!((back.job.batch_size, back.micro_batch), (48, 0));
+        assert_eq!(back.job.format, Format::Jsonl);
+        assert_eq!(back.job.output_columns, vec!["lang".to_owned()]);
+        let plain = config_of(&submission(&JobConfig::new("a", "b", "c"))).unwrap();
         assert_eq!(
             (plain.prompt, plain.prompt_name, plain.dim),
             (None, None, None)
@@ -167,19 +128,19 @@ mod tests {
     /// driver with the reason: they crossed a trust boundary.
     #[test]
     fn settings_that_are_not_a_jobs_are_refused_with_the_reason() {
-        let mut job = DetachedJob::of(&JobConfig::new("a", "b", "c"));
+        let mut job = submission(&JobConfig::new("a", "b", "c"));
         let good = job.settings.clone();
         job.settings = good.replace("\"batch_size\":64", "\"batch_size\":0");
-        let e = job.config().unwrap_err();
+        let e = config_of(&job).unwrap_err();
         assert!(e.contains("--batch-size is 0"), "{e}");
         job.settings = good.replace("{", "{\"unknown\":1,");
-        let e = job.config().unwrap_err();
+        let e = config_of(&job).unwrap_err();
         assert!(e.contains("unknown field"), "{e}");
         job.settings = good.replace("\"precision\":\"f32\"", "\"precision\":\"f7\"");
-        let e = job.config().unwrap_err();
+        let e = config_of(&job).unwrap_err();
         assert!(e.contains("f7"), "{e}");
         job.settings = good.replace("\"input\":\"a\"", "\"input\":\"/etc\"");
-        let e = job.config().unwrap_err();
-        assert!(e.contains("another input"), "{e}");
+        let e = config_of(&job).unwrap_err();
+        assert!(e.contains("other paths"), "{e}");
     }
 }

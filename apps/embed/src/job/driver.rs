@@ -13,15 +13,11 @@
 //! read ahead, a 16-byte digest per id, a fixed-size latency histogram and
 //! at most a megabyte of refused rows before they stream out.
 
-use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flotilla::pipeline::PipelineConfig;
-use flotilla_data::job::{
-    BatchJob, BatchJobError, Batching, Links, PartError, PartOf, Parts, Pool, ProgressConfig,
-};
-use flotilla_data::{Fields, Row};
+use flotilla_data::Row;
+use flotilla_data::job::{BatchJob, BatchJobError, Links, PartError, PartOf, Parts, Pool};
 
 use super::input::Input;
 use super::sink::{Column, Manifest, encode_part};
@@ -114,15 +110,9 @@ const IN_FLIGHT_PER_GPU_ACTOR: usize = 4;
 /// framework's default of two per actor and
 /// [`IN_FLIGHT_PER_GPU_ACTOR`] per GPU actor.
 fn pipeline_config(actors: usize, gpu_actors: usize, config: &JobConfig) -> PipelineConfig {
-    let defaults = PipelineConfig::for_workers(actors, crate::actor::BATCH_DEADLINE);
-    let gpu_extra = gpu_actors.min(actors) * IN_FLIGHT_PER_GPU_ACTOR.saturating_sub(2);
-    PipelineConfig {
-        max_in_flight: config
-            .max_in_flight
-            .map_or(defaults.max_in_flight + gpu_extra, |m| m.max(1)),
-        memory_budget: config.memory_budget(),
-        ..defaults
-    }
+    let mut defaults = PipelineConfig::for_workers(actors, crate::actor::BATCH_DEADLINE);
+    defaults.max_in_flight += gpu_actors.min(actors) * IN_FLIGHT_PER_GPU_ACTOR.saturating_sub(2);
+    config.job.pipeline(defaults)
 }
 
 /// How long a batch's texts wait for room in the driver's store before
@@ -131,9 +121,6 @@ const TEXTS_PUT_WITHIN: Duration = Duration::from_secs(10);
 
 /// How long a finished job waits for its last releases.
 const RELEASES_WITHIN: Duration = Duration::from_secs(5);
-
-/// Output column names the job itself writes.
-const RESERVED: [&str; 2] = ["id", "embedding"];
 
 /// What the embed job adds to the data layer's batch job: batches whose
 /// texts go into the driver's object store while it takes them, and
@@ -181,30 +168,18 @@ impl Parts<EmbedStage> for EmbedParts {
         let encoded = match output {
             Output::Values(values) => encode_part(&self.manifest, columns, &batch.rows, &values),
             Output::Object(object) => {
-                let read = read_result(
-                    self.objects.as_ref(),
-                    &object,
-                    &self.manifest.model_revision,
-                    self.manifest.dim,
-                    batch.rows.len(),
-                )
-                .await;
-                match read {
-                    Ok(vectors) => {
-                        let values = flotilla::objects::f32s(vectors.values.as_slice());
-                        let encoded = encode_part(&self.manifest, columns, &batch.rows, &values);
-                        drop(values);
-                        drop(vectors);
-                        self.releases.release(Some(object), false);
-                        encoded
-                    }
-                    Err(reason) => {
-                        self.releases.release(Some(object), true);
-                        return Err(PartError::Unusable(format!(
-                            "result object unreadable: {reason}"
-                        )));
-                    }
-                }
+                let (objects, rows) = (self.objects.as_ref(), batch.rows.len());
+                let read = read_result(objects, &object, &self.manifest, rows).await;
+                // The vectors are read in place: encoded before the object
+                // is released.
+                let encoded = read.map(|vectors| {
+                    let values = flotilla::objects::f32s(vectors.values.as_slice());
+                    encode_part(&self.manifest, columns, &batch.rows, &values)
+                });
+                self.releases.release(Some(object), encoded.is_err());
+                encoded.map_err(|reason| {
+                    PartError::Unusable(format!("result object unreadable: {reason}"))
+                })?
             }
         };
         encoded.map_err(|e| PartError::Encode(Box::new(e)))
@@ -219,14 +194,7 @@ impl Parts<EmbedStage> for EmbedParts {
 /// settings batch ids depend on, the prompt, the width and the revision.
 fn job_id(config: &JobConfig, digest: &[u8], info: &ModelInfo) -> String {
     let revision = crate::ModelRevision::new(info.revision.clone());
-    let digest: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let mut id = format!("{digest}-b{}", config.batch_size);
-    if config.sort_window > 0 {
-        id.push_str(&format!("-w{}", config.sort_window));
-    }
-    if let Some(t) = config.max_batch_tokens {
-        id.push_str(&format!("-t{t}"));
-    }
+    let mut id = config.job.default_job_id(digest);
     if !info.prompt.is_empty() {
         let digest = <sha2::Sha256 as sha2::Digest>::digest(info.prompt.as_bytes());
         id.push_str("-p");
@@ -261,21 +229,9 @@ pub(crate) async fn drive(
     let ready_after = started.elapsed();
     let info = workers.info.clone();
     let info = &info;
-    let mut seen = HashSet::new();
-    for column in &config.output_columns {
-        if RESERVED.contains(&column.as_str()) || !seen.insert(column) {
-            return Err(JobError::OutputColumn(column.clone()));
-        }
-    }
-    let scan = {
-        let input = Arc::new(Input::resolve(&config.input).await?);
-        let hash = config.job_id.is_none();
-        match tokio::task::spawn_blocking(move || input.scan(hash)).await {
-            Ok(scan) => scan?,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
-    };
-    let job_id = match &config.job_id {
+    let settings = &config.job;
+    let scan = Input::resolve_and_scan(&settings.input, settings.job_id.is_none()).await?;
+    let job_id = match &settings.job_id {
         Some(id) => id.clone(),
         None => job_id(config, &scan.digest.expect("hashed without a job id"), info),
     };
@@ -283,44 +239,32 @@ pub(crate) async fn drive(
         job_id: job_id.clone(),
         model_revision: info.revision.clone(),
         dim: info.dim,
-        batch_size: config.batch_size as u32,
-        format: config.format,
-        columns: config.output_columns.clone(),
-        sort_window: u32::try_from(config.sort_window).unwrap_or(u32::MAX),
-        max_batch_tokens: config
+        batch_size: settings.batch_size as u32,
+        format: settings.format,
+        columns: settings.output_columns.clone(),
+        sort_window: u32::try_from(settings.sort_window).unwrap_or(u32::MAX),
+        max_batch_tokens: settings
             .max_batch_tokens
             .map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX)),
         prompt: info.prompt.clone(),
         similarity: info.similarity.clone(),
     };
     let job = BatchJob {
-        input: config.input.clone(),
-        fields: Fields {
-            id: config.id_field.clone(),
-            text: config.text_field.clone(),
-            extra: config.output_columns.clone(),
-        },
-        output: config.output.clone(),
+        input: settings.input.clone(),
+        fields: settings.fields(),
+        output: settings.output.clone(),
         manifest: manifest.clone(),
-        extension: config.format.extension(),
-        batching: Batching {
-            size: config.batch_size,
-            sort_window: config.sort_window,
-            max_tokens: config.max_batch_tokens,
-        },
+        extension: settings.format.extension(),
+        batching: settings.batching(),
         pipeline: pipeline_config(workers.actors, workers.gpu_actors, config),
-        progress: ProgressConfig {
-            bar: config.progress_bar,
-            total: scan.rows,
-            report: config.progress_to.clone(),
-        },
+        progress: settings.progress(scan.rows),
     };
     let stage = EmbedStage {
         revision: manifest.model_revision.clone(),
         dim: info.dim,
     };
     let parts = EmbedParts {
-        names: config.output_columns.clone(),
+        names: settings.output_columns.clone(),
         columns: None,
         manifest,
         texts_as_objects: objects
@@ -335,8 +279,8 @@ pub(crate) async fn drive(
     job.elapsed = started.elapsed();
     Ok(Summary {
         job_id,
-        output: config.output.clone(),
-        format: Some(config.format),
+        output: settings.output.clone(),
+        format: Some(settings.format),
         job,
         model_load: Duration::from_millis(info.load_ms),
         actors: workers.actors,
@@ -383,10 +327,8 @@ mod tests {
             pipeline_config(2, 2, &config).max_in_flight,
             2 * IN_FLIGHT_PER_GPU_ACTOR
         );
-        let told = JobConfig {
-            max_in_flight: Some(3),
-            ..config
-        };
+        let mut told = config;
+        told.job.max_in_flight = Some(3);
         assert_eq!(pipeline_config(2, 2, &told).max_in_flight, 3);
     }
 }

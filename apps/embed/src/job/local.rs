@@ -32,8 +32,9 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
     let slots = flotilla::gpus::GpuSlots::new(gpus);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let count = config
+        .job
         .actors
-        .or(config.actors_per_node)
+        .or(config.job.actors_per_node)
         .unwrap_or(if gpus > 0 { gpus } else { cpus })
         .max(1);
     const INFO_WITHIN: Duration = Duration::from_secs(10);
@@ -52,7 +53,7 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
         call_t!(actor, EmbedMsg::Info, INFO_WITHIN.as_millis() as u64)
             .map_err(|_| format!("it did not describe its model within {INFO_WITHIN:?}"))
     };
-    let limit = config.restart_limit();
+    let limit = config.job.restart_limit();
     let (pool, infos, stopper) = Pool::local(count, embedder, describe, limit)
         .await
         .map_err(ActorError::Start)?;

@@ -52,11 +52,6 @@ pub enum JobError {
     /// A setting is out of its range (`--batch-size 0`, say).
     #[error(transparent)]
     Setting(#[from] SettingError),
-    /// An output column is named twice or clashes with `id` / `embedding`.
-    #[error(
-        "output column {0:?} is named twice or clashes with the job's own id and embedding columns"
-    )]
-    OutputColumn(String),
     /// An embedding actor in this process did not start.
     #[error(transparent)]
     Actor(#[from] ActorError),
@@ -127,7 +122,7 @@ fn list(failures: &[(String, ActorStartError)]) -> String {
 /// batches are skipped, the rest are computed.
 pub async fn run(config: JobConfig) -> Result<Summary, JobError> {
     config.check()?;
-    match config.cluster.head {
+    match config.job.cluster.head {
         None => local::run(config).await,
         Some(head) => cluster::run(config, head).await,
     }

@@ -157,13 +157,12 @@ fn describe(reply: &EmbedReply) -> String {
 }
 
 /// Reads the vectors of a result object: pulled or mapped through
-/// `objects`, validated as an archived `Vectors` of `revision` and `dim`
-/// with `rows` rows, read in place.
+/// `objects`, validated as an archived `Vectors` of the `manifest`'s
+/// revision and width with `rows` rows, read in place.
 pub(crate) async fn read_result(
     objects: Option<&flotilla::Objects>,
     object: &flotilla::ObjectRef,
-    revision: &str,
-    dim: u32,
+    manifest: &super::sink::Manifest,
     rows: usize,
 ) -> Result<flotilla::ArchivedObject<crate::actor::Vectors>, String> {
     // Fault injection: `driver::result_object=return` makes every result
@@ -176,11 +175,10 @@ pub(crate) async fn read_result(
         .get_archive::<crate::actor::Vectors>(object)
         .await
         .map_err(|e| e.to_string())?;
-    if v.revision.as_str() != revision || v.dim.to_native() != dim {
+    let (revision, dim) = (v.revision.as_str(), v.dim.to_native());
+    if revision != manifest.model_revision || dim != manifest.dim {
         return Err(format!(
-            "result object from model {} with dim {}",
-            v.revision.as_str(),
-            v.dim.to_native()
+            "result object from model {revision} with dim {dim}"
         ));
     }
     if v.values.len() != rows * dim as usize {

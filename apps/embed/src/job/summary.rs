@@ -35,28 +35,11 @@ pub struct Summary {
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let job = &self.job;
-        let rate = job.rows as f64 / job.elapsed.as_secs_f64().max(1e-9);
-        let first = job
-            .first_part_after
-            .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
         write!(
             f,
-            "job {}: {} texts in {} batches ({} skipped as done) on {} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {:.1} texts/s, first batch after {}, batch p50 {:.0} ms p95 {:.0} ms, model load {:.2} s, peak RSS {} MiB",
+            "job {}: {}, model load {:.2} s, peak RSS {} MiB",
             self.job_id,
-            job.rows,
-            job.written,
-            job.skipped,
-            self.actors,
-            job.refused,
-            job.retries,
-            job.redispatches,
-            job.restarts,
-            job.elapsed.as_secs_f64(),
-            rate,
-            first,
-            job.batch_p50.as_secs_f64() * 1e3,
-            job.batch_p95.as_secs_f64() * 1e3,
+            self.job.line("texts", self.actors),
             self.model_load.as_secs_f64(),
             self.peak_rss >> 20
         )?;

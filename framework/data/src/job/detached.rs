@@ -169,6 +169,70 @@ pub fn spec<A: Encode>(kind: &str, args: &A, description: String) -> JobSpec {
     }
 }
 
+/// A detached job as it travels to its driver: the application's
+/// settings as JSON (their one definition, by `serde`; read back by the
+/// driver with a typed error), and the paths the job opens, by what they
+/// are, for its description and the roots check where it runs.
+#[derive(
+    flotilla::rkyv::Archive,
+    flotilla::rkyv::Serialize,
+    flotilla::rkyv::Deserialize,
+    Debug,
+    Clone,
+    PartialEq,
+)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct Submission {
+    /// The settings, as JSON.
+    pub settings: String,
+    /// `(what, path)` for every path the settings name: the input, the
+    /// output, a model…
+    pub paths: Vec<(String, String)>,
+}
+
+flotilla::remote_type!(Submission);
+
+impl Submission {
+    /// `settings`, which name `paths`.
+    pub fn of<S: serde::Serialize>(settings: &S, paths: Vec<(String, String)>) -> Self {
+        Self {
+            settings: serde_json::to_string(settings).expect("settings serialize"),
+            paths,
+        }
+    }
+
+    /// The path named `what`, or `""`.
+    pub fn path(&self, what: &str) -> &str {
+        self.paths
+            .iter()
+            .find(|(w, _)| w == what)
+            .map_or("", |(_, p)| p.as_str())
+    }
+
+    /// The settings, or why what came is not them: JSON that does not
+    /// read as `S`, or settings whose paths (as `paths` finds them) are not
+    /// those that came, which the roots check saw.
+    pub fn settings<S: serde::de::DeserializeOwned>(
+        &self,
+        paths: impl FnOnce(&S) -> Vec<(String, String)>,
+    ) -> Result<S, String> {
+        let settings: S = serde_json::from_str(&self.settings)
+            .map_err(|e| format!("the job's settings cannot be read: {e}"))?;
+        if paths(&settings) != self.paths {
+            return Err("the job's settings name other paths than those submitted".into());
+        }
+        Ok(settings)
+    }
+
+    /// Checks every path against the roots `allow` (see [`check_paths`]).
+    pub fn check_allowed(&self, allow: &AllowedRoots) -> Result<(), NotAllowed> {
+        check_paths(
+            allow,
+            self.paths.iter().map(|(w, p)| (w.as_str(), p.as_str())),
+        )
+    }
+}
+
 /// Checks the paths a job names (`(what, path)`: input, output, model…)
 /// against the roots `allow` before anything is opened: each as written,
 /// and a local one that exists also with its links resolved (a link under
@@ -210,4 +274,51 @@ where
         run: Arc::clone(&run),
         _args: PhantomData,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Settings {
+        input: String,
+        rows: u32,
+    }
+
+    fn paths(s: &Settings) -> Vec<(String, String)> {
+        vec![("input".into(), s.input.clone())]
+    }
+
+    /// What the driver reads is what was submitted; settings that do not
+    /// read, or that name other paths than the roots check saw, are
+    /// refused with the reason.
+    #[test]
+    fn a_submission_carries_its_settings_and_refuses_other_paths() {
+        let s = Settings {
+            input: "/data/in".into(),
+            rows: 7,
+        };
+        let mut job = Submission::of(&s, paths(&s));
+        let bytes = flotilla::wire::encode(&job);
+        assert_eq!(flotilla::wire::decode::<Submission>(&bytes).unwrap(), job);
+        assert_eq!(job.path("input"), "/data/in");
+        assert_eq!(job.path("model"), "");
+        assert_eq!(job.settings(paths).map(|s: Settings| s.rows), Ok(7));
+        let good = job.settings.clone();
+        job.settings = good.replace("/data/in", "/etc");
+        let e = job.settings(paths).map(|_: Settings| ()).unwrap_err();
+        assert!(e.contains("other paths"), "{e}");
+        job.settings = good.replace("7", "\"seven\"");
+        let e = job.settings(paths).map(|_: Settings| ()).unwrap_err();
+        assert!(e.contains("cannot be read"), "{e}");
+        let allow = AllowedRoots::new(&["/data"]).unwrap();
+        assert!(Submission::of(&s, paths(&s)).check_allowed(&allow).is_ok());
+        let outside = Settings {
+            input: "/etc/passwd".into(),
+            rows: 1,
+        };
+        let refused = Submission::of(&outside, paths(&outside)).check_allowed(&allow);
+        assert!(refused.is_err());
+    }
 }

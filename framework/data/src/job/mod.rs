@@ -30,6 +30,7 @@ pub mod detached;
 mod join;
 mod lost;
 mod progress;
+mod settings;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -50,29 +51,21 @@ pub use actors::{ActorStartError, Placed, PlacedActor, Placement, Stopper};
 pub use batching::Batching;
 pub use join::Join;
 pub use progress::ProgressConfig;
+pub use settings::{
+    DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_SORT_WINDOW, SettingError, Settings,
+    as_text, positive_count, workers_of,
+};
 
 use crate::input::{Input, InputError};
 use crate::output::{Output, OutputError};
-use crate::source::{Cell, CellType, Fields, RowAt, Source, SourceError};
+pub use crate::source::Row;
+use crate::source::{CellType, Fields, Source, SourceError};
 use batching::Batcher;
 use lost::{LostWorkers, drop_lost_workers};
 use progress::Progress;
 
 /// How often the actors are looked over for one that stopped.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
-
-/// One row of a batch.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    /// Where it is in the input.
-    pub at: RowAt,
-    /// Its id.
-    pub id: String,
-    /// Its text.
-    pub text: String,
-    /// Its extra columns, in [`Fields::extra`]'s order.
-    pub extra: Vec<Cell>,
-}
 
 /// What a batch job reads, where it writes and how it cuts batches.
 #[derive(Debug, Clone)]
@@ -157,6 +150,33 @@ pub struct BatchSummary {
     pub batch_p95: Duration,
     /// Wall time of the run.
     pub elapsed: Duration,
+}
+
+impl BatchSummary {
+    /// The summary in one clause, `rows` naming what a row is and `actors`
+    /// the actors it ran on: `200 texts in 4 batches (0 skipped as done)
+    /// on 2 actors, 0 rows rejected, 1 retries (1 re-dispatched from lost
+    /// workers), 0 actor restarts, 1.2 s, 166.7 texts/s, first batch after
+    /// 0.50 s, batch p50 12 ms p95 30 ms`.
+    pub fn line(&self, rows: &str, actors: usize) -> String {
+        let rate = self.rows as f64 / self.elapsed.as_secs_f64().max(1e-9);
+        let first = self
+            .first_part_after
+            .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
+        format!(
+            "{} {rows} in {} batches ({} skipped as done) on {actors} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {rate:.1} {rows}/s, first batch after {first}, batch p50 {:.0} ms p95 {:.0} ms",
+            self.rows,
+            self.written,
+            self.skipped,
+            self.refused,
+            self.retries,
+            self.redispatches,
+            self.restarts,
+            self.elapsed.as_secs_f64(),
+            self.batch_p50.as_secs_f64() * 1e3,
+            self.batch_p95.as_secs_f64() * 1e3,
+        )
+    }
 }
 
 /// Where a job's actors are reached and how it learns of lost members.
@@ -684,6 +704,25 @@ mod tests {
     use flotilla::ractor::{Actor, ActorProcessingErr, Message};
 
     use super::*;
+
+    #[test]
+    fn the_summary_line_names_what_a_row_is() {
+        let s = BatchSummary {
+            rows: 200,
+            written: 4,
+            elapsed: Duration::from_secs(2),
+            ..BatchSummary::default()
+        };
+        let line = s.line("texts", 2);
+        assert!(
+            line.starts_with("200 texts in 4 batches (0 skipped as done) on 2 actors"),
+            "{line}"
+        );
+        assert!(
+            line.contains(", 100.0 texts/s, first batch after -,"),
+            "{line}"
+        );
+    }
 
     /// Answers each batch with its row count.
     struct Count;
