@@ -16,6 +16,7 @@
 //! hello       the first frame of every connection: who speaks, and why
 //! incarnation the generation a node runs under, increasing across restarts
 //! jobs        detached jobs: an actor the head runs in a bundle of its own
+//! lease       which head of a set is active: a lease on a store with conditional writes
 //! ledger      a node's reservations for the bundles of placement groups
 //! membership  the member table, incarnations and the failure detector
 //! head        the head's side of a control stream
@@ -40,6 +41,7 @@ pub mod head;
 pub mod hello;
 pub mod incarnation;
 pub mod jobs;
+pub mod lease;
 pub mod ledger;
 pub mod member;
 pub mod membership;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use flotilla_proto::groups::StoredGroup;
 use flotilla_proto::jobs::StoredJob;
-use redb::{Key, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Key, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 /// The jobs table: submission order → archived [`StoredJob`].
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
@@ -67,6 +67,8 @@ pub enum HeadStoreError {
 pub struct HeadStore {
     db: redb::Database,
     path: PathBuf,
+    /// Where each change is mirrored for standby heads, if anywhere.
+    replica: Option<crate::head_replica::HeadReplica>,
 }
 
 impl std::fmt::Debug for HeadStore {
@@ -110,7 +112,63 @@ impl HeadStore {
         Ok(Self {
             db,
             path: path.to_path_buf(),
+            replica: None,
         })
+    }
+
+    /// Mirrors every change, once committed here, to `replica` (a change
+    /// the replica refuses is an error, as one the file refuses is).
+    pub fn with_replica(mut self, replica: crate::head_replica::HeadReplica) -> Self {
+        self.replica = Some(replica);
+        self
+    }
+
+    /// Writes `jobs` and `groups` (as `(key, archive)`, the replica's
+    /// form) in one transaction, each checked as [`HeadStore::load_jobs`]
+    /// and [`HeadStore::load_groups`] check them.
+    pub(crate) fn import(
+        &self,
+        jobs: Vec<(String, Vec<u8>)>,
+        groups: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), HeadStoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        {
+            let mut table = tx.open_table(JOBS).map_err(|e| self.io(e))?;
+            for (key, bytes) in jobs {
+                let job: StoredJob =
+                    read_archive(&bytes).map_err(|why| self.corrupt("jobs", key.clone(), why))?;
+                if job.seq.to_string() != key {
+                    return Err(self.corrupt("jobs", key, format!("it says it is {}", job.seq)));
+                }
+                table
+                    .insert(job.seq, bytes.as_slice())
+                    .map_err(|e| self.io(e))?;
+            }
+            let mut table = tx.open_table(GROUPS).map_err(|e| self.io(e))?;
+            for (key, bytes) in groups {
+                let group: StoredGroup = read_archive(&bytes)
+                    .map_err(|why| self.corrupt("groups", key.clone(), why))?;
+                if group.id != key {
+                    return Err(self.corrupt("groups", key, format!("it says it is {}", group.id)));
+                }
+                table
+                    .insert(group.id.as_str(), bytes.as_slice())
+                    .map_err(|e| self.io(e))?;
+            }
+        }
+        self.commit(tx)
+    }
+
+    /// Mirrors a committed change to the replica, if there is one.
+    fn mirror(&self, table: &str, key: String, value: Option<&[u8]>) -> Result<(), HeadStoreError> {
+        let Some(replica) = &self.replica else {
+            return Ok(());
+        };
+        match value {
+            Some(bytes) => replica.put(table, &key, bytes),
+            None => replica.remove(table, &key),
+        }
+        .map_err(|why| self.io(format!("the standby heads' copy refused {table} entry {key}: {why}")))
     }
 
     /// The file.
@@ -159,13 +217,18 @@ impl HeadStore {
         table: TableDefinition<K, &[u8]>,
         key: impl std::borrow::Borrow<K::SelfType<'k>>,
         value: &[u8],
-    ) -> Result<(), HeadStoreError> {
+    ) -> Result<(), HeadStoreError>
+    where
+        K::SelfType<'k>: std::fmt::Display,
+    {
+        let text = key.borrow().to_string();
         let tx = self.db.begin_write().map_err(|e| self.io(e))?;
         {
-            let mut table = tx.open_table(table).map_err(|e| self.io(e))?;
-            table.insert(key, value).map_err(|e| self.io(e))?;
+            let mut handle = tx.open_table(table).map_err(|e| self.io(e))?;
+            handle.insert(key, value).map_err(|e| self.io(e))?;
         }
-        self.commit(tx)
+        self.commit(tx)?;
+        self.mirror(table.name(), text, Some(value))
     }
 
     /// Removes `key` from `table`, durably.
@@ -173,13 +236,18 @@ impl HeadStore {
         &self,
         table: TableDefinition<K, &[u8]>,
         key: impl std::borrow::Borrow<K::SelfType<'k>>,
-    ) -> Result<(), HeadStoreError> {
+    ) -> Result<(), HeadStoreError>
+    where
+        K::SelfType<'k>: std::fmt::Display,
+    {
+        let text = key.borrow().to_string();
         let tx = self.db.begin_write().map_err(|e| self.io(e))?;
         {
-            let mut table = tx.open_table(table).map_err(|e| self.io(e))?;
-            table.remove(key).map_err(|e| self.io(e))?;
+            let mut handle = tx.open_table(table).map_err(|e| self.io(e))?;
+            handle.remove(key).map_err(|e| self.io(e))?;
         }
-        self.commit(tx)
+        self.commit(tx)?;
+        self.mirror(table.name(), text, None)
     }
 
     /// Commits `tx` durably, counting it on the head's metrics.
@@ -256,13 +324,14 @@ impl HeadStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use flotilla_proto::jobs::{JobRecord, JobSpec};
     use flotilla_proto::placement::Resources;
 
     use super::*;
 
-    fn job(seq: u64) -> StoredJob {
+    /// A stored job of submission place `seq`.
+    pub(crate) fn job(seq: u64) -> StoredJob {
         let mut record =
             JobRecord::new(format!("job-1-{seq}"), "embed in → out", Some("ops".into()));
         record.started("w1", 2);

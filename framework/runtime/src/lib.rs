@@ -42,6 +42,8 @@ mod gate;
 pub mod gpus;
 mod head;
 mod head_client;
+pub mod head_lease;
+pub mod head_replica;
 pub mod head_store;
 pub mod host;
 mod identity;
