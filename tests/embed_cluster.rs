@@ -1146,3 +1146,219 @@ fn unreadable_result_objects_are_failed_attempts_and_the_job_ends() {
     assert!(ok, "{summary}");
     assert_exactly_once(&out, &ids);
 }
+
+/// One head of a head set: `node head` named `head` (every head of the
+/// set runs the head's certificate) at `listen`, its state in
+/// `DIR/TAG-state`, metrics at `metrics`, the lease (3 s) and the state
+/// beside it in `s3://embeds/heads` on `server`; logs to `DIR/TAG.log`.
+fn head_of_set(
+    s: &Scratch,
+    tag: &str,
+    listen: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
+    server: &S3Server,
+) -> Proc {
+    let state = s.dir.join(format!("{tag}-state"));
+    std::fs::create_dir_all(&state).unwrap();
+    let log = std::fs::File::create(s.dir.join(format!("{tag}.log"))).unwrap();
+    let child = Command::new(NODE)
+        .envs(server.env())
+        .args(["head", "--name", "head", "--listen", &listen.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .args(["--state-dir", state.to_str().unwrap()])
+        .args(["--metrics-listen", &metrics.to_string()])
+        .args(["--lease-store", "s3://embeds/heads", "--lease-ms", "3000"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc {
+        child,
+        name: "head".into(),
+        addr: listen,
+    }
+}
+
+/// `flotilla_head_role{role="primary"}` of the head serving metrics at
+/// `metrics` (`None`: it does not answer).
+fn primary(metrics: std::net::SocketAddr) -> Option<f64> {
+    gauge(&scrape(metrics)?, "flotilla_head_role{role=\"primary\"}")
+}
+
+/// Clause "head: a standby takes over": two heads share a lease on an S3
+/// store; the primary is killed with SIGKILL mid attached and mid detached
+/// job. The standby takes over by itself, the workers and the attached
+/// driver fail over to it, the detached job's driver is started again from
+/// its manifest, and both jobs complete with every id exactly once, with
+/// nobody restarting anything; both heads' `/metrics` never show two
+/// primaries; afterwards nothing is reserved and the job is listed.
+#[test]
+fn both_jobs_complete_exactly_once_through_the_primarys_sigkill_with_a_standby() {
+    let s = Scratch::new("embed-standby", NODE);
+    let server = S3Server::start();
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let (a_metrics, b_metrics) = (
+        flotilla_testkit::ca::free_tcp_addr(),
+        flotilla_testkit::ca::free_tcp_addr(),
+    );
+    let heads = format!("{a_addr},{b_addr}");
+    let mut a = head_of_set(&s, "head-a", a_addr, a_metrics, &server);
+    eventually(Duration::from_secs(30), || {
+        (primary(a_metrics)? == 1.0).then_some(())
+    });
+    let b = head_of_set(&s, "head-b", b_addr, b_metrics, &server);
+    eventually(Duration::from_secs(30), || {
+        let scraped = scrape(b_metrics)?;
+        (gauge(&scraped, "flotilla_head_role{role=\"standby\"}")? == 1.0).then_some(())
+    });
+
+    // Both heads' roles, sampled every 50 ms from here to the end: never
+    // two primaries; when the standby first says it is one.
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let watching = std::sync::Arc::clone(&watching);
+        std::thread::spawn(move || {
+            let (mut both, mut b_primary_at) = (0u32, None);
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                let (pa, pb) = (primary(a_metrics), primary(b_metrics));
+                if pa == Some(1.0) && pb == Some(1.0) {
+                    both += 1;
+                }
+                if pb == Some(1.0) && b_primary_at.is_none() {
+                    b_primary_at = Some(std::time::Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (both, b_primary_at)
+        })
+    };
+
+    // Workers and drivers are given both heads.
+    let scratch = s.dir.canonicalize().unwrap();
+    let model_dir = model().canonicalize().unwrap();
+    let _workers: Vec<Proc> = ["r1", "r2"]
+        .iter()
+        .map(|w| {
+            s.issue(w);
+            s.spawn_with(
+                "join",
+                w,
+                free_addr(),
+                None,
+                &s.certs(),
+                &[
+                    "--head",
+                    &heads,
+                    "--resource",
+                    "cpu=2",
+                    "--allow-path",
+                    scratch.to_str().unwrap(),
+                    "--allow-path",
+                    model_dir.to_str().unwrap(),
+                ],
+            )
+        })
+        .collect();
+    eventually(Duration::from_secs(60), || {
+        s.status(a_addr).filter(|st| all_up(st, &["r1", "r2"]))
+    });
+    let (input, ids) = corpus(&s.dir, 3000);
+    let detached_out = s.dir.join("out-detached");
+    let submit = driver(
+        &s,
+        &a,
+        &input,
+        &detached_out,
+        "detach",
+        &[
+            "--head",
+            &b_addr.to_string(),
+            "--detach",
+            "--actors",
+            "2",
+            "--actor-resources",
+            "cpu=1",
+        ],
+    );
+    let (ok, printed) = finish(&s, submit, "detach");
+    assert!(ok, "{printed}");
+    let id = printed.trim().to_owned();
+    let attached_out = s.dir.join("out-attached");
+    let attached = driver(
+        &s,
+        &a,
+        &input,
+        &attached_out,
+        "attached",
+        &[
+            "--head",
+            &b_addr.to_string(),
+            "--actors",
+            "2",
+            "--actor-resources",
+            "cpu=1",
+        ],
+    );
+    eventually(Duration::from_secs(180), || {
+        (parts(&detached_out).len() >= 3 && parts(&attached_out).len() >= 3).then_some(())
+    });
+
+    a.signal("-KILL");
+    let _ = a.child.wait();
+    let killed = std::time::Instant::now();
+    let total = ids.len().div_ceil(32);
+    let (before_detached, before_attached) = (parts(&detached_out), parts(&attached_out));
+    assert!(
+        before_detached.len() < total && before_attached.len() < total,
+        "a job finished before the primary was killed: use a larger corpus"
+    );
+
+    // The attached driver completes by itself, exactly once.
+    let (ok, summary) = finish(&s, attached, "attached");
+    assert!(ok, "{summary}\n{}", s.log("head-b"));
+    assert_exactly_once(&attached_out, &ids);
+    // The detached job: `node jobs wait`, given both heads, succeeds.
+    let waited = Command::new(NODE)
+        .args(["jobs", "wait", &id, "--head", &heads])
+        .args(["--certs", s.certs().to_str().unwrap(), "--timeout-s", "300"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&waited.stdout).into_owned();
+    assert!(waited.status.success(), "{said}\n{}", s.log("head-b"));
+    assert!(said.contains("succeeded"), "{said}");
+    assert_exactly_once(&detached_out, &ids);
+    for (before, out) in [
+        (before_detached, &detached_out),
+        (before_attached, &attached_out),
+    ] {
+        let after = parts(out);
+        for (name, modified) in &before {
+            assert_eq!(after.get(name), Some(modified), "{name} was rewritten");
+        }
+    }
+
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (both, b_primary_at) = watcher.join().unwrap();
+    assert_eq!(both, 0, "two heads said they were the primary at once");
+    let took_over = b_primary_at.expect("the standby became the primary") - killed;
+    eprintln!("the standby was the primary {took_over:?} after the primary's SIGKILL");
+    assert!(took_over < Duration::from_secs(15), "{took_over:?}");
+    let b_log = s.log("head-b");
+    assert!(b_log.contains("took the head lease"), "{b_log}");
+
+    // The new primary lists the job as it ended, and nothing stays
+    // reserved.
+    let listed = Command::new(NODE)
+        .args(["jobs", "--json", "--head", &heads])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(j["jobs"].as_array().map(Vec::len), Some(1), "{j}");
+    assert_eq!(j["jobs"][0]["id"], id.as_str(), "{j}");
+    assert_eq!(j["jobs"][0]["state"], "succeeded", "{j}");
+    eventually(Duration::from_secs(60), || {
+        (reserved_total(&s, &b) == Some(0.0)).then_some(())
+    });
+    drop(server);
+}

@@ -247,6 +247,15 @@ impl HeadLease {
         }
     }
 
+    /// The incarnation written from the next write on (a head learns its
+    /// own once it has started, after taking the lease).
+    pub fn set_incarnation(&mut self, incarnation: u64) {
+        self.me.incarnation = incarnation;
+        if let State::Primary { record, .. } = &mut self.state {
+            record.incarnation = incarnation;
+        }
+    }
+
     /// Whether this head is the primary and its lease still valid.
     pub fn holds(&self, now: Instant) -> bool {
         matches!(self.state, State::Primary { valid_until, .. } if now < valid_until)
@@ -287,9 +296,9 @@ impl HeadLease {
                     ..self.me.clone()
                 })
             }
-            State::Standby {
-                watch: Some(w), ..
-            } if now.saturating_duration_since(w.since) >= self.config.duration => {
+            State::Standby { watch: Some(w), .. }
+                if now.saturating_duration_since(w.since) >= self.config.duration =>
+            {
                 self.former = Some(w.record.clone());
                 LeaseOp::Replace {
                     version: w.version.clone(),
@@ -404,7 +413,14 @@ impl HeadLease {
                 *renew_at = sent + self.config.interval();
             }
             (State::Primary { .. }, Written::Conflict) => self.lose(LostWhy::Replaced),
-            (State::Primary { valid_until, renew_at, .. }, Written::Failed) => {
+            (
+                State::Primary {
+                    valid_until,
+                    renew_at,
+                    ..
+                },
+                Written::Failed,
+            ) => {
                 if now >= *valid_until {
                     self.lose(LostWhy::Expired);
                 } else {
@@ -533,7 +549,8 @@ mod tests {
         assert_eq!(LeaseRecord::decode(&r.encode()), Ok(r));
         assert!(LeaseRecord::decode("").is_err());
         assert!(LeaseRecord::decode("flotilla-head-lease 1\nterm x\n").is_err());
-        let shuffled = "flotilla-head-lease 1\nholder h\nterm 1\naddress a\nincarnation 1\nrenewal 0\n";
+        let shuffled =
+            "flotilla-head-lease 1\nholder h\nterm 1\naddress a\nincarnation 1\nrenewal 0\n";
         assert!(LeaseRecord::decode(shuffled).is_err());
         let empty = "flotilla-head-lease 1\nterm 1\nholder \naddress a\nincarnation 1\nrenewal 0\n";
         assert!(LeaseRecord::decode(empty).is_err());

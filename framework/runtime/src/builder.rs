@@ -37,6 +37,7 @@ use crate::config_args::ConfigKind;
 use crate::control::ControlService;
 use crate::head::HeadService;
 use crate::head_client::HeadClient;
+use crate::heads::HeadAddrs;
 use crate::identity::{Identity, IncarnationRecord};
 use crate::jobs_slot::JobsSlot;
 use crate::member::{JoinError, Member};
@@ -116,6 +117,10 @@ pub enum StartError {
     ActorSystemStopped,
 }
 
+/// The shortest idle timeout of the node's connections (keep-alives go
+/// every second).
+const IDLE_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// How often the head looks at the CA's revocation list.
 const REVOCATIONS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -127,6 +132,8 @@ pub struct NodeBuilder {
     handle: NodeHandle,
     gpus: crate::gpus::GpuSlots,
     head_store_in: Option<std::path::PathBuf>,
+    head_replica: Option<crate::head_replica::HeadReplica>,
+    incarnation_above: u64,
 }
 
 /// The node an actor runs on, for actors that use the node's API (place
@@ -154,6 +161,8 @@ impl Node {
             handle: NodeHandle::default(),
             gpus: crate::gpus::GpuSlots::default(),
             head_store_in: None,
+            head_replica: None,
+            incarnation_above: 0,
         }
     }
 }
@@ -181,6 +190,24 @@ impl NodeBuilder {
     /// on a member.
     pub fn head_store_in(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.head_store_in = Some(dir.into());
+        self
+    }
+
+    /// On a head of a head set that holds the lease: every change to its
+    /// store (see [`NodeBuilder::head_store_in`]) is mirrored to `replica`
+    /// too before it is answered, for the standby that takes over. Ignored
+    /// on a member, and without a store.
+    pub fn head_replica(mut self, replica: crate::head_replica::HeadReplica) -> Self {
+        self.head_replica = Some(replica);
+        self
+    }
+
+    /// Runs the node under an incarnation above `floor` (a head taking
+    /// over from another head of its set, under the same name, runs above
+    /// the former's incarnation: what the former owned, members count as
+    /// gone).
+    pub fn incarnation_above(mut self, floor: u64) -> Self {
+        self.incarnation_above = floor;
         self
     }
 
@@ -230,7 +257,7 @@ impl NodeBuilder {
     /// starts the actor system and, unless this node is the head, joins the
     /// head. Cancel safety: a cancelled start leaves its tasks to be
     /// dropped with the runtime.
-    pub async fn start(self) -> Result<Node, StartError> {
+    pub async fn start(mut self) -> Result<Node, StartError> {
         let config = self.config;
         crate::counters::register();
         let certs = flotilla_transport::Identity::load(&config.certs, &config.name)?;
@@ -252,7 +279,17 @@ impl NodeBuilder {
             .or_else(|| certs.cookie.clone())
             .ok_or_else(|| StartError::NoCookie(config.certs.clone()))?;
         let tls = flotilla_transport::tls::server_tls(&certs)?;
-        let endpoint = Endpoint::bind(config.listen, certs.clone(), &Tuning::default())?;
+        // A connection silent for as long as a member takes to be marked
+        // down is closed: a member notices a head killed outright (and
+        // fails over to the next of a head set) within the same time.
+        let tuning = Tuning {
+            idle_timeout: config
+                .detector
+                .down_after
+                .clamp(IDLE_AT_LEAST, Tuning::default().idle_timeout),
+            ..Tuning::default()
+        };
+        let endpoint = Endpoint::bind(config.listen, certs.clone(), &tuning)?;
         let local = endpoint.local_addr().map_err(|source| BindError::Socket {
             addr: config.listen,
             source,
@@ -309,7 +346,7 @@ impl NodeBuilder {
         let cookie_digest = flotilla_transport::certs::cookie_digest(&cookie);
         let record = role
             .is_singular()
-            .then(|| IncarnationRecord::new(state_dir, &config.name));
+            .then(|| IncarnationRecord::new(state_dir, &config.name).above(self.incarnation_above));
         let identity = match Identity::new(
             member_name.clone(),
             role,
@@ -328,7 +365,12 @@ impl NodeBuilder {
         // The head's store and the groups it kept, beside the record.
         let stored_groups = match (&self.head_store_in, config.is_head()) {
             (Some(dir), true) => {
+                let replica = self.head_replica.take();
                 let opened = crate::head_store::HeadStore::open_in(dir).and_then(|store| {
+                    let store = match replica {
+                        Some(replica) => store.with_replica(replica),
+                        None => store,
+                    };
                     let groups = store.load_groups()?;
                     Ok((Arc::new(store), groups))
                 });
@@ -379,7 +421,7 @@ impl NodeBuilder {
                 let link = Member::new(
                     Arc::clone(&identity),
                     Arc::clone(&pool),
-                    addr,
+                    HeadAddrs::new(addr, &config.standby_heads),
                     config.head_name.clone(),
                     view_tx,
                     hosted.clone(),
@@ -472,7 +514,11 @@ impl NodeBuilder {
             tasks: tasks.clone(),
             placement: placement_handle,
             head_store,
-            head_client: HeadClient::new(Arc::clone(&identity), Arc::clone(&pool), config.head),
+            head_client: HeadClient::new(
+                Arc::clone(&identity),
+                Arc::clone(&pool),
+                member.as_ref().map(|m| m.heads.clone()),
+            ),
             ledger,
             jobs: jobs.clone(),
             objects: Objects {

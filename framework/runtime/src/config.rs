@@ -27,6 +27,10 @@ pub struct NodeConfig {
     /// The head's name, when known: joining checks the head's certificate
     /// is issued for it (it must carry the head role in any case).
     pub head_name: Option<String>,
+    /// The other heads of a head set (standbys that take over when the
+    /// primary is lost): the member fails over to them in turn when the
+    /// head it follows cannot be reached. Empty for a single head.
+    pub standby_heads: Vec<SocketAddr>,
     /// The CA's revocation list the head follows and hands to every
     /// member; `None` is `crl.pem` in the certificates folder.
     pub revocation_list: Option<PathBuf>,
@@ -77,6 +81,7 @@ impl NodeConfig {
             advertise: None,
             head: None,
             head_name: None,
+            standby_heads: Vec::new(),
             revocation_list: None,
             certs: certs.into(),
             cookie: None,

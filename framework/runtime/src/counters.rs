@@ -13,7 +13,7 @@
 //! flotilla_sent_bytes_total{lane}               bytes sent per lane
 //! flotilla_batches_done_total                   pipeline batches done
 //! flotilla_batch_seconds                        their latency (histogram)
-//! flotilla_head_role{role}                      1 on the head: `primary` (no standby heads yet)
+//! flotilla_head_role{role}                      1 for a head's role (`primary` or `standby`), 0 for the other
 //! flotilla_head_store_bytes                     size of the head's job store file
 //! flotilla_head_store_last_commit_seconds       when it last committed, durably (Unix time)
 //! flotilla_head_store_commit_seconds            each commit's latency (histogram)
@@ -75,9 +75,12 @@ pub(crate) fn batch_done(latency: std::time::Duration) {
     metrics::histogram!("flotilla_batch_seconds").record(latency.as_secs_f64());
 }
 
-/// This node is the head, in `role` (`primary`).
+/// This node is a head, in `role` (`primary` or `standby`): 1 for its
+/// role, 0 for the other.
 pub(crate) fn head_role(role: &'static str) {
-    metrics::gauge!("flotilla_head_role", "role" => role).set(1.0);
+    for r in ["primary", "standby"] {
+        metrics::gauge!("flotilla_head_role", "role" => r).set(if r == role { 1.0 } else { 0.0 });
+    }
 }
 
 /// The head's job store committed a change durably, in `took`; its file

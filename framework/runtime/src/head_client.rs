@@ -11,6 +11,7 @@ use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::Purpose;
 use flotilla_transport::handshake::{self, Frames, send_msg};
 
+use crate::heads::HeadAddrs;
 use crate::identity::Identity;
 use crate::pool::Pool;
 
@@ -24,7 +25,7 @@ struct Stream {
 pub(crate) struct HeadClient {
     identity: Arc<Identity>,
     pool: Arc<Pool>,
-    head: Option<SocketAddr>,
+    heads: Option<HeadAddrs>,
     idle: Mutex<Vec<Stream>>,
 }
 
@@ -48,12 +49,13 @@ pub enum HeadUnavailable {
 }
 
 impl HeadClient {
-    /// A client of the head at `head` (`None` on the head).
-    pub(crate) fn new(identity: Arc<Identity>, pool: Arc<Pool>, head: Option<SocketAddr>) -> Self {
+    /// A client of the heads at `heads` (`None` on the head), shared with
+    /// the member's link.
+    pub(crate) fn new(identity: Arc<Identity>, pool: Arc<Pool>, heads: Option<HeadAddrs>) -> Self {
         Self {
             identity,
             pool,
-            head,
+            heads,
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -66,16 +68,27 @@ impl HeadClient {
         request: &ControlRequest,
         timeout: Duration,
     ) -> Result<ControlReply, HeadUnavailable> {
-        let addr = self.head.ok_or(HeadUnavailable::IsHead)?;
+        let heads = self.heads.as_ref().ok_or(HeadUnavailable::IsHead)?;
+        let addr = heads.current();
         let taken = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let reused = taken.is_some();
-        match self
+        let answer = match self
             .exchange(head_name, addr, taken, request, timeout)
             .await
         {
             // An idle stream may be to a head that has since restarted.
             Err(HeadUnavailable::Unreachable { .. }) if reused => {
                 self.exchange(head_name, addr, None, request, timeout).await
+            }
+            r => r,
+        };
+        match answer {
+            // With a head set, a standby may have taken over: once more,
+            // at the next head.
+            Err(HeadUnavailable::Unreachable { .. }) if heads.len() > 1 => {
+                heads.failed(addr);
+                self.exchange(head_name, heads.current(), None, request, timeout)
+                    .await
             }
             r => r,
         }

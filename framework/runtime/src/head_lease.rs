@@ -25,6 +25,13 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
 use tokio_util::sync::CancellationToken;
 
+/// Reports this head as a standby on `/metrics` (`flotilla_head_role`),
+/// until it starts as the primary.
+pub fn report_standby() {
+    crate::counters::register();
+    crate::counters::head_role("standby");
+}
+
 /// The object the lease lives in, under the head set's prefix.
 pub const LEASE_OBJECT: &str = "lease";
 
@@ -67,7 +74,9 @@ impl LeaseStore {
             }
         };
         let Some(version) = version else {
-            tracing::error!("NODE-LEASE-002: the lease store gives no version (ETag); it cannot hold a lease");
+            tracing::error!(
+                "NODE-LEASE-002: the lease store gives no version (ETag); it cannot hold a lease"
+            );
             return None;
         };
         match std::str::from_utf8(&bytes)
@@ -95,19 +104,24 @@ impl LeaseStore {
             Ok(Ok(done)) => match done.e_tag {
                 Some(v) => Written::Done(v),
                 None => {
-                    tracing::error!("NODE-LEASE-002: the lease store gives no version (ETag); it cannot hold a lease");
+                    tracing::error!(
+                        "NODE-LEASE-002: the lease store gives no version (ETag); it cannot hold a lease"
+                    );
                     Written::Failed
                 }
             },
             Ok(Err(
-                object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
             )) => Written::Conflict,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "NODE-LEASE-001: cannot write the head lease");
                 Written::Failed
             }
             Err(_) => {
-                tracing::warn!("NODE-LEASE-001: the head lease write took longer than {REQUEST_WITHIN:?}");
+                tracing::warn!(
+                    "NODE-LEASE-001: the head lease write took longer than {REQUEST_WITHIN:?}"
+                );
                 Written::Failed
             }
         }
@@ -149,6 +163,9 @@ enum Answer {
 pub struct LeaseGuard {
     valid_until: Arc<Mutex<Option<Instant>>>,
     lost: CancellationToken,
+    /// The holder's incarnation, written into the lease from the next
+    /// renewal on (0: not known yet).
+    incarnation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LeaseGuard {
@@ -165,6 +182,13 @@ impl LeaseGuard {
     /// Completes once the lease is lost (never, while it is held).
     pub async fn lost(&self) {
         self.lost.cancelled().await
+    }
+
+    /// Writes `incarnation` (the head's, once started) into the lease
+    /// from its next renewal on: a head that takes over runs above it.
+    pub fn set_incarnation(&self, incarnation: u64) {
+        self.incarnation
+            .store(incarnation, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn set(&self, until: Option<Instant>) {
@@ -205,7 +229,13 @@ pub async fn acquire(
 ) -> Option<Acquired> {
     let guard = LeaseGuard::default();
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let lease = HeadLease::new(Instant::now(), me.holder, me.address, me.incarnation, config);
+    let lease = HeadLease::new(
+        Instant::now(),
+        me.holder,
+        me.address,
+        me.incarnation,
+        config,
+    );
     tokio::spawn(drive(lease, store, guard.clone(), Some(tx), stop.clone()));
     tokio::select! {
         acquired = rx => acquired.ok(),
@@ -254,6 +284,10 @@ async fn drive(
         if lease.is_deposed() {
             guard.lost.cancel();
             return;
+        }
+        let incarnation = guard.incarnation.load(std::sync::atomic::Ordering::Relaxed);
+        if incarnation != 0 {
+            lease.set_incarnation(incarnation);
         }
         if let Some(op) = lease.poll_op(now) {
             let answer = tokio::select! {

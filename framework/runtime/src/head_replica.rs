@@ -273,12 +273,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_head_without_the_lease_writes_nothing_and_its_change_fails() {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let replica = HeadReplica::new(
-            Arc::clone(&mem),
-            Path::from("heads"),
-            LeaseGuard::default(),
-        )
-        .unwrap();
+        let replica =
+            HeadReplica::new(Arc::clone(&mem), Path::from("heads"), LeaseGuard::default()).unwrap();
         let store = HeadStore::open_in(&scratch("unleased"))
             .unwrap()
             .with_replica(replica);
@@ -292,9 +288,12 @@ mod tests {
     async fn a_replica_entry_that_is_not_a_job_stops_the_takeover_naming_it() {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let prefix = Path::from("heads");
-        mem.put(&entry(&prefix, "jobs", "4"), b"not an archive".to_vec().into())
-            .await
-            .unwrap();
+        mem.put(
+            &entry(&prefix, "jobs", "4"),
+            b"not an archive".to_vec().into(),
+        )
+        .await
+        .unwrap();
         let e = restore(&mem, &prefix, &scratch("corrupt"))
             .await
             .unwrap_err();

@@ -146,8 +146,8 @@ impl HeadStore {
             }
             let mut table = tx.open_table(GROUPS).map_err(|e| self.io(e))?;
             for (key, bytes) in groups {
-                let group: StoredGroup = read_archive(&bytes)
-                    .map_err(|why| self.corrupt("groups", key.clone(), why))?;
+                let group: StoredGroup =
+                    read_archive(&bytes).map_err(|why| self.corrupt("groups", key.clone(), why))?;
                 if group.id != key {
                     return Err(self.corrupt("groups", key, format!("it says it is {}", group.id)));
                 }
@@ -168,7 +168,11 @@ impl HeadStore {
             Some(bytes) => replica.put(table, &key, bytes),
             None => replica.remove(table, &key),
         }
-        .map_err(|why| self.io(format!("the standby heads' copy refused {table} entry {key}: {why}")))
+        .map_err(|why| {
+            self.io(format!(
+                "the standby heads' copy refused {table} entry {key}: {why}"
+            ))
+        })
     }
 
     /// The file.

@@ -35,6 +35,9 @@ pub struct RecordError {
 #[derive(Debug)]
 pub(crate) struct IncarnationRecord {
     path: PathBuf,
+    /// A number every incarnation taken is above (a head taking over
+    /// from another of its set runs above the former's).
+    floor: u64,
 }
 
 impl IncarnationRecord {
@@ -42,7 +45,14 @@ impl IncarnationRecord {
     pub(crate) fn new(dir: &Path, name: &str) -> Self {
         Self {
             path: dir.join(format!("{name}.incarnation")),
+            floor: 0,
         }
+    }
+
+    /// The record, with every incarnation taken above `floor`.
+    pub(crate) fn above(mut self, floor: u64) -> Self {
+        self.floor = floor;
+        self
     }
 
     /// Takes the next incarnation and records it (write, sync, rename)
@@ -67,6 +77,10 @@ impl IncarnationRecord {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(err(e)),
+        };
+        let recorded = match (recorded, self.floor) {
+            (recorded, 0) => recorded,
+            (recorded, floor) => Some(recorded.unwrap_or(0).max(floor)),
         };
         let next = next_incarnation(clock_micros(), recorded);
         let tmp = self.path.with_extension("incarnation.tmp");

@@ -45,6 +45,7 @@ mod head_client;
 pub mod head_lease;
 pub mod head_replica;
 pub mod head_store;
+mod heads;
 pub mod host;
 mod identity;
 pub mod jobs;

@@ -35,6 +35,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now;
+use crate::heads::HeadAddrs;
 use crate::identity::Identity;
 use crate::pool::Pool;
 use crate::reservations::Reservations;
@@ -90,7 +91,10 @@ struct Stream {
 pub(crate) struct Member {
     pub(crate) identity: Arc<Identity>,
     pub(crate) pool: Arc<Pool>,
-    pub(crate) head: SocketAddr,
+    /// The heads it may follow, shared with the node's calls to the head.
+    pub(crate) heads: HeadAddrs,
+    /// The head the dial in progress (or the stream open) is to.
+    dialed: SocketAddr,
     /// The head's name, when configured: its certificate must be issued
     /// for it.
     pub(crate) head_name: Option<String>,
@@ -148,12 +152,12 @@ enum Step {
 }
 
 impl Member {
-    /// A member of the head at `head`, not yet joined.
+    /// A member of the heads at `heads`, not yet joined.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         identity: Arc<Identity>,
         pool: Arc<Pool>,
-        head: SocketAddr,
+        heads: HeadAddrs,
         head_name: Option<String>,
         view: watch::Sender<Table>,
         hosted: Hosted,
@@ -164,7 +168,8 @@ impl Member {
         Self {
             identity,
             pool,
-            head,
+            dialed: heads.current(),
+            heads,
             head_name,
             view,
             hosted,
@@ -192,7 +197,7 @@ impl Member {
                 Step::Left => unreachable!("no shutdown while joining"),
                 Step::Go if tokio::time::Instant::now() >= deadline => {
                     let waited = JoinError::Timeout {
-                        head: self.head,
+                        head: self.dialed,
                         after: timeout,
                     };
                     // A dial that timed out says so for itself; the join
@@ -335,8 +340,15 @@ impl Member {
     }
 
     fn lost(&mut self, why: &str) {
-        tracing::warn!(error = why, "link to the head lost");
         self.stream = None;
+        if self.heads.len() > 1 {
+            // The primary of a head set gone silent is most likely dead,
+            // and a standby taking over: the next dial is to the next head.
+            self.heads.failed(self.dialed);
+            tracing::warn!(error = why, next = %self.heads.current(), "link to the head lost; trying the next head of the set");
+        } else {
+            tracing::warn!(error = why, "link to the head lost");
+        }
         self.link.handle_link_lost(now());
     }
 
@@ -357,7 +369,9 @@ impl Member {
             task.abort();
         }
         let (pool, identity) = (Arc::clone(&self.pool), Arc::clone(&self.identity));
-        let (head, head_name) = (self.head, self.head_name.clone());
+        let head = self.heads.current();
+        self.dialed = head;
+        let head_name = self.head_name.clone();
         self.dialing = Some(tokio::spawn(async move {
             tokio::time::timeout(DIAL_TIMEOUT, open(pool, identity, head, head_name))
                 .await
@@ -383,7 +397,13 @@ impl Member {
                 self.link.handle_refused(now(), refusal);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot reach the head; retrying");
+                // With a head set, the next dial is to the next head.
+                self.heads.failed(self.dialed);
+                if self.heads.len() > 1 {
+                    tracing::warn!(error = %e, next = %self.heads.current(), "cannot reach the head; trying the next head of the set");
+                } else {
+                    tracing::warn!(error = %e, "cannot reach the head; retrying");
+                }
                 self.last_error = Some(e);
                 self.link.handle_link_lost(now());
             }

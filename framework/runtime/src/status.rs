@@ -57,6 +57,9 @@ pub enum StatusError {
         /// Why.
         why: flotilla_proto::authority::Unauthorized,
     },
+    /// No head address was given to ask.
+    #[error("NODE-STATUS-003: no head address given")]
+    NoAddress,
     /// The node answered with something else than a table.
     #[error("NODE-STATUS-001: {addr} answered the status request with {reply}")]
     Unexpected {
@@ -165,6 +168,42 @@ pub async fn query_jobs(
             addr,
             reply: format!("{other:?}"),
         }),
+    }
+}
+
+/// Asks every head of a head set at once (`ask` at each of `heads`) and
+/// returns the first answer with the address that gave it: only the
+/// active head listens, so a tool given every head address reaches
+/// whichever is active without knowing which. All failing, the last
+/// failure.
+///
+/// ```no_run
+/// # async fn demo(identity: flotilla_transport::Identity) -> Result<(), flotilla::StatusError> {
+/// let heads = ["10.0.0.1:7420".parse().unwrap(), "10.0.0.2:7420".parse().unwrap()];
+/// let (head, table) =
+///     flotilla::status::first_answer(&heads, |a| flotilla::query_status(a, identity.clone()))
+///         .await?;
+/// println!("{} members, from the head at {head}", table.members.len());
+/// # Ok(()) }
+/// ```
+pub async fn first_answer<T, F, Fut>(
+    heads: &[SocketAddr],
+    ask: F,
+) -> Result<(SocketAddr, T), StatusError>
+where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<T, StatusError>>,
+{
+    if heads.is_empty() {
+        return Err(StatusError::NoAddress);
+    }
+    let asks = heads.iter().map(|&addr| {
+        let asked = ask(addr);
+        Box::pin(async move { asked.await.map(|answer| (addr, answer)) })
+    });
+    match futures::future::select_ok(asks).await {
+        Ok((answer, _)) => Ok(answer),
+        Err(e) => Err(e),
     }
 }
 

@@ -12,10 +12,11 @@ use crate::{JobsArgs, JobsOp};
 
 /// Runs `node jobs`.
 pub async fn run(args: JobsArgs) -> ExitCode {
-    let Some(head) = args.head else {
+    if args.head.is_empty() {
         eprintln!("node jobs needs --head ADDR");
         return ExitCode::from(2);
-    };
+    }
+    let heads = args.head.clone();
     let identity = match flotilla_transport::Identity::load(&args.certs, &args.name) {
         Ok(i) => i,
         Err(e) => {
@@ -23,7 +24,17 @@ pub async fn run(args: JobsArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ask = |request| flotilla::query_jobs(head, identity.clone(), request);
+    // Every head of a head set is asked; the active one answers.
+    let ask = |request: JobsRequest| {
+        let (heads, identity) = (heads.clone(), identity.clone());
+        async move {
+            flotilla::status::first_answer(&heads, |head| {
+                flotilla::query_jobs(head, identity.clone(), request.clone())
+            })
+            .await
+            .map(|(_, reply)| reply)
+        }
+    };
     match args.op {
         None => match ask(JobsRequest::List).await {
             Ok(JobsReply::Jobs(jobs)) => {

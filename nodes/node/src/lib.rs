@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod head_set;
 pub mod jobs;
 pub mod objects;
 pub mod run;
@@ -77,9 +78,10 @@ pub enum ModelOp {
 /// Flags of `node objects`.
 #[derive(Debug, Args)]
 pub struct ObjectsArgs {
-    /// Address of the head to join.
-    #[arg(long, global = true)]
-    pub head: Option<SocketAddr>,
+    /// Address of the head to join; with a head set, every head's
+    /// (repeat the flag, or separate them with commas).
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub head: Vec<SocketAddr>,
     /// Folder with ca.crt, the node's certificate and the cluster cookie.
     #[arg(long, global = true, default_value = "certs")]
     pub certs: PathBuf,
@@ -120,9 +122,10 @@ pub enum ObjectsOp {
 /// Flags of `node jobs`.
 #[derive(Debug, Args)]
 pub struct JobsArgs {
-    /// Address of the head.
-    #[arg(long, global = true)]
-    pub head: Option<SocketAddr>,
+    /// Address of the head; with a head set, every head's (repeat the
+    /// flag, or separate them with commas): the active one answers.
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub head: Vec<SocketAddr>,
     /// Folder with ca.crt and the identity's certificate.
     #[arg(long, global = true, default_value = "certs")]
     pub certs: PathBuf,
@@ -283,9 +286,21 @@ pub struct NodeArgs {
     /// pull objects over the network instead.
     #[arg(long)]
     pub host_id: Option<String>,
-    /// Address of the head (join only).
+    /// Address of the head (join only); with a head set, every head's
+    /// (repeat the flag, or separate them with commas), the primary's
+    /// first: the node fails over to the next when one cannot be reached.
+    #[arg(long, value_delimiter = ',')]
+    pub head: Vec<SocketAddr>,
+    /// Object-store URL (such as `s3://bucket/heads`) the heads of a head
+    /// set share (head only): each holds the lease there in turn, and the
+    /// one holding it keeps its state there too. A head given one waits as
+    /// a standby until the lease is free, then takes over.
     #[arg(long)]
-    pub head: Option<SocketAddr>,
+    pub lease_store: Option<String>,
+    /// How long the lease stands unrenewed before a standby takes over,
+    /// in milliseconds (head only; default: down_after_ms).
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
     /// Name of the head's certificate (join only): the head joined must
     /// carry it (it must carry the head role in any case).
     #[arg(long)]
@@ -351,9 +366,11 @@ pub struct NodeArgs {
 /// Flags of `node status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Address of the head (or of any member, for its view).
-    #[arg(long)]
-    pub head: SocketAddr,
+    /// Address of the head (or of any member, for its view); with a head
+    /// set, every head's (repeat the flag, or separate them with commas):
+    /// the active one answers.
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub head: Vec<SocketAddr>,
     /// Folder with ca.crt and the identity's certificate.
     #[arg(long)]
     pub certs: PathBuf,
@@ -395,8 +412,10 @@ pub struct FileConfig {
     bulk_listen: Option<SocketAddr>,
     object_store_mb: Option<u64>,
     host_id: Option<String>,
-    head: Option<SocketAddr>,
+    head: Option<Heads>,
     head_name: Option<String>,
+    lease_store: Option<String>,
+    lease_ms: Option<u64>,
     revocation_list: Option<PathBuf>,
     certs: Option<PathBuf>,
     cookie: Option<String>,
@@ -417,6 +436,32 @@ pub struct FileConfig {
     /// What detached jobs may touch here.
     #[serde(default)]
     jobs: JobsFile,
+}
+
+/// `head` in node.toml: one address, or every head of a head set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Heads {
+    One(SocketAddr),
+    Set(Vec<SocketAddr>),
+}
+
+impl Heads {
+    fn into_vec(self) -> Vec<SocketAddr> {
+        match self {
+            Self::One(a) => vec![a],
+            Self::Set(all) => all,
+        }
+    }
+}
+
+/// A head set's lease: where, and how long it stands unrenewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// The object-store URL the heads share.
+    pub url: String,
+    /// How long the lease stands before a standby takes over.
+    pub duration: Duration,
 }
 
 /// The `[jobs]` table of node.toml.
@@ -583,6 +628,8 @@ pub struct NodeSettings {
     pub allow: flotilla_proto::roots::AllowedRoots,
     /// How long the head keeps ended jobs.
     pub retention: flotilla::jobs::Retention,
+    /// The head set's lease, for a head that is one of several.
+    pub lease: Option<LeaseSettings>,
 }
 
 /// A configuration problem: the node does not start.
@@ -647,18 +694,43 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
         .certs
         .or(file.certs)
         .ok_or(ConfigError::Missing("certs"))?;
-    let head = args.head.or(file.head);
+    let heads = if args.head.is_empty() {
+        file.head.map(Heads::into_vec).unwrap_or_default()
+    } else {
+        args.head
+    };
     let mut config = NodeConfig::new(name, listen, certs);
-    match (join, head) {
+    match (join, heads.split_first()) {
         (true, None) => return Err(ConfigError::Missing("head")),
-        (true, Some(h)) => config.head = Some(h),
+        (true, Some((first, others))) => {
+            config.head = Some(*first);
+            config.standby_heads = others.to_vec();
+        }
         (false, Some(_)) => {
             return Err(ConfigError::Invalid(
-                "a head does not join another head; use `node join --head`".into(),
+                "a head does not join another head; use `node join --head` (the heads of a head set share --lease-store)".into(),
             ));
         }
         (false, None) => {}
     }
+    let lease_ms = args.lease_ms.or(file.lease_ms);
+    let lease = match (args.lease_store.or(file.lease_store), lease_ms) {
+        (Some(_), _) if join => {
+            return Err(ConfigError::Invalid(
+                "lease_store is a head's setting; a member lists every head in --head".into(),
+            ));
+        }
+        (Some(url), _) if !flotilla::object_url::is_url(&url) => {
+            return Err(ConfigError::Invalid(format!(
+                "lease_store {url:?} is not an object-store URL (such as s3://bucket/heads)"
+            )));
+        }
+        (Some(url), ms) => Some((url, ms)),
+        (None, Some(_)) => {
+            return Err(ConfigError::Invalid("lease_ms needs lease_store".into()));
+        }
+        (None, None) => None,
+    };
     config.head_name = args.head_name.or(file.head_name);
     config.revocation_list = args.revocation_list.or(file.revocation_list);
     let mut allow = file.jobs.allow;
@@ -718,10 +790,23 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
         }
         trees.push(tree);
     }
+    let lease = lease.map(|(url, ms)| LeaseSettings {
+        url,
+        duration: ms
+            .map(Duration::from_millis)
+            .unwrap_or(config.detector.down_after),
+    });
+    if lease
+        .as_ref()
+        .is_some_and(|l| l.duration < Duration::from_millis(200))
+    {
+        return Err(ConfigError::Invalid("lease_ms must be at least 200".into()));
+    }
     Ok(NodeSettings {
         config,
         model: args.model.or(file.model),
         metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        lease,
         trees,
         allow,
         retention,
@@ -737,7 +822,7 @@ mod tests {
             name: Some("n1".into()),
             listen: Some("127.0.0.1:7421".parse().unwrap()),
             certs: Some("certs".into()),
-            head: Some("127.0.0.1:7420".parse().unwrap()),
+            head: vec!["127.0.0.1:7420".parse().unwrap()],
             ..NodeArgs::default()
         }
     }
@@ -879,7 +964,7 @@ mod tests {
             Err(ConfigError::Missing("certs"))
         ));
         let mut a = args();
-        a.head = None;
+        a.head = Vec::new();
         assert!(matches!(
             node_config(a, true),
             Err(ConfigError::Missing("head"))

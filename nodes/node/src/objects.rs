@@ -19,7 +19,7 @@ use crate::{ObjectsArgs, ObjectsOp};
 
 /// Runs `node objects`.
 pub async fn run(args: ObjectsArgs) -> ExitCode {
-    let Some(head) = args.head else {
+    let Some(&head) = args.head.first() else {
         eprintln!("node objects needs --head ADDR");
         return ExitCode::from(2);
     };
@@ -40,6 +40,7 @@ pub async fn run(args: ObjectsArgs) -> ExitCode {
         args.certs.clone(),
     )
     .join(head);
+    config.standby_heads = args.head[1..].to_vec();
     config.resources = Some(Resources::default());
     config
         .labels

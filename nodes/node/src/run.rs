@@ -3,7 +3,8 @@
 //!
 //! Exit codes: 0 success, 1 the embed job failed, 2 usage or configuration
 //! error (certificates included), 3 the node could not start or join, 4 a
-//! status query failed.
+//! status query failed, 5 a configured supervisor gave up, 6 a head of a
+//! head set lost its lease.
 
 use std::process::ExitCode;
 
@@ -148,17 +149,19 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match flotilla::query_status(args.head, identity.clone()).await {
-                Ok(table) => {
+            let answered = flotilla::status::first_answer(&args.head, |addr| {
+                flotilla::query_status(addr, identity.clone())
+            })
+            .await;
+            match answered {
+                Ok((head, table)) => {
                     let supervisors = if args.no_supervisors {
                         flotilla::table::Supervisors::new()
                     } else {
                         supervisors_of(&table, &identity).await
                     };
                     // The head accounts placement; any other node says so.
-                    let placement = flotilla::query_placement(args.head, identity.clone())
-                        .await
-                        .ok();
+                    let placement = flotilla::query_placement(head, identity.clone()).await.ok();
                     // Only nodes that offer GPUs are asked who holds them.
                     let gpus = answers_of(
                         &table,
@@ -196,11 +199,11 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
 /// `node embed --detach`: submits the job to the head and prints its id.
 async fn submit(args: crate::EmbedArgs) -> ExitCode {
     let join = &args.job.job.cluster;
-    let (head, certs, name) = (join.head, join.certs.clone(), join.name.clone());
-    let Some(head) = head else {
+    let (heads, certs, name) = (join.head.clone(), join.certs.clone(), join.name.clone());
+    if heads.is_empty() {
         eprintln!("--detach needs --head");
         return ExitCode::from(2);
-    };
+    }
     let mut config = args.job();
     // Refused here, before the head is asked.
     if let Err(e) = config.check() {
@@ -227,7 +230,12 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
         }
     };
     let request = flotilla::jobs::JobsRequest::Submit(flotilla_embed::job::detached::spec(&job));
-    match flotilla::query_jobs(head, identity, request).await {
+    let submitted = flotilla::status::first_answer(&heads, |head| {
+        flotilla::query_jobs(head, identity.clone(), request.clone())
+    })
+    .await
+    .map(|(_, reply)| reply);
+    match submitted {
         Ok(flotilla::jobs::JobsReply::Submitted(id)) => {
             println!("{id}");
             ExitCode::SUCCESS
@@ -281,10 +289,54 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
         tracing::info!(%addr, "serving metrics on /metrics");
     }
+    // A head of a head set waits as a standby until it holds the lease,
+    // then starts from the state the former primary left beside it.
+    let leased = match &settings.lease {
+        Some(lease) => {
+            let stop = tokio_util::sync::CancellationToken::new();
+            let stopped = {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    crate::systemd::wait_for_stop().await;
+                    stop.cancel();
+                })
+            };
+            // A standby is up as what it is.
+            crate::systemd::ready();
+            let feeding = crate::systemd::watchdog_interval()
+                .map(|i| tokio::spawn(crate::head_set::feed_while_standby(i)));
+            let taken = crate::head_set::take_lease(&settings.config, lease, stop).await;
+            if let Some(f) = feeding {
+                f.abort();
+            }
+            match taken {
+                Ok(Some(leased)) => {
+                    stopped.abort();
+                    Some(leased)
+                }
+                Ok(None) => {
+                    crate::systemd::stopping();
+                    return ExitCode::SUCCESS;
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(3);
+                }
+            }
+        }
+        None => None,
+    };
     // The head keeps its detached jobs and placement groups in its state
     // directory.
     let state = settings.config.state_folder().to_path_buf();
     let builder = extra(Node::builder(settings.config)).head_store_in(state);
+    let (builder, lease) = match leased {
+        Some(leased) => {
+            let (builder, guard) = leased.apply(builder);
+            (builder, Some(guard))
+        }
+        None => (builder, None),
+    };
     let builder = flotilla_embed::job::detached::register(builder, settings.allow);
     let settings_trees = settings.trees;
     let retention = settings.retention;
@@ -336,8 +388,23 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
     crate::systemd::ready();
     let watchdog = crate::systemd::watchdog_interval()
         .map(|interval| tokio::spawn(crate::systemd::feed_watchdog(interval, node.pulse())));
+    if let Some(guard) = &lease {
+        guard.set_incarnation(node.incarnation());
+    }
+    let lost = async {
+        match &lease {
+            Some(guard) => guard.lost().await,
+            None => std::future::pending().await,
+        }
+    };
     let code = tokio::select! {
         () = crate::systemd::wait_for_stop() => 0,
+        () = lost => {
+            // Another head has taken over, or may at any moment: end now,
+            // with nothing stopped (the jobs and groups are its own).
+            eprintln!("NODE-LEASE-004: this head lost the head set's lease; ending at once");
+            std::process::exit(i32::from(crate::head_set::LOST_EXIT_CODE));
+        }
         (tree, e) = trees.escalated() => {
             eprintln!("NODE-TREE-001: supervisor {tree:?} gave up: {e}");
             5

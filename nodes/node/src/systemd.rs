@@ -18,6 +18,11 @@ pub fn ready() {
     send(NotifyState::Ready);
 }
 
+/// Feeds systemd's watchdog once.
+pub fn watchdog() {
+    send(NotifyState::Watchdog);
+}
+
 /// Tells systemd the node is stopping.
 pub fn stopping() {
     send(NotifyState::Stopping);

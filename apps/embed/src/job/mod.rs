@@ -122,7 +122,7 @@ fn list(failures: &[(String, ActorStartError)]) -> String {
 /// batches are skipped, the rest are computed.
 pub async fn run(config: JobConfig) -> Result<Summary, JobError> {
     config.check()?;
-    match config.job.cluster.head {
+    match config.job.cluster.first_head() {
         None => local::run(config).await,
         Some(head) => cluster::run(config, head).await,
     }

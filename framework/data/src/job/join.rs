@@ -12,9 +12,11 @@ use flotilla::{NodeConfig, Resources};
 pub struct Join {
     /// Run on the cluster whose head listens here (the driver joins it and
     /// runs the job's actors on its workers); without it, the job runs in
-    /// this process.
-    #[arg(long)]
-    pub head: Option<SocketAddr>,
+    /// this process. With a head set, every head's address (repeat the
+    /// flag, or separate them with commas): the driver fails over to the
+    /// head that takes over.
+    #[arg(long, value_delimiter = ',')]
+    pub head: Vec<SocketAddr>,
     /// Folder with ca.crt and the driver's certificate (with --head).
     #[arg(long, default_value = "certs")]
     pub certs: PathBuf,
@@ -39,7 +41,7 @@ impl Default for Join {
     /// This process (no head), with the flags' defaults.
     fn default() -> Self {
         Self {
-            head: None,
+            head: Vec::new(),
             certs: PathBuf::from("certs"),
             name: "admin".to_owned(),
             listen: None,
@@ -50,13 +52,20 @@ impl Default for Join {
 }
 
 impl Join {
-    /// The driver's node for the cluster at `head`: offering no resources
+    /// The head dialled first, if the job runs on a cluster.
+    pub fn first_head(&self) -> Option<SocketAddr> {
+        self.head.first().copied()
+    }
+
+    /// The driver's node for the cluster at `head` (and the other heads
+    /// of its head set given in [`Join::head`]): offering no resources
     /// (other jobs must not place work on it), labelled `role=ROLE`.
     pub fn node_config(&self, head: SocketAddr, role: &str) -> NodeConfig {
         let listen = self
             .listen
             .unwrap_or_else(|| flotilla::config::route_to(head));
         let mut config = NodeConfig::new(self.name.clone(), listen, self.certs.clone()).join(head);
+        config.standby_heads = self.head.iter().copied().filter(|a| *a != head).collect();
         config.resources = Some(Resources::default());
         config.labels.insert("role".to_owned(), role.to_owned());
         config.cookie = self.cookie.clone();
