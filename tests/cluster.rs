@@ -1293,3 +1293,66 @@ fn placement_groups_survive_the_heads_sigkill_and_restart() {
         drop(head);
     });
 }
+
+/// Clause "head: a standby answers nobody": a head of a head set whose
+/// lease store cannot be reached waits as a standby (`/metrics` says so,
+/// `node status` gets no answer from it) and stops cleanly on SIGTERM; a
+/// lease store URL that names no store stops the head at start with exit
+/// code 2, naming it.
+#[test]
+fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
+    let s = Scratch::new("standby-unreachable", NODE);
+    s.issue("head");
+    let metrics = flotilla_testkit::ca::free_tcp_addr();
+    let closed = flotilla_testkit::ca::free_tcp_addr();
+    let endpoint = format!("http://{closed}");
+    let env = [
+        ("AWS_ENDPOINT", endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let addr = free_addr();
+    let metrics_flag = metrics.to_string();
+    let mut standby = s.spawn_env(
+        "head",
+        "head",
+        addr,
+        None,
+        &s.certs(),
+        &[
+            "--lease-store",
+            "s3://heads/set",
+            "--metrics-listen",
+            &metrics_flag,
+        ],
+        &env,
+    );
+    eventually(Duration::from_secs(20), || {
+        let scraped = scrape(metrics)?;
+        (gauge(&scraped, "flotilla_head_role{role=\"standby\"}")? == 1.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let scraped = scrape(metrics).unwrap();
+    assert_ne!(
+        gauge(&scraped, "flotilla_head_role{role=\"primary\"}"),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert!(s.status(addr).is_none(), "a standby answers nobody");
+    assert!(s.log("head").contains("NODE-LEASE-001"), "{}", s.log("head"));
+    standby.signal("-TERM");
+    assert_eq!(standby.exit_within(Duration::from_secs(10)).code(), Some(0));
+
+    let mut bad = s.spawn_with(
+        "head",
+        "head",
+        free_addr(),
+        None,
+        &s.certs(),
+        &["--lease-store", "nope://heads/set"],
+    );
+    assert_eq!(bad.exit_within(Duration::from_secs(10)).code(), Some(2));
+    assert!(s.log("head").contains("NODE-LEASE-006"), "{}", s.log("head"));
+}

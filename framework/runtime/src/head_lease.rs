@@ -179,6 +179,16 @@ impl LeaseGuard {
                 .is_some_and(|until| Instant::now() < until)
     }
 
+    /// How long the lease stays valid from now without another renewal
+    /// (`None`: not held).
+    pub fn remaining(&self) -> Option<Duration> {
+        if self.lost.is_cancelled() {
+            return None;
+        }
+        let until = (*self.valid_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+        until.checked_duration_since(Instant::now())
+    }
+
     /// Completes once the lease is lost (never, while it is held).
     pub async fn lost(&self) {
         self.lost.cancelled().await

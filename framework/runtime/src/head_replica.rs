@@ -90,9 +90,12 @@ impl HeadReplica {
     where
         F: std::future::Future<Output = object_store::Result<()>> + Send,
     {
-        if !self.guard.holds() {
+        // A write may take only what is left of the lease's validity: one
+        // that could land after a standby took over is not made.
+        let Some(left) = self.guard.remaining().filter(|d| !d.is_zero()) else {
             return Err("this head does not hold the lease".into());
-        }
+        };
+        let within = left.min(WRITE_WITHIN);
         let Some(runtime) = &self.runtime else {
             return Err("the replica is closed".into());
         };
@@ -100,9 +103,9 @@ impl HeadReplica {
         std::thread::scope(|s| {
             s.spawn(|| {
                 handle.block_on(async {
-                    match tokio::time::timeout(WRITE_WITHIN, fut).await {
+                    match tokio::time::timeout(within, fut).await {
                         Ok(done) => done.map_err(|e| e.to_string()),
-                        Err(_) => Err(format!("no answer within {WRITE_WITHIN:?}")),
+                        Err(_) => Err(format!("no answer within {within:?}")),
                     }
                 })
             })
@@ -157,6 +160,38 @@ pub enum RestoreError {
     /// The local store could not be written, or an entry is not readable.
     #[error("NODE-LEASE-005: {0}")]
     Store(#[from] HeadStoreError),
+}
+
+/// Whether the head set's state under `prefix` holds no entry at all.
+pub async fn is_empty(store: &Arc<dyn ObjectStore>, prefix: &Path) -> Result<bool, RestoreError> {
+    let folder = prefix.clone().join(STATE);
+    match store.list(Some(&folder)).next().await {
+        None => Ok(true),
+        Some(Ok(_)) => Ok(false),
+        Some(Err(e)) => Err(RestoreError::Read {
+            prefix: prefix.to_string(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Writes every entry of the head store in `dir` to `replica`: the first
+/// primary of a new head set starts from the state its directory held
+/// (a single head made one of a set keeps its jobs and groups).
+pub fn seed(dir: &std::path::Path, replica: HeadReplica) -> Result<Restored, RestoreError> {
+    let local = HeadStore::open_in(dir)?;
+    let (jobs, groups) = (local.load_jobs()?, local.load_groups()?);
+    let local = local.with_replica(replica);
+    for job in &jobs {
+        local.put_job(job)?;
+    }
+    for group in &groups {
+        local.put_group(group)?;
+    }
+    Ok(Restored {
+        jobs: jobs.len(),
+        groups: groups.len(),
+    })
 }
 
 /// Replaces the head store in `dir` with the state under `prefix` of
@@ -282,6 +317,45 @@ mod tests {
         assert!(e.to_string().contains("does not hold the lease"), "{e}");
         let listed: Vec<_> = mem.list(None).collect().await;
         assert!(listed.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_first_primary_of_a_new_set_seeds_it_from_its_own_directory() {
+        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let prefix = Path::from("heads");
+        let held = acquire(
+            LeaseStore::new(Arc::clone(&mem), &prefix),
+            Candidate {
+                holder: "head".into(),
+                address: "127.0.0.1:1".into(),
+                incarnation: 1,
+            },
+            LeaseConfig {
+                duration: Duration::from_secs(4),
+            },
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let single = scratch("single");
+        HeadStore::open_in(&single)
+            .unwrap()
+            .put_job(&job(3))
+            .unwrap();
+        assert!(is_empty(&mem, &prefix).await.unwrap());
+        let replica = HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard).unwrap();
+        let seeded = tokio::task::spawn_blocking(move || seed(&single, replica))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seeded, Restored { jobs: 1, groups: 0 });
+        assert!(!is_empty(&mem, &prefix).await.unwrap());
+        let standby = scratch("seeded-standby");
+        restore(&mem, &prefix, &standby).await.unwrap();
+        assert_eq!(
+            HeadStore::open_in(&standby).unwrap().load_jobs().unwrap(),
+            [job(3)]
+        );
     }
 
     #[tokio::test]

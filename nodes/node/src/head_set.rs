@@ -95,15 +95,39 @@ pub async fn take_lease(
     else {
         return Ok(None);
     };
-    let restored = flotilla::head_replica::restore(&store, &prefix, config.state_folder()).await?;
-    tracing::info!(
-        term = held.term,
-        former = ?held.former.as_ref().map(|f| format!("{} at {}", f.holder, f.address)),
-        jobs = restored.jobs,
-        groups = restored.groups,
-        waited = ?started.elapsed(),
-        "took the head lease: starting as the primary from the set's state"
-    );
+    let dir = config.state_folder();
+    let new_set =
+        held.former.is_none() && flotilla::head_replica::is_empty(&store, &prefix).await?;
+    if new_set {
+        // The set's first primary: its own directory's state is the set's.
+        let seeding = HeadReplica::new(
+            std::sync::Arc::clone(&store),
+            prefix.clone(),
+            held.guard.clone(),
+        )
+        .map_err(HeadSetError::Mirror)?;
+        let dir = dir.to_path_buf();
+        let seeded =
+            tokio::task::spawn_blocking(move || flotilla::head_replica::seed(&dir, seeding))
+                .await
+                .map_err(|e| HeadSetError::Mirror(std::io::Error::other(e.to_string())))??;
+        tracing::info!(
+            term = held.term,
+            jobs = seeded.jobs,
+            groups = seeded.groups,
+            "took the new head set's lease: starting as its primary from this head's state"
+        );
+    } else {
+        let restored = flotilla::head_replica::restore(&store, &prefix, dir).await?;
+        tracing::info!(
+            term = held.term,
+            former = ?held.former.as_ref().map(|f| format!("{} at {}", f.holder, f.address)),
+            jobs = restored.jobs,
+            groups = restored.groups,
+            waited = ?started.elapsed(),
+            "took the head lease: starting as the primary from the set's state"
+        );
+    }
     let mirror =
         HeadReplica::new(store, prefix, held.guard.clone()).map_err(HeadSetError::Mirror)?;
     Ok(Some(Leased {

@@ -1034,4 +1034,65 @@ mod tests {
         a.down_after_ms = Some(500);
         assert!(matches!(node_config(a, true), Err(ConfigError::Invalid(_))));
     }
+
+    #[test]
+    fn a_member_of_a_head_set_lists_every_head_in_flags_or_the_file() {
+        let (a1, a2): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:7420".parse().unwrap(),
+            "127.0.0.1:7520".parse().unwrap(),
+        );
+        let mut a = args();
+        a.head = vec![a1, a2];
+        let c = node_config(a, true).unwrap().config;
+        assert_eq!((c.head, c.standby_heads), (Some(a1), vec![a2]));
+        let path =
+            std::env::temp_dir().join(format!("flotilla-node-set-{}.toml", std::process::id()));
+        std::fs::write(&path, "head = [\"127.0.0.1:7520\", \"127.0.0.1:7420\"]\n").unwrap();
+        let mut a = args();
+        a.head = Vec::new();
+        a.config = Some(path.clone());
+        let c = node_config(a, true).unwrap().config;
+        assert_eq!((c.head, c.standby_heads), (Some(a2), vec![a1]));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_head_sets_lease_is_a_heads_url_and_defaults_to_the_down_threshold() {
+        let head = || {
+            let mut a = args();
+            a.head = Vec::new();
+            a.down_after_ms = Some(4000);
+            a
+        };
+        let mut a = head();
+        a.lease_store = Some("s3://bucket/heads".into());
+        assert_eq!(
+            node_config(a, false).unwrap().lease,
+            Some(LeaseSettings {
+                url: "s3://bucket/heads".into(),
+                duration: Duration::from_secs(4),
+            })
+        );
+        let mut a = head();
+        a.lease_store = Some("/srv/heads".into());
+        let e = node_config(a, false).unwrap_err();
+        assert!(e.to_string().contains("not an object-store URL"), "{e}");
+        let mut a = head();
+        a.lease_ms = Some(3000);
+        assert!(matches!(
+            node_config(a, false),
+            Err(ConfigError::Invalid(_))
+        ));
+        let mut a = args();
+        a.lease_store = Some("s3://bucket/heads".into());
+        let e = node_config(a, true).unwrap_err();
+        assert!(e.to_string().contains("head's setting"), "{e}");
+        let mut a = head();
+        a.lease_store = Some("s3://bucket/heads".into());
+        a.lease_ms = Some(50);
+        assert!(matches!(
+            node_config(a, false),
+            Err(ConfigError::Invalid(_))
+        ));
+    }
 }

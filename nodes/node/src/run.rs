@@ -320,7 +320,12 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
                 }
                 Err(e) => {
                     eprintln!("{e}");
-                    return ExitCode::from(3);
+                    // A URL that names no store is configuration.
+                    let code = match e {
+                        crate::head_set::HeadSetError::Store { .. } => 2,
+                        _ => 3,
+                    };
+                    return ExitCode::from(code);
                 }
             }
         }
