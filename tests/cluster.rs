@@ -1341,7 +1341,11 @@ fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
         "{scraped}"
     );
     assert!(s.status(addr).is_none(), "a standby answers nobody");
-    assert!(s.log("head").contains("NODE-LEASE-001"), "{}", s.log("head"));
+    assert!(
+        s.log("head").contains("NODE-LEASE-001"),
+        "{}",
+        s.log("head")
+    );
     standby.signal("-TERM");
     assert_eq!(standby.exit_within(Duration::from_secs(10)).code(), Some(0));
 
@@ -1354,5 +1358,9 @@ fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
         &["--lease-store", "nope://heads/set"],
     );
     assert_eq!(bad.exit_within(Duration::from_secs(10)).code(), Some(2));
-    assert!(s.log("head").contains("NODE-LEASE-006"), "{}", s.log("head"));
+    assert!(
+        s.log("head").contains("NODE-LEASE-006"),
+        "{}",
+        s.log("head")
+    );
 }

@@ -1147,44 +1147,6 @@ fn unreadable_result_objects_are_failed_attempts_and_the_job_ends() {
     assert_exactly_once(&out, &ids);
 }
 
-/// One head of a head set: `node head` named `head` (every head of the
-/// set runs the head's certificate) at `listen`, its state in
-/// `DIR/TAG-state`, metrics at `metrics`, the lease (3 s) and the state
-/// beside it in `s3://embeds/heads` on `server`; logs to `DIR/TAG.log`.
-fn head_of_set(
-    s: &Scratch,
-    tag: &str,
-    listen: std::net::SocketAddr,
-    metrics: std::net::SocketAddr,
-    server: &S3Server,
-) -> Proc {
-    let state = s.dir.join(format!("{tag}-state"));
-    std::fs::create_dir_all(&state).unwrap();
-    let log = std::fs::File::create(s.dir.join(format!("{tag}.log"))).unwrap();
-    let child = Command::new(NODE)
-        .envs(server.env())
-        .args(["head", "--name", "head", "--listen", &listen.to_string()])
-        .args(["--certs", s.certs().to_str().unwrap()])
-        .args(["--state-dir", state.to_str().unwrap()])
-        .args(["--metrics-listen", &metrics.to_string()])
-        .args(["--lease-store", "s3://embeds/heads", "--lease-ms", "3000"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Proc {
-        child,
-        name: "head".into(),
-        addr: listen,
-    }
-}
-
-/// `flotilla_head_role{role="primary"}` of the head serving metrics at
-/// `metrics` (`None`: it does not answer).
-fn primary(metrics: std::net::SocketAddr) -> Option<f64> {
-    gauge(&scrape(metrics)?, "flotilla_head_role{role=\"primary\"}")
-}
-
 /// Clause "head: a standby takes over": two heads share a lease on an S3
 /// store; the primary is killed with SIGKILL mid attached and mid detached
 /// job. The standby takes over by itself, the workers and the attached
@@ -1195,21 +1157,22 @@ fn primary(metrics: std::net::SocketAddr) -> Option<f64> {
 #[test]
 fn both_jobs_complete_exactly_once_through_the_primarys_sigkill_with_a_standby() {
     let s = Scratch::new("embed-standby", NODE);
-    let server = S3Server::start();
+    let server = s3_server();
     let (a_addr, b_addr) = (free_addr(), free_addr());
     let (a_metrics, b_metrics) = (
         flotilla_testkit::ca::free_tcp_addr(),
         flotilla_testkit::ca::free_tcp_addr(),
     );
     let heads = format!("{a_addr},{b_addr}");
-    let mut a = head_of_set(&s, "head-a", a_addr, a_metrics, &server);
+    let env = server.env();
+    let lease = "s3://embeds/heads";
+    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, lease, 3000, &env);
     eventually(Duration::from_secs(30), || {
-        (primary(a_metrics)? == 1.0).then_some(())
+        (head_role(a_metrics, "primary")? == 1.0).then_some(())
     });
-    let b = head_of_set(&s, "head-b", b_addr, b_metrics, &server);
+    let b = s.spawn_head_of_set("head-b", b_addr, b_metrics, lease, 3000, &env);
     eventually(Duration::from_secs(30), || {
-        let scraped = scrape(b_metrics)?;
-        (gauge(&scraped, "flotilla_head_role{role=\"standby\"}")? == 1.0).then_some(())
+        (head_role(b_metrics, "standby")? == 1.0).then_some(())
     });
 
     // Both heads' roles, sampled every 50 ms from here to the end: never
@@ -1220,7 +1183,10 @@ fn both_jobs_complete_exactly_once_through_the_primarys_sigkill_with_a_standby()
         std::thread::spawn(move || {
             let (mut both, mut b_primary_at) = (0u32, None);
             while watching.load(std::sync::atomic::Ordering::Relaxed) {
-                let (pa, pb) = (primary(a_metrics), primary(b_metrics));
+                let (pa, pb) = (
+                    head_role(a_metrics, "primary"),
+                    head_role(b_metrics, "primary"),
+                );
                 if pa == Some(1.0) && pb == Some(1.0) {
                     both += 1;
                 }
@@ -1234,34 +1200,7 @@ fn both_jobs_complete_exactly_once_through_the_primarys_sigkill_with_a_standby()
     };
 
     // Workers and drivers are given both heads.
-    let scratch = s.dir.canonicalize().unwrap();
-    let model_dir = model().canonicalize().unwrap();
-    let _workers: Vec<Proc> = ["r1", "r2"]
-        .iter()
-        .map(|w| {
-            s.issue(w);
-            s.spawn_with(
-                "join",
-                w,
-                free_addr(),
-                None,
-                &s.certs(),
-                &[
-                    "--head",
-                    &heads,
-                    "--resource",
-                    "cpu=2",
-                    "--allow-path",
-                    scratch.to_str().unwrap(),
-                    "--allow-path",
-                    model_dir.to_str().unwrap(),
-                ],
-            )
-        })
-        .collect();
-    eventually(Duration::from_secs(60), || {
-        s.status(a_addr).filter(|st| all_up(st, &["r1", "r2"]))
-    });
+    let _workers = s.spawn_set_workers(&["r1", "r2"], &heads, &[&s.dir, &model()]);
     let (input, ids) = corpus(&s.dir, 3000);
     let detached_out = s.dir.join("out-detached");
     let submit = driver(

@@ -6,8 +6,8 @@ use std::process::Command;
 mod common;
 
 use common::{
-    S3Server, assert_exactly_once, cosine, model, parts, pyarrow_dataset, read_output, root,
-    scratch,
+    assert_exactly_once, cosine, model, parts, pyarrow_dataset, read_output, root, s3_put,
+    s3_server, scratch,
 };
 
 const NODE: &str = env!("CARGO_BIN_EXE_node");
@@ -246,7 +246,7 @@ fn parquet_input_and_output_round_trip() {
 /// malformed line reported with its shard; a glob URL takes what it matches.
 #[test]
 fn s3_input_shards_are_read_through_the_object_store() {
-    let server = S3Server::start();
+    let server = s3_server();
     let dir = scratch("s3-in");
     let local = dir.join("in");
     let ids = jsonl_shards(&local);
@@ -257,7 +257,8 @@ fn s3_input_shards_are_read_through_the_object_store() {
         "_SUCCESS",
         "notes.txt",
     ] {
-        server.put(
+        s3_put(
+            &server,
             &format!("corpus/{name}"),
             std::fs::read(local.join(name)).unwrap(),
         );
@@ -286,7 +287,7 @@ fn s3_input_shards_are_read_through_the_object_store() {
 /// land in the bucket, and a rerun finds every batch done there.
 #[test]
 fn s3_output_is_written_and_resumed() {
-    let server = S3Server::start();
+    let server = s3_server();
     let input = root().join("examples/data/sample.jsonl");
     let env = server.env();
     let run = || {

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 #[allow(unused_imports)]
 pub use flotilla_testkit::cluster::*;
+pub use flotilla_testkit::s3::S3Server;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -219,102 +220,27 @@ pub fn embed_on_cluster(
         ]);
 }
 
-/// An S3-compatible server on 127.0.0.1 (moto's, from
-/// `scripts/fetch-test-tools`), stopped when dropped.
-pub struct S3Server {
-    child: std::process::Child,
-    /// Its port on 127.0.0.1.
-    pub port: u16,
+/// An S3-compatible server (`scripts/fetch-test-tools`' moto), started.
+pub fn s3_server() -> S3Server {
+    S3Server::start(&test_tool("FLOTILLA_S3_SERVER", "moto_server"))
 }
 
-impl S3Server {
-    pub fn start() -> Self {
-        let path = test_tool("FLOTILLA_S3_SERVER", "moto_server");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(path)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let server = Self { child, port };
-        // Up when it answers; then the bucket.
-        let start = std::time::Instant::now();
-        while server
-            .request("PUT", "/embeds")
-            .is_none_or(|status| !status.contains(" 200"))
-        {
-            assert!(
-                start.elapsed().as_secs() < 30,
-                "S3 test server did not start"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        server
-    }
-
-    /// One plain HTTP request; the status line, if any answer came.
-    pub fn request(&self, method: &str, path: &str) -> Option<String> {
-        self.response(method, path)
-            .and_then(|r| r.lines().next().map(str::to_owned))
-    }
-
-    /// One plain HTTP request; the whole response, if any came.
-    pub fn response(&self, method: &str, path: &str) -> Option<String> {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.port
-        )
-        .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        Some(out)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl S3Server {
-    /// The environment `node embed` reads the server's settings from.
-    pub fn env(&self) -> [(&'static str, String); 5] {
-        [
-            ("AWS_ENDPOINT", format!("http://127.0.0.1:{}", self.port)),
-            ("AWS_ALLOW_HTTP", "true".into()),
-            ("AWS_ACCESS_KEY_ID", "test".into()),
-            ("AWS_SECRET_ACCESS_KEY", "test".into()),
-            ("AWS_REGION", "us-east-1".into()),
-        ]
-    }
-
-    /// Uploads `bytes` as `key` of the `embeds` bucket.
-    pub fn put(&self, key: &str, bytes: Vec<u8>) {
-        use object_store::ObjectStoreExt;
-        let store = object_store::aws::AmazonS3Builder::new()
-            .with_bucket_name("embeds")
-            .with_endpoint(format!("http://127.0.0.1:{}", self.port))
-            .with_allow_http(true)
-            .with_access_key_id("test")
-            .with_secret_access_key("test")
-            .with_region("us-east-1")
-            .build()
-            .unwrap();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(store.put(&key.into(), bytes.into()))
-            .unwrap();
-    }
+/// Uploads `bytes` as `key` of the server's bucket.
+pub fn s3_put(server: &S3Server, key: &str, bytes: Vec<u8>) {
+    use object_store::ObjectStoreExt;
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(flotilla_testkit::s3::BUCKET)
+        .with_endpoint(format!("http://127.0.0.1:{}", server.port))
+        .with_allow_http(true)
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .with_region("us-east-1")
+        .build()
+        .unwrap();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(store.put(&key.into(), bytes.into()))
+        .unwrap();
 }

@@ -12,6 +12,12 @@
 //! writing the same bytes to a file of their own and `fsync`ing it, the
 //! least a durable change costs. Prints p50, p99 and the mean per change;
 //! the last line reads `job store: p50 … ms per change (…)`.
+//!
+//! With `--mirror URL` (an object store, as a head set's `--lease-store`;
+//! S3 settings from the `AWS_*` environment) the store is also a head
+//! set's primary's: it takes the lease there, and each change is written
+//! to the mirror too before it counts, as the primary makes it; the same
+//! run measures the store without the mirror first.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,6 +37,9 @@ struct Args {
     /// Changes of each kind.
     #[arg(long, default_value_t = 500)]
     changes: u64,
+    /// Mirror each change to this object store, as a head set's primary.
+    #[arg(long)]
+    mirror: Option<String>,
 }
 
 /// A job as the head stores one: a detached embed job's arguments are
@@ -85,23 +94,35 @@ fn main() -> anyhow::Result<()> {
     let store = HeadStore::open_in(&dir)?;
     let n = args.changes;
 
-    let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
-    let mut submit = Vec::new();
-    for seq in 1..=n {
-        submit.push(timed(|| Ok(store.put_job(&job(seq, 0))?))?);
-    }
-    rows.push(("submission (new entry)", submit));
-    let mut update = Vec::new();
-    for seq in 1..=n {
-        update.push(timed(|| Ok(store.put_job(&job(seq, 64 * seq))?))?);
-    }
-    rows.push(("change of state (entry replaced)", update));
-    let mut remove = Vec::new();
-    for seq in 1..=n {
-        remove.push(timed(|| Ok(store.remove_job(seq)?))?);
-    }
-    rows.push(("forgotten (entry removed)", remove));
+    let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
+    changes(&store, n, "", &mut rows)?;
     let size = std::fs::metadata(store.path())?.len();
+    drop(store);
+    // The lease is renewed on this runtime while the mirror is measured.
+    let runtime = tokio::runtime::Runtime::new()?;
+    if let Some(url) = &args.mirror {
+        let (objects, prefix) =
+            flotilla::object_url::open_url(url).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        let held = runtime
+            .block_on(flotilla::head_lease::acquire(
+                flotilla::head_lease::LeaseStore::new(std::sync::Arc::clone(&objects), &prefix),
+                flotilla::head_lease::Candidate {
+                    holder: "bench".into(),
+                    address: "127.0.0.1:1".into(),
+                    incarnation: 1,
+                },
+                flotilla_proto::lease::LeaseConfig {
+                    duration: std::time::Duration::from_secs(10),
+                },
+                Default::default(),
+            ))
+            .ok_or_else(|| anyhow::anyhow!("the lease at {url} was not taken"))?;
+        let mirror = flotilla::head_replica::HeadReplica::new(objects, prefix, held.guard)?;
+        let mirrored_dir = dir.join("mirrored");
+        std::fs::create_dir_all(&mirrored_dir)?;
+        let mirrored = HeadStore::open_in(&mirrored_dir)?.with_replica(mirror);
+        changes(&mirrored, n, ", mirrored", &mut rows)?;
+    }
 
     // Baseline: the same bytes to a file of their own, fsync'd.
     let bytes = flotilla::rkyv::to_bytes::<flotilla::rkyv::rancor::Error>(&job(1, 64))?;
@@ -115,7 +136,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         })?);
     }
-    rows.push(("baseline: same bytes to a file, fsync", baseline));
+    rows.push(("baseline: same bytes to a file, fsync".into(), baseline));
 
     println!(
         "job store: {n} changes of each kind, {} bytes a job, store file {} KiB, in {}\n",
@@ -131,15 +152,50 @@ fn main() -> anyhow::Result<()> {
         println!("| {what} | {p50:.3} | {p99:.3} | {mean:.3} |");
         results.push(p50);
     }
-    drop(store);
     std::fs::remove_dir_all(&dir)?;
+    let fsync = results[results.len() - 1];
     println!(
-        "job store: p50 {:.3} ms per change (submission {:.3}, update {:.3}, removal {:.3}; fsync'd file write {:.3})",
+        "job store: p50 {:.3} ms per change (submission {:.3}, update {:.3}, removal {:.3}; fsync'd file write {fsync:.3})",
         results[..3].iter().sum::<f64>() / 3.0,
         results[0],
         results[1],
         results[2],
-        results[3]
     );
+    if args.mirror.is_some() {
+        println!(
+            "job store, mirrored: p50 {:.3} ms per change (submission {:.3}, update {:.3}, removal {:.3})",
+            results[3..6].iter().sum::<f64>() / 3.0,
+            results[3],
+            results[4],
+            results[5],
+        );
+    }
+    drop(runtime);
+    Ok(())
+}
+
+/// `n` submissions, updates and removals on `store`, each timed, as rows
+/// of `rows` (their names followed by `suffix`).
+fn changes(
+    store: &HeadStore,
+    n: u64,
+    suffix: &str,
+    rows: &mut Vec<(String, Vec<f64>)>,
+) -> anyhow::Result<()> {
+    let mut submit = Vec::new();
+    for seq in 1..=n {
+        submit.push(timed(|| Ok(store.put_job(&job(seq, 0))?))?);
+    }
+    rows.push((format!("submission (new entry){suffix}"), submit));
+    let mut update = Vec::new();
+    for seq in 1..=n {
+        update.push(timed(|| Ok(store.put_job(&job(seq, 64 * seq))?))?);
+    }
+    rows.push((format!("change of state (entry replaced){suffix}"), update));
+    let mut remove = Vec::new();
+    for seq in 1..=n {
+        remove.push(timed(|| Ok(store.remove_job(seq)?))?);
+    }
+    rows.push((format!("forgotten (entry removed){suffix}"), remove));
     Ok(())
 }

@@ -25,7 +25,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::head_lease::LeaseGuard;
-use crate::head_store::{HeadStore, HeadStoreError};
+use crate::head_store::{HeadStore, HeadStoreError, Mirror};
 
 /// How long one replica write may take before the change is refused.
 const WRITE_WITHIN: Duration = Duration::from_secs(5);
@@ -113,9 +113,11 @@ impl HeadReplica {
             .unwrap_or_else(|_| Err("the replica's writer panicked".into()))
         })
     }
+}
 
+impl Mirror for HeadReplica {
     /// Writes `bytes` as `key` of `table`.
-    pub(crate) fn put(&self, table: &str, key: &str, bytes: &[u8]) -> Result<(), String> {
+    fn put(&self, table: &str, key: &str, bytes: &[u8]) -> Result<(), String> {
         let path = entry(&self.prefix, table, key);
         let payload = bytes.to_vec();
         self.block(async move {
@@ -125,7 +127,7 @@ impl HeadReplica {
     }
 
     /// Removes `key` of `table` (gone already is fine).
-    pub(crate) fn remove(&self, table: &str, key: &str) -> Result<(), String> {
+    fn remove(&self, table: &str, key: &str) -> Result<(), String> {
         let path = entry(&self.prefix, table, key);
         self.block(async move {
             match self.store.delete(&path).await {

@@ -62,13 +62,22 @@ pub enum HeadStoreError {
     },
 }
 
+/// Where a store's committed changes are written too (a head set's
+/// primary mirrors them beside its lease: [`crate::head_replica`]).
+pub trait Mirror: Send + Sync {
+    /// Writes `bytes` as `key` of `table` (`jobs`, `groups`).
+    fn put(&self, table: &str, key: &str, bytes: &[u8]) -> Result<(), String>;
+    /// Removes `key` of `table`.
+    fn remove(&self, table: &str, key: &str) -> Result<(), String>;
+}
+
 /// The head's control state on disk. Shared by the services that write
 /// it (each write is its own transaction).
 pub struct HeadStore {
     db: redb::Database,
     path: PathBuf,
     /// Where each change is mirrored for standby heads, if anywhere.
-    replica: Option<crate::head_replica::HeadReplica>,
+    replica: Option<Box<dyn Mirror>>,
 }
 
 impl std::fmt::Debug for HeadStore {
@@ -118,8 +127,8 @@ impl HeadStore {
 
     /// Mirrors every change, once committed here, to `replica` (a change
     /// the replica refuses is an error, as one the file refuses is).
-    pub fn with_replica(mut self, replica: crate::head_replica::HeadReplica) -> Self {
-        self.replica = Some(replica);
+    pub fn with_replica(mut self, replica: impl Mirror + 'static) -> Self {
+        self.replica = Some(Box::new(replica));
         self
     }
 

@@ -164,6 +164,71 @@ impl Scratch {
         }
     }
 
+    /// Starts workers `names` given the heads `heads` (`ADDR,ADDR…`),
+    /// each declaring `--resource cpu=2` and allowing detached jobs under
+    /// `allow` (this folder and the model, say), and waits until the
+    /// head at the first address sees them all up.
+    pub fn spawn_set_workers(&self, names: &[&str], heads: &str, allow: &[&Path]) -> Vec<Proc> {
+        let mut flags = vec!["--head".to_owned(), heads.to_owned()];
+        flags.extend(["--resource".to_owned(), "cpu=2".to_owned()]);
+        for root in allow {
+            let root = root.canonicalize().unwrap();
+            flags.extend([
+                "--allow-path".to_owned(),
+                root.to_string_lossy().into_owned(),
+            ]);
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let workers = names
+            .iter()
+            .map(|w| {
+                self.issue(w);
+                self.spawn_with("join", w, free_addr(), None, &self.certs(), &flags)
+            })
+            .collect();
+        let first: SocketAddr = heads.split(',').next().unwrap().parse().unwrap();
+        eventually(Duration::from_secs(60), || {
+            self.status(first).filter(|st| all_up(st, names))
+        });
+        workers
+    }
+
+    /// Starts one head of a head set: `node head` named `head` (every head
+    /// of a set runs the head's certificate) at `listen`, its state in
+    /// `DIR/TAG-state`, its metrics at `metrics`, sharing the lease at
+    /// `lease` (standing `lease_ms` unrenewed) with the others; `env` holds
+    /// the lease store's settings. Logs go to `DIR/TAG.log`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn_head_of_set(
+        &self,
+        tag: &str,
+        listen: SocketAddr,
+        metrics: SocketAddr,
+        lease: &str,
+        lease_ms: u64,
+        env: &[(&str, String)],
+    ) -> Proc {
+        let state = self.dir.join(format!("{tag}-state"));
+        std::fs::create_dir_all(&state).unwrap();
+        let log = std::fs::File::create(self.dir.join(format!("{tag}.log"))).unwrap();
+        let child = Command::new(&self.binary)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .args(["head", "--name", "head", "--listen", &listen.to_string()])
+            .args(["--certs", self.certs().to_str().unwrap()])
+            .args(["--state-dir", state.to_str().unwrap()])
+            .args(["--metrics-listen", &metrics.to_string()])
+            .args(["--lease-store", lease, "--lease-ms", &lease_ms.to_string()])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Proc {
+            child,
+            name: "head".into(),
+            addr: listen,
+        }
+    }
+
     /// Starts `node ROLE` for `name` (issuing its certificate when the
     /// folder has none) with `--metrics-listen` on a free port and `extra`
     /// flags; the process and where its metrics are served.
@@ -385,6 +450,15 @@ pub fn gauge(scrape: &str, series: &str) -> Option<f64> {
             .parse::<f64>()
             .ok()
     })
+}
+
+/// `flotilla_head_role{role="ROLE"}` of the head serving metrics at
+/// `metrics` (`None`: it does not answer, or has not reported the role).
+pub fn head_role(metrics: SocketAddr, role: &str) -> Option<f64> {
+    gauge(
+        &scrape(metrics)?,
+        &format!("flotilla_head_role{{role=\"{role}\"}}"),
+    )
 }
 
 /// The entry of node `name` in a status document.

@@ -7,6 +7,7 @@
 //! probe    echo and relay actors (the `test-node` binary registers them)
 //! corpus   a synthetic English-like corpus, the same on every machine
 //! rng      a seeded generator, the same on every machine
+//! s3       an S3-compatible server on loopback, for leases and object-store data
 //! sim      the control plane's proto machines on a virtual clock, with faults
 //! units    systemd units: their settings, example configuration, and the sandbox they describe
 //! ```
@@ -17,5 +18,6 @@ pub mod corpus;
 pub mod netns;
 pub mod probe;
 pub mod rng;
+pub mod s3;
 pub mod sim;
 pub mod units;
