@@ -281,12 +281,18 @@ impl NodeBuilder {
         let tls = flotilla_transport::tls::server_tls(&certs)?;
         // A connection silent for as long as a member takes to be marked
         // down is closed: a member notices a head killed outright (and
-        // fails over to the next of a head set) within the same time.
+        // fails over to the next of a head set) within the same time. A
+        // handshake is given up before its connection could idle out, so
+        // that it is counted as the timeout it is.
+        let idle_timeout = config
+            .detector
+            .down_after
+            .clamp(IDLE_AT_LEAST, Tuning::default().idle_timeout);
         let tuning = Tuning {
-            idle_timeout: config
-                .detector
-                .down_after
-                .clamp(IDLE_AT_LEAST, Tuning::default().idle_timeout),
+            idle_timeout,
+            handshake_timeout: Tuning::default()
+                .handshake_timeout
+                .min(idle_timeout * 3 / 4),
             ..Tuning::default()
         };
         let endpoint = Endpoint::bind(config.listen, certs.clone(), &tuning)?;
