@@ -130,6 +130,7 @@ fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() 
     std::fs::write(&corpus, rows.join("\n")).unwrap();
     let job = |out: &str| BatchJob {
         input: corpus.to_string_lossy().into_owned(),
+        resolved: None,
         fields: Fields::new("id", "text"),
         output: s.dir.join(out).to_string_lossy().into_owned(),
         manifest: "stats".to_owned(),

@@ -77,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
     let out = dir.join("out");
     let job = BatchJob {
         input: corpus.to_string_lossy().into_owned(),
+        resolved: None,
         fields: Fields::new("id", "text"),
         output: out.to_string_lossy().into_owned(),
         manifest: serde_json::json!({"job": "text-stats", "min_word_len": 3}).to_string(),

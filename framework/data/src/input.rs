@@ -399,12 +399,18 @@ impl Input {
         Ok((shards, store))
     }
 
-    /// [`Input::scan`] of the input `spec` names, resolved first, on a
-    /// thread where blocking reads are allowed.
-    pub async fn resolve_and_scan(spec: &str, hash: bool) -> Result<Scan, InputError> {
-        let input = Self::resolve(spec).await?;
-        match tokio::task::spawn_blocking(move || input.scan(hash)).await {
-            Ok(scan) => scan,
+    /// The input `spec` names, resolved, and its [`Input::scan`] (on a
+    /// thread where blocking reads are allowed). Give the input to the job
+    /// ([`crate::BatchJob::resolved`]): it then reads exactly the shards
+    /// whose fingerprint the scan took, resolved once.
+    pub async fn resolve_and_scan(
+        spec: &str,
+        hash: bool,
+    ) -> Result<(std::sync::Arc<Self>, Scan), InputError> {
+        let input = std::sync::Arc::new(Self::resolve(spec).await?);
+        let scanned = std::sync::Arc::clone(&input);
+        match tokio::task::spawn_blocking(move || scanned.scan(hash)).await {
+            Ok(scan) => Ok((input, scan?)),
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
     }

@@ -230,7 +230,7 @@ pub(crate) async fn drive(
     let info = workers.info.clone();
     let info = &info;
     let settings = &config.job;
-    let scan = Input::resolve_and_scan(&settings.input, settings.job_id.is_none()).await?;
+    let (input, scan) = Input::resolve_and_scan(&settings.input, settings.job_id.is_none()).await?;
     let job_id = match &settings.job_id {
         Some(id) => id.clone(),
         None => job_id(config, &scan.digest.expect("hashed without a job id"), info),
@@ -251,6 +251,7 @@ pub(crate) async fn drive(
     };
     let job = BatchJob {
         input: settings.input.clone(),
+        resolved: Some(input),
         fields: settings.fields(),
         output: settings.output.clone(),
         manifest: manifest.clone(),

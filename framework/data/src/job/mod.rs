@@ -72,6 +72,11 @@ const LOOK_EVERY: Duration = Duration::from_millis(250);
 pub struct BatchJob<M> {
     /// The input: a file, folder or glob, local or an object-store URL.
     pub input: String,
+    /// The input already resolved from `input` (as
+    /// [`Input::resolve_and_scan`] gives it, with the scan a job id is
+    /// made from): the job reads those shards. `None`: `input` is
+    /// resolved when the job starts.
+    pub resolved: Option<Arc<Input>>,
     /// The fields (columns) read from it.
     pub fields: Fields,
     /// The output: a folder or an object-store URL.
@@ -474,6 +479,7 @@ impl<M: flotilla::ractor::Message> Members<M> {
 /// let (actor, _) = Actor::spawn(None, Lengths, ()).await?;
 /// let job = BatchJob {
 ///     input: dir.join("in.jsonl").to_string_lossy().into_owned(),
+///     resolved: None,
 ///     fields: Fields::new("id", "text"),
 ///     output: dir.join("out").to_string_lossy().into_owned(),
 ///     manifest: "lengths-v1".to_owned(),
@@ -520,7 +526,10 @@ where
     if pool.actors.is_empty() {
         return Err(BatchJobError::Setting("no actor to run the batches".into()));
     }
-    let input = Arc::new(Input::resolve(&job.input).await?);
+    let input = match job.resolved {
+        Some(input) => input,
+        None => Arc::new(Input::resolve(&job.input).await?),
+    };
     let source = Source::open(Arc::clone(&input), job.fields.clone())
         .await
         .map_err(|source| BatchJobError::Read {
@@ -768,6 +777,7 @@ mod tests {
         std::fs::write(dir.join("in.jsonl"), lines.join("\n")).unwrap();
         BatchJob {
             input: dir.join("in.jsonl").to_string_lossy().into_owned(),
+            resolved: None,
             fields: Fields::new("id", "text"),
             output: dir.join("out").to_string_lossy().into_owned(),
             manifest: "count".to_owned(),
