@@ -130,10 +130,15 @@ impl LeaseStore {
     async fn run(&self, op: LeaseOp) -> Answer {
         match op {
             LeaseOp::Read => {
-                let seen = tokio::time::timeout(REQUEST_WITHIN, self.read())
-                    .await
-                    .ok()
-                    .flatten();
+                let seen = match tokio::time::timeout(REQUEST_WITHIN, self.read()).await {
+                    Ok(seen) => seen,
+                    Err(_) => {
+                        tracing::warn!(
+                            "NODE-LEASE-001: the head lease could not be read within {REQUEST_WITHIN:?}"
+                        );
+                        None
+                    }
+                };
                 Answer::Read(seen)
             }
             LeaseOp::Create(record) => {
