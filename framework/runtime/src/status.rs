@@ -178,7 +178,7 @@ pub async fn query_jobs(
 /// failure.
 ///
 /// ```no_run
-/// # async fn demo(identity: flotilla_transport::Identity) -> Result<(), flotilla::StatusError> {
+/// # async fn demo(identity: flotilla_transport::Identity) -> Result<(), flotilla::status::StatusError> {
 /// let heads = ["10.0.0.1:7420".parse().unwrap(), "10.0.0.2:7420".parse().unwrap()];
 /// let (head, table) =
 ///     flotilla::status::first_answer(&heads, |a| flotilla::query_status(a, identity.clone()))
