@@ -487,6 +487,18 @@ mod tests {
         }
     }
 
+    /// A head that created the lease in `store` at `t0`, its event taken.
+    fn primary(store: &mut Store, t0: Instant, name: &str) -> HeadLease {
+        let mut head = lease(t0, name);
+        store.ask(&mut head, t0); // read: absent
+        store.ask(&mut head, t0); // create
+        assert_eq!(
+            head.poll_event(),
+            Some(LeaseEvent::Acquired { former: None })
+        );
+        head
+    }
+
     fn written(op: &LeaseOp) -> LeaseRecord {
         match op {
             LeaseOp::Create(r) | LeaseOp::Replace { record: r, .. } => r.clone(),
@@ -581,10 +593,7 @@ mod tests {
     fn a_standby_waits_a_whole_duration_of_an_unchanged_version_then_takes_over() {
         let t0 = Instant::now();
         let mut store = Store::default();
-        let mut a = lease(t0, "a");
-        store.ask(&mut a, t0);
-        store.ask(&mut a, t0);
-        a.poll_event();
+        let mut a = primary(&mut store, t0, "a");
         let mut b = lease(t0, "b");
         // While a renews, b never takes over.
         let mut t = t0;
@@ -626,10 +635,7 @@ mod tests {
     fn a_primary_whose_lease_was_replaced_is_deposed_on_its_next_renewal() {
         let t0 = Instant::now();
         let mut store = Store::default();
-        let mut a = lease(t0, "a");
-        store.ask(&mut a, t0);
-        store.ask(&mut a, t0);
-        a.poll_event();
+        let mut a = primary(&mut store, t0, "a");
         // Someone else wrote the lease (an operator, a clock gone wrong).
         store.put(record(9, "z", 0));
         let t = t0 + D / 4;
@@ -644,10 +650,7 @@ mod tests {
     fn a_primary_that_cannot_reach_the_store_counts_itself_active_only_until_its_validity() {
         let t0 = Instant::now();
         let mut store = Store::default();
-        let mut a = lease(t0, "a");
-        store.ask(&mut a, t0);
-        store.ask(&mut a, t0);
-        a.poll_event();
+        let mut a = primary(&mut store, t0, "a");
         let mut t = t0;
         loop {
             t += Duration::from_millis(100);
@@ -668,10 +671,7 @@ mod tests {
     fn a_renewal_written_after_the_validity_ended_does_not_count() {
         let t0 = Instant::now();
         let mut store = Store::default();
-        let mut a = lease(t0, "a");
-        store.ask(&mut a, t0);
-        store.ask(&mut a, t0);
-        a.poll_event();
+        let mut a = primary(&mut store, t0, "a");
         let sent = t0 + D / 4;
         let op = a.poll_op(sent).unwrap();
         // The answer comes back too late.

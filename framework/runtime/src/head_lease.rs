@@ -176,12 +176,7 @@ pub struct LeaseGuard {
 impl LeaseGuard {
     /// Whether the lease is held and valid now.
     pub fn holds(&self) -> bool {
-        !self.lost.is_cancelled()
-            && self
-                .valid_until
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some_and(|until| Instant::now() < until)
+        self.remaining().is_some_and(|left| !left.is_zero())
     }
 
     /// How long the lease stays valid from now without another renewal
@@ -259,11 +254,25 @@ pub async fn acquire(
 }
 
 /// Runs the lease machine against the store until it is deposed or
-/// `stop` is cancelled.
+/// `stop` is cancelled; either way the guard says the lease is lost from
+/// then on (nobody renews it any more).
 async fn drive(
-    mut lease: HeadLease,
+    lease: HeadLease,
     store: LeaseStore,
     guard: LeaseGuard,
+    on_acquired: Option<tokio::sync::oneshot::Sender<Acquired>>,
+    stop: CancellationToken,
+) {
+    renew(lease, store, &guard, on_acquired, stop).await;
+    guard.set(None);
+    guard.lost.cancel();
+}
+
+/// [`drive`]'s loop.
+async fn renew(
+    mut lease: HeadLease,
+    store: LeaseStore,
+    guard: &LeaseGuard,
     mut on_acquired: Option<tokio::sync::oneshot::Sender<Acquired>>,
     stop: CancellationToken,
 ) {
@@ -273,7 +282,6 @@ async fn drive(
         while let Some(event) = lease.poll_event() {
             match event {
                 LeaseEvent::Acquired { former } => {
-                    guard.set(lease.valid_until());
                     let term = lease.term().unwrap_or_default();
                     tracing::info!(term, former = ?former.as_ref().map(|f| &f.holder), "this head holds the lease: primary");
                     if let Some(tx) = on_acquired.take() {
@@ -285,20 +293,14 @@ async fn drive(
                     }
                 }
                 LeaseEvent::Lost(why) => {
-                    guard.set(None);
                     let why = match why {
                         LostWhy::Replaced => "another head took the lease over",
                         LostWhy::Expired => "no renewal was written in time",
                     };
                     tracing::error!(why, "NODE-LEASE-004: this head lost its lease");
-                    guard.lost.cancel();
                     return;
                 }
             }
-        }
-        if lease.is_deposed() {
-            guard.lost.cancel();
-            return;
         }
         let incarnation = guard.incarnation.load(std::sync::atomic::Ordering::Relaxed);
         if incarnation != 0 {
@@ -314,9 +316,7 @@ async fn drive(
                 Answer::Read(seen) => lease.handle_read(now, seen),
                 Answer::Written(record, w) => lease.handle_written(now, record, w),
             }
-            if lease.valid_until().is_some() {
-                guard.set(lease.valid_until());
-            }
+            guard.set(lease.valid_until());
             continue;
         }
         let wake = lease

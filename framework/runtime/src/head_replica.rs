@@ -159,6 +159,14 @@ pub enum RestoreError {
         /// What went wrong.
         reason: String,
     },
+    /// The object store did not take an entry.
+    #[error("NODE-LEASE-005: cannot write the head state under {prefix}: {reason}")]
+    Write {
+        /// The state's prefix.
+        prefix: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The local store could not be written, or an entry is not readable.
     #[error("NODE-LEASE-005: {0}")]
     Store(#[from] HeadStoreError),
@@ -180,15 +188,17 @@ pub async fn is_empty(store: &Arc<dyn ObjectStore>, prefix: &Path) -> Result<boo
 /// Writes every entry of the head store in `dir` to `replica`: the first
 /// primary of a new head set starts from the state its directory held
 /// (a single head made one of a set keeps its jobs and groups).
-pub fn seed(dir: &std::path::Path, replica: HeadReplica) -> Result<Restored, RestoreError> {
-    let local = HeadStore::open_in(dir)?;
-    let (jobs, groups) = (local.load_jobs()?, local.load_groups()?);
-    let local = local.with_replica(replica);
-    for job in &jobs {
-        local.put_job(job)?;
-    }
-    for group in &groups {
-        local.put_group(group)?;
+pub fn seed(dir: &std::path::Path, replica: &HeadReplica) -> Result<Restored, RestoreError> {
+    let (jobs, groups) = HeadStore::open_in(dir)?.export()?;
+    for (table, entries) in [("jobs", &jobs), ("groups", &groups)] {
+        for (key, bytes) in entries {
+            replica
+                .put(table, key, bytes)
+                .map_err(|reason| RestoreError::Write {
+                    prefix: replica.prefix.to_string(),
+                    reason: format!("{table} entry {key} not written: {reason}"),
+                })?;
+        }
     }
     Ok(Restored {
         jobs: jobs.len(),
@@ -264,12 +274,10 @@ mod tests {
         dir
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_takeover_finds_what_the_primary_committed_and_not_what_it_removed() {
-        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let prefix = Path::from("heads");
-        let held = acquire(
-            LeaseStore::new(Arc::clone(&mem), &prefix),
+    /// The lease under `prefix` of `mem`, taken.
+    async fn lease_on(mem: &Arc<dyn ObjectStore>, prefix: &Path) -> crate::head_lease::Acquired {
+        acquire(
+            LeaseStore::new(Arc::clone(mem), prefix),
             Candidate {
                 holder: "head".into(),
                 address: "127.0.0.1:1".into(),
@@ -281,7 +289,14 @@ mod tests {
             CancellationToken::new(),
         )
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_takeover_finds_what_the_primary_committed_and_not_what_it_removed() {
+        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let prefix = Path::from("heads");
+        let held = lease_on(&mem, &prefix).await;
         let primary_dir = scratch("primary");
         let replica =
             HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard.clone()).unwrap();
@@ -325,20 +340,7 @@ mod tests {
     async fn the_first_primary_of_a_new_set_seeds_it_from_its_own_directory() {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let prefix = Path::from("heads");
-        let held = acquire(
-            LeaseStore::new(Arc::clone(&mem), &prefix),
-            Candidate {
-                holder: "head".into(),
-                address: "127.0.0.1:1".into(),
-                incarnation: 1,
-            },
-            LeaseConfig {
-                duration: Duration::from_secs(4),
-            },
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+        let held = lease_on(&mem, &prefix).await;
         let single = scratch("single");
         HeadStore::open_in(&single)
             .unwrap()
@@ -346,7 +348,7 @@ mod tests {
             .unwrap();
         assert!(is_empty(&mem, &prefix).await.unwrap());
         let replica = HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard).unwrap();
-        let seeded = tokio::task::spawn_blocking(move || seed(&single, replica))
+        let seeded = tokio::task::spawn_blocking(move || seed(&single, &replica))
             .await
             .unwrap()
             .unwrap();

@@ -168,6 +168,17 @@ impl HeadStore {
         self.commit(tx)
     }
 
+    /// Every job and group as `(key, archive)`, the form
+    /// [`HeadStore::import`] takes, each checked as the loads check them.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn export(
+        &self,
+    ) -> Result<(Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>), HeadStoreError> {
+        self.load_jobs()?;
+        self.load_groups()?;
+        Ok((self.entries(JOBS)?, self.entries(GROUPS)?))
+    }
+
     /// Mirrors a committed change to the replica, if there is one.
     fn mirror(&self, table: &str, key: String, value: Option<&[u8]>) -> Result<(), HeadStoreError> {
         let Some(replica) = &self.replica else {

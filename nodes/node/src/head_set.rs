@@ -96,27 +96,31 @@ pub async fn take_lease(
         return Ok(None);
     };
     let dir = config.state_folder();
+    let mirror = HeadReplica::new(
+        std::sync::Arc::clone(&store),
+        prefix.clone(),
+        held.guard.clone(),
+    )
+    .map_err(HeadSetError::Mirror)?;
     let new_set =
         held.former.is_none() && flotilla::head_replica::is_empty(&store, &prefix).await?;
-    if new_set {
+    let mirror = if new_set {
         // The set's first primary: its own directory's state is the set's.
-        let seeding = HeadReplica::new(
-            std::sync::Arc::clone(&store),
-            prefix.clone(),
-            held.guard.clone(),
-        )
-        .map_err(HeadSetError::Mirror)?;
         let dir = dir.to_path_buf();
-        let seeded =
-            tokio::task::spawn_blocking(move || flotilla::head_replica::seed(&dir, seeding))
-                .await
-                .map_err(|e| HeadSetError::Mirror(std::io::Error::other(e.to_string())))??;
+        let (mirror, seeded) = tokio::task::spawn_blocking(move || {
+            let seeded = flotilla::head_replica::seed(&dir, &mirror);
+            (mirror, seeded)
+        })
+        .await
+        .map_err(|e| HeadSetError::Mirror(std::io::Error::other(e.to_string())))?;
+        let seeded = seeded?;
         tracing::info!(
             term = held.term,
             jobs = seeded.jobs,
             groups = seeded.groups,
             "took the new head set's lease: starting as its primary from this head's state"
         );
+        mirror
     } else {
         let restored = flotilla::head_replica::restore(&store, &prefix, dir).await?;
         tracing::info!(
@@ -127,9 +131,8 @@ pub async fn take_lease(
             waited = ?started.elapsed(),
             "took the head lease: starting as the primary from the set's state"
         );
-    }
-    let mirror =
-        HeadReplica::new(store, prefix, held.guard.clone()).map_err(HeadSetError::Mirror)?;
+        mirror
+    };
     Ok(Some(Leased {
         floor: held.former.map_or(0, |f| f.incarnation),
         guard: held.guard,
