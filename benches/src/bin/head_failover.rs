@@ -12,11 +12,13 @@
 //! `scripts/fetch-test-tools` installs) holding the lease, two heads of one
 //! set, and two workers given both heads; submits a detached job of
 //! `--texts` texts with the real model (`--model`), kills the primary with
-//! SIGKILL once the job has written three batches, and times, from the
+//! SIGKILL once the job has written eight batches, and times, from the
 //! kill: the standby's `flotilla_head_role{role="primary"}` turning 1; both
 //! workers up in its table; from the standby's takeover, the first batch
 //! the job writes; and the longest time the job wrote no batch, from the
-//! kill to its last batch. The floor in the same run: the lease's duration
+//! kill to its last batch. Baseline in the same run: the longest time the
+//! job wrote no batch before the kill (from its first batch to its
+//! eighth). The floors: the lease's duration
 //! (a standby may not take over sooner) and the down threshold (how long a
 //! member takes to notice a silent head). Prints each run and the medians;
 //! the last line reads `failover: median … s to primary, …`.
@@ -61,7 +63,12 @@ struct Run {
     /// The longest time without a batch written, from the kill to the
     /// job's last batch.
     stall: Duration,
+    /// The same before the kill (the baseline).
+    steady: Duration,
 }
+
+/// Batches written before the primary is killed.
+const BEFORE_KILL: usize = 8;
 
 /// Parts written to `out` so far.
 fn parts(out: &Path) -> usize {
@@ -110,9 +117,26 @@ fn run_once(args: &Args, i: usize) -> anyhow::Result<Run> {
         String::from_utf8_lossy(&submitted.stderr)
     );
     let id = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
-    eventually(Duration::from_secs(180), || {
-        (parts(&out) >= 3).then_some(())
-    });
+    // The baseline, in the same run: the longest time without a batch
+    // while the primary lives, over the job's first batches.
+    let first = eventually(Duration::from_secs(180), || {
+        (parts(&out) >= 1).then(Instant::now)
+    })
+    .0;
+    let (mut seen, mut last, mut steady) = (parts(&out), first, Duration::ZERO);
+    while seen < BEFORE_KILL {
+        anyhow::ensure!(
+            first.elapsed() < Duration::from_secs(180),
+            "no batches before the kill"
+        );
+        let now = parts(&out);
+        if now > seen {
+            steady = steady.max(last.elapsed());
+            last = Instant::now();
+            seen = now;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 
     a.signal("-KILL");
     let killed = Instant::now();
@@ -162,6 +186,7 @@ fn run_once(args: &Args, i: usize) -> anyhow::Result<Run> {
         members: members.unwrap_or_default(),
         first_batch: first_batch.unwrap_or_default(),
         stall,
+        steady,
     })
 }
 
@@ -177,29 +202,31 @@ fn main() -> anyhow::Result<()> {
         args.runs, args.lease_ms, args.texts
     );
     println!(
-        "| run | standby primary s | members rejoined s | first batch after it s | longest stall s |"
+        "| run | standby primary s | members rejoined s | first batch after it s | longest stall s | baseline: longest gap before the kill s |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     let mut runs = Vec::new();
     for i in 0..args.runs {
         let r = run_once(&args, i)?;
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             i + 1,
             r.primary.as_secs_f64(),
             r.members.as_secs_f64(),
             r.first_batch.as_secs_f64(),
-            r.stall.as_secs_f64()
+            r.stall.as_secs_f64(),
+            r.steady.as_secs_f64()
         );
         runs.push(r);
     }
     let med = |f: fn(&Run) -> Duration| median(runs.iter().map(|r| f(r).as_secs_f64()).collect());
     println!(
-        "failover: median {:.2} s to primary, {:.2} s to members, {:.2} s from then to the first batch, longest stall {:.2} s (lease {:.1} s)",
+        "failover: median {:.2} s to primary, {:.2} s to members, {:.2} s from then to the first batch, longest stall {:.2} s against {:.2} s before the kill (lease {:.1} s)",
         med(|r| r.primary),
         med(|r| r.members),
         med(|r| r.first_batch),
         med(|r| r.stall),
+        med(|r| r.steady),
         args.lease_ms as f64 / 1e3
     );
     Ok(())
