@@ -653,6 +653,60 @@ fn no_node_reaches_another_nodes_spawner_nor_captures_its_spawns() {
     });
 }
 
+/// Clause "lookup: per node": nodes of one process share ractor's process
+/// groups, and ractor_cluster numbers each node's sessions from zero, so
+/// two of them can hold references to one remote actor under the same id.
+/// Another node of the process stopping takes nothing from a node: the
+/// actor it spawned stays visible to it and answers its calls.
+#[test]
+fn a_nodes_remote_actor_stays_visible_when_another_node_of_its_process_stops() {
+    use flotilla::ractor::{ActorRef, call_t};
+    use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload};
+
+    let s = Scratch::new("shared-ids", NODE);
+    let (head, _w2, _metrics) = head_and_metered_worker(&s);
+    runtime().block_on(async {
+        let node = join_in_process(&s, "t3", head.addr).await;
+        let echo: ActorRef<EchoMsg> = node
+            .spawn_on("w2", ECHO, "echo-kept", &NoArgs, Duration::from_secs(15))
+            .await
+            .unwrap();
+        let mut same_id = 0;
+        for round in 0..4 {
+            let other = join_in_process(&s, &format!("t5{round}"), head.addr).await;
+            let mut seen = other.lookup_on::<EchoMsg>("w2", "echo-kept");
+            let until = Instant::now() + Duration::from_secs(10);
+            while seen.is_err() && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                seen = other.lookup_on::<EchoMsg>("w2", "echo-kept");
+            }
+            let seen = seen.expect("the other node sees the actor too");
+            if seen.get_id() == echo.get_id() {
+                same_id += 1;
+            }
+            other.shutdown().await;
+            let until = Instant::now() + Duration::from_secs(10);
+            while seen.get_status() != flotilla::ractor::ActorStatus::Stopped
+                && Instant::now() < until
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let found = node.lookup_on::<EchoMsg>("w2", "echo-kept");
+            assert!(found.is_ok(), "round {round}: {found:?}");
+            let reply = call_t!(
+                found.unwrap(),
+                EchoMsg::Echo,
+                2_000,
+                Payload(b"kept".to_vec())
+            )
+            .unwrap();
+            assert_eq!(reply, Payload(b"kept".to_vec()));
+        }
+        eprintln!("rounds where both nodes' references shared one id: {same_id}");
+        node.shutdown().await;
+    });
+}
+
 /// Clauses "remote spawn: stop", "security: authority" and "lookup:
 /// typed": a node that neither owns an actor nor is the head cannot stop
 /// it (refused and counted on the actor's node); its owner can; a lookup

@@ -126,8 +126,8 @@ pub enum Unavailable {
     /// The spawner or its session went away before answering.
     #[error("the node's spawner is gone")]
     Gone,
-    /// Spawned, but its process group did not reach this node in time.
-    #[error("spawned, but its process group did not reach this node in time")]
+    /// Spawned, but no reference to it reached this node in time.
+    #[error("spawned, but no reference to it reached this node in time")]
     NotVisible,
     /// The node could not be reached, or the control stream failed.
     #[error("the node could not be asked: {0}")]
@@ -544,23 +544,45 @@ impl Node {
         self.identity.role
     }
 
-    /// The node an actor seen from here runs on: this node for the actors
-    /// its spawner hosts, the peer of the session a remote reference goes
-    /// through, `None` for other local actors (of this process but not of
-    /// this node, or not spawned through a spawner).
-    fn node_of(&self, cell: &ractor::ActorCell) -> Option<String> {
-        match cell.get_id() {
-            ractor::ActorId::Remote { node_id, .. } => self.sessions.peer_of(node_id),
-            id if self.hosted.contains(id) => Some(self.identity.name.clone()),
-            ractor::ActorId::Local(_) => None,
-        }
+    /// The actors known under `name` on `node` (on any peer when `None`)
+    /// that this node reaches through its own sessions: named so, or
+    /// joined to the process group `name` by hand. Those named so come
+    /// first, the most recently spawned first among them.
+    fn remote_named(&self, node: Option<&str>, name: &str) -> Vec<ractor::ActorCell> {
+        let group: std::collections::HashSet<ractor::ActorId> =
+            ractor::pg::get_members(&name.to_owned())
+                .iter()
+                .map(ractor::ActorCell::get_id)
+                .collect();
+        let mut found: Vec<(bool, u64, ractor::ActorCell)> = self
+            .sessions
+            .reached(node)
+            .into_iter()
+            .filter_map(|(_, c)| {
+                let named = c.get_name().as_deref() == Some(name);
+                (named || group.contains(&c.get_id())).then(|| (named, c.get_id().pid(), c))
+            })
+            .collect();
+        found.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        found.into_iter().map(|(_, _, c)| c).collect()
     }
 
-    /// The actor named `name` on the node `node`, if visible from here.
-    fn cell_on(&self, node: &str, name: &str) -> Option<ractor::ActorCell> {
+    /// The actor named `name` that this node hosts, if any.
+    fn hosted_named(&self, name: &str) -> Option<ractor::ActorCell> {
         ractor::pg::get_members(&name.to_owned())
             .into_iter()
-            .find(|c| self.node_of(c).as_deref() == Some(node))
+            .find(|c| self.hosted.contains(c.get_id()))
+    }
+
+    /// The actor named `name` on the node `node`, if visible from here:
+    /// hosted by this node, or reached through this node's own session
+    /// with `node` (never through another node of the process).
+    fn cell_on(&self, node: &str, name: &str) -> Option<ractor::ActorCell> {
+        if node == self.identity.name {
+            self.hosted_named(name)
+        } else {
+            self.remote_named(Some(node), name).into_iter().next()
+        }
     }
 
     /// Looks up a named actor anywhere in the cluster: this node's own
@@ -571,16 +593,14 @@ impl Node {
     /// to a process group by hand) the type is the caller's claim, as with
     /// ractor's registry.
     pub fn lookup<M: Message>(&self, name: &str) -> Result<ActorRef<M>, LookupError> {
-        let members = ractor::pg::get_members(&name.to_owned());
-        let rank = |c: &ractor::ActorCell| match self.node_of(c) {
-            Some(n) if n == self.identity.name => 0,
-            Some(_) => 1,
-            None if c.get_id().is_local() => 2,
-            None => 3,
-        };
-        let cell = members
-            .into_iter()
-            .min_by_key(rank)
+        let cell = self
+            .hosted_named(name)
+            .or_else(|| self.remote_named(None, name).into_iter().next())
+            .or_else(|| {
+                ractor::pg::get_members(&name.to_owned())
+                    .into_iter()
+                    .find(|c| c.get_id().is_local())
+            })
             .ok_or_else(|| LookupError::NotFound(name.to_owned()))?;
         typed(name, cell)
     }
