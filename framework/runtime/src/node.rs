@@ -563,7 +563,7 @@ impl Node {
                 (named || group.contains(&c.get_id())).then(|| (named, c.get_id().pid(), c))
             })
             .collect();
-        found.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        found.sort_by_key(|f| std::cmp::Reverse((f.0, f.1)));
         found.into_iter().map(|(_, _, c)| c).collect()
     }
 
