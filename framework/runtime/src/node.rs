@@ -92,13 +92,19 @@ pub enum LookupError {
 }
 
 /// The message type an actor was spawned with, if it was spawned through
-/// a spawner (its type group).
+/// a spawner (its type group). A member counts only under the same id and
+/// name: another node of the process may hold a reference under the same
+/// id to another actor.
 fn message_type_of(cell: &ractor::ActorCell) -> Option<String> {
     let id = cell.get_id();
     ractor::pg::which_groups()
         .into_iter()
         .filter(|g| g.starts_with(TYPE_GROUP_PREFIX))
-        .find(|g| ractor::pg::get_members(g).iter().any(|c| c.get_id() == id))
+        .find(|g| {
+            ractor::pg::get_members(g)
+                .iter()
+                .any(|c| c.get_id() == id && c.get_name() == cell.get_name())
+        })
         .map(|g| g[TYPE_GROUP_PREFIX.len()..].to_owned())
 }
 
