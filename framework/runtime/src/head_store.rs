@@ -88,6 +88,16 @@ impl std::fmt::Debug for HeadStore {
     }
 }
 
+/// A job's key: its submission order.
+fn job_key(job: &StoredJob) -> String {
+    job.seq.to_string()
+}
+
+/// A group's key: its id.
+fn group_key(group: &StoredGroup) -> String {
+    group.id.clone()
+}
+
 /// An archive read from aligned memory.
 fn read_archive<T>(bytes: &[u8]) -> Result<T, String>
 where
@@ -140,26 +150,18 @@ impl HeadStore {
         jobs: Vec<(String, Vec<u8>)>,
         groups: Vec<(String, Vec<u8>)>,
     ) -> Result<(), HeadStoreError> {
+        let checked_jobs: Vec<StoredJob> = self.checked("jobs", &jobs, job_key)?;
+        let checked_groups: Vec<StoredGroup> = self.checked("groups", &groups, group_key)?;
         let tx = self.db.begin_write().map_err(|e| self.io(e))?;
         {
             let mut table = tx.open_table(JOBS).map_err(|e| self.io(e))?;
-            for (key, bytes) in jobs {
-                let job: StoredJob =
-                    read_archive(&bytes).map_err(|why| self.corrupt("jobs", key.clone(), why))?;
-                if job.seq.to_string() != key {
-                    return Err(self.corrupt("jobs", key, format!("it says it is {}", job.seq)));
-                }
+            for (job, (_, bytes)) in checked_jobs.iter().zip(&jobs) {
                 table
                     .insert(job.seq, bytes.as_slice())
                     .map_err(|e| self.io(e))?;
             }
             let mut table = tx.open_table(GROUPS).map_err(|e| self.io(e))?;
-            for (key, bytes) in groups {
-                let group: StoredGroup =
-                    read_archive(&bytes).map_err(|why| self.corrupt("groups", key.clone(), why))?;
-                if group.id != key {
-                    return Err(self.corrupt("groups", key, format!("it says it is {}", group.id)));
-                }
+            for (group, (_, bytes)) in checked_groups.iter().zip(&groups) {
                 table
                     .insert(group.id.as_str(), bytes.as_slice())
                     .map_err(|e| self.io(e))?;
@@ -174,9 +176,10 @@ impl HeadStore {
     pub(crate) fn export(
         &self,
     ) -> Result<(Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>), HeadStoreError> {
-        self.load_jobs()?;
-        self.load_groups()?;
-        Ok((self.entries(JOBS)?, self.entries(GROUPS)?))
+        let (jobs, groups) = (self.entries(JOBS)?, self.entries(GROUPS)?);
+        self.checked::<StoredJob>("jobs", &jobs, job_key)?;
+        self.checked::<StoredGroup>("groups", &groups, group_key)?;
+        Ok((jobs, groups))
     }
 
     /// Mirrors a committed change to the replica, if there is one.
@@ -284,30 +287,28 @@ impl HeadStore {
         Ok(())
     }
 
-    /// Every entry of `table` (named `name`), read as `T`; an entry filed
-    /// under a key other than its own (`key_of`) is refused too.
-    fn load<K, T>(
+    /// `entries` of the table `name`, read as `T`; an entry filed under a
+    /// key other than its own (`key_of`) is refused too.
+    fn checked<T>(
         &self,
-        table: TableDefinition<K, &[u8]>,
         name: &'static str,
+        entries: &[(String, Vec<u8>)],
         key_of: impl Fn(&T) -> String,
     ) -> Result<Vec<T>, HeadStoreError>
     where
-        K: Key + 'static,
-        for<'a> K::SelfType<'a>: std::fmt::Display,
         T: rkyv::Archive,
         T::Archived: for<'a> rkyv::bytecheck::CheckBytes<
                 rkyv::api::high::HighValidator<'a, rkyv::rancor::Error>,
             > + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rkyv::rancor::Error>>,
     {
-        self.entries(table)?
-            .into_iter()
+        entries
+            .iter()
             .map(|(key, bytes)| {
                 let value: T =
-                    read_archive(&bytes).map_err(|why| self.corrupt(name, key.clone(), why))?;
+                    read_archive(bytes).map_err(|why| self.corrupt(name, key.clone(), why))?;
                 let own = key_of(&value);
-                if own != key {
-                    return Err(self.corrupt(name, key, format!("it says it is {own}")));
+                if own != *key {
+                    return Err(self.corrupt(name, key.clone(), format!("it says it is {own}")));
                 }
                 Ok(value)
             })
@@ -316,7 +317,7 @@ impl HeadStore {
 
     /// Every stored job, in submission order.
     pub fn load_jobs(&self) -> Result<Vec<StoredJob>, HeadStoreError> {
-        self.load(JOBS, "jobs", |job: &StoredJob| job.seq.to_string())
+        self.checked("jobs", &self.entries(JOBS)?, job_key)
     }
 
     /// Writes `job` (replacing its entry) and commits, durably.
@@ -332,7 +333,7 @@ impl HeadStore {
 
     /// Every stored placement group, by id.
     pub fn load_groups(&self) -> Result<Vec<StoredGroup>, HeadStoreError> {
-        self.load(GROUPS, "groups", |group: &StoredGroup| group.id.clone())
+        self.checked("groups", &self.entries(GROUPS)?, group_key)
     }
 
     /// Writes `group` (replacing its entry) and commits, durably.
