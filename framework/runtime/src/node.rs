@@ -550,27 +550,25 @@ impl Node {
         self.identity.role
     }
 
-    /// The actors known under `name` on `node` (on any peer when `None`)
+    /// The actor known under `name` on `node` (on any peer when `None`)
     /// that this node reaches through its own sessions: named so, or
-    /// joined to the process group `name` by hand. Those named so come
-    /// first, the most recently spawned first among them.
-    fn remote_named(&self, node: Option<&str>, name: &str) -> Vec<ractor::ActorCell> {
+    /// joined to the process group `name` by hand. One named so is taken
+    /// first, the most recently spawned of them.
+    fn remote_named(&self, node: Option<&str>, name: &str) -> Option<ractor::ActorCell> {
         let group: std::collections::HashSet<ractor::ActorId> =
             ractor::pg::get_members(&name.to_owned())
                 .iter()
                 .map(ractor::ActorCell::get_id)
                 .collect();
-        let mut found: Vec<(bool, u64, ractor::ActorCell)> = self
-            .sessions
+        self.sessions
             .reached(node)
             .into_iter()
-            .filter_map(|(_, c)| {
+            .filter_map(|c| {
                 let named = c.get_name().as_deref() == Some(name);
-                (named || group.contains(&c.get_id())).then(|| (named, c.get_id().pid(), c))
+                (named || group.contains(&c.get_id())).then(|| ((named, c.get_id().pid()), c))
             })
-            .collect();
-        found.sort_by_key(|f| std::cmp::Reverse((f.0, f.1)));
-        found.into_iter().map(|(_, _, c)| c).collect()
+            .max_by_key(|(rank, _)| *rank)
+            .map(|(_, c)| c)
     }
 
     /// The actor named `name` that this node hosts, if any.
@@ -587,7 +585,7 @@ impl Node {
         if node == self.identity.name {
             self.hosted_named(name)
         } else {
-            self.remote_named(Some(node), name).into_iter().next()
+            self.remote_named(Some(node), name)
         }
     }
 
@@ -601,7 +599,7 @@ impl Node {
     pub fn lookup<M: Message>(&self, name: &str) -> Result<ActorRef<M>, LookupError> {
         let cell = self
             .hosted_named(name)
-            .or_else(|| self.remote_named(None, name).into_iter().next())
+            .or_else(|| self.remote_named(None, name))
             .or_else(|| {
                 ractor::pg::get_members(&name.to_owned())
                     .into_iter()

@@ -126,35 +126,32 @@ impl Sessions {
     }
 
     /// The actors of the peers reached through this node's ready sessions
-    /// (with `node` only, when given), each with its peer's name: the
-    /// references ractor_cluster made for them, children of the session
-    /// actor. Only these are this node's own. ractor's process groups are
-    /// shared by every node of the process, and ractor_cluster numbers the
-    /// sessions of each node from zero, so a reference held by another
-    /// node of the process can carry the same id as one of these.
-    pub(crate) fn reached(&self, node: Option<&str>) -> Vec<(String, ractor::ActorCell)> {
-        let sessions: Vec<(String, ractor::ActorCell)> = {
+    /// (with `node` only, when given): the references ractor_cluster made
+    /// for them, children of the session actor. Only these are this
+    /// node's own. ractor's process groups are shared by every node of the
+    /// process, and ractor_cluster numbers the sessions of each node from
+    /// zero, so a reference held by another node of the process can carry
+    /// the same id as one of these.
+    pub(crate) fn reached(&self, node: Option<&str>) -> Vec<ractor::ActorCell> {
+        let sessions: Vec<ractor::ActorCell> = {
             let inner = self.lock();
             inner
                 .open
                 .values()
                 .flatten()
-                .filter_map(|(id, cell)| {
-                    let peer = inner.peers.get(id)?;
-                    node.is_none_or(|n| n == peer)
-                        .then(|| (peer.clone(), cell.clone()))
+                .filter(|(id, _)| {
+                    inner
+                        .peers
+                        .get(id)
+                        .is_some_and(|peer| node.is_none_or(|n| n == peer))
                 })
+                .map(|(_, cell)| cell.clone())
                 .collect()
         };
         sessions
-            .into_iter()
-            .flat_map(|(peer, session)| {
-                session
-                    .get_children()
-                    .into_iter()
-                    .filter(|c| !c.get_id().is_local())
-                    .map(move |c| (peer.clone(), c))
-            })
+            .iter()
+            .flat_map(ractor::ActorCell::get_children)
+            .filter(|c| !c.get_id().is_local())
             .collect()
     }
 
