@@ -802,6 +802,105 @@ fn only_the_owner_or_the_head_stops_a_remote_actor() {
     });
 }
 
+/// Clause "restarts: one copy of a child": a supervised remote child whose
+/// proxy ends while its node stays up (the link lost, not the node) is
+/// stopped there before it is started again. Once, the restart was
+/// refused for the taken name until the restart limit stopped the
+/// supervisor; now the restart is counted once, the new copy answers,
+/// and the worker hosts one actor, not two.
+#[test]
+fn a_supervised_remote_child_whose_link_is_lost_is_stopped_before_its_restart() {
+    use flotilla::ractor::{Actor, ActorRef, call_t};
+    use flotilla::supervisor::{
+        Backoff, Child, ChildSpec, Intensity, RemoteChild, Strategy, Supervisor, SupervisorArgs,
+        SupervisorEvent, SupervisorSpec,
+    };
+    use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload};
+    use std::sync::Arc;
+
+    let s = Scratch::new("one-copy", NODE);
+    let (head, _workers) = cluster(&s, &["w1"]);
+    runtime().block_on(async {
+        let node = Arc::new(join_in_process(&s, "t6", head.addr).await);
+        let budget = Duration::from_secs(15);
+        let start = RemoteChild::new::<EchoMsg, _>(
+            Arc::clone(&node),
+            ECHO,
+            "echo-supervised",
+            &NoArgs,
+            |_: &flotilla::Table| Some("w1".to_owned()),
+            budget,
+        );
+        let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let args = SupervisorArgs {
+            spec: SupervisorSpec {
+                strategy: Strategy::OneForOne,
+                intensity: Intensity {
+                    max_restarts: 2,
+                    within: Duration::from_secs(60),
+                },
+                per_child: false,
+                backoff: Backoff::NONE,
+            },
+            children: vec![Child::new(ChildSpec::permanent("echo"), start)],
+            events: Some(tx),
+            members: Some(node.watch_members()),
+            seed: node.incarnation(),
+            report: None,
+        };
+        let (_supervisor, _) = Actor::spawn(None, Supervisor, args).await.unwrap();
+        async fn next(
+            events: &mut tokio::sync::mpsc::UnboundedReceiver<SupervisorEvent>,
+        ) -> SupervisorEvent {
+            tokio::time::timeout(Duration::from_secs(15), events.recv())
+                .await
+                .expect("an event in time")
+                .expect("the supervisor runs")
+        }
+        let first = match next(&mut events).await {
+            SupervisorEvent::Started { running, .. } => running.cell,
+            other => panic!("expected the first start, got {other:?}"),
+        };
+        // Only this node's proxy of the child ends, as when the link to
+        // w1 is lost: the actor itself still runs there.
+        first.stop(None);
+        match next(&mut events).await {
+            SupervisorEvent::Exited {
+                restarting: true, ..
+            } => {}
+            other => panic!("expected the proxy's end as an exit, got {other:?}"),
+        }
+        let again = match next(&mut events).await {
+            SupervisorEvent::Started {
+                running, restarts, ..
+            } => {
+                assert_eq!(restarts, 1, "one restart for one lost link");
+                running.cell
+            }
+            other => panic!("expected the restart, got {other:?}"),
+        };
+        assert_ne!(first.get_id(), again.get_id());
+        let echo: ActorRef<EchoMsg> = again.into();
+        let reply = call_t!(echo, EchoMsg::Echo, 5_000, Payload(b"one".to_vec())).unwrap();
+        assert_eq!(reply, Payload(b"one".to_vec()));
+        // One copy on w1, counted with its next heartbeats.
+        let one = node
+            .wait_members(Duration::from_secs(5), |t| {
+                t.get("w1").is_some_and(|m| m.actors == 1)
+            })
+            .await;
+        assert!(one.is_some(), "w1 hosts one copy: {:?}", node.members());
+        assert!(
+            events.try_recv().is_err(),
+            "no refused start, no escalation"
+        );
+        node.shutdown().await;
+    });
+    let w1 = s.log("w1");
+    assert!(!w1.contains("already runs there"), "{w1}");
+    assert!(w1.contains("stopping an actor on request"), "{w1}");
+}
+
 /// Clause "security: authority": the bulk lane delivers only to actors a
 /// ractor_cluster session would deliver to. Bulk frames addressed to the
 /// worker's first pids (its actor system's own actors, none of them

@@ -38,10 +38,43 @@ fn net_cluster(s: &Scratch) -> (Net, Vec<Proc>) {
     (net, procs)
 }
 
+/// What a job through a cut left: its summary line and each process's log
+/// (`driver`, `head`, `w1`, `w2`).
+struct Finished {
+    summary: String,
+    logs: Vec<(&'static str, String)>,
+}
+
+impl Finished {
+    /// The actor restarts the summary line counts.
+    fn restarts(&self) -> u64 {
+        let words: Vec<&str> = self.summary.split_whitespace().collect();
+        words
+            .windows(3)
+            .find(|w| w[1] == "actor" && w[2].starts_with("restarts"))
+            .and_then(|w| w[0].parse().ok())
+            .unwrap_or_else(|| panic!("no restart count in {:?}", self.summary))
+    }
+
+    /// The lines of every log that contain `needle`, each with its log's
+    /// name.
+    fn lines_with(&self, needle: &str) -> Vec<String> {
+        self.logs
+            .iter()
+            .flat_map(|(name, log)| {
+                log.lines()
+                    .filter(|l| l.contains(needle))
+                    .map(move |l| format!("{name}: {l}"))
+            })
+            .collect()
+    }
+}
+
 /// Runs a 4,000-text job from the driver's namespace; once it has written
 /// a few parts, `cut` is applied, held for `hold`, then `heal`. The job
-/// must complete with every id exactly once. Prints what it measured.
-fn job_through(tag: &str, hold: Duration, cut: impl Fn(&Net), heal: impl Fn(&Net)) {
+/// must complete with every id exactly once. Prints what it measured and
+/// returns what it left.
+fn job_through(tag: &str, hold: Duration, cut: impl Fn(&Net), heal: impl Fn(&Net)) -> Finished {
     let s = Scratch::new(tag, NODE);
     let (net, _procs) = net_cluster(&s);
     let (input, ids) = corpus(&s.dir, 4000);
@@ -87,6 +120,17 @@ fn job_through(tag: &str, hold: Duration, cut: impl Fn(&Net), heal: impl Fn(&Net
             .filter(|st| all_up(st, &["head", "w1", "w2"]))
     });
     drop(driver);
+    let logs = ["driver", "head", "w1", "w2"]
+        .into_iter()
+        .map(|name| {
+            let log = s.dir.join(format!("{name}.log"));
+            (name, std::fs::read_to_string(log).unwrap_or_default())
+        })
+        .collect();
+    Finished {
+        summary: stdout.trim().to_owned(),
+        logs,
+    }
 }
 
 /// A child process killed when the test ends before it does.
@@ -115,17 +159,37 @@ fn a_job_completes_through_a_worker_cut_off_from_the_head() {
     );
 }
 
-/// Clause "partitions: jobs through cuts": the driver cut from w1 for 12 s
-/// (past QUIC's idle timeout) while the head sees everyone up: the batches
-/// sent to w1 run out their deadline and go to w2.
+/// Clause "restarts: one copy of a child": the driver cut from w1 for 12 s
+/// (past QUIC's idle timeout) while w1 stays up and its heartbeats reach
+/// the head. The batches sent to w1 run out their deadline and go to w2;
+/// the driver's supervisor stops w1's actor before it starts it again
+/// there, so no spawn is refused for a taken name, and the restarts stay
+/// within the job's limit (once, a loop of refused spawns used them all
+/// and stopped the job).
 #[test]
 fn a_job_completes_through_a_driver_cut_off_from_a_worker() {
-    job_through(
+    let finished = job_through(
         "cut-drv-w1",
         Duration::from_secs(12),
         |net| net.cut_between("drv", "w1"),
         |net| net.heal_between("drv", "w1"),
     );
+    let refused = finished.lines_with("already runs there");
+    assert!(
+        refused.is_empty(),
+        "a spawn was refused for a taken name:\n{}",
+        refused.join("\n")
+    );
+    // The cut loses w1's actor once (its link, not its node); the job's
+    // limit is 5 restarts within 60 s.
+    let restarts = finished.restarts();
+    assert!(
+        restarts <= 2,
+        "{restarts} actor restarts for one cut: {}",
+        finished.summary
+    );
+    let escalated = finished.lines_with("supervisor gives up");
+    assert!(escalated.is_empty(), "{}", escalated.join("\n"));
 }
 
 /// Clause "partitions: jobs through cuts": w1's packets to the head and

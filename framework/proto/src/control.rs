@@ -222,7 +222,8 @@ pub struct ChildReport {
 /// What became of a stop request.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StopOutcome {
-    /// The actor was asked to stop.
+    /// The actor has ended: asked to stop, and killed if it ignored
+    /// that. Its name is free for its owner's next copy.
     #[error("stopped")]
     Stopped,
     /// The node hosts no actor of that name.
@@ -231,6 +232,11 @@ pub enum StopOutcome {
     /// The sender is neither the actor's owner nor the head.
     #[error("NODE-AUTH-009: only the node that spawned an actor, or the head, may stop it")]
     NotOwner,
+    /// The actor was asked to stop and killed, but had not ended within
+    /// the node's wait (it is stuck in a call that does not yield): ask
+    /// again before starting another copy under its name.
+    #[error("NODE-SPAWN-005: the actor was asked to stop but has not ended yet")]
+    Stopping,
 }
 
 /// An answer on a control stream.

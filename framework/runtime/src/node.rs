@@ -144,7 +144,9 @@ pub enum Unavailable {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StopError {
-    /// The node refused: this node neither owns the actor nor is the head.
+    /// The node did not stop it: this node neither owns the actor nor is
+    /// the head, it hosts no such actor, or the actor has not ended yet
+    /// (the outcome says which).
     #[error("node {node:?} refused to stop {name:?}: {outcome}")]
     Refused {
         /// The node asked.
@@ -448,11 +450,13 @@ impl Node {
         }
     }
 
-    /// Stops the actor `name` that `node` hosts. Only the node that spawned
-    /// it (its owner) or the head may; anyone else is refused
-    /// ([`StopError::Refused`], counted on the target). The request goes
-    /// on a control stream, whose certificate name is the sender the
-    /// target checks.
+    /// Stops the actor `name` that `node` hosts, and returns once it has
+    /// ended (it is killed if it ignores its stop for two seconds), so the
+    /// caller may start another copy under the same name at once. Only the
+    /// node that spawned it (its owner) or the head may; anyone else is
+    /// refused ([`StopError::Refused`], counted on the target). The
+    /// request goes on a control stream, whose certificate name is the
+    /// sender the target checks.
     pub async fn stop_on(
         &self,
         node: &str,

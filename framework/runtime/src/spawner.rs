@@ -191,6 +191,27 @@ pub(crate) async fn relay_members(
 /// How long a fence waits for one child to stop.
 const FENCE_STOP: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a child asked to stop on request may take before it is
+/// killed.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a killed child may take to end.
+const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Waits for `cell`, already asked to stop, to end: at most [`STOP_GRACE`],
+/// then it is killed and given [`KILL_WAIT`] more. Returns whether it
+/// ended. A stop answered only once its actor has ended is what lets an
+/// owner start the actor's next copy under the same name without two
+/// copies ever running.
+async fn ended(cell: ActorCell) -> bool {
+    if cell.wait(Some(STOP_GRACE)).await.is_ok() {
+        return true;
+    }
+    tracing::warn!(name = ?cell.get_name(), "an actor ignored its stop; killing it");
+    cell.kill();
+    cell.wait(Some(KILL_WAIT)).await.is_ok()
+}
+
 /// The actors a node's spawner hosts, shared with the node: how many (its
 /// heartbeats report it) and which (lookups prefer them).
 #[derive(Clone, Default)]
@@ -263,10 +284,11 @@ impl SpawnerState {
         }
     }
 
-    /// Stops the child `req.name` if `req.sender` may.
-    fn stop(&mut self, req: &LocalStop) -> StopOutcome {
+    /// Asks the child `req.name` to stop if `req.sender` may, and returns
+    /// it to wait for ([`ended`]); or the refusal.
+    fn stop(&mut self, req: &LocalStop) -> Result<ActorCell, StopOutcome> {
         let Some(child) = self.children.values_mut().find(|c| c.name == req.name) else {
-            return StopOutcome::NoSuchActor;
+            return Err(StopOutcome::NoSuchActor);
         };
         let sender = req
             .sender
@@ -275,12 +297,21 @@ impl SpawnerState {
         if let Err(why) = may_stop(sender, &child.owner.0, &req.head) {
             crate::counters::authority_refused("stop", why.code());
             tracing::warn!(name = %req.name, sender = ?req.sender, owner = %child.owner.0, error = %why, "stop refused");
-            return StopOutcome::NotOwner;
+            return Err(StopOutcome::NotOwner);
         }
         tracing::info!(name = %req.name, sender = ?req.sender, "stopping an actor on request");
         child.stopping = true;
         child.cell.stop(Some("stop requested".into()));
-        StopOutcome::Stopped
+        Ok(child.cell.clone())
+    }
+
+    /// The child holding `name` that was asked to stop and may not have
+    /// ended yet, if any.
+    fn stopping_holder(&self, name: &str) -> Option<ActorCell> {
+        self.children
+            .values()
+            .find(|c| c.stopping && c.name == name)
+            .map(|c| c.cell.clone())
     }
 
     /// Stops every child another member owns, all at once, and waits for
@@ -338,6 +369,11 @@ impl Actor for Spawner {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SpawnerMsg::Spawn(LocalSpawn { order: req, owner }, reply) => {
+                // The name's former holder was asked to stop: its owner
+                // starts the next copy. Let the former one end first.
+                if let Some(holder) = state.stopping_holder(&req.name) {
+                    ended(holder).await;
+                }
                 let result = match state.kinds.get(&req.kind) {
                     None => Err(SpawnReply::UnknownKind(req.kind.clone())),
                     Some(kind) if kind.message_type() != req.message_type => {
@@ -379,9 +415,23 @@ impl Actor for Spawner {
                 state.members = up;
                 state.reap_orphans();
             }
-            SpawnerMsg::Stop(req, reply) => {
-                let _ = reply.send(StopReply(state.stop(&req)));
-            }
+            SpawnerMsg::Stop(req, reply) => match state.stop(&req) {
+                // Answered once the actor has ended, without holding up
+                // the spawner meanwhile.
+                Ok(cell) => {
+                    tokio::spawn(async move {
+                        let outcome = if ended(cell).await {
+                            StopOutcome::Stopped
+                        } else {
+                            StopOutcome::Stopping
+                        };
+                        let _ = reply.send(StopReply(outcome));
+                    });
+                }
+                Err(outcome) => {
+                    let _ = reply.send(StopReply(outcome));
+                }
+            },
             SpawnerMsg::Fence(reply) => {
                 let _ = reply.send(state.fence().await);
             }

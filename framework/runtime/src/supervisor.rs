@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flotilla_proto::control::StopOutcome;
 use flotilla_proto::groups::GroupState;
 use flotilla_proto::membership::MemberState;
 use flotilla_proto::supervision::{Action, Supervision};
@@ -37,7 +38,9 @@ pub use flotilla_proto::supervision::{
 
 use crate::board::{Board, ChildReport, SupervisorReport};
 use crate::clock::now;
-use crate::node::{Node, SpawnError};
+use crate::node::{Node, SpawnError, StopError};
+use crate::placement_groups::{GroupView, PlacementError};
+use crate::spawner::SpawnReply;
 use crate::table::Table;
 use crate::wire::Encode;
 
@@ -70,6 +73,10 @@ pub enum StartChildError {
     /// Its arguments for this start could not be made.
     #[error("its arguments: {0}")]
     Args(String),
+    /// Its earlier copy, on a node still up, could not be stopped within
+    /// the start's time: no new copy starts beside it.
+    #[error("its earlier copy could not be stopped: {0}")]
+    Fence(#[source] StopError),
 }
 
 /// How to start and stop one child.
@@ -102,10 +109,6 @@ pub trait ChildStart: Send + Sync + 'static {
         Exit::Failure
     }
 }
-
-/// How long a start in a bundle waits for a session to the bundle's node
-/// before it waits for the bundle to move instead.
-const SESSION_WAIT: Duration = Duration::from_secs(2);
 
 /// The reason a supervisor gives the children it stops.
 pub const STOP_REASON: &str = "supervisor: shutdown";
@@ -197,6 +200,9 @@ pub struct RemoteChild {
     first: Mutex<Option<(String, ActorCell)>>,
     /// The placement-group bundle it runs in, instead of `place`.
     bundle: Option<(String, usize)>,
+    /// The node (and its incarnation) its latest copy was started on: a
+    /// start stops that copy first, so that two never run.
+    latest: Arc<Mutex<Option<(String, u64)>>>,
 }
 
 impl RemoteChild {
@@ -244,6 +250,7 @@ impl RemoteChild {
             on_node_lost: Exit::Failure,
             first: Mutex::new(None),
             bundle: None,
+            latest: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -282,6 +289,14 @@ impl RemoteChild {
     }
 }
 
+/// How long one request to stop a child's earlier copy may take (the
+/// target waits up to three seconds for the copy to end).
+const FENCE_ASK: Duration = Duration::from_secs(5);
+
+/// The pause between two requests to stop an earlier copy whose node
+/// could not be reached.
+const FENCE_RETRY: Duration = Duration::from_millis(250);
+
 impl RemoteChild {
     /// What a spawn of this child's start at `epoch` needs, owned.
     fn spawn(&self, epoch: u64) -> Result<Spawn, StartChildError> {
@@ -295,6 +310,7 @@ impl RemoteChild {
             name: self.name.clone(),
             args,
             message_type: self.message_type.clone(),
+            latest: Arc::clone(&self.latest),
         })
     }
 
@@ -314,32 +330,47 @@ impl RemoteChild {
                 .wait_group(&group, timeout)
                 .await
                 .map_err(|e| StartChildError::Placement(e.to_string()))?;
-            // The head may not have seen the loss yet: wait for the bundle
-            // to move off a node this node no longer sees up.
-            loop {
+            // The head may not have seen the loss yet, or the link to the
+            // bundle's node is being made again: wait for a session to the
+            // node or for the bundle to move, whichever comes first.
+            let target = loop {
                 let Some(target) = view.nodes.get(bundle).cloned() else {
                     return Err(StartChildError::Placement(format!(
                         "placement group {group} has no bundle {bundle}"
                     )));
                 };
-                let up = node.members().up().any(|m| m.name == target);
-                if up && node.wait_session(&target, SESSION_WAIT.min(left())).await {
-                    break;
+                let revision = Some(view.revision);
+                if node.members().up().any(|m| m.name == target) {
+                    tokio::select! {
+                        ready = node.wait_session(&target, left()) => {
+                            if ready {
+                                break target;
+                            }
+                            return Err(StartChildError::NoNode);
+                        }
+                        next = node.watch_group(&group, revision, left()) => view = ready_again(next)?,
+                    }
+                } else {
+                    view = ready_again(node.watch_group(&group, revision, left()).await)?;
                 }
-                view = node
-                    .watch_group(&group, Some(view.revision), left())
-                    .await
-                    .map_err(|e| StartChildError::Placement(e.to_string()))?
-                    .filter(|v| v.state == GroupState::Ready)
-                    .ok_or(StartChildError::NoNode)?;
-            }
-            let target = view.nodes[bundle].clone();
-            let cell = spawn
-                .on(&target, left().max(Duration::from_secs(1)))
-                .await?;
+                if left().is_zero() {
+                    return Err(StartChildError::NoNode);
+                }
+            };
+            let cell = spawn.fenced(&target, deadline).await?;
             Ok(monitored(&node, &supervisor, target, cell))
         })
     }
+}
+
+/// The group a watch gave, if it is ready (placed again, or unchanged).
+fn ready_again(
+    watched: Result<Option<GroupView>, PlacementError>,
+) -> Result<GroupView, StartChildError> {
+    watched
+        .map_err(|e| StartChildError::Placement(e.to_string()))?
+        .filter(|v| v.state == GroupState::Ready)
+        .ok_or(StartChildError::NoNode)
 }
 
 /// A remote child's spawn, with what it needs owned.
@@ -349,17 +380,112 @@ struct Spawn {
     name: String,
     args: Vec<u8>,
     message_type: String,
+    latest: Arc<Mutex<Option<(String, u64)>>>,
 }
 
 impl Spawn {
+    /// Spawns the child on `target` once no earlier copy of it can run on:
+    /// the latest copy is stopped first (its node may still run it after
+    /// this node lost the link to it), and a name found taken on `target`
+    /// is taken by such a copy, stopped in turn before the spawn is asked
+    /// again. Neither counts as a failed start unless `deadline` passes.
+    async fn fenced(
+        &self,
+        target: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<ActorCell, StartChildError> {
+        let latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((on, incarnation)) = latest {
+            self.fence(&on, incarnation, deadline).await?;
+        }
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.on(target, left.max(Duration::from_secs(1))).await {
+                Err(SpawnError::Refused {
+                    reply: SpawnReply::NameTaken(_),
+                    ..
+                }) if !left.is_zero() => {
+                    tracing::info!(child = %self.name, node = %target, "the child's name is still taken there: stopping that copy first");
+                    self.fence(target, 0, deadline).await?;
+                }
+                Err(e) => return Err(e.into()),
+                Ok(cell) => {
+                    let incarnation = self.incarnation_of(target);
+                    *self.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((target.to_owned(), incarnation));
+                    return Ok(cell);
+                }
+            }
+        }
+    }
+
+    /// Stops the copy of the child that `on` (at `incarnation`; 0: any)
+    /// may still run, and returns once it has ended or cannot run: `on`
+    /// holds no such actor, or is no longer up under that incarnation (a
+    /// member the head counted out stops every actor it hosts for others
+    /// when it comes back). Asks again while `on` cannot be reached, until
+    /// `deadline`.
+    async fn fence(
+        &self,
+        on: &str,
+        incarnation: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), StartChildError> {
+        loop {
+            let hosts = self
+                .node
+                .members()
+                .up()
+                .any(|m| m.name == on && (incarnation == 0 || m.incarnation == incarnation));
+            if !hosts {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let error = match self.node.stop_on(on, &self.name, left.min(FENCE_ASK)).await {
+                Ok(()) => {
+                    tracing::info!(child = %self.name, node = %on, "the child's earlier copy stopped");
+                    return Ok(());
+                }
+                Err(
+                    StopError::Refused {
+                        outcome: StopOutcome::NoSuchActor,
+                        ..
+                    }
+                    | StopError::NoSuchNode(_),
+                ) => return Ok(()),
+                Err(
+                    e @ StopError::Refused {
+                        outcome: StopOutcome::NotOwner,
+                        ..
+                    },
+                ) => return Err(StartChildError::Fence(e)),
+                Err(e) => e,
+            };
+            if left.is_zero() {
+                return Err(StartChildError::Fence(error));
+            }
+            tracing::debug!(child = %self.name, node = %on, %error, "cannot stop the child's earlier copy yet");
+            tokio::time::sleep(FENCE_RETRY.min(left)).await;
+        }
+    }
+
+    /// The incarnation the member table gives `target` (0: not in it).
+    fn incarnation_of(&self, target: &str) -> u64 {
+        self.node.members().get(target).map_or(0, |m| m.incarnation)
+    }
+
     /// Spawns the child on `target`.
-    async fn on(self, target: &str, timeout: Duration) -> Result<ActorCell, SpawnError> {
+    async fn on(&self, target: &str, timeout: Duration) -> Result<ActorCell, SpawnError> {
         self.node
             .spawn_on_raw(
                 target,
                 &self.kind,
                 &self.name,
-                self.args,
+                self.args.clone(),
                 &self.message_type,
                 timeout,
             )
@@ -410,6 +536,7 @@ impl ChildStart for RemoteChild {
         });
         let timeout = self.timeout;
         Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
             let target = match (target, waiting) {
                 (Some(t), _) => t,
                 (None, Some(wait)) => tokio::time::timeout(timeout, wait)
@@ -420,8 +547,13 @@ impl ChildStart for RemoteChild {
                 (None, None) => return Err(StartChildError::NoNode),
             };
             let cell = match first {
-                Some((_, cell)) => cell,
-                None => spawn.on(&target, timeout).await?,
+                Some((_, cell)) => {
+                    let incarnation = spawn.incarnation_of(&target);
+                    *spawn.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((target.clone(), incarnation));
+                    cell
+                }
+                None => spawn.fenced(&target, deadline).await?,
             };
             Ok(monitored(&node, &supervisor, target, cell))
         })
