@@ -52,12 +52,18 @@ fn denied(reply: Result<ControlReply, flotilla::status::StatusError>) -> Unautho
 
 /// Clause "identity: one live process per worker name": a second live
 /// `node join` under a worker's name is refused with a typed error naming
-/// the first, which keeps working; once the first is killed, a restart
+/// the first, and counted on the head's `/metrics`; the first keeps
+/// working; once the first is killed, a restart
 /// under the name rejoins as a newer incarnation.
 #[test]
 fn a_second_live_worker_under_a_taken_name_is_refused_and_the_first_keeps_working() {
     let s = Scratch::new("dup-name", NODE);
-    let (head, mut workers) = cluster(&s, &["w1"]);
+    let (head, metrics) = s.spawn_metered("head", "head", None, &[]);
+    s.issue("w1");
+    let mut workers = vec![s.spawn("join", "w1", free_addr(), Some(head.addr), &s.certs())];
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
     let first = incarnation_of(&s.status(head.addr).unwrap(), "w1").unwrap();
     // The second process has w1's certificate but a log of its own.
     let log = s.dir.join("w1-second.log");
@@ -76,6 +82,9 @@ fn a_second_live_worker_under_a_taken_name_is_refused_and_the_first_keeps_workin
         "{said}"
     );
     assert!(took < Duration::from_secs(15), "{took:?}");
+    // Counted on the head like every other refusal.
+    let series = "flotilla_membership_refused_total{request=\"join\",reason=\"name_taken\"}";
+    assert!(counted(metrics, series, 1) >= 1);
     // The first never stopped being w1.
     let st = s.status(head.addr).unwrap();
     assert_eq!(incarnation_of(&st, "w1"), Some(first));
@@ -346,6 +355,228 @@ fn a_detached_job_outside_the_allowed_roots_is_refused_before_anything_is_read()
     assert!(!output.exists(), "nothing was written");
 }
 
+/// Clause "security: authority": a detached job's driver acts with the
+/// rights the head grants it, so only the head spawns it. A worker's or a
+/// driver's certificate asking a node to spawn that kind is refused with a
+/// typed error and counted on the node asked; nothing runs there. Nor
+/// may either make a placement group of its own detached.
+#[test]
+fn a_member_other_than_the_head_cannot_spawn_a_jobs_driver() {
+    let s = Scratch::new("head-only", NODE);
+    let (head, head_metrics) = s.spawn_metered("head", "head", None, &[]);
+    let (_w2, w2_metrics) = s.spawn_metered("join", "w2", Some(head.addr), &[]);
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w2"]))
+    });
+    s.issue("w3");
+    s.issue_role("d1", "driver");
+    runtime().block_on(async {
+        for (n, who) in ["w3", "d1"].into_iter().enumerate() {
+            let node = join(&s, who, head.addr).await;
+            let spawned = node
+                .spawn_on_raw(
+                    "w2",
+                    "flotilla.embed.job",
+                    &format!("forged-driver-{n}"),
+                    Vec::new(),
+                    "any",
+                    Duration::from_secs(10),
+                )
+                .await;
+            match spawned {
+                Err(flotilla::SpawnError::Denied { why, .. }) => {
+                    assert_eq!(why, Unauthorized::HeadOnlyKind, "{who}");
+                }
+                other => panic!("{who}: expected a refusal, got {other:?}"),
+            }
+            counted(
+                w2_metrics,
+                &authority("spawn", "head_only_kind"),
+                n as u64 + 1,
+            );
+            // Nor may it make a group of its own detached (one that would
+            // outlive it, which only the head's job service makes).
+            let asked = node
+                .create_group(
+                    flotilla::placement_groups::GroupSpec::new(
+                        flotilla::placement_groups::Strategy::Pack,
+                        vec![flotilla::placement_groups::bundle(&[("cpu", 0.1)])],
+                    )
+                    .detached(),
+                )
+                .await;
+            assert!(
+                matches!(
+                    asked,
+                    Err(flotilla::placement_groups::PlacementError::Denied(
+                        Unauthorized::DetachedGroup
+                    ))
+                ),
+                "{who}: {asked:?}"
+            );
+            counted(
+                head_metrics,
+                &authority("placement", "detached_group"),
+                n as u64 + 1,
+            );
+            node.shutdown().await;
+        }
+    });
+}
+
+/// Clause "jobs: what a job may touch", against a member that tries to
+/// leave its roots: a detached job whose input, output or model is
+/// spelled to resolve outside the roots (`%2e%2e`, `.%2E`, backslashes in
+/// a `file:` URL, the same on `s3://` against the test kit's S3 server),
+/// or that reaches outside through a link under a root (a symlinked
+/// shard, an output or model folder that is a link), fails before
+/// anything outside is read or written, naming why.
+#[test]
+fn a_detached_job_cannot_leave_its_roots_by_encoded_dots_backslashes_or_links() {
+    let s = Scratch::new("job-escapes", NODE);
+    let server = flotilla_testkit::s3::S3Server::start(std::path::Path::new(
+        &std::env::var_os("FLOTILLA_S3_SERVER").expect("FLOTILLA_S3_SERVER: run scripts/test"),
+    ));
+    let env = server.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let allowed = s.job_root("allowed");
+    let secret = s.job_root("secret");
+    let row = b"{\"id\":\"s1\",\"text\":\"the secret row\"}\n";
+    std::fs::write(secret.join("corpus.jsonl"), row).unwrap();
+    std::fs::write(allowed.join("in.jsonl"), row).unwrap();
+    assert!(
+        server
+            .put("secret/corpus.jsonl", row)
+            .unwrap()
+            .contains("200")
+    );
+    assert!(server.put("allowed/in.jsonl", row).unwrap().contains("200"));
+    std::fs::create_dir_all(allowed.join("shards")).unwrap();
+    std::os::unix::fs::symlink(secret.join("corpus.jsonl"), allowed.join("shards/a.jsonl"))
+        .unwrap();
+    std::os::unix::fs::symlink(&secret, allowed.join("elsewhere")).unwrap();
+
+    let head = s.spawn_env("head", "head", free_addr(), None, &s.certs(), &[], &env);
+    s.issue("w1");
+    let _w1 = s.spawn_env(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &s.certs(),
+        &[
+            "--allow-path",
+            allowed.to_str().unwrap(),
+            "--allow-path",
+            "s3://embeds/allowed/",
+        ],
+        &env,
+    );
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+    let a = allowed.to_str().unwrap();
+    let model =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/all-MiniLM-L6-v2");
+    let model = model.canonicalize().unwrap();
+    let m = model.to_str().unwrap();
+    let good_out = format!("{a}/out");
+    let cases: Vec<(&str, String, String, String, &str)> = vec![
+        (
+            "input %2e%2e",
+            format!("file://{a}/%2e%2e/secret/corpus.jsonl"),
+            good_out.clone(),
+            m.into(),
+            "NODE-JOB-008",
+        ),
+        (
+            "output %2e%2e",
+            format!("{a}/in.jsonl"),
+            format!("file://{a}/%2e%2e/secret/stolen/"),
+            m.into(),
+            "NODE-JOB-008",
+        ),
+        (
+            "input .%2E",
+            format!("file://{a}/.%2E/secret/corpus.jsonl"),
+            good_out.clone(),
+            m.into(),
+            "NODE-JOB-008",
+        ),
+        (
+            "input backslash",
+            format!("file://{a}/..\\secret\\corpus.jsonl"),
+            good_out.clone(),
+            m.into(),
+            "NODE-JOB-008",
+        ),
+        (
+            "output backslash",
+            format!("{a}/in.jsonl"),
+            format!("file://{a}\\..\\secret\\stolen"),
+            m.into(),
+            "NODE-JOB-008",
+        ),
+        (
+            "s3 input %2e%2e",
+            "s3://embeds/allowed/%2e%2e/secret/corpus.jsonl".into(),
+            good_out.clone(),
+            m.into(),
+            "NODE-JOB-008",
+        ),
+        (
+            "s3 output %2E.",
+            "s3://embeds/allowed/in.jsonl".into(),
+            "s3://embeds/allowed/%2E./secret/stolen/".into(),
+            m.into(),
+            "NODE-JOB-008",
+        ),
+        (
+            "symlinked shard",
+            format!("{a}/shards"),
+            good_out.clone(),
+            m.into(),
+            "NODE-JOB-009",
+        ),
+        (
+            "output through a link",
+            format!("{a}/in.jsonl"),
+            format!("{a}/elsewhere/stolen"),
+            m.into(),
+            "NODE-JOB-009",
+        ),
+        (
+            "model through a link",
+            format!("{a}/in.jsonl"),
+            good_out.clone(),
+            format!("{a}/elsewhere"),
+            "NODE-JOB-009",
+        ),
+    ];
+    for (attack, input, output, model, code) in cases {
+        let id = s.submit_embed(
+            head.addr,
+            std::path::Path::new(&input),
+            std::path::Path::new(&output),
+            std::path::Path::new(&model),
+        );
+        let (exit, said) = s.wait_job(head.addr, &id);
+        assert_eq!(exit, Some(1), "{attack}: the job ran: {said}");
+        assert!(said.contains(code), "{attack}: {said}");
+        assert!(!said.contains("the secret row"), "{attack}: {said}");
+        assert!(!secret.join("stolen").exists(), "{attack}: wrote outside");
+        assert!(
+            !std::path::Path::new(&good_out).exists(),
+            "{attack}: wrote at all"
+        );
+        let stolen = server.request("GET", "/embeds/secret/stolen/manifest.json");
+        assert!(
+            stolen.is_some_and(|l| l.contains("404")),
+            "{attack}: wrote to s3"
+        );
+    }
+}
+
 /// A stalled TLS handshake: its client verifies the server's certificate
 /// for a minute.
 #[derive(Debug)]
@@ -474,7 +705,8 @@ fn a_peer_holding_handshakes_open_does_not_delay_a_join() {
 /// in the CA's revocation list; the head reads it within a second and hands
 /// it to every member; within 5 s the certificate is refused at every gate
 /// and its connections are closed. An expired certificate is refused at
-/// once, in the handshake, and counted.
+/// once, in the handshake, and counted; one that expires while its
+/// connection is open has it closed then, counted.
 #[test]
 fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_once() {
     let s = Scratch::new("revoke", NODE);
@@ -534,6 +766,15 @@ fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_on
         "flotilla_hello_refused_total{reason=\"revoked\"}",
         1,
     );
+    // The list disappears (a stale copy put back, a mistake): the
+    // revocation stays in force.
+    std::fs::remove_file(certs.join("crl.pem")).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let asked = rt.block_on(flotilla::query_status(head.addr, identity(&s, "w2")));
+    assert!(
+        asked.is_err_and(|e| e.to_string().contains("NODE-AUTH-020")),
+        "still refused"
+    );
 
     // Expired a day ago: refused in the handshake.
     let day = 24 * 3600;
@@ -563,6 +804,42 @@ fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_on
         "flotilla_tls_refused_total{reason=\"tls\"}",
         1,
     );
+
+    // Valid for 20 s: it joins, and its connection is closed when the
+    // certificate expires, not at its next handshake.
+    let until = now + 20;
+    flotilla_transport::certs::dangerous_issue_between(
+        &certs,
+        "brief",
+        flotilla_proto::role::Role::Worker,
+        now - day,
+        until,
+        &certs,
+    )
+    .unwrap();
+    let _brief = s.spawn("join", "brief", free_addr(), Some(head.addr), &s.certs());
+    eventually(Duration::from_secs(15), || {
+        let st = s.status(head.addr)?;
+        (state_of(&st, "brief").as_deref() == Some("up")).then_some(())
+    });
+    let expired = "flotilla_connections_closed_total{reason=\"expired\"}";
+    eventually(Duration::from_secs(30), || {
+        scrape(head_metrics)
+            .map(|m| counter(&m, expired))
+            .filter(|n| *n >= 1)
+    });
+    let closed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        closed >= until,
+        "closed at {closed}, before the expiry at {until}"
+    );
+    eventually(Duration::from_secs(20), || {
+        let st = s.status(head.addr)?;
+        (state_of(&st, "brief").as_deref() != Some("up")).then_some(())
+    });
 }
 
 /// Clause "membership: bounded joins": a join whose labels exceed their

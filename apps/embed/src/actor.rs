@@ -25,6 +25,7 @@ use std::time::Duration;
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
+use flotilla_proto::roots::AllowedRoots;
 use tokio::sync::oneshot;
 
 use crate::devices::{DeviceChoice, cuda_devices};
@@ -230,6 +231,41 @@ pub struct Embedder {
     /// The GPUs of the actor's node: an actor that runs on a GPU holds
     /// the least-held one (none: the CPU).
     pub gpus: flotilla::gpus::GpuSlots,
+    /// Where a folder named in [`EmbedderArgs::model_dir`] must lie (as
+    /// named, and with its links resolved) for the actor to load it: the
+    /// node's allowed roots, for actors spawned by peers. `None`: anywhere
+    /// (actors a program spawns itself).
+    pub model_roots: Option<AllowedRoots>,
+}
+
+/// Most kernel threads a peer may ask of one actor, per core of the node.
+pub const MAX_THREADS_PER_CORE: u32 = 2;
+
+/// Why an actor a peer spawned refuses `threads` kernel threads on a node
+/// of `cores` cores: more than [`MAX_THREADS_PER_CORE`] per core.
+pub fn check_threads(threads: u32, cores: usize) -> Result<(), String> {
+    let most = (cores as u32).max(1).saturating_mul(MAX_THREADS_PER_CORE);
+    if threads > most {
+        return Err(format!(
+            "{threads} threads refused: this node has {cores} cores, and an actor may ask for {most} at most ({MAX_THREADS_PER_CORE} per core)"
+        ));
+    }
+    Ok(())
+}
+
+/// Why an actor refuses the model folder `dir` its spawn named: not under
+/// `roots` as named, or with its links resolved.
+pub fn check_model_dir(roots: &AllowedRoots, dir: &str) -> Result<(), String> {
+    let refused = |why: flotilla_proto::roots::NotAllowed| {
+        format!(
+            "model folder {dir:?} refused: {why} (a node loads the models jobs name only under the roots it allows, --allow-path or [jobs] allow; or give it its own with --model)"
+        )
+    };
+    roots.check("model", dir).map_err(refused)?;
+    if let Ok(real) = std::fs::canonicalize(dir) {
+        roots.check_local("model", &real).map_err(refused)?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Embedder {
@@ -551,10 +587,19 @@ impl Actor for Embedder {
         let (jobs, queue) = mpsc::channel::<Job>();
         type Loaded = Result<(ModelInfo, Option<flotilla::gpus::GpuSlot>, bool), String>;
         let (loaded_tx, loaded) = oneshot::channel::<Loaded>();
-        let dir = self
-            .model_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(&args.model_dir));
+        let dir = match &self.model_dir {
+            Some(own) => own.clone(),
+            None => {
+                if let Some(roots) = &self.model_roots {
+                    check_model_dir(roots, &args.model_dir)?;
+                }
+                if self.model_roots.is_some() {
+                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    check_threads(args.threads, cores)?;
+                }
+                PathBuf::from(&args.model_dir)
+            }
+        };
         let models = self.models.clone();
         let gpus = self.gpus.clone();
         let holder = format!(
@@ -758,12 +803,15 @@ impl Actor for Embedder {
 
 /// Registers [`Embedder`] under [`KIND`] on a node builder. With
 /// `model_dir`, the node's embedders load that folder whatever the job
-/// names; without, the job's `--model` path as seen on this node. The
-/// node's embedders share one loaded model per folder, and each takes one
-/// of the node's GPUs when it runs on one.
+/// names; without, the job's `--model` path as seen on this node, which
+/// must lie under `roots` (the node's allowed roots), as named and with
+/// its links resolved: a spawn naming any other folder fails, naming the
+/// setting. The node's embedders share one loaded model per folder, and
+/// each takes one of the node's GPUs when it runs on one.
 pub fn register(
     builder: flotilla::NodeBuilder,
     model_dir: Option<PathBuf>,
+    roots: AllowedRoots,
 ) -> flotilla::NodeBuilder {
     let node = builder.node_handle();
     let gpus = builder.gpu_slots();
@@ -773,6 +821,7 @@ pub fn register(
         node: Some(node.clone()),
         models: models.clone(),
         gpus: gpus.clone(),
+        model_roots: Some(roots.clone()),
     })
 }
 

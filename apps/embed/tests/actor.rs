@@ -93,6 +93,60 @@ async fn embedder_with_a_missing_model_fails_to_start() {
     assert!(format!("{err:?}").contains("config.json"), "{err:?}");
 }
 
+/// An embedder a peer spawns loads a model folder only under its node's
+/// roots: one outside them, or a link under a root that leads out, fails
+/// the spawn naming the setting, before anything of it is read; the
+/// folder itself, as named or through a link that stays inside, loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_folder_outside_the_nodes_roots_is_refused_at_spawn() {
+    let real = model_dir().canonicalize().unwrap();
+    let models_root = real.parent().unwrap().to_path_buf();
+    let scratch = std::env::temp_dir().join(format!("flotilla-model-roots-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(scratch.join("allowed")).unwrap();
+    let allowed = scratch.join("allowed").canonicalize().unwrap();
+    std::os::unix::fs::symlink(&real, allowed.join("linked-model")).unwrap();
+    let spawned = |roots: &[&std::path::Path], dir: PathBuf| {
+        let roots = flotilla_proto::roots::AllowedRoots::new(
+            &roots
+                .iter()
+                .map(|r| r.to_string_lossy())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let actor = Embedder {
+            model_roots: Some(roots),
+            ..Embedder::default()
+        };
+        let args = EmbedderArgs::new(dir.to_string_lossy());
+        async move { Actor::spawn(None, actor, args).await }
+    };
+    for (roots, dir) in [
+        (vec![allowed.as_path()], real.clone()),
+        (vec![allowed.as_path()], allowed.join("linked-model")),
+        (vec![], real.clone()),
+    ] {
+        let Err(err) = spawned(&roots, dir.clone()).await else {
+            panic!("{} loaded under {roots:?}", dir.display());
+        };
+        let said = format!("{err:?}");
+        assert!(
+            said.contains("refused") && said.contains("--allow-path"),
+            "{said}"
+        );
+        assert!(!said.contains("config.json"), "nothing was read: {said}");
+    }
+    assert!(flotilla_embed::actor::check_threads(4, 2).is_ok());
+    let e = flotilla_embed::actor::check_threads(5, 2).unwrap_err();
+    assert!(e.contains("2 cores") && e.contains("4 at most"), "{e}");
+    assert!(flotilla_embed::actor::check_threads(u32::MAX, 64).is_err());
+    let both: [&std::path::Path; 2] = [&allowed, &models_root];
+    let (actor, handle) = spawned(&both, allowed.join("linked-model")).await.unwrap();
+    actor.stop(None);
+    handle.await.unwrap();
+    std::fs::remove_dir_all(&scratch).unwrap();
+}
+
 /// Actors of one node share one loaded model: two embedders given the
 /// same set hold one model between them, both answer, and the model is
 /// dropped with the last of them.

@@ -20,6 +20,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 
@@ -144,6 +145,30 @@ pub enum InputError {
         /// The store's error.
         source: object_store::Error,
     },
+    /// A shard that is a link (or lies under one) leading out of the
+    /// roots the input must stay under.
+    #[error("input {spec}: shard {shard} leads out of the allowed roots: {source}")]
+    Outside {
+        /// What the user named.
+        spec: String,
+        /// The shard, as listed.
+        shard: String,
+        /// Where it leads, and the roots.
+        source: Box<NotAllowed>,
+    },
+    /// A folder link that leads to a folder already walked: a cycle, or
+    /// one folder reached twice (its rows would be read twice).
+    #[error(
+        "input {spec}: {path} leads to {target}, a folder already walked (a cycle of folder links, or one folder reached twice)"
+    )]
+    LinkCycle {
+        /// What the user named.
+        spec: String,
+        /// The link.
+        path: PathBuf,
+        /// The folder it leads to.
+        target: PathBuf,
+    },
 }
 
 /// Format and compression of a file called `name`, if it is a shard.
@@ -196,12 +221,47 @@ impl Input {
     /// Resolves `spec` (a path, a folder, a glob, or any of them as an
     /// object store URL) into its shards.
     pub async fn resolve(spec: &str) -> Result<Self, InputError> {
+        Self::resolve_within(spec, None).await
+    }
+
+    /// [`Input::resolve`], each local shard checked where it really is
+    /// (links resolved) against `allow` when given: a shard inside an
+    /// allowed folder that is a link out of the roots is refused, naming
+    /// the shard. A folder link that leads back to a folder already walked
+    /// is an error either way.
+    pub async fn resolve_within(
+        spec: &str,
+        allow: Option<&AllowedRoots>,
+    ) -> Result<Self, InputError> {
         let (shards, store) = if flotilla::object_url::is_url(spec) {
             let (shards, store) = Self::stored(spec).await?;
             (shards, Some(store))
         } else {
             (Self::local(spec)?, None)
         };
+        if let Some(allow) = allow {
+            let file = spec
+                .split_once("://")
+                .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("file"));
+            for shard in &shards {
+                let at = match &shard.place {
+                    Place::Local(path) => path.clone(),
+                    Place::Stored(location) if file => Path::new("/").join(location.as_ref()),
+                    Place::Stored(_) => continue,
+                };
+                let real = std::fs::canonicalize(&at).map_err(|source| InputError::Io {
+                    path: at.clone(),
+                    source,
+                })?;
+                allow
+                    .check_local("input", &real)
+                    .map_err(|source| InputError::Outside {
+                        spec: spec.to_owned(),
+                        shard: shard.name.clone(),
+                        source: Box::new(source),
+                    })?;
+            }
+        }
         let Some(first) = shards.first() else {
             return Err(InputError::Empty {
                 spec: spec.to_owned(),
@@ -289,6 +349,10 @@ impl Input {
                     .map_or_else(|| spec.to_owned(), |n| n.to_string_lossy().into_owned());
                 shards.extend(shard(root, name, true)?);
             } else {
+                // Folders walked, by their real path: a folder link back to
+                // one of them is a cycle, not a walk without end.
+                let mut walked = std::collections::HashSet::new();
+                walked.insert(std::fs::canonicalize(&root).map_err(io(&root))?);
                 let mut stack = vec![root.clone()];
                 while let Some(dir) = stack.pop() {
                     for entry in std::fs::read_dir(&dir).map_err(io(&dir))? {
@@ -302,6 +366,14 @@ impl Input {
                             continue;
                         }
                         if path.is_dir() {
+                            let real = std::fs::canonicalize(&path).map_err(io(&path))?;
+                            if !walked.insert(real.clone()) {
+                                return Err(InputError::LinkCycle {
+                                    spec: spec.to_owned(),
+                                    path,
+                                    target: real,
+                                });
+                            }
                             stack.push(path);
                         } else {
                             shards.extend(shard(path, relative, false)?);
@@ -403,11 +475,14 @@ impl Input {
     /// thread where blocking reads are allowed). Give the input to the job
     /// ([`crate::BatchJob::resolved`]): it then reads exactly the shards
     /// whose fingerprint the scan took, resolved once.
+    /// With `allow`, each local shard must lie under those roots where it
+    /// really is (see [`Input::resolve_within`]).
     pub async fn resolve_and_scan(
         spec: &str,
         hash: bool,
+        allow: Option<&AllowedRoots>,
     ) -> Result<(std::sync::Arc<Self>, Scan), InputError> {
-        let input = std::sync::Arc::new(Self::resolve(spec).await?);
+        let input = std::sync::Arc::new(Self::resolve_within(spec, allow).await?);
         let scanned = std::sync::Arc::clone(&input);
         match tokio::task::spawn_blocking(move || scanned.scan(hash)).await {
             Ok(scan) => Ok((input, scan?)),
@@ -811,6 +886,69 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, InputError::NotFound { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A shard inside an allowed folder that is a link out of the roots
+    /// is refused, naming the shard, whether the input names the folder,
+    /// a glob, the file itself or a `file:` URL; a link that stays inside
+    /// is read; a cycle of folder links is an error, not a walk without
+    /// end.
+    #[tokio::test]
+    async fn a_symlinked_shard_leaving_the_roots_is_refused_and_a_link_cycle_is_an_error() {
+        let dir = scratch("links").canonicalize().unwrap();
+        let (allowed, secret) = (dir.join("allowed"), dir.join("secret"));
+        std::fs::create_dir_all(allowed.join("shards")).unwrap();
+        std::fs::create_dir_all(&secret).unwrap();
+        std::fs::write(secret.join("corpus.jsonl"), "{}\n").unwrap();
+        std::fs::write(allowed.join("shards/a.jsonl"), "{}\n").unwrap();
+        std::os::unix::fs::symlink(
+            allowed.join("shards/a.jsonl"),
+            allowed.join("shards/inside.jsonl"),
+        )
+        .unwrap();
+        let roots = AllowedRoots::new(&[allowed.to_string_lossy()]).unwrap();
+        let folder = allowed.join("shards").to_string_lossy().into_owned();
+        let input = Input::resolve_within(&folder, Some(&roots)).await.unwrap();
+        assert_eq!(input.shards.len(), 2, "a link inside the roots is read");
+
+        std::os::unix::fs::symlink(secret.join("corpus.jsonl"), allowed.join("shards/b.jsonl"))
+            .unwrap();
+        for spec in [
+            folder.clone(),
+            format!("{folder}/*.jsonl"),
+            format!("{folder}/b.jsonl"),
+            format!("file://{folder}/"),
+            format!("file://{folder}/b.jsonl"),
+        ] {
+            let err = Input::resolve_within(&spec, Some(&roots))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, InputError::Outside { shard, .. } if shard == "b.jsonl"),
+                "{spec}: {err}"
+            );
+            assert!(err.to_string().contains("NODE-JOB-009"), "{err}");
+            // Without roots to keep to, the link is read as before.
+            assert!(Input::resolve(&spec).await.is_ok(), "{spec}");
+        }
+
+        // A folder of the input linked back to one above it.
+        std::fs::remove_file(allowed.join("shards/b.jsonl")).unwrap();
+        std::os::unix::fs::symlink(&allowed, allowed.join("shards/loop")).unwrap();
+        let err = Input::resolve(&allowed.to_string_lossy())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, InputError::LinkCycle { .. }), "{err}");
+        // A link to itself.
+        std::fs::remove_file(allowed.join("shards/loop")).unwrap();
+        std::os::unix::fs::symlink(
+            allowed.join("shards/self.jsonl"),
+            allowed.join("shards/self.jsonl"),
+        )
+        .unwrap();
+        let err = Input::resolve(&folder).await.unwrap_err();
+        assert!(matches!(err, InputError::Io { .. }), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

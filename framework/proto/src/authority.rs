@@ -10,8 +10,10 @@
 //! status, lists, reads           ✓      ✓      ✓     ✓     ✓
 //! join as a member               –      ✓¹     ✓     ✓¹    ✓
 //! spawn an actor on a node       –      ✓      ✓     ✓     ✓
+//! spawn a head-only kind         the head only (a detached job's driver)
 //! stop an actor                  its owner (the member that spawned it), or the head
 //! create a placement group       –      ✓      ✓     ✓     ✓     (owned by the caller)
+//! create a detached group        the head's detached-job service only
 //! remove a placement group       its owner ·  any: admin, head
 //! change a node's reservations   the head only
 //! submit a detached job          –      ✓      –     ✓     ✓
@@ -113,6 +115,24 @@ pub enum Unauthorized {
         "NODE-AUTH-017: a reported placement group that the head neither knows nor created is not adopted"
     )]
     UnknownGroup,
+    /// A kind that acts with the rights the head grants it (a detached
+    /// job's driver), asked for by another than the head.
+    #[error(
+        "NODE-AUTH-024: only the head may spawn this kind: it acts with the rights the head grants (a detached job's driver); submit a job instead"
+    )]
+    HeadOnlyKind,
+    /// A reported placement bundle that no record of the head gives the
+    /// node reporting it.
+    #[error(
+        "NODE-AUTH-025: a reported placement bundle that the head's record does not give this node is not adopted"
+    )]
+    NotYourBundle,
+    /// A detached placement group asked for by another than the head's
+    /// detached-job service.
+    #[error(
+        "NODE-AUTH-026: only the head's detached-job service creates detached placement groups; submit a detached job instead"
+    )]
+    DetachedGroup,
 }
 
 impl Unauthorized {
@@ -129,6 +149,9 @@ impl Unauthorized {
             Self::BadToken => "bad_token",
             Self::NotMember => "not_member",
             Self::UnknownGroup => "unknown_group",
+            Self::HeadOnlyKind => "head_only_kind",
+            Self::NotYourBundle => "not_your_bundle",
+            Self::DetachedGroup => "detached_group",
         }
     }
 }
@@ -160,6 +183,27 @@ pub fn may_read(sender: Sender<'_>) -> Result<(), Unauthorized> {
 /// Whether `sender` may spawn actors on a node.
 pub fn may_spawn(sender: Sender<'_>) -> Result<(), Unauthorized> {
     acting(sender)
+}
+
+/// Whether `sender` may spawn a kind only the head spawns (a detached
+/// job's driver, which acts with the rights the head grants it), `head`
+/// being the head the member table names.
+pub fn may_spawn_head_only(sender: Sender<'_>, head: &str) -> Result<(), Unauthorized> {
+    match sender {
+        Sender::Local => Ok(()),
+        Sender::Peer { member, role } if role == Role::Head && member == head => Ok(()),
+        _ => Err(Unauthorized::HeadOnlyKind),
+    }
+}
+
+/// Whether `sender` may create a detached placement group (one with no
+/// owner, which outlives whoever asked): the head's own detached-job
+/// service only, on the head itself.
+pub fn may_create_detached_group(sender: Sender<'_>) -> Result<(), Unauthorized> {
+    match sender {
+        Sender::Local => Ok(()),
+        _ => Err(Unauthorized::DetachedGroup),
+    }
 }
 
 /// Whether `sender` may create a placement group (owned by itself).
@@ -304,7 +348,22 @@ mod tests {
             let acting = role != Role::Observer;
             assert!(may_read(s).is_ok(), "{role}: read");
             assert_eq!(may_spawn(s).is_ok(), acting, "{role}: spawn");
+            assert_eq!(
+                may_spawn_head_only(s, me).is_ok(),
+                role == Role::Head,
+                "{role}: spawn a head-only kind"
+            );
+            assert_eq!(
+                may_spawn_head_only(s, "other"),
+                Err(Unauthorized::HeadOnlyKind),
+                "{role}: spawn a head-only kind as another than the head"
+            );
             assert_eq!(may_create_group(s).is_ok(), acting, "{role}: create group");
+            assert_eq!(
+                may_create_detached_group(s),
+                Err(Unauthorized::DetachedGroup),
+                "{role}: create a detached group"
+            );
             assert_eq!(
                 may_remove_group(s, Some(me)).is_ok(),
                 acting,

@@ -39,6 +39,20 @@ impl EpochClock {
     }
 }
 
+/// How far ahead of a node's clock an epoch may be and still be one a
+/// supervisor issued, in microseconds (a minute). Epochs are clock
+/// readings ([`EpochClock`]), so one further ahead was not issued by any
+/// supervisor whose clock agrees with this node's within a minute: it was
+/// forged (a peer's spawn arguments can say anything), and counting it
+/// would lock every later start of the child out of its checkpoints.
+pub const MAX_AHEAD_MICROS: u64 = 60_000_000;
+
+/// Whether `epoch` could have been issued by a supervisor whose clock is
+/// within [`MAX_AHEAD_MICROS`] of `now_micros` (this node's clock).
+pub fn plausible(epoch: u64, now_micros: u64) -> bool {
+    epoch <= now_micros.saturating_add(MAX_AHEAD_MICROS)
+}
+
 /// Whether a store that has seen epochs up to `newest` admits an effect of
 /// `epoch` (a store that has seen none admits any).
 pub fn admits(epoch: u64, newest: Option<u64>) -> bool {
@@ -67,6 +81,20 @@ mod tests {
         assert_eq!(c.next(4_000), 5_002, "a clock set back");
         let mut c = EpochClock::new(9_000);
         assert_eq!(c.next(5_000), 9_001, "never at or below the floor");
+    }
+
+    #[test]
+    fn an_epoch_far_ahead_of_the_clock_is_not_plausible() {
+        let now = 1_700_000_000_000_000;
+        let mut c = EpochClock::new(now - 5);
+        assert!(plausible(c.next(now), now));
+        assert!(
+            plausible(now + MAX_AHEAD_MICROS, now),
+            "a clock a minute ahead"
+        );
+        assert!(!plausible(now + MAX_AHEAD_MICROS + 1, now));
+        assert!(!plausible(u64::MAX, now));
+        assert!(plausible(u64::MAX, u64::MAX - 1), "no overflow");
     }
 
     #[test]

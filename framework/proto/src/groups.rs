@@ -240,6 +240,17 @@ pub enum Action {
     Changed(String),
     /// The group was removed (its owner is gone, or it was asked to).
     Removed(String),
+    /// `node` reported holding `bundles` of `group` that no record of the
+    /// head gives it (unassigned, or no such bundle): refused, released
+    /// on the node, and counted.
+    Refused {
+        /// The node that reported them.
+        node: String,
+        /// The group.
+        group: String,
+        /// The bundles it claimed.
+        bundles: Vec<u32>,
+    },
 }
 
 /// What a ledger reply answers.
@@ -307,6 +318,10 @@ struct Entry {
     /// Where a rebuilt group's unconfirmed bundles were, and until when
     /// their nodes may report them.
     unconfirmed: BTreeMap<u32, String>,
+    /// The node each bundle was taken from when that node was lost: the
+    /// head's record of who may report holding it still (a node that was
+    /// only cut off).
+    lost_from: BTreeMap<u32, String>,
     confirm_by: Option<Instant>,
     phase: Phase,
     /// Whether it was ever ready (no timeout applies then).
@@ -439,6 +454,7 @@ impl Groups {
             owner,
             revision: 0,
             unconfirmed: BTreeMap::new(),
+            lost_from: BTreeMap::new(),
             confirm_by: None,
             phase: Phase::Waiting,
             was_ready: false,
@@ -489,6 +505,7 @@ impl Groups {
             owner: stored.owner,
             revision: stored.revision,
             unconfirmed,
+            lost_from: BTreeMap::new(),
             confirm_by: stored.was_ready.then_some(now + self.config.confirm_grace),
             phase: Phase::Waiting,
             was_ready: stored.was_ready,
@@ -749,9 +766,10 @@ impl Groups {
         self.membership_changed();
         for (id, e) in self.groups.iter_mut() {
             let mut touched = false;
-            for n in e.nodes.iter_mut() {
+            for (b, n) in e.nodes.iter_mut().enumerate() {
                 if n.as_deref() == Some(node) {
                     *n = None;
+                    e.lost_from.insert(b as u32, node.to_owned());
                     touched = true;
                 }
             }
@@ -850,6 +868,7 @@ impl Groups {
                         revision: h.record.revision,
                         nodes: vec![None; h.record.bundles.len()],
                         unconfirmed,
+                        lost_from: BTreeMap::new(),
                         confirm_by: Some(now + self.config.confirm_grace),
                         phase: Phase::Waiting,
                         was_ready: true,
@@ -878,13 +897,37 @@ impl Groups {
                 .unwrap_or_default();
             let mut release = Vec::new();
             let mut adopt = Vec::new();
+            let mut claimed = Vec::new();
             for b in h.bundles {
                 let i = b as usize;
                 match e.nodes.get(i) {
                     Some(Some(n)) if n == node => {}
-                    Some(None) if !in_plan.contains(&b) => adopt.push(b),
-                    _ => release.push(b),
+                    // Unassigned: adopted only where the head's own record
+                    // (its store, a sealed record, or the node it was taken
+                    // from when that node was lost) puts it on this node.
+                    Some(None)
+                        if !in_plan.contains(&b)
+                            && (e.unconfirmed.get(&b).is_some_and(|n| n == node)
+                                || e.lost_from.get(&b).is_some_and(|n| n == node)) =>
+                    {
+                        adopt.push(b);
+                    }
+                    Some(None) if in_plan.contains(&b) => release.push(b),
+                    // Held elsewhere now: a copy this node kept.
+                    Some(Some(_)) => release.push(b),
+                    // No record gives it to this node, or no such bundle.
+                    Some(None) | None => {
+                        claimed.push(b);
+                        release.push(b);
+                    }
                 }
+            }
+            if !claimed.is_empty() {
+                out.push(Action::Refused {
+                    node: node.to_owned(),
+                    group: id.clone(),
+                    bundles: claimed,
+                });
             }
             for b in &adopt {
                 e.nodes[*b as usize] = Some(node.to_owned());
@@ -1361,6 +1404,7 @@ mod tests {
                             self.groups.replied(self.now, &node, tag, reply, &mut out);
                         }
                         Action::Changed(id) | Action::Removed(id) => self.changed.push(id),
+                        Action::Refused { .. } => {}
                     }
                 }
             }
@@ -1672,6 +1716,58 @@ mod tests {
         c.run(out);
         assert!(c.ledgers["b"].held().is_empty());
         assert!(c.groups.is_empty());
+    }
+
+    /// A node's report is checked against the head's own record: a
+    /// bundle the head has not given it (one still unassigned, or one
+    /// that does not exist) is refused, released on the node and reported
+    /// as refused.
+    #[test]
+    fn a_report_claiming_bundles_the_heads_record_does_not_give_is_refused() {
+        let mut c = Cluster::new(&[("a", 1), ("b", 1)]);
+        c.join("driver", 1, 0);
+        // Two bundles of 1 CPU on one node: it waits, nothing assigned.
+        let waiting = c.create(spec("strict-pack", 2, 1.0, 60_000));
+        assert_eq!(c.state(&waiting), GroupState::Pending);
+        let claim = |id: &str, bundles: Vec<u32>| Held {
+            record: GroupRecord {
+                id: id.to_owned(),
+                revision: 99,
+                strategy: "strict-pack".into(),
+                bundles: vec![res(&[("cpu", 1.0)]); 2],
+                nodes: vec!["b".into(), "b".into()],
+                selector: BTreeMap::new(),
+                owner: Some(("driver".into(), 1)),
+                seal: Vec::new(),
+            },
+            bundles,
+        };
+        let mut out = Vec::new();
+        c.groups.report(
+            c.now,
+            "b",
+            1,
+            vec![claim(&waiting, vec![0, 1, 7])],
+            &mut out,
+        );
+        assert!(
+            out.contains(&Action::Refused {
+                node: "b".into(),
+                group: waiting.clone(),
+                bundles: vec![0, 1, 7],
+            }),
+            "{out:?}"
+        );
+        assert!(out.iter().any(|a| matches!(
+            a,
+            Action::Send { node, op: LedgerOp::Release { bundles, .. }, .. }
+                if node == "b" && bundles == &vec![0, 1, 7]
+        )));
+        assert_eq!(c.groups.view(&waiting).unwrap().nodes, vec!["", ""]);
+        assert!(c.groups.reserved("b").is_empty(), "nothing reserved for b");
+
+        // A node the bundle was taken from when it was lost gets it back:
+        // a_node_taken_for_lost_gets_back_what_was_not_placed_elsewhere.
     }
 
     #[test]

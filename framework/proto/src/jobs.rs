@@ -87,6 +87,41 @@ pub struct JobSpec {
     pub max_restarts: u32,
 }
 
+/// Largest job description a head takes (its kind, arguments, message
+/// type, resources and description together), in bytes: 1 MiB. A job's
+/// arguments name where its data is; the data itself never travels in
+/// them.
+pub const MAX_SPEC_BYTES: usize = 1 << 20;
+
+/// Jobs one certificate may have running (not ended) at once on a head.
+pub const MAX_RUNNING_PER_PRINCIPAL: usize = 64;
+
+impl JobSpec {
+    /// The size the head counts against [`MAX_SPEC_BYTES`].
+    pub fn size(&self) -> usize {
+        self.kind.len()
+            + self.args.len()
+            + self.message_type.len()
+            + self.description.len()
+            + self.resources.keys().map(|k| k.len() + 8).sum::<usize>()
+    }
+
+    /// Why a head refuses the job as submitted: over [`MAX_SPEC_BYTES`], or
+    /// naming no kind.
+    pub fn check(&self) -> Result<(), String> {
+        if self.kind.is_empty() {
+            return Err("a job names the kind of its actor".into());
+        }
+        let size = self.size();
+        if size > MAX_SPEC_BYTES {
+            return Err(format!(
+                "NODE-JOB-010: the job's description is {size} bytes, more than the {MAX_SPEC_BYTES} a head takes (name where the data is; do not carry it)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A job as `node jobs` shows it.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct JobView {
@@ -332,6 +367,28 @@ mod tests {
             detail: "d".into(),
             groups: vec!["g".into()],
         }
+    }
+
+    #[test]
+    fn a_job_description_over_the_limit_or_without_a_kind_is_refused() {
+        let mut spec = JobSpec {
+            kind: "k".into(),
+            args: vec![0; MAX_SPEC_BYTES - 64],
+            message_type: "m".into(),
+            resources: Resources::new(),
+            description: "d".into(),
+            max_restarts: 1,
+        };
+        assert_eq!(spec.check(), Ok(()));
+        spec.description = "x".repeat(100);
+        let e = spec.check().unwrap_err();
+        assert!(
+            e.starts_with("NODE-JOB-010") && e.contains("1048576"),
+            "{e}"
+        );
+        spec.args.clear();
+        spec.kind.clear();
+        assert!(spec.check().unwrap_err().contains("kind"));
     }
 
     #[test]

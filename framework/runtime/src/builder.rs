@@ -128,6 +128,8 @@ const REVOCATIONS_EVERY: std::time::Duration = std::time::Duration::from_secs(1)
 pub struct NodeBuilder {
     config: NodeConfig,
     kinds: HashMap<String, Arc<dyn Kind>>,
+    /// The kinds only the head may spawn.
+    head_only: std::collections::HashSet<String>,
     configurable: HashMap<String, ConfigKind>,
     handle: NodeHandle,
     gpus: crate::gpus::GpuSlots,
@@ -157,6 +159,7 @@ impl Node {
         NodeBuilder {
             config,
             kinds: HashMap::new(),
+            head_only: std::collections::HashSet::new(),
             configurable: HashMap::new(),
             handle: NodeHandle::default(),
             gpus: crate::gpus::GpuSlots::default(),
@@ -236,6 +239,21 @@ impl NodeBuilder {
             }),
         );
         self
+    }
+
+    /// Registers `kind` as [`NodeBuilder::register`] does, as a kind only
+    /// the head may spawn on this node (the node itself aside): one that
+    /// acts with the rights the head grants it, as a detached job's driver
+    /// does. Anyone else's spawn of it is refused (`NODE-AUTH-024`) and
+    /// counted.
+    pub fn register_head_only<A, F>(mut self, kind: &str, factory: F) -> Self
+    where
+        A: Actor,
+        A::Arguments: Decode,
+        F: Fn() -> A + Send + Sync + 'static,
+    {
+        self.head_only.insert(kind.to_owned());
+        self.register(kind, factory)
     }
 
     /// Registers `kind` as [`NodeBuilder::register`] does, and lets its
@@ -492,6 +510,7 @@ impl NodeBuilder {
             placement: placement_handle.clone(),
             jobs: jobs.clone(),
             objects: store.clone(),
+            head_only: Arc::new(self.head_only),
         };
         if let Some(service) = placement {
             tasks.spawn_graceful(|stop| service.run(stop));

@@ -314,8 +314,8 @@ async fn serve_connection(
     tasks: Tasks,
     pc: PeerConnection,
 ) {
-    let revoked = gate::revoked(&view, &pc.serial);
-    tokio::pin!(revoked);
+    let withdrawn = gate::withdrawn(&view, &pc);
+    tokio::pin!(withdrawn);
     let mut bound: Option<String> = None;
     let mut speaks_for: Option<(String, u64)> = None;
     let fence = |pc: &PeerConnection| {
@@ -335,11 +335,7 @@ async fn serve_connection(
         let accepted = tokio::select! {
             a = accept => a,
             () = gate::speaker_fenced(&view, &speaks_for) => return fence(&pc),
-            () = &mut revoked => {
-                tracing::warn!(peer = %pc.peer, "NODE-AUTH-020: closing the bulk connection of a revoked certificate");
-                pc.connection.close(quinn::VarInt::from_u32(0x12), b"revoked");
-                return;
-            }
+            why = &mut withdrawn => return gate::close_withdrawn(&pc, why, "bulk"),
         };
         if let Ok((_, _, hello)) = &accepted {
             speaks_for = Some((hello.node.clone(), hello.incarnation));
@@ -368,11 +364,7 @@ async fn serve_connection(
             let received = tokio::select! {
                 r = receive(recv) => r,
                 () = gate::speaker_fenced(&view, &speaks_for) => return fence(&pc),
-                () = &mut revoked => {
-                    tracing::warn!(%peer, "NODE-AUTH-020: closing the bulk connection of a revoked certificate");
-                    conn.close(quinn::VarInt::from_u32(0x12), b"revoked");
-                    return;
-                }
+                why = &mut withdrawn => return gate::close_withdrawn(&pc, why, "bulk"),
             };
             if let Err(e) = received {
                 tracing::warn!(%peer, error = %e, "NODE-WIRE-003: closing connection after a malformed bulk frame");

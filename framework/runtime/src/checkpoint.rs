@@ -89,6 +89,34 @@ pub enum CheckpointError {
         /// The newest epoch the store has seen.
         newer: u64,
     },
+    /// An epoch further ahead of this node's clock than any supervisor
+    /// issues ([`flotilla_proto::epoch::MAX_AHEAD_MICROS`]): forged, and
+    /// neither announced nor used.
+    #[error(
+        "NODE-CKPT-007: checkpoint of {actor} at epoch {epoch} refused: it is more than a minute ahead of this node's clock ({now}), so no supervisor issued it"
+    )]
+    FromTheFuture {
+        /// The actor.
+        actor: String,
+        /// The epoch given.
+        epoch: u64,
+        /// This node's clock, in microseconds since the Unix epoch.
+        now: u64,
+    },
+}
+
+/// `Err` when `epoch` (of `actor`) is not one a supervisor issues.
+fn plausible(actor: &str, epoch: u64) -> Result<(), CheckpointError> {
+    let now = crate::clock::clock_micros();
+    if flotilla_proto::epoch::plausible(epoch, now) {
+        Ok(())
+    } else {
+        Err(CheckpointError::FromTheFuture {
+            actor: actor.to_owned(),
+            epoch,
+            now,
+        })
+    }
 }
 
 /// One object of an actor's checkpoint folder, by name.
@@ -237,6 +265,7 @@ impl CheckpointStore {
     /// [`CheckpointError::Stale`] if a newer epoch has announced itself
     /// already.
     pub async fn fence(&self, actor: &str, epoch: u64) -> Result<Fenced, CheckpointError> {
+        plausible(actor, epoch)?;
         let folder = self.folder(actor)?;
         let listed = self.entries(&folder).await?;
         admit(actor, epoch, &listed)?;
@@ -372,10 +401,17 @@ impl CheckpointStore {
                     path: folder.to_string(),
                     source,
                 })?;
+        // An epoch no supervisor issued (one a forged start announced) is
+        // not counted: it would lock every later start out.
+        let now = crate::clock::clock_micros();
         Ok(listed
             .into_iter()
             .filter_map(|meta| {
                 let entry = Entry::parse(meta.location.filename()?)?;
+                if !flotilla_proto::epoch::plausible(entry.epoch(), now) {
+                    tracing::warn!(path = %meta.location, "a checkpoint entry's epoch is further ahead of the clock than any supervisor issues; not counted");
+                    return None;
+                }
                 Some((entry, meta.location))
             })
             .collect())
@@ -717,6 +753,40 @@ mod tests {
         );
         assert_eq!(Entry::parse("notes.txt"), None);
         assert_eq!(Entry::parse("x-1.ckpt"), None);
+    }
+
+    /// A start whose spawn arguments carry a forged epoch (`u64::MAX`)
+    /// cannot announce it, and one already in the store (written by a
+    /// node without this check) is not counted: the child's next real
+    /// start fences, saves and restores its own snapshots.
+    #[tokio::test]
+    async fn a_forged_epoch_far_ahead_of_the_clock_locks_no_child_out() {
+        let dir = scratch("forged");
+        let store = CheckpointStore::open(dir.to_str().unwrap(), 4).unwrap();
+        let refused = store.fence("t", u64::MAX).await.unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                CheckpointError::FromTheFuture {
+                    epoch: u64::MAX,
+                    ..
+                }
+            ),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().starts_with("NODE-CKPT-007"),
+            "{refused}"
+        );
+        // As a store a forged start wrote to looks.
+        let folder = dir.join("t");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join(Entry::Epoch(u64::MAX).name()), b"forged").unwrap();
+        let now = crate::clock::clock_micros();
+        let real = store.fence("t", now).await.unwrap();
+        real.save(1, &count(1)).await.unwrap();
+        assert_eq!(real.restore::<Count>().await.unwrap(), Some((1, count(1))));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

@@ -62,6 +62,8 @@ pub(crate) struct ControlService {
     pub(crate) jobs: JobsSlot,
     /// This node's object store, for its counters.
     pub(crate) objects: flotilla_objects::Store,
+    /// The kinds only the head may spawn here.
+    pub(crate) head_only: Arc<std::collections::HashSet<String>>,
 }
 
 /// How long the spawner may take to answer a stop request.
@@ -172,11 +174,28 @@ impl ControlService {
             ControlRequest::Spawn(order) => Some(self.spawn(caller, order).await?),
             request @ (ControlRequest::Join(_)
             | ControlRequest::Heartbeat { .. }
-            | ControlRequest::Leave { .. }) => match (&self.head, session) {
-                (Some(h), Some(s)) => self.membership(h, s, request),
-                _ if matches!(request, ControlRequest::Leave { .. }) => Some(ControlReply::Ack),
-                _ => Some(ControlReply::Refused(Refusal::NotHead)),
-            },
+            | ControlRequest::Leave { .. }) => {
+                let asked = match &request {
+                    ControlRequest::Join(_) => "join",
+                    ControlRequest::Heartbeat { .. } => "heartbeat",
+                    _ => "leave",
+                };
+                let reply = match (&self.head, session) {
+                    (Some(h), Some(s)) => self.membership(h, s, request),
+                    _ if asked == "leave" => Some(ControlReply::Ack),
+                    _ => Some(ControlReply::Refused(Refusal::NotHead)),
+                };
+                let reason = match &reply {
+                    Some(ControlReply::Refused(refusal)) => Some(refusal.code()),
+                    Some(ControlReply::NameTaken(_)) => Some("name_taken"),
+                    Some(ControlReply::Denied(why)) => Some(why.code()),
+                    _ => None,
+                };
+                if let Some(reason) = reason {
+                    crate::counters::membership_refused(asked, reason);
+                }
+                reply
+            }
             ControlRequest::Placement(request) => {
                 Some(ControlReply::Placement(match &self.placement {
                     Some(p) => match p.request(caller, request).await {
@@ -268,6 +287,18 @@ impl ControlService {
         if caller.incarnation == 0 {
             // A tool is no member: nothing would stop its actors.
             return Ok(denied("spawn", caller, Unauthorized::NotMember));
+        }
+        // The owner must be the member the table shows, at that
+        // incarnation: an older process, or one that is no member, owns
+        // nothing here.
+        if !crate::gate::is_up(&self.view, &caller.member, caller.incarnation).await {
+            return Ok(denied("spawn", caller, Unauthorized::NotMember));
+        }
+        if self.head_only.contains(&order.kind) {
+            let head = self.view.borrow().head.clone();
+            if let Err(why) = authority::may_spawn_head_only(caller.sender(), &head) {
+                return Ok(denied("spawn", caller, why));
+            }
         }
         let req = LocalSpawn {
             order,

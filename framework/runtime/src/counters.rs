@@ -8,6 +8,9 @@
 //! flotilla_frames_dropped_total{lane,reason}    frames dropped after the gate
 //! flotilla_authority_refused_total{service,reason}  requests refused by the permission table
 //! flotilla_tls_refused_total{reason}            connections refused before their first stream
+//! flotilla_membership_refused_total{request,reason}  joins, heartbeats and leaves the head refused
+//! flotilla_principal_capped_total{what}          requests refused at a per-certificate cap
+//! flotilla_connections_closed_total{reason}     open connections closed: certificate revoked or expired
 //! flotilla_sessions_opened_total                ractor_cluster sessions opened
 //! flotilla_sessions_closed_total                ractor_cluster sessions closed
 //! flotilla_sent_bytes_total{lane}               bytes sent per lane
@@ -52,6 +55,25 @@ pub(crate) fn authority_refused(service: &'static str, reason: &'static str) {
 /// failed or timed out, or the node had too many handshakes in progress.
 pub(crate) fn tls_refused(reason: &'static str) {
     metrics::counter!("flotilla_tls_refused_total", "reason" => reason).increment(1);
+}
+
+/// A join, heartbeat or leave (`request`) the head refused, by the
+/// refusal's code (`name_taken` for a name a live process holds).
+pub(crate) fn membership_refused(request: &'static str, reason: &'static str) {
+    metrics::counter!("flotilla_membership_refused_total", "request" => request, "reason" => reason)
+        .increment(1);
+}
+
+/// A request refused because its certificate is at its cap of `what`
+/// (`jobs`: jobs running at once).
+pub(crate) fn principal_capped(what: &'static str) {
+    metrics::counter!("flotilla_principal_capped_total", "what" => what).increment(1);
+}
+
+/// An open connection closed because its certificate was withdrawn
+/// (`revoked` or `expired`).
+pub(crate) fn connection_closed(reason: &'static str) {
+    metrics::counter!("flotilla_connections_closed_total", "reason" => reason).increment(1);
 }
 
 /// A ractor_cluster session opened.
@@ -108,6 +130,18 @@ pub(crate) fn register() {
     metrics::describe_counter!(
         "flotilla_authority_refused_total",
         "Requests refused by the permission table, by service and reason"
+    );
+    metrics::describe_counter!(
+        "flotilla_connections_closed_total",
+        "Open connections closed because their certificate was revoked or expired"
+    );
+    metrics::describe_counter!(
+        "flotilla_principal_capped_total",
+        "Requests refused because their certificate is at its cap, by what is capped"
+    );
+    metrics::describe_counter!(
+        "flotilla_membership_refused_total",
+        "Joins, heartbeats and leaves the head refused, by request and reason"
     );
     metrics::describe_counter!(
         "flotilla_tls_refused_total",

@@ -78,13 +78,22 @@ pub(crate) async fn accept(
 /// Whether the table shows the hello's member up at its incarnation,
 /// waiting up to [`MEMBER_WAIT`] for it to.
 async fn member_up(view: &watch::Receiver<Table>, hello: &Hello) -> Result<(), Refusal> {
-    let mut view = view.clone();
-    let up = |t: &Table| t.known(&hello.node) == Some((hello.incarnation, true));
-    let waited = tokio::time::timeout(MEMBER_WAIT, view.wait_for(up)).await;
-    match waited {
-        Ok(Ok(_)) => Ok(()),
-        _ => Err(Refusal::NotMember),
+    if is_up(view, &hello.node, hello.incarnation).await {
+        Ok(())
+    } else {
+        Err(Refusal::NotMember)
     }
+}
+
+/// Whether the table shows `member` up at `incarnation`, waiting up to
+/// [`MEMBER_WAIT`] for it to (a member that has just joined).
+pub(crate) async fn is_up(view: &watch::Receiver<Table>, member: &str, incarnation: u64) -> bool {
+    let mut view = view.clone();
+    let up = |t: &Table| t.known(member) == Some((incarnation, true));
+    matches!(
+        tokio::time::timeout(MEMBER_WAIT, view.wait_for(up)).await,
+        Ok(Ok(_))
+    )
 }
 
 /// Resolves once `view` shows `member` at a newer incarnation than
@@ -113,6 +122,48 @@ pub(crate) async fn speaker_fenced(
     match speaks_for {
         Some((member, incarnation)) => fenced(view, member, *incarnation).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Why a connection's certificate stopped being good while it was open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Withdrawn {
+    /// The head's revocation list names it.
+    Revoked,
+    /// Its validity ended.
+    Expired,
+}
+
+/// Resolves once the certificate of `pc` is revoked (as `view` says) or
+/// expires; never before.
+pub(crate) async fn withdrawn(view: &watch::Receiver<Table>, pc: &PeerConnection) -> Withdrawn {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let left = std::time::Duration::from_secs(pc.expires_unix.saturating_sub(now).max(0) as u64);
+    tokio::select! {
+        () = revoked(view, &pc.serial) => Withdrawn::Revoked,
+        () = tokio::time::sleep(left) => Withdrawn::Expired,
+    }
+}
+
+/// Closes `pc` because its certificate was withdrawn (`why`), on `lane`
+/// (`main` or `bulk`): logged, counted
+/// (`flotilla_connections_closed_total{reason}`).
+pub(crate) fn close_withdrawn(pc: &PeerConnection, why: Withdrawn, lane: &'static str) {
+    match why {
+        Withdrawn::Revoked => {
+            tracing::warn!(peer = %pc.peer, lane, "NODE-AUTH-020: closing the connection of a revoked certificate");
+            counters::connection_closed("revoked");
+            pc.connection
+                .close(quinn::VarInt::from_u32(0x12), b"revoked");
+        }
+        Withdrawn::Expired => {
+            tracing::warn!(peer = %pc.peer, lane, "NODE-AUTH-027: closing the connection of a certificate that expired while it was open; renew it (node certs renew)");
+            counters::connection_closed("expired");
+            pc.connection
+                .close(quinn::VarInt::from_u32(0x15), b"expired");
+        }
     }
 }
 

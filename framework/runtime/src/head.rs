@@ -78,7 +78,8 @@ impl HeadService {
     /// certificates `ca`) until `stop`: read at start and whenever its
     /// size or modification time changes (looked at every `every`), and
     /// handed to every member with the table. A list that does not check
-    /// is logged and the one in force kept.
+    /// is logged and the one in force kept; revocations only grow (a list
+    /// that disappears, or an older copy naming fewer, withdraws none).
     pub(crate) async fn follow_revocations(
         &self,
         path: std::path::PathBuf,
@@ -93,15 +94,29 @@ impl HeadService {
                 .map(|m| (m.len(), m.modified().ok()));
             if stamp != seen {
                 seen = stamp;
+                // Revocations only grow while the head runs: a list that
+                // disappears, or an older copy naming fewer, withdraws none
+                // of those already in force.
                 match flotilla_transport::certs::load_revocations(&path, &ca) {
-                    Ok(serials) => {
-                        let serials = serials.unwrap_or_default();
-                        let n = serials.len();
-                        if self.with(|m| m.set_revoked(serials)) {
+                    Ok(Some(serials)) => {
+                        let mut all = self.with(|m| m.revoked().to_vec());
+                        let known = all.len();
+                        all.extend(serials);
+                        all.sort();
+                        all.dedup();
+                        let n = all.len();
+                        if n > known && self.with(|m| m.set_revoked(all)) {
                             tracing::warn!(revoked = n, path = %path.display(), "revocation list loaded; revoked certificates are refused and their streams closed");
                         }
                     }
-                    Err(e) => tracing::error!(error = %e, "revocation list not applied"),
+                    Ok(None) => {
+                        if self.with(|m| !m.revoked().is_empty()) {
+                            tracing::error!(path = %path.display(), "the revocation list is gone; the revocations already in force stay");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "revocation list not applied; the revocations already in force stay")
+                    }
                 }
             }
             tokio::select! {

@@ -491,8 +491,22 @@ impl Service {
     }
 
     async fn submit(&mut self, spec: JobSpec, owner: Option<String>) -> JobsReply {
-        if spec.kind.is_empty() {
-            return JobsReply::Invalid("a job names the kind of its actor".into());
+        if let Err(why) = spec.check() {
+            return JobsReply::Invalid(why);
+        }
+        if let Some(owner) = &owner {
+            let running = self
+                .jobs
+                .values()
+                .filter(|e| e.record.owner.as_ref() == Some(owner) && !e.record.state.is_end())
+                .count();
+            if running >= flotilla_proto::jobs::MAX_RUNNING_PER_PRINCIPAL {
+                crate::counters::principal_capped("jobs");
+                return JobsReply::Invalid(format!(
+                    "NODE-JOB-011: {owner} has {running} jobs running, the most one certificate may have at once ({}); wait for one to end or stop one",
+                    flotilla_proto::jobs::MAX_RUNNING_PER_PRINCIPAL
+                ));
+            }
         }
         let n = self.next;
         self.next += 1;

@@ -294,9 +294,9 @@ impl PlacementService {
     /// What a member reports holding, less the records whose seal does
     /// not check (refused, counted, and released on the member).
     fn checked(&mut self, node: &str, held: Vec<Held>) -> Vec<Held> {
-        let (good, forged): (Vec<Held>, Vec<Held>) = held.into_iter().partition(|h| {
-            self.groups.view(&h.record.id).is_some() || seal_checks(&self.seal_key, &h.record)
-        });
+        let (good, forged): (Vec<Held>, Vec<Held>) = held
+            .into_iter()
+            .partition(|h| seal_checks(&self.seal_key, &h.record));
         for h in forged {
             let why = Unauthorized::UnknownGroup;
             crate::counters::authority_refused("placement", why.code());
@@ -324,6 +324,12 @@ impl PlacementService {
         let answer = match request {
             PlacementRequest::Create { spec } => {
                 if let Err(why) = authority::may_create_group(sender) {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
+                if spec.detached
+                    && let Err(why) = authority::may_create_detached_group(sender)
+                {
                     let _ = reply.send(Err(why));
                     return;
                 }
@@ -430,6 +436,15 @@ impl PlacementService {
                             tracing::error!(group = %id, error = %e, "cannot write where the ready group is; a restarted head will wait for its nodes' reports");
                         }
                         self.wake(&id, false);
+                    }
+                    Action::Refused {
+                        node,
+                        group,
+                        bundles,
+                    } => {
+                        let why = Unauthorized::NotYourBundle;
+                        crate::counters::authority_refused("placement", why.code());
+                        tracing::warn!(%node, %group, ?bundles, error = %why, "a node reported holding bundles no record gives it; released");
                     }
                     Action::Removed(id) => {
                         if let Some(store) = &self.store

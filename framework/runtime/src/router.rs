@@ -70,8 +70,8 @@ impl Router {
     /// whose peer opens no stream within [`FIRST_STREAM`] is closed (one
     /// this node dialled is its own to use).
     async fn serve(self: Arc<Self>, pc: PeerConnection, accepted: bool) {
-        let revoked = gate::revoked(&self.view, &pc.serial);
-        tokio::pin!(revoked);
+        let withdrawn = gate::withdrawn(&self.view, &pc);
+        tokio::pin!(withdrawn);
         let mut bound: Option<String> = None;
         // The member incarnation the connection's latest stream spoke for.
         let mut speaks_for: Option<(String, u64)> = None;
@@ -87,10 +87,11 @@ impl Router {
             );
             let accepted = tokio::select! {
                 a = accept => a,
-                () = &mut revoked => {
-                    tracing::warn!(peer = %pc.peer, "NODE-AUTH-020: closing the connection of a revoked certificate");
-                    crate::counters::hello_refused(flotilla_proto::hello::Refusal::Revoked);
-                    pc.connection.close(quinn::VarInt::from_u32(0x12), b"revoked");
+                why = &mut withdrawn => {
+                    if why == gate::Withdrawn::Revoked {
+                        crate::counters::hello_refused(flotilla_proto::hello::Refusal::Revoked);
+                    }
+                    gate::close_withdrawn(&pc, why, "main");
                     return;
                 }
                 () = fenced => {

@@ -16,6 +16,33 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// The folders of the models tests load: the repository's `models/`
+/// (`scripts/fetch-model`) and the small models of every family
+/// (`FLOTILLA_TEST_MODELS`, else their default folder). Every node the kit
+/// starts allows them (`--allow-path`), as a deployment allows its models'
+/// folder: a node loads the models jobs name only under its roots.
+pub fn model_roots() -> Vec<PathBuf> {
+    let repository = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models");
+    let small = std::env::var_os("FLOTILLA_TEST_MODELS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/flotilla/test-models"))
+        });
+    [Some(repository), small]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.canonicalize().ok())
+        .collect()
+}
+
+/// `--allow-path` for each of [`model_roots`].
+fn model_roots_flags() -> Vec<String> {
+    model_roots()
+        .into_iter()
+        .flat_map(|p| ["--allow-path".to_owned(), p.to_string_lossy().into_owned()])
+        .collect()
+}
+
 pub use crate::ca::free_addr;
 
 /// A scratch folder with a cluster CA and certificates, and the `node`
@@ -151,6 +178,7 @@ impl Scratch {
             .arg(role)
             .args(["--name", name, "--listen", &listen.to_string()])
             .args(["--certs", certs.to_str().unwrap()])
+            .args(model_roots_flags())
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log);
@@ -218,6 +246,7 @@ impl Scratch {
             .args(["--state-dir", state.to_str().unwrap()])
             .args(["--metrics-listen", &metrics.to_string()])
             .args(["--lease-store", lease, "--lease-ms", &lease_ms.to_string()])
+            .args(model_roots_flags())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -68,6 +68,24 @@ impl S3Server {
         Some(out)
     }
 
+    /// Stores `body` as `key` of the test bucket with a plain HTTP `PUT`;
+    /// the status line, if any answer came.
+    pub fn put(&self, key: &str, body: &[u8]) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        write!(
+            s,
+            "PUT /{BUCKET}/{key} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.port,
+            body.len()
+        )
+        .ok()?;
+        s.write_all(body).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.lines().next().map(str::to_owned)
+    }
+
     /// The environment a process reads the server's settings from
     /// (object_store's `AWS_*` variables).
     pub fn env(&self) -> [(&'static str, String); 5] {

@@ -1,7 +1,9 @@
 //! Every decoder a peer reaches, fed the real types' bytes mutated at
 //! random: hellos, control requests (joins, heartbeats, spawn orders,
-//! placement, ledger and jobs requests), bulk headers, object requests and
-//! the frames around them, and the arguments and messages of the kinds a
+//! placement, ledger and jobs requests), the replies a client decodes
+//! (member tables, spawn, placement and jobs answers), bulk headers,
+//! object requests and the frames around them (whole, and arriving in
+//! pieces), and the arguments and messages of the kinds a
 //! node registers (what a spawn order and a remote cast carry). None may panic, and none may allocate more than
 //! its bound: a constant plus a small multiple of the bytes it was given,
 //! whatever lengths the bytes claim.
@@ -233,6 +235,66 @@ fn object_requests() -> Vec<ObjectRequest> {
     ]
 }
 
+/// The replies a client decodes: member tables and their changes, spawn,
+/// stop and status answers, placement and jobs replies, refusals.
+fn replies() -> Vec<ControlReply> {
+    use flotilla_proto::authority::Unauthorized;
+    use flotilla_proto::control::{PlacementReply, SpawnReply};
+    use flotilla_proto::groups::{GroupState, GroupView};
+    use flotilla_proto::jobs::{JobRecord, JobsReply};
+    use flotilla_proto::membership::{MemberState, MemberView};
+    let member = MemberView {
+        name: "w1".into(),
+        addr: "10.0.0.1:7420".into(),
+        bulk_addr: "10.0.0.1:7421".into(),
+        host: "boot-id-digest".into(),
+        incarnation: 1_700_000_000_000_000,
+        state: MemberState::Up,
+        resources: resources(),
+        actors: 3,
+        role: flotilla_proto::role::Role::Worker,
+    };
+    let group = GroupView {
+        id: "pg-1".into(),
+        state: GroupState::Ready,
+        revision: 4,
+        strategy: "spread".into(),
+        bundles: vec![BTreeMap::from([("cpu".to_owned(), 1.0)]); 3],
+        nodes: vec!["w1".into(), "w2".into(), "w3".into()],
+        owner: Some("alice~3f09".into()),
+        why: None,
+    };
+    let job = JobRecord::new("job-1", "embed /data -> s3://out", Some("alice".into()))
+        .view(Some(group.clone()), vec![group.clone()]);
+    vec![
+        ControlReply::Members {
+            version: 9,
+            head: "head".into(),
+            members: vec![member.clone(); 8],
+            revoked: vec![vec![1, 2, 3]],
+            more: true,
+        },
+        ControlReply::Changes {
+            since: 8,
+            version: 9,
+            head: "head".into(),
+            changed: vec![member],
+            removed: vec!["w9".into()],
+            revoked: Some(vec![vec![4, 5]]),
+            more: false,
+        },
+        ControlReply::Spawned(SpawnReply::Spawned),
+        ControlReply::Denied(Unauthorized::HeadOnlyKind),
+        ControlReply::Placement(PlacementReply::Group(Some(group.clone()))),
+        ControlReply::Placement(PlacementReply::Groups {
+            groups: vec![group; 4],
+            nodes: Vec::new(),
+        }),
+        ControlReply::Jobs(JobsReply::Jobs(vec![job.clone(); 4])),
+        ControlReply::Jobs(JobsReply::Job(Some(Box::new(job)))),
+    ]
+}
+
 /// The bytes of every value, each with the decoder it meets.
 type Case = (Vec<u8>, fn(&[u8]) -> Result<(), TestCaseError>);
 
@@ -250,6 +312,8 @@ fn cases() -> Vec<Case> {
     }));
     out.push(of(&HelloReply::Refused(Refusal::Revoked)));
     out.push(of(&ControlReply::Ack));
+    // What a client decodes: the replies a head or a node sends back.
+    out.extend(replies().iter().map(of));
     out.push(of(&ReleaseReply {
         released: 3,
         refused: Vec::new(),
@@ -326,6 +390,54 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The frame-reading path as a stream delivers bytes: a real framed
+    /// message (and a mutated one) fed in pieces of any sizes reads as
+    /// nothing until whole, then as exactly the message, and never
+    /// allocates more than the bytes present nor panics.
+    #[test]
+    fn frames_arriving_in_pieces_read_whole_or_not_at_all(
+        which in any::<usize>(),
+        cuts in proptest::collection::vec(1usize..64, 1..40),
+        spoil in any::<bool>(),
+        mutations in proptest::collection::vec(mutation(), 1..4),
+    ) {
+        let all = cases();
+        let (payload, _) = &all[which % all.len()];
+        let payload = if spoil { mutate(payload.clone(), &mutations) } else { payload.clone() };
+        let max = flotilla_proto::frame::DEFAULT_MAX_FRAME;
+        let mut framed = (payload.len() as u32).to_be_bytes().to_vec();
+        framed.extend_from_slice(&payload);
+        let mut got = Vec::new();
+        let mut at = 0;
+        let mut cuts = cuts.into_iter().cycle();
+        while at < framed.len() {
+            at = (at + cuts.next().unwrap_or(1)).min(framed.len());
+            got.truncate(0);
+            got.extend_from_slice(&framed[..at]);
+            let (read, peak) = peak_of(|| {
+                std::panic::catch_unwind(|| {
+                    flotilla_proto::frame::decode(&got, max)
+                        .map(|f| f.map(|(body, used)| (body.to_vec(), used)))
+                })
+            });
+            prop_assert!(read.is_ok(), "reading a frame panicked");
+            prop_assert!(peak <= 1024 + 2 * got.len(), "{peak} bytes for {} present", got.len());
+            match read.unwrap() {
+                Ok(Some((body, used))) => {
+                    prop_assert_eq!(at, framed.len(), "whole only once every byte is there");
+                    prop_assert_eq!(&body, &payload);
+                    prop_assert_eq!(used, framed.len());
+                }
+                Ok(None) => prop_assert!(at < framed.len()),
+                Err(e) => prop_assert!(false, "a frame under the limit refused: {e}"),
+            }
+        }
+    }
+}
+
 /// Every value, unspoiled, reads back as itself: the cases above start
 /// from real archives.
 #[test]
@@ -341,6 +453,9 @@ fn every_case_round_trips() {
     }
     for o in object_requests() {
         assert_eq!(wire::decode::<ObjectRequest>(&wire::encode(&o)).unwrap(), o);
+    }
+    for r in replies() {
+        assert_eq!(wire::decode::<ControlReply>(&wire::encode(&r)).unwrap(), r);
     }
 }
 

@@ -85,6 +85,10 @@ pub struct Tuning {
     pub max_handshakes: usize,
     /// Handshakes in progress at once from one source address.
     pub max_handshakes_per_source: usize,
+    /// Handshakes in progress above which a connection from an address
+    /// not yet validated is first asked to prove it (a QUIC retry): a
+    /// spoofed source never answers, so it holds no slot.
+    pub retry_above: usize,
     /// How long a handshake may take before its slot is freed.
     pub handshake_timeout: Duration,
 }
@@ -100,6 +104,7 @@ impl Default for Tuning {
             max_streams: 256,
             max_handshakes: 128,
             max_handshakes_per_source: 8,
+            retry_above: 32,
             handshake_timeout: Duration::from_secs(5),
         }
     }
@@ -131,6 +136,9 @@ pub struct PeerConnection {
     pub role: Option<Role>,
     /// The peer certificate's serial number (normalised), for revocation.
     pub serial: Vec<u8>,
+    /// When the peer's certificate expires (Unix seconds): the connection
+    /// is closed then.
+    pub expires_unix: i64,
 }
 
 fn peer_cert(connection: &quinn::Connection) -> Option<CertInfo> {
@@ -155,6 +163,7 @@ impl PeerConnection {
             peer: info.name,
             role: info.role,
             serial: info.serial,
+            expires_unix: info.not_after,
         })
     }
 }
@@ -167,8 +176,9 @@ pub struct HandshakeRefused {
     /// The peer's address.
     pub addr: SocketAddr,
     /// A short, stable name: `busy` (too many handshakes at once, in all or
-    /// from its address), `timeout`, `tls` (certificate or protocol
-    /// refused), `no_name` (a certificate without a node name).
+    /// from its address), `retry` (asked to validate its address first,
+    /// under load), `timeout`, `tls` (certificate or protocol refused),
+    /// `no_name` (a certificate without a node name).
     pub reason: &'static str,
     /// What went wrong.
     pub detail: String,
@@ -378,6 +388,27 @@ impl Endpoint {
     pub async fn accept_incoming(&self) -> Option<Result<Handshake, HandshakeRefused>> {
         let incoming = self.endpoint.accept().await?;
         let source = incoming.remote_address().ip();
+        let busy = {
+            let s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            s.total >= self.tuning.retry_above
+        };
+        if busy && !incoming.remote_address_validated() && incoming.may_retry() {
+            let addr = incoming.remote_address();
+            // Answered by a retry packet: no state is kept until the
+            // source comes back with the token it carries.
+            if incoming.retry().is_ok() {
+                return Some(Err(HandshakeRefused {
+                    addr,
+                    reason: "retry",
+                    detail: "asked to validate its address first".into(),
+                }));
+            }
+            return Some(Err(HandshakeRefused {
+                addr,
+                reason: "busy",
+                detail: "too many handshakes in progress".into(),
+            }));
+        }
         let admitted = {
             let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let from_source = s.by_source.get(&source).copied().unwrap_or(0);
@@ -481,24 +512,71 @@ mod tests {
             .unwrap()
     }
 
+    /// A fresh CA folder (`tag` in its name) with workers `a` and `b`.
+    fn ca_of(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("flotilla-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        crate::certs::init_ca(&dir, "test", "head").unwrap();
+        for name in ["a", "b"] {
+            let validity = crate::certs::DEFAULT_VALIDITY;
+            crate::certs::issue(&dir, name, Role::Worker, validity, &dir).unwrap();
+        }
+        dir
+    }
+
+    /// Above the threshold, a connection from an address not yet validated
+    /// is answered with a QUIC retry and holds no slot; the real client
+    /// comes back with the token, validated, and connects.
+    #[test]
+    fn under_load_an_unvalidated_source_is_asked_to_retry_and_a_real_one_connects() {
+        let dir = ca_of("retry");
+        let local: SocketAddr = ([127, 0, 0, 1], 0).into();
+        let rt = runtime();
+        let tuning = Tuning {
+            retry_above: 0,
+            ..Tuning::default()
+        };
+        let server = rt
+            .block_on(async { Endpoint::bind(local, Identity::load(&dir, "b").unwrap(), &tuning) })
+            .unwrap();
+        let addr = server.local_addr().unwrap();
+        let client = rt
+            .block_on(async {
+                Endpoint::bind(
+                    local,
+                    Identity::load(&dir, "a").unwrap(),
+                    &Tuning::default(),
+                )
+            })
+            .unwrap();
+        let (reasons, pc) = rt.block_on(async {
+            let dial = tokio::spawn(async move { client.connect(addr, Some("b")).await });
+            let mut reasons = Vec::new();
+            let accepted = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    match server.accept_incoming().await.unwrap() {
+                        Ok(handshake) => return handshake.finish().await,
+                        Err(refused) => reasons.push(refused.reason),
+                    }
+                }
+            })
+            .await
+            .expect("accepted in time");
+            let dialled = dial.await.unwrap();
+            assert!(dialled.is_ok(), "{dialled:?}");
+            (reasons, accepted)
+        });
+        assert_eq!(reasons, ["retry"], "one retry, then the validated source");
+        assert_eq!(pc.unwrap().peer, "a");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A connection dialled through an endpoint pinned to one runtime keeps
     /// working after the runtime it was dialled from is gone: its driver
     /// runs on the endpoint's runtime, not the caller's.
     #[test]
     fn pinned_endpoint_drives_its_connections_whoever_dials() {
-        let dir = std::env::temp_dir().join(format!("flotilla-pinned-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        crate::certs::init_ca(&dir, "test", "head").unwrap();
-        for name in ["a", "b"] {
-            crate::certs::issue(
-                &dir,
-                name,
-                Role::Worker,
-                crate::certs::DEFAULT_VALIDITY,
-                &dir,
-            )
-            .unwrap();
-        }
+        let dir = ca_of("pinned");
         let local: SocketAddr = ([127, 0, 0, 1], 0).into();
 
         // b echoes every stream.

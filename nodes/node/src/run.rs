@@ -342,10 +342,10 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
         None => (builder, None),
     };
-    let builder = flotilla_embed::job::detached::register(builder, settings.allow);
+    let builder = flotilla_embed::job::detached::register(builder, settings.allow.clone());
     let settings_trees = settings.trees;
     let retention = settings.retention;
-    let node = match flotilla_embed::actor::register(builder, settings.model)
+    let node = match flotilla_embed::actor::register(builder, settings.model, settings.allow)
         .start_shared()
         .await
     {

@@ -76,6 +76,7 @@ pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla
             let (group, group_rx) = tokio::sync::watch::channel(String::new());
             config.job.progress_to = Some(progress);
             config.job.group_to = Some(group);
+            config.job.confined_to = Some(allow.clone());
             let follow = async {
                 report.follow(progress_rx, group_rx).await;
                 std::future::pending().await

@@ -230,7 +230,12 @@ pub(crate) async fn drive(
     let info = workers.info.clone();
     let info = &info;
     let settings = &config.job;
-    let (input, scan) = Input::resolve_and_scan(&settings.input, settings.job_id.is_none()).await?;
+    let (input, scan) = Input::resolve_and_scan(
+        &settings.input,
+        settings.job_id.is_none(),
+        settings.confined_to.as_ref(),
+    )
+    .await?;
     let job_id = match &settings.job_id {
         Some(id) => id.clone(),
         None => job_id(config, &scan.digest.expect("hashed without a job id"), info),

@@ -234,34 +234,57 @@ impl Submission {
 }
 
 /// Checks the paths a job names (`(what, path)`: input, output, model…)
-/// against the roots `allow` before anything is opened: each as written,
-/// and a local one that exists also with its links resolved (a link under
-/// a root that leads out of it is refused). A glob is checked by its
-/// folder.
+/// against the roots `allow` before anything is opened: each as it will be
+/// opened (a URL decoded, see [`AllowedRoots::check`]), and a local one
+/// also with its links resolved: the real path of its nearest existing
+/// ancestor (an output not made yet, a glob's folder), and of an output's
+/// `parts` folder where there is one. A link under a root that leads out
+/// of it is refused. The shards an input lists are checked again as they
+/// are listed ([`crate::Input::resolve_within`]).
 pub fn check_paths<'a>(
     allow: &AllowedRoots,
     paths: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<(), NotAllowed> {
     for (what, path) in paths {
-        allow.check(what, path)?;
-        let local = path.strip_prefix("file://").unwrap_or(path);
-        if !local.contains("://") {
-            let literal: std::path::PathBuf = std::path::Path::new(local)
-                .components()
-                .take_while(|c| !c.as_os_str().to_string_lossy().contains(['*', '?', '[']))
-                .collect();
-            if let Ok(real) = std::fs::canonicalize(&literal) {
-                allow.check(what, &real.to_string_lossy())?;
+        let Some(local) = allow.check(what, path)?.local_path() else {
+            continue;
+        };
+        let mut real = vec![local.clone()];
+        if what == "output" {
+            real.push(local.join("parts"));
+        }
+        for at in real {
+            if let Some(resolved) = real_path(&at) {
+                allow.check_local(what, &resolved)?;
             }
         }
     }
     Ok(())
 }
 
+/// `path` with its links resolved: the real path of its nearest existing
+/// ancestor, with the rest of `path` after it. `None` when not even the
+/// root resolves.
+pub fn real_path(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(real) = std::fs::canonicalize(at) {
+            let mut out = real;
+            out.extend(rest.iter().rev());
+            return Some(out);
+        }
+        rest.push(at.file_name()?.to_owned());
+        at = at.parent()?;
+    }
+}
+
 /// Registers `kind` as the driver of detached jobs whose arguments are
 /// `A`: each runs `run` on the node `builder` starts (see
 /// [`flotilla::NodeBuilder::start_shared`]), which returns the job's
-/// summary or why it failed.
+/// summary or why it failed. Only the head may spawn the kind
+/// ([`NodeBuilder::register_head_only`]): the driver acts with the rights
+/// the head granted the job.
 pub fn register<A, F, Fut>(builder: NodeBuilder, kind: &str, run: F) -> NodeBuilder
 where
     A: Decode + Send + Sync + 'static,
@@ -269,7 +292,7 @@ where
     Fut: Future<Output = Result<String, String>> + Send + 'static,
 {
     let (node, run) = (builder.node_handle(), Arc::new(run));
-    builder.register(kind, move || Driver {
+    builder.register_head_only(kind, move || Driver {
         node: node.clone(),
         run: Arc::clone(&run),
         _args: PhantomData,
@@ -320,5 +343,51 @@ mod tests {
         };
         let refused = Submission::of(&outside, paths(&outside)).check_allowed(&allow);
         assert!(refused.is_err());
+    }
+
+    /// An output or model reached through a link under a root that leads
+    /// out of it is refused, whether the output exists yet or not, and an
+    /// output whose `parts` folder is such a link too; encoded dot
+    /// segments are refused before any of it.
+    #[test]
+    fn outputs_and_models_through_links_out_of_the_roots_are_refused() {
+        let dir = std::env::temp_dir().join(format!("flotilla-paths-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (allowed, secret) = (dir.join("allowed"), dir.join("secret"));
+        std::fs::create_dir_all(allowed.join("out")).unwrap();
+        std::fs::create_dir_all(&secret).unwrap();
+        let (allowed, secret) = (
+            allowed.canonicalize().unwrap(),
+            secret.canonicalize().unwrap(),
+        );
+        std::os::unix::fs::symlink(&secret, allowed.join("elsewhere")).unwrap();
+        let allow = AllowedRoots::new(&[allowed.to_string_lossy()]).unwrap();
+        let at = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let check = |what: &str, path: String| check_paths(&allow, [(what, path.as_str())]);
+        assert!(check("output", at(&allowed.join("new/deeper/out"))).is_ok());
+        assert!(check("output", at(&allowed.join("out"))).is_ok());
+        for (what, path) in [
+            ("output", at(&allowed.join("elsewhere"))),
+            ("output", at(&allowed.join("elsewhere/stolen/new"))),
+            (
+                "output",
+                format!("file://{}", at(&allowed.join("elsewhere/stolen"))),
+            ),
+            ("model", at(&allowed.join("elsewhere"))),
+            ("input", at(&allowed.join("elsewhere/*.jsonl"))),
+        ] {
+            let e = check(what, path.clone()).unwrap_err();
+            assert!(
+                matches!(e, NotAllowed::Outside { .. }),
+                "{what} {path}: {e}"
+            );
+            assert!(e.to_string().contains(&at(&secret)), "{e}");
+        }
+        std::os::unix::fs::symlink(&secret, allowed.join("out/parts")).unwrap();
+        let e = check("output", at(&allowed.join("out"))).unwrap_err();
+        assert!(matches!(e, NotAllowed::Outside { .. }), "{e}");
+        let e = check("output", format!("file://{}/%2e%2e/stolen", at(&allowed))).unwrap_err();
+        assert!(matches!(e, NotAllowed::DotSegment { .. }), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

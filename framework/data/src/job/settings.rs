@@ -138,6 +138,12 @@ pub struct Settings {
     #[arg(skip)]
     #[serde(skip)]
     pub group_to: Option<tokio::sync::watch::Sender<String>>,
+    /// The roots the job's input shards must lie under where they really
+    /// are (links resolved): a detached job's, its node's allowed roots.
+    /// `None`: any.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub confined_to: Option<flotilla_proto::roots::AllowedRoots>,
 }
 
 /// Serde of a setting by its text (`auto`, `int8`, `strict-spread`): the

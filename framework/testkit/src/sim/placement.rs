@@ -140,7 +140,7 @@ impl Placement {
                     op,
                     tag,
                 }),
-                Action::Changed(_) | Action::Removed(_) => None,
+                Action::Changed(_) | Action::Removed(_) | Action::Refused { .. } => None,
             })
             .collect()
     }
