@@ -96,7 +96,14 @@ pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
             .dim
             .map_or(0, |d| u32::try_from(d).unwrap_or(u32::MAX)),
         zeros: config.zeros,
-        ..EmbedderArgs::new(config.model.to_string_lossy())
+        // The folder as the nodes will read it: absolute, links and `..`
+        // resolved where it exists here (nodes check it against their
+        // roots as given).
+        ..EmbedderArgs::new(
+            std::fs::canonicalize(&config.model)
+                .unwrap_or_else(|_| config.model.clone())
+                .to_string_lossy(),
+        )
     }
 }
 
