@@ -321,8 +321,7 @@ async fn serve_connection(
     let fence = |pc: &PeerConnection| {
         tracing::warn!(peer = %pc.peer, "NODE-AUTH-023: closing the bulk connection of a member incarnation that is no longer up");
         counters::fenced("bulk");
-        pc.connection
-            .close(quinn::VarInt::from_u32(0x14), b"fenced");
+        flotilla_transport::Closing::Fenced.close(&pc.connection);
     };
     loop {
         let accept = gate::accept(
@@ -351,7 +350,7 @@ async fn serve_connection(
                 continue;
             }
             Ok((send, recv, _)) => (send, recv),
-            Err(handshake::StreamError::Io(_)) => return,
+            Err(e) if e.is_gone() => return,
             Err(e) => {
                 handshake::close_after_accept(&pc, &e).await;
                 return;
@@ -368,10 +367,7 @@ async fn serve_connection(
             };
             if let Err(e) = received {
                 tracing::warn!(%peer, error = %e, "NODE-WIRE-003: closing connection after a malformed bulk frame");
-                conn.close(
-                    quinn::VarInt::from_u32(e.close_code()),
-                    b"malformed bulk frame",
-                );
+                e.closing().close(&conn);
             }
             drop(send);
         }

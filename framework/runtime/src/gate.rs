@@ -155,14 +155,12 @@ pub(crate) fn close_withdrawn(pc: &PeerConnection, why: Withdrawn, lane: &'stati
         Withdrawn::Revoked => {
             tracing::warn!(peer = %pc.peer, lane, "NODE-AUTH-020: closing the connection of a revoked certificate");
             counters::connection_closed("revoked");
-            pc.connection
-                .close(quinn::VarInt::from_u32(0x12), b"revoked");
+            flotilla_transport::Closing::Revoked.close(&pc.connection);
         }
         Withdrawn::Expired => {
             tracing::warn!(peer = %pc.peer, lane, "NODE-AUTH-027: closing the connection of a certificate that expired while it was open; renew it (node certs renew)");
             counters::connection_closed("expired");
-            pc.connection
-                .close(quinn::VarInt::from_u32(0x15), b"expired");
+            flotilla_transport::Closing::Expired.close(&pc.connection);
         }
     }
 }

@@ -97,11 +97,11 @@ impl Router {
                 () = fenced => {
                     tracing::warn!(peer = %pc.peer, "NODE-AUTH-023: closing the connection of a member incarnation that is no longer up");
                     crate::counters::fenced("main");
-                    pc.connection.close(quinn::VarInt::from_u32(0x14), b"fenced");
+                    flotilla_transport::Closing::Fenced.close(&pc.connection);
                     return;
                 }
                 () = tokio::time::sleep(FIRST_STREAM), if first && accepted => {
-                    pc.connection.close(quinn::VarInt::from_u32(0x13), b"no stream");
+                    flotilla_transport::Closing::NoStream.close(&pc.connection);
                     return;
                 }
             };
@@ -127,7 +127,7 @@ impl Router {
                         }
                     }
                 }
-                Err(handshake::StreamError::Io(_)) => return,
+                Err(e) if e.is_gone() => return,
                 Err(e) => {
                     handshake::close_after_accept(&pc, &e).await;
                     return;
@@ -174,10 +174,7 @@ impl Router {
                     e,
                     handshake::StreamError::Frame(_) | handshake::StreamError::Wire(_)
                 ) {
-                    conn.close(
-                        quinn::VarInt::from_u32(e.close_code()),
-                        b"malformed control frame",
-                    );
+                    e.closing().close(&conn);
                 }
             }
         });

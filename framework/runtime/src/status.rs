@@ -261,7 +261,7 @@ async fn ask(
             }
         };
         let _ = send.finish();
-        pc.connection.close(quinn::VarInt::from_u32(0), b"done");
+        flotilla_transport::Closing::Done.close(&pc.connection);
         match reply {
             ControlReply::Denied(why) => Err(StatusError::Denied { addr, why }),
             reply => Ok(reply),

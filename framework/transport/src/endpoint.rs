@@ -251,7 +251,7 @@ impl Handshake {
         match PeerConnection::of(connection.clone()) {
             Some(pc) => Ok(pc),
             None => {
-                connection.close(quinn::VarInt::from_u32(3), b"no node name");
+                crate::Closing::NoName.close(&connection);
                 Err(refused(
                     "no_name",
                     "peer certificate without a node name".into(),
@@ -368,8 +368,7 @@ impl Endpoint {
     ) -> Result<PeerConnection, ConnectError> {
         let pc = self.connect(addr, expected).await?;
         if pc.role != Some(role) {
-            pc.connection
-                .close(quinn::VarInt::from_u32(4), b"unexpected role");
+            crate::Closing::UnexpectedRole.close(&pc.connection);
             return Err(ConnectError::WrongRole {
                 addr,
                 name: pc.peer,
@@ -460,7 +459,7 @@ impl Endpoint {
 
     /// Closes every connection and stops accepting.
     pub fn close(&self) {
-        self.endpoint.close(quinn::VarInt::from_u32(0), b"shutdown");
+        crate::Closing::Shutdown.close_all(&self.endpoint);
     }
 
     /// Waits until every connection has been closed, so the last frames

@@ -13,6 +13,8 @@ use flotilla_proto::role::Role;
 use flotilla_proto::wire::{self, Decode, Encode, WireError};
 use quinn::{RecvStream, SendStream};
 
+use crate::closing::Closing;
+
 /// Why a framed exchange failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -35,6 +37,9 @@ pub enum StreamError {
     /// The connection or stream failed.
     #[error("stream failed: {0}")]
     Io(#[from] IoError),
+    /// The peer closed the connection, saying why.
+    #[error(transparent)]
+    ClosedByPeer(Closing),
 }
 
 /// How a QUIC connection or stream failed under a framed exchange.
@@ -56,20 +61,43 @@ pub enum IoError {
 }
 
 impl StreamError {
-    /// QUIC application error code to close the connection with.
-    pub fn close_code(&self) -> u32 {
+    /// Why to close the connection after this failure.
+    pub fn closing(&self) -> Closing {
         match self {
-            Self::Frame(_) => 0x10,
-            Self::Wire(_) => 0x11,
-            Self::Refused(_) | Self::RefusedPeer(_) => 0x12,
-            Self::Io(_) => 0x13,
-            Self::HelloTimeout(_) => 0x14,
+            Self::Frame(_) => Closing::MalformedFrame,
+            Self::Wire(_) => Closing::MalformedArchive,
+            Self::Refused(_) | Self::RefusedPeer(_) => Closing::Refused,
+            Self::Io(_) | Self::ClosedByPeer(_) => Closing::BrokenStream,
+            Self::HelloTimeout(_) => Closing::HelloTimeout,
+        }
+    }
+
+    /// Whether the connection itself is gone (nothing left to close).
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Self::Io(_) | Self::ClosedByPeer(_))
+    }
+}
+
+impl IoError {
+    /// The connection failure under this one, if it is one.
+    fn connection(&self) -> Option<&quinn::ConnectionError> {
+        match self {
+            Self::Connection(e)
+            | Self::Write(quinn::WriteError::ConnectionLost(e))
+            | Self::Read(quinn::ReadError::ConnectionLost(e)) => Some(e),
+            _ => None,
         }
     }
 }
 
+/// A failed read or write, named by the peer's reason where it closed the
+/// connection with one.
 fn io(e: impl Into<IoError>) -> StreamError {
-    StreamError::Io(e.into())
+    let e = e.into();
+    match e.connection().and_then(Closing::of) {
+        Some(why) => StreamError::ClosedByPeer(why),
+        None => StreamError::Io(e),
+    }
 }
 
 /// Writes `bytes` to `send` whole.
@@ -334,14 +362,11 @@ const REFUSAL_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// is first given time to reach the peer (closing at once would discard
 /// it on the peer's side); a bad hello closes at once.
 pub async fn close_after_accept(pc: &crate::PeerConnection, error: &StreamError) {
-    let reason: &[u8] = if let StreamError::RefusedPeer(_) = error {
+    if let StreamError::RefusedPeer(_) = error {
         tracing::warn!(peer = %pc.peer, %error, "refused a peer");
         tokio::time::sleep(REFUSAL_GRACE).await;
-        b"refused"
     } else {
         tracing::warn!(peer = %pc.peer, %error, "NODE-WIRE-002: closing connection after a bad hello");
-        b"bad hello"
-    };
-    pc.connection
-        .close(quinn::VarInt::from_u32(error.close_code()), reason);
+    }
+    error.closing().close(&pc.connection);
 }

@@ -18,11 +18,13 @@
 //! before they are read. 0-RTT is never enabled.
 
 pub mod certs;
+pub mod closing;
 pub mod endpoint;
 pub mod handshake;
 pub mod tls;
 
 pub use certs::{CertError, CertInfo, Identity};
+pub use closing::Closing;
 pub use endpoint::{
     BindError, ConnectError, Endpoint, Handshake, HandshakeRefused, PeerConnection, Tuning,
 };
