@@ -231,11 +231,37 @@ pub struct Embedder {
     /// The GPUs of the actor's node: an actor that runs on a GPU holds
     /// the least-held one (none: the CPU).
     pub gpus: flotilla::gpus::GpuSlots,
+    /// What a spawn may ask of the node, for actors its peers spawn.
+    /// `None`: any model folder and thread count (actors a program spawns
+    /// itself).
+    pub limits: Option<PeerLimits>,
+}
+
+/// What an embedder spawned by a peer may ask of its node.
+#[derive(Clone, Debug)]
+pub struct PeerLimits {
     /// Where a folder named in [`EmbedderArgs::model_dir`] must lie (as
     /// named, and with its links resolved) for the actor to load it: the
-    /// node's allowed roots, for actors spawned by peers. `None`: anywhere
-    /// (actors a program spawns itself).
-    pub model_roots: Option<AllowedRoots>,
+    /// node's allowed roots.
+    pub model_roots: AllowedRoots,
+    /// The node's cores: a spawn may ask for [`MAX_THREADS_PER_CORE`]
+    /// kernel threads per core at most.
+    pub cores: usize,
+}
+
+impl PeerLimits {
+    /// The limits of a node allowing `model_roots`, with the cores this
+    /// machine has.
+    pub fn on_this_machine(model_roots: AllowedRoots) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self { model_roots, cores }
+    }
+
+    /// Why a spawn's `args` ask more than these limits allow.
+    pub fn check(&self, args: &EmbedderArgs) -> Result<(), String> {
+        check_model_dir(&self.model_roots, &args.model_dir)?;
+        check_threads(args.threads, self.cores)
+    }
 }
 
 /// Most kernel threads a peer may ask of one actor, per core of the node.
@@ -590,12 +616,8 @@ impl Actor for Embedder {
         let dir = match &self.model_dir {
             Some(own) => own.clone(),
             None => {
-                if let Some(roots) = &self.model_roots {
-                    check_model_dir(roots, &args.model_dir)?;
-                }
-                if self.model_roots.is_some() {
-                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    check_threads(args.threads, cores)?;
+                if let Some(limits) = &self.limits {
+                    limits.check(&args)?;
                 }
                 PathBuf::from(&args.model_dir)
             }
@@ -816,12 +838,13 @@ pub fn register(
     let node = builder.node_handle();
     let gpus = builder.gpu_slots();
     let models = SharedModels::default();
+    let limits = PeerLimits::on_this_machine(roots);
     builder.register(KIND, move || Embedder {
         model_dir: model_dir.clone(),
         node: Some(node.clone()),
         models: models.clone(),
         gpus: gpus.clone(),
-        model_roots: Some(roots.clone()),
+        limits: Some(limits.clone()),
     })
 }
 

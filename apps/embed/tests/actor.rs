@@ -115,7 +115,10 @@ async fn a_model_folder_outside_the_nodes_roots_is_refused_at_spawn() {
         )
         .unwrap();
         let actor = Embedder {
-            model_roots: Some(roots),
+            limits: Some(flotilla_embed::actor::PeerLimits {
+                model_roots: roots,
+                cores: 2,
+            }),
             ..Embedder::default()
         };
         let args = EmbedderArgs::new(dir.to_string_lossy());

@@ -169,6 +169,16 @@ pub struct Output {
     extension: &'static str,
 }
 
+/// The folder under an output's root that holds its parts.
+const PARTS: &str = "parts";
+
+/// The local folders an output rooted at `root` writes into: the root
+/// (its manifest) and its parts folder. A roots check resolves the links
+/// of each, since either may be a link made before the job ran.
+pub fn written_folders(root: &Path) -> [PathBuf; 2] {
+    [root.to_path_buf(), root.join(PARTS)]
+}
+
 /// A local folder as an object store: puts go to a staged file, fsync,
 /// rename. Staged files a killed run left behind (`NAME#N`, invisible to
 /// listings) are removed first.
@@ -177,7 +187,7 @@ fn local_store(root: &Path) -> Result<Arc<dyn object_store::ObjectStore>, Output
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
     };
-    let parts = root.join("parts");
+    let parts = root.join(PARTS);
     std::fs::create_dir_all(&parts).map_err(io(&parts))?;
     for dir in [root, parts.as_path()] {
         for entry in std::fs::read_dir(dir).map_err(io(dir))? {
@@ -273,7 +283,7 @@ impl Output {
             }
             Err(e) => return Err(this.fail(&at, e)),
         }
-        let parts = this.prefix.clone().join("parts");
+        let parts = this.prefix.clone().join(PARTS);
         let listed = this
             .store
             .list_with_delimiter(Some(&parts))
@@ -289,7 +299,7 @@ impl Output {
     fn part(&self, batch_id: u64) -> object_store::path::Path {
         self.prefix
             .clone()
-            .join("parts")
+            .join(PARTS)
             .join(format!("batch-{batch_id:08}.{}", self.extension))
     }
 

@@ -41,6 +41,8 @@
 
 use std::path::PathBuf;
 
+use percent_encoding::percent_decode_str;
+
 /// Why a path or URL is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotAllowed {
@@ -143,33 +145,8 @@ fn split_wildcard(spec: &str) -> (&str, &str) {
 
 /// Whether `segment` is `.` or `..` once percent-decoded (`%2e`, `%2E`).
 fn is_dot(segment: &str) -> bool {
-    let decoded = percent_decode(segment);
-    let decoded = String::from_utf8_lossy(&decoded);
+    let decoded = percent_decode_str(segment).decode_utf8_lossy();
     decoded == "." || decoded == ".."
-}
-
-/// The bytes `s` percent-decodes to (a `%` not followed by two hex digits
-/// stays as it is, as URL parsers leave it).
-fn percent_decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && let (Some(h), Some(l)) = (
-                bytes.get(i + 1).and_then(|&b| hex(b)),
-                bytes.get(i + 2).and_then(|&b| hex(b)),
-            )
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 /// The non-empty `/`-separated segments of `path`; `None` when one is
@@ -229,8 +206,10 @@ pub fn target(what: &str, path: &str) -> Result<Target, NotAllowed> {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;
-    let decoded =
-        String::from_utf8(percent_decode(url.path())).map_err(|_| NotAllowed::Unreadable {
+    let decoded = percent_decode_str(url.path())
+        .decode_utf8()
+        .map(|d| d.into_owned())
+        .map_err(|_| NotAllowed::Unreadable {
             what: what.to_owned(),
             path: path.to_owned(),
             reason: "its path is not UTF-8 once decoded".into(),

@@ -175,6 +175,9 @@ impl ControlService {
             request @ (ControlRequest::Join(_)
             | ControlRequest::Heartbeat { .. }
             | ControlRequest::Leave { .. }) => {
+                // A member leaving a node that is not (or no longer) the
+                // head has nothing to undo there: its leave is acknowledged.
+                let leaving = matches!(request, ControlRequest::Leave { .. });
                 let asked = match &request {
                     ControlRequest::Join(_) => "join",
                     ControlRequest::Heartbeat { .. } => "heartbeat",
@@ -182,7 +185,7 @@ impl ControlService {
                 };
                 let reply = match (&self.head, session) {
                     (Some(h), Some(s)) => self.membership(h, s, request),
-                    _ if asked == "leave" => Some(ControlReply::Ack),
+                    _ if leaving => Some(ControlReply::Ack),
                     _ => Some(ControlReply::Refused(Refusal::NotHead)),
                 };
                 let reason = match &reply {

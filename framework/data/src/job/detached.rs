@@ -249,10 +249,11 @@ pub fn check_paths<'a>(
         let Some(local) = allow.check(what, path)?.local_path() else {
             continue;
         };
-        let mut real = vec![local.clone()];
-        if what == "output" {
-            real.push(local.join("parts"));
-        }
+        let real = if what == "output" {
+            crate::output::written_folders(&local).to_vec()
+        } else {
+            vec![local]
+        };
         for at in real {
             if let Some(resolved) = real_path(&at) {
                 allow.check_local(what, &resolved)?;
