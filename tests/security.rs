@@ -701,12 +701,30 @@ fn a_peer_holding_handshakes_open_does_not_delay_a_join() {
     drop(stallers);
 }
 
+/// Asserts that the node at `addr` refuses `identity` as revoked (after
+/// `what`).
+fn assert_revoked(
+    rt: &tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    identity: flotilla_transport::Identity,
+    what: &str,
+) {
+    let asked = rt.block_on(flotilla::query_status(addr, identity));
+    assert!(
+        asked
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("NODE-AUTH-020")),
+        "not refused as revoked once {what}: {asked:?}"
+    );
+}
+
 /// Clause "security: revocation": `node certs revoke` lists a certificate
 /// in the CA's revocation list; the head reads it within a second and hands
 /// it to every member; within 5 s the certificate is refused at every gate
 /// and its connections are closed. An expired certificate is refused at
 /// once, in the handshake, and counted; one that expires while its
-/// connection is open has it closed then, counted.
+/// connection is open has it closed then, counted. A head started again
+/// without the list keeps the revocations it enforced.
 #[test]
 fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_once() {
     let s = Scratch::new("revoke", NODE);
@@ -770,13 +788,7 @@ fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_on
     // revocation stays in force.
     std::fs::remove_file(certs.join("crl.pem")).unwrap();
     std::thread::sleep(Duration::from_secs(3));
-    let asked = rt.block_on(flotilla::query_status(head.addr, identity(&s, "w2")));
-    assert!(
-        asked
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("NODE-AUTH-020")),
-        "still refused: {asked:?}"
-    );
+    assert_revoked(&rt, head.addr, identity(&s, "w2"), "the list went away");
 
     // Expired a day ago: refused in the handshake.
     let day = 24 * 3600;
@@ -842,6 +854,20 @@ fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_on
         let st = s.status(head.addr)?;
         (state_of(&st, "brief").as_deref() != Some("up")).then_some(())
     });
+
+    // The head killed and started again on its state, with no list beside
+    // it: the revocation it enforced is still in force.
+    drop(head);
+    assert!(!certs.join("crl.pem").exists());
+    let again = s.spawn("head", "head", free_addr(), None, &s.certs());
+    eventually(Duration::from_secs(20), || {
+        s.status(again.addr).filter(|st| all_up(st, &["head"]))
+    });
+    assert_revoked(&rt, again.addr, identity(&s, "w2"), "the head restarted");
+    assert!(
+        rt.block_on(flotilla::query_status(again.addr, identity(&s, "w1")))
+            .is_ok()
+    );
 }
 
 /// Clause "membership: bounded joins": a join whose labels exceed their

@@ -117,7 +117,8 @@ fn main() -> anyhow::Result<()> {
                 Default::default(),
             ))
             .ok_or_else(|| anyhow::anyhow!("the lease at {url} was not taken"))?;
-        let mirror = flotilla::head_replica::HeadReplica::new(objects, prefix, held.guard)?;
+        let mirror =
+            flotilla::head_replica::HeadReplica::new(objects, prefix, held.guard, held.term)?;
         let mirrored_dir = dir.join("mirrored");
         std::fs::create_dir_all(&mirrored_dir)?;
         let mirrored = HeadStore::open_in(&mirrored_dir)?.with_replica(mirror);

@@ -134,7 +134,18 @@ pub enum SpawnReply {
     /// The actor failed in `pre_start`.
     #[error("actor failed to start: {0}")]
     Failed(String),
+    /// The caller's certificate owns as many actors on the node as one may
+    /// ([`MAX_ACTORS_PER_PRINCIPAL`]).
+    #[error(
+        "NODE-SPAWN-006: {0} already owns {most} actors on that node; stop some first",
+        most = MAX_ACTORS_PER_PRINCIPAL
+    )]
+    TooMany(String),
 }
+
+/// Most actors the members of one certificate may own on one node through
+/// spawns (the node's own are not counted).
+pub const MAX_ACTORS_PER_PRINCIPAL: usize = 1024;
 
 /// A request about placement groups.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]

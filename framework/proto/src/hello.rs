@@ -161,6 +161,12 @@ pub enum Refusal {
     /// A join's incarnation differs from the one its stream's hello named.
     #[error("NODE-JOIN-008: the join names another incarnation than its stream's hello")]
     IncarnationMismatch,
+    /// The certificate already has as many members in the table as one may.
+    #[error(
+        "NODE-JOIN-011: this certificate already has {} members in the table (up, or ended and not yet forgotten); stop some of its processes, or give them certificates of their own",
+        crate::role::MAX_MEMBERS_PER_PRINCIPAL
+    )]
+    TooManyMembers,
 }
 
 impl Refusal {
@@ -182,6 +188,7 @@ impl Refusal {
             Self::Revoked => "revoked",
             Self::TooLarge => "too_large",
             Self::IncarnationMismatch => "incarnation_mismatch",
+            Self::TooManyMembers => "too_many_members",
         }
     }
 }

@@ -10,7 +10,7 @@
 //! Standby ── Read ──► Absent ─────────────► Create ──┐ written
 //!    ▲  └──► Held v, unchanged for a duration ─► Replace v ──┴──► Primary ── Replace (renew) every duration/4
 //!    └─── conflict (someone else wrote first) ◄──────┘            │
-//!                                  conflict, or no renewal by valid_until
+//!                   conflict, or no renewal written for a whole duration
 //!                                                                  ▼
 //!                                                               Deposed
 //! ```
@@ -24,6 +24,12 @@
 //! version the primary has since renewed fails (the store checks the
 //! version), and so does a deposed primary's renewal. Every renewal
 //! writes other bytes (its count grows), so its version always changes.
+//!
+//! A primary past its validity stops acting but is not deposed until a
+//! standby may take over (a whole duration after its last written renewal
+//! was sent, and never while a renewal is still unanswered): a renewal
+//! that is written late proves nobody replaced the lease, so it pauses the
+//! primary until the next renewal is written in time, with no failover.
 //!
 //! Feed it: [`HeadLease::poll_op`] says what to ask the store, the answer
 //! goes to [`HeadLease::handle_read`] or [`HeadLease::handle_written`],
@@ -200,6 +206,11 @@ enum State {
         version: String,
         valid_until: Instant,
         renew_at: Instant,
+        /// The earliest a standby may take over: a whole duration after
+        /// the last written renewal was sent. Past `valid_until` and
+        /// before this, the primary does not act but still renews: a
+        /// renewal written then makes it valid again, with no failover.
+        replaceable_at: Instant,
     },
     Deposed,
 }
@@ -372,6 +383,7 @@ impl HeadLease {
                     version,
                     valid_until: sent + self.config.validity(),
                     renew_at: sent + self.config.interval(),
+                    replaceable_at: sent + self.config.duration,
                 };
                 self.events.push_back(LeaseEvent::Acquired {
                     former: self.former.take(),
@@ -399,29 +411,32 @@ impl HeadLease {
                     version: v,
                     valid_until,
                     renew_at,
+                    replaceable_at,
                 },
                 Written::Done(version),
             ) => {
-                if now >= *valid_until {
-                    // Too late to count: a standby may already act.
-                    self.lose(LostWhy::Expired);
-                    return;
-                }
+                // Written, however late: the replace was conditional on
+                // the version this head wrote last, so no standby has
+                // replaced it, and none can before a whole duration after
+                // this renewal landed (after it was sent). One answered
+                // after its validity leaves the head paused (not deposed)
+                // until the next, sent at once, is written in time.
                 *held = record;
                 *v = version;
                 *valid_until = sent + self.config.validity();
                 *renew_at = sent + self.config.interval();
+                *replaceable_at = sent + self.config.duration;
             }
             (State::Primary { .. }, Written::Conflict) => self.lose(LostWhy::Replaced),
             (
                 State::Primary {
-                    valid_until,
                     renew_at,
+                    replaceable_at,
                     ..
                 },
                 Written::Failed,
             ) => {
-                if now >= *valid_until {
+                if now >= *replaceable_at {
                     self.lose(LostWhy::Expired);
                 } else {
                     *renew_at = now + self.config.interval() / 4;
@@ -431,10 +446,15 @@ impl HeadLease {
         }
     }
 
-    /// Runs what is due at `now`: a primary past its validity is deposed.
+    /// Runs what is due at `now`: a primary that has written no renewal
+    /// for so long that a standby may take over is deposed (it stopped
+    /// acting a quarter of the duration before, at its validity's end).
+    /// While a renewal is in flight the head waits for its answer instead
+    /// (the shell bounds each request): written, it still holds the lease.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let State::Primary { valid_until, .. } = self.state
-            && now >= valid_until
+        if let State::Primary { replaceable_at, .. } = self.state
+            && now >= replaceable_at
+            && self.in_flight.is_none()
         {
             self.lose(LostWhy::Expired);
         }
@@ -455,8 +475,9 @@ impl HeadLease {
             State::Primary {
                 valid_until,
                 renew_at,
+                replaceable_at,
                 ..
-            } => Some((*valid_until).min(*renew_at)),
+            } => Some((*valid_until).min(*renew_at).min(*replaceable_at)),
             State::Deposed => None,
         }
     }
@@ -647,11 +668,13 @@ mod tests {
     }
 
     #[test]
-    fn a_primary_that_cannot_reach_the_store_counts_itself_active_only_until_its_validity() {
+    fn a_primary_that_cannot_reach_the_store_stops_acting_at_its_validity_and_steps_down_at_the_duration()
+     {
         let t0 = Instant::now();
         let mut store = Store::default();
         let mut a = primary(&mut store, t0, "a");
         let mut t = t0;
+        let mut stopped_acting = None;
         loop {
             t += Duration::from_millis(100);
             a.handle_timeout(t);
@@ -661,22 +684,60 @@ mod tests {
             if a.is_deposed() {
                 break;
             }
-            assert!(a.holds(t));
+            if !a.holds(t) && stopped_acting.is_none() {
+                stopped_acting = Some(t);
+            }
         }
-        assert_eq!(t - t0, LeaseConfig { duration: D }.validity());
+        let config = LeaseConfig { duration: D };
+        assert_eq!(stopped_acting.map(|s| s - t0), Some(config.validity()));
+        assert_eq!(t - t0, D, "deposed once a standby may take over");
         assert_eq!(a.poll_event(), Some(LeaseEvent::Lost(LostWhy::Expired)));
     }
 
     #[test]
-    fn a_renewal_written_after_the_validity_ended_does_not_count() {
+    fn a_renewal_that_succeeds_late_pauses_the_primary_without_a_failover() {
         let t0 = Instant::now();
         let mut store = Store::default();
         let mut a = primary(&mut store, t0, "a");
+        let mut b = lease(t0, "b");
+        store.ask(&mut b, t0); // b watches a's first version
         let sent = t0 + D / 4;
         let op = a.poll_op(sent).unwrap();
-        // The answer comes back too late.
-        a.handle_written(sent + D, written(&op), Written::Done("late".into()));
-        assert_eq!(a.poll_event(), Some(LeaseEvent::Lost(LostWhy::Expired)));
+        // The store writes the renewal when it is sent…
+        let version = match store.put(written(&op)) {
+            Written::Done(v) => v,
+            other => panic!("{other:?}"),
+        };
+        // …but its answer arrives only after the validity (a slow store),
+        // while the standby keeps reading.
+        let late = sent + LeaseConfig { duration: D }.validity() + D / 8;
+        let mut t = sent;
+        while t < late {
+            a.handle_timeout(t);
+            store.ask(&mut b, t);
+            assert!(!b.holds(t));
+            t += D / 8;
+        }
+        assert!(!a.holds(late), "the primary stops acting at its validity");
+        assert!(!a.is_deposed(), "not while its renewal is unanswered");
+        a.handle_written(late, written(&op), Written::Done(version));
+        assert_eq!(a.poll_event(), None, "no loss, so no failover");
+        assert!(!a.holds(late), "paused until a renewal is written in time");
+        // The next renewal goes at once, and is answered in time.
+        store.ask(&mut a, late);
+        assert!(a.holds(late));
+        // From then on the primary renews and the standby never sees a
+        // version stand for a whole duration.
+        let mut t = late;
+        while t < late + 3 * D {
+            t += D / 8;
+            a.handle_timeout(t);
+            store.ask(&mut a, t);
+            store.ask(&mut b, t);
+            assert!(!b.holds(t), "the standby took over at {:?}", t - t0);
+            assert!(a.holds(t));
+        }
+        assert_eq!(a.poll_event(), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use crate::hello::Refusal;
 use crate::ledger::Held;
 use crate::resources::Resources;
-use crate::role::Role;
+use crate::role::{MAX_MEMBERS_PER_PRINCIPAL, Role, principal_of};
 
 /// Failure-detector timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -392,7 +392,23 @@ impl Membership {
     /// is refused while the current one is up and was heard within the
     /// [`DetectorConfig::live_window`]: two live processes never take turns
     /// under one name.
+    ///
+    /// One certificate (a principal) holds at most
+    /// [`MAX_MEMBERS_PER_PRINCIPAL`] entries: a join that would add one
+    /// more is refused, so one certificate cannot grow every node's table
+    /// without bound.
     pub fn join(&mut self, now: Instant, join: JoinRequest, role: Role) -> Result<(), JoinRefused> {
+        if !self.members.contains_key(&join.name) {
+            let principal = principal_of(&join.name);
+            let held = self
+                .members
+                .keys()
+                .filter(|name| principal_of(name) == principal)
+                .count();
+            if held >= MAX_MEMBERS_PER_PRINCIPAL {
+                return Err(Refusal::TooManyMembers.into());
+            }
+        }
         if let Some(entry) = self.members.get(&join.name) {
             let known = entry.view.incarnation;
             if join.incarnation < known
@@ -831,6 +847,35 @@ mod tests {
         m.add_local(t0, req("head", 1));
         assert!(m.poll_down(t0 + secs(3600)).is_empty());
         assert_eq!(m.poll_timeout(), None);
+    }
+
+    #[test]
+    fn one_certificate_cannot_grow_the_table_past_its_cap_until_its_ended_members_are_forgotten() {
+        let t0 = Instant::now();
+        let config = DetectorConfig::default();
+        let mut m = Membership::new(config);
+        let driver = |i: usize| req(&format!("ops~{i:016x}"), 1);
+        for i in 0..MAX_MEMBERS_PER_PRINCIPAL {
+            m.join(t0, driver(i), Role::Driver).unwrap();
+        }
+        assert_eq!(
+            m.join(t0, driver(MAX_MEMBERS_PER_PRINCIPAL), Role::Driver),
+            Err(Refusal::TooManyMembers.into())
+        );
+        // Another certificate is not held back, nor a member already in.
+        m.join(t0, req("other~01", 1), Role::Driver).unwrap();
+        m.join(t0, req("n1", 1), Role::Worker).unwrap();
+        m.join(t0, driver(0), Role::Driver).unwrap();
+        // A member that left still counts until it is forgotten.
+        assert!(m.leave(t0, &format!("ops~{:016x}", 1), 1));
+        assert_eq!(
+            m.join(t0, driver(MAX_MEMBERS_PER_PRINCIPAL), Role::Driver),
+            Err(Refusal::TooManyMembers.into())
+        );
+        let later = t0 + config.forget_after;
+        assert_eq!(m.poll_forget(later).len(), 1);
+        m.join(later, driver(MAX_MEMBERS_PER_PRINCIPAL), Role::Driver)
+            .unwrap();
     }
 
     #[test]

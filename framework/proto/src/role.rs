@@ -108,6 +108,10 @@ pub const INSTANCE_SEPARATOR: char = '~';
 /// Longest instance tag.
 pub const MAX_INSTANCE_LEN: usize = 32;
 
+/// Most entries one certificate (principal) may hold in the member table:
+/// its processes up, and those ended and not yet forgotten.
+pub const MAX_MEMBERS_PER_PRINCIPAL: usize = 64;
+
 /// The principal (certificate name) a member name speaks for: the name
 /// itself, or what precedes its instance tag.
 pub fn principal_of(member: &str) -> &str {

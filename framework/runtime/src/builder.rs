@@ -47,6 +47,7 @@ use crate::objects::Objects;
 use crate::outbound::Outbound;
 use crate::placement::PlacementService;
 use crate::pool::Pool;
+use crate::quota::Quota;
 use crate::reservations::Reservations;
 use crate::router::Router;
 use crate::sessions::Sessions;
@@ -296,7 +297,7 @@ impl NodeBuilder {
             .clone()
             .or_else(|| certs.cookie.clone())
             .ok_or_else(|| StartError::NoCookie(config.certs.clone()))?;
-        let tls = flotilla_transport::tls::server_tls(&certs)?;
+        let tls = flotilla_transport::tls::refuse_every_client_tls(&certs)?;
         // A connection silent for as long as a member takes to be marked
         // down is closed: a member notices a head killed outright (and
         // fails over to the next of a head set) within the same time. A
@@ -325,8 +326,9 @@ impl NodeBuilder {
         )?);
         let bulk_addr = SocketAddr::new(advertise.ip(), lane.local_addr().port());
 
-        // ractor_cluster always opens a TCP listener: keep it on loopback
-        // and behind the same mutual TLS as QUIC.
+        // ractor_cluster always opens a TCP listener, though every session
+        // comes over QUIC through the gate: keep it on loopback, behind a
+        // handshake that refuses every certificate.
         let server = NodeServer::new(
             0,
             cookie.clone(),
@@ -396,7 +398,8 @@ impl NodeBuilder {
                         None => store,
                     };
                     let groups = store.load_groups()?;
-                    Ok((Arc::new(store), groups))
+                    let revoked = store.load_revoked()?;
+                    Ok((Arc::new(store), groups, revoked))
                 });
                 match opened {
                     Ok(opened) => Some(opened),
@@ -408,7 +411,9 @@ impl NodeBuilder {
             }
             _ => None,
         };
-        let head_store = stored_groups.as_ref().map(|(store, _)| Arc::clone(store));
+        let head_store = stored_groups
+            .as_ref()
+            .map(|(store, _, _)| Arc::clone(store));
         let (store, swept) = Store::open(StoreConfig {
             scope: crate::objects::scope_of(&cookie_digest),
             owner: member_name.clone(),
@@ -439,6 +444,17 @@ impl NodeBuilder {
                     config.detector,
                     view_tx,
                 ));
+                // The revocations enforced before a restart or a takeover
+                // are in force before the first connection is served.
+                if let Some((_, _, revoked)) = &stored_groups
+                    && !revoked.is_empty()
+                {
+                    let n = head.revoke(revoked.clone());
+                    tracing::info!(
+                        revoked = n,
+                        "revocations kept in the head's store are in force"
+                    );
+                }
                 (Some(head), None)
             }
             Some(addr) => {
@@ -493,7 +509,7 @@ impl NodeBuilder {
                     ..GroupsConfig::default()
                 },
                 seal_key,
-                stored_groups,
+                stored_groups.map(|(store, groups, _)| (store, groups)),
             )
         });
         let (placement, placement_handle) = match placement {
@@ -538,7 +554,7 @@ impl NodeBuilder {
             outbound,
             tasks: tasks.clone(),
             placement: placement_handle,
-            head_store,
+            head_store: head_store.clone(),
             head_client: HeadClient::new(
                 Arc::clone(&identity),
                 Arc::clone(&pool),
@@ -582,6 +598,7 @@ impl NodeBuilder {
         );
         {
             let (pool, handshakes) = (Arc::clone(&pool), tasks.clone());
+            let quota = Quota::new(crate::quota::MAX_CONNECTIONS_PER_PRINCIPAL);
             tasks.spawn(async move {
                 while let Some(incoming) = pool.endpoint().accept_incoming().await {
                     let handshake = match incoming {
@@ -594,12 +611,15 @@ impl NodeBuilder {
                     };
                     // Each handshake in a task of its own: a peer that
                     // stalls holds only its own slot.
-                    let pool = Arc::clone(&pool);
+                    let (pool, quota, held) =
+                        (Arc::clone(&pool), quota.clone(), handshakes.clone());
                     handshakes.spawn(async move {
                         match handshake.finish().await {
                             Ok(pc) => {
                                 tracing::debug!(peer = %pc.peer, "connection accepted");
-                                pool.accepted(pc);
+                                if crate::quota::admit(&quota, &pc, &held) {
+                                    pool.accepted(pc);
+                                }
                             }
                             Err(refused) => {
                                 crate::counters::tls_refused(refused.reason);
@@ -619,9 +639,10 @@ impl NodeBuilder {
                     .clone()
                     .unwrap_or_else(|| config.certs.join(flotilla_transport::certs::CRL_FILE));
                 let follower = Arc::clone(&head);
+                let store = head_store.clone();
                 tasks.spawn_graceful(|stop| async move {
                     follower
-                        .follow_revocations(crl, ca, REVOCATIONS_EVERY, stop)
+                        .follow_revocations(crl, ca, store, REVOCATIONS_EVERY, stop)
                         .await
                 });
                 tasks.spawn_graceful(

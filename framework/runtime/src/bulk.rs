@@ -142,6 +142,7 @@ impl Lane {
         };
         let lane = Arc::clone(self);
         let conns = tasks.clone();
+        let quota = crate::quota::Quota::new(crate::quota::MAX_CONNECTIONS_PER_PRINCIPAL);
         tasks.spawn_on(runtime.handle(), async move {
             while let Some(incoming) = lane.endpoint.accept_incoming().await {
                 let handshake = match incoming {
@@ -154,15 +155,20 @@ impl Lane {
                 };
                 // Each handshake in a task of its own: a peer that stalls
                 // holds only its own slot.
-                let (identity, view, store, tasks) = (
+                let (identity, view, store, tasks, quota) = (
                     Arc::clone(&identity),
                     view.clone(),
                     store.clone(),
                     conns.clone(),
+                    quota.clone(),
                 );
                 conns.spawn(async move {
                     match handshake.finish().await {
-                        Ok(pc) => serve_connection(identity, view, store, tasks, pc).await,
+                        Ok(pc) => {
+                            if crate::quota::admit(&quota, &pc, &tasks) {
+                                serve_connection(identity, view, store, tasks, pc).await
+                            }
+                        }
                         Err(refused) => {
                             counters::tls_refused(refused.reason);
                             tracing::warn!(error = %refused, "bulk connection refused");

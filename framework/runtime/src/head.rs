@@ -9,7 +9,7 @@
 //! detector task: poll_down at poll_timeout ┘
 //! ```
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_proto::membership::{DetectorConfig, JoinRequest, Membership};
@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now;
+use crate::head_store::HeadStore;
 use crate::table::Table;
 
 /// The head's member table.
@@ -74,16 +75,39 @@ impl HeadService {
         r
     }
 
+    /// Adds `serials` to the revoked certificates handed to every member
+    /// (revocations only grow); the number that were not revoked yet.
+    pub(crate) fn revoke(&self, serials: Vec<Vec<u8>>) -> usize {
+        self.with(|m| {
+            let mut all = m.revoked().to_vec();
+            let known = all.len();
+            all.extend(serials);
+            all.sort();
+            all.dedup();
+            let added = all.len() - known;
+            if added > 0 {
+                m.set_revoked(all);
+            }
+            added
+        })
+    }
+
     /// Follows the CA's revocation list at `path` (checked against the CA
     /// certificates `ca`) until `stop`: read at start and whenever its
     /// size or modification time changes (looked at every `every`), and
     /// handed to every member with the table. A list that does not check
     /// is logged and the one in force kept; revocations only grow (a list
     /// that disappears, or an older copy naming fewer, withdraws none).
+    ///
+    /// With a `store`, each revocation is written to it too, so that it
+    /// stays in force after a restart or a takeover that finds no list, or
+    /// an older one ([`HeadService::revoke`] those the store holds at
+    /// start).
     pub(crate) async fn follow_revocations(
         &self,
         path: std::path::PathBuf,
         ca: Vec<rustls::pki_types::CertificateDer<'static>>,
+        store: Option<Arc<HeadStore>>,
         every: Duration,
         stop: CancellationToken,
     ) {
@@ -99,14 +123,14 @@ impl HeadService {
                 // of those already in force.
                 match flotilla_transport::certs::load_revocations(&path, &ca) {
                     Ok(Some(serials)) => {
-                        let mut all = self.with(|m| m.revoked().to_vec());
-                        let known = all.len();
-                        all.extend(serials);
-                        all.sort();
-                        all.dedup();
-                        let n = all.len();
-                        if n > known && self.with(|m| m.set_revoked(all)) {
-                            tracing::warn!(revoked = n, path = %path.display(), "revocation list loaded; revoked certificates are refused and their streams closed");
+                        let added = self.revoke(serials.clone());
+                        if added > 0 {
+                            tracing::warn!(added, path = %path.display(), "revocation list loaded; revoked certificates are refused and their streams closed");
+                        }
+                        if let Some(store) = &store
+                            && let Err(e) = store.add_revoked(&serials)
+                        {
+                            tracing::error!(error = %e, "NODE-AUTH-028: the revocations are in force but not stored: a restart without the list would not know them");
                         }
                     }
                     Ok(None) => {

@@ -4,14 +4,22 @@
 //! while its [`LeaseGuard`] holds: a head that lost its lease writes
 //! nothing). A head that takes the lease over first copies that state
 //! into its own store ([`restore`]), so it starts as a head restarted on
-//! the primary's state directory would: its jobs, groups and
-//! reservations.
+//! the primary's state directory would: its jobs, groups,
+//! reservations and the revocations it enforced.
 //!
 //! ```text
 //! HeadStore::put_job / put_group / remove_* ── commit (redb) ──► HeadReplica::put / remove
-//!                                                                  └─► PREFIX/state/{jobs,groups}/KEY
-//! takeover: restore(PREFIX/state) ──► a fresh HeadStore in the state directory
+//!                                               └─► PREFIX/state/term-T/{jobs,groups,revoked}/KEY
+//! takeover of term T+1: restore(newest complete term below T+1) ──► a fresh HeadStore
+//!                       seed(that store) ──► PREFIX/state/term-(T+1)/…, then its `complete` mark
+//!                       prune(the terms below T+1)
 //! ```
+//!
+//! Each term of the lease writes its own folder, and a takeover reads only
+//! the newest folder whose primary finished seeding it: a write of an old
+//! primary that lands late (its request was in flight when its lease
+//! ended) goes into its own term's folder, which no later head reads, so
+//! it cannot undo what the new primary wrote.
 //!
 //! The entries are the store's own archives, checked when they are read
 //! back: a replica that holds something else stops the takeover with a
@@ -25,7 +33,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::head_lease::LeaseGuard;
-use crate::head_store::{HeadStore, HeadStoreError, Mirror};
+use crate::head_store::{Entries, HeadStore, HeadStoreError, Mirror, TABLES};
 
 /// How long one replica write may take before the change is refused.
 const WRITE_WITHIN: Duration = Duration::from_secs(5);
@@ -33,12 +41,17 @@ const WRITE_WITHIN: Duration = Duration::from_secs(5);
 /// The folder under the head set's prefix the state lives in.
 const STATE: &str = "state";
 
+/// The object that marks a term's folder complete.
+const COMPLETE: &str = "complete";
+
 /// Where the primary mirrors its store: written synchronously (the
 /// store's callers are synchronous), on a small runtime of its own.
 pub struct HeadReplica {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     guard: LeaseGuard,
+    /// The lease's term this head holds: the folder it writes.
+    term: u64,
     /// Always `Some` until dropped (a runtime is shut down in the
     /// background: it may be dropped on another runtime's thread).
     runtime: Option<tokio::runtime::Runtime>,
@@ -60,16 +73,28 @@ impl std::fmt::Debug for HeadReplica {
     }
 }
 
-fn entry(prefix: &Path, table: &str, key: &str) -> Path {
-    prefix.clone().join(STATE).join(table).join(key)
+/// The folder of `term`'s state.
+fn term_folder(prefix: &Path, term: u64) -> Path {
+    prefix.clone().join(STATE).join(format!("term-{term:020}"))
+}
+
+/// The term a folder name (`term-N`) stands for.
+fn term_of(name: &str) -> Option<u64> {
+    name.strip_prefix("term-")?.parse().ok()
+}
+
+fn entry(prefix: &Path, term: u64, table: &str, key: &str) -> Path {
+    term_folder(prefix, term).join(table).join(key)
 }
 
 impl HeadReplica {
-    /// Mirrors into `store` under `prefix` while `guard` holds.
+    /// Mirrors into `store` under `prefix`, in the folder of the lease's
+    /// `term`, while `guard` holds.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         prefix: Path,
         guard: LeaseGuard,
+        term: u64,
     ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -80,8 +105,14 @@ impl HeadReplica {
             store,
             prefix,
             guard,
+            term,
             runtime: Some(runtime),
         })
+    }
+
+    /// The term whose folder this replica writes.
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     /// Runs `fut` on the replica's runtime, from a thread of its own (the
@@ -118,7 +149,7 @@ impl HeadReplica {
 impl Mirror for HeadReplica {
     /// Writes `bytes` as `key` of `table`.
     fn put(&self, table: &str, key: &str, bytes: &[u8]) -> Result<(), String> {
-        let path = entry(&self.prefix, table, key);
+        let path = entry(&self.prefix, self.term, table, key);
         let payload = bytes.to_vec();
         self.block(async move {
             self.store.put(&path, payload.into()).await?;
@@ -128,7 +159,7 @@ impl Mirror for HeadReplica {
 
     /// Removes `key` of `table` (gone already is fine).
     fn remove(&self, table: &str, key: &str) -> Result<(), String> {
-        let path = entry(&self.prefix, table, key);
+        let path = entry(&self.prefix, self.term, table, key);
         self.block(async move {
             match self.store.delete(&path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -145,6 +176,18 @@ pub struct Restored {
     pub jobs: usize,
     /// Placement groups copied.
     pub groups: usize,
+    /// Revoked certificates copied.
+    pub revoked: usize,
+}
+
+impl Restored {
+    fn of(entries: &Entries) -> Self {
+        Self {
+            jobs: entries.jobs.len(),
+            groups: entries.groups.len(),
+            revoked: entries.revoked.len(),
+        }
+    }
 }
 
 /// Why the replicated state could not be copied.
@@ -172,66 +215,115 @@ pub enum RestoreError {
     Store(#[from] HeadStoreError),
 }
 
-/// Whether the head set's state under `prefix` holds no entry at all.
-pub async fn is_empty(store: &Arc<dyn ObjectStore>, prefix: &Path) -> Result<bool, RestoreError> {
-    let folder = prefix.clone().join(STATE);
-    match store.list(Some(&folder)).next().await {
-        None => Ok(true),
-        Some(Ok(_)) => Ok(false),
-        Some(Err(e)) => Err(RestoreError::Read {
-            prefix: prefix.to_string(),
-            reason: e.to_string(),
-        }),
+/// The terms whose folders exist under `prefix`, each with whether its
+/// primary finished seeding it, oldest first.
+async fn terms(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<Vec<(u64, bool)>, RestoreError> {
+    let read_err = |e: object_store::Error| RestoreError::Read {
+        prefix: prefix.to_string(),
+        reason: e.to_string(),
+    };
+    let listed = store
+        .list_with_delimiter(Some(&prefix.clone().join(STATE)))
+        .await
+        .map_err(read_err)?;
+    let mut terms = Vec::new();
+    for folder in listed.common_prefixes {
+        let Some(term) = folder.filename().and_then(term_of) else {
+            continue;
+        };
+        let complete = match store.head(&term_folder(prefix, term).join(COMPLETE)).await {
+            Ok(_) => true,
+            Err(object_store::Error::NotFound { .. }) => false,
+            Err(e) => return Err(read_err(e)),
+        };
+        terms.push((term, complete));
     }
+    terms.sort_unstable();
+    Ok(terms)
 }
 
-/// Writes every entry of the head store in `dir` to `replica`: the first
-/// primary of a new head set starts from the state its directory held
-/// (a single head made one of a set keeps its jobs and groups).
+/// The newest term below `below` whose folder is complete.
+async fn newest_complete(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    below: u64,
+) -> Result<Option<u64>, RestoreError> {
+    Ok(terms(store, prefix)
+        .await?
+        .into_iter()
+        .rev()
+        .find(|&(term, complete)| term < below && complete)
+        .map(|(term, _)| term))
+}
+
+/// Whether the head set under `prefix` holds no complete state: a new
+/// set, or one whose first primary died before it had seeded it.
+pub async fn is_empty(store: &Arc<dyn ObjectStore>, prefix: &Path) -> Result<bool, RestoreError> {
+    Ok(newest_complete(store, prefix, u64::MAX).await?.is_none())
+}
+
+/// Writes every entry of the head store in `dir` to `replica`'s term, then
+/// marks that term complete: the primary's first act, from the state its
+/// directory holds (its own, for a new set; what [`restore`] copied, for a
+/// takeover). Nothing else is written in the term before it is complete.
 pub fn seed(dir: &std::path::Path, replica: &HeadReplica) -> Result<Restored, RestoreError> {
-    let (jobs, groups) = HeadStore::open_in(dir)?.export()?;
-    for (table, entries) in [("jobs", &jobs), ("groups", &groups)] {
+    let entries = HeadStore::open_in(dir)?.export()?;
+    let write_err = |what: String, reason: String| RestoreError::Write {
+        prefix: replica.prefix.to_string(),
+        reason: format!("{what} not written: {reason}"),
+    };
+    for (table, entries) in entries.tables() {
         for (key, bytes) in entries {
             replica
                 .put(table, key, bytes)
-                .map_err(|reason| RestoreError::Write {
-                    prefix: replica.prefix.to_string(),
-                    reason: format!("{table} entry {key} not written: {reason}"),
-                })?;
+                .map_err(|reason| write_err(format!("{table} entry {key}"), reason))?;
         }
     }
-    Ok(Restored {
-        jobs: jobs.len(),
-        groups: groups.len(),
-    })
+    let mark = term_folder(&replica.prefix, replica.term).join(COMPLETE);
+    replica
+        .block(async {
+            replica.store.put(&mark, Vec::<u8>::new().into()).await?;
+            Ok(())
+        })
+        .map_err(|reason| write_err(format!("the mark of term {}", replica.term), reason))?;
+    Ok(Restored::of(&entries))
 }
 
-/// Replaces the head store in `dir` with the state under `prefix` of
-/// `store` (what the former primary wrote).
+/// Replaces the head store in `dir` with the newest complete state under
+/// `prefix` of `store` written before the term `term` (what the former
+/// primaries wrote); empty when there is none.
 pub async fn restore(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
     dir: &std::path::Path,
+    term: u64,
 ) -> Result<Restored, RestoreError> {
     let read_err = |e: object_store::Error| RestoreError::Read {
         prefix: prefix.to_string(),
         reason: e.to_string(),
     };
-    let mut tables: [Vec<(String, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
-    for (i, table) in ["jobs", "groups"].into_iter().enumerate() {
-        let folder = prefix.clone().join(STATE).join(table);
-        let mut listed = store.list(Some(&folder));
-        while let Some(meta) = listed.next().await {
-            let meta = meta.map_err(read_err)?;
-            let key = meta.location.filename().unwrap_or_default().to_owned();
-            let bytes = store
-                .get(&meta.location)
-                .await
-                .map_err(read_err)?
-                .bytes()
-                .await
-                .map_err(read_err)?;
-            tables[i].push((key, bytes.to_vec()));
+    let mut entries = Entries::default();
+    if let Some(from) = newest_complete(store, prefix, term).await? {
+        for table in TABLES {
+            let folder = term_folder(prefix, from).join(table);
+            let mut listed = store.list(Some(&folder));
+            while let Some(meta) = listed.next().await {
+                let meta = meta.map_err(read_err)?;
+                let key = meta.location.filename().unwrap_or_default().to_owned();
+                let bytes = store
+                    .get(&meta.location)
+                    .await
+                    .map_err(read_err)?
+                    .bytes()
+                    .await
+                    .map_err(read_err)?;
+                if let Some(listed) = entries.table_mut(table) {
+                    listed.push((key, bytes.to_vec()));
+                }
+            }
         }
     }
     let path = dir.join(crate::head_store::FILE);
@@ -247,13 +339,43 @@ pub async fn restore(
         }
     }
     let local = HeadStore::open(&path)?;
-    let [jobs, groups] = tables;
-    let restored = Restored {
-        jobs: jobs.len(),
-        groups: groups.len(),
+    local.import(&entries)?;
+    Ok(Restored::of(&entries))
+}
+
+/// Removes the folders of the terms below `term` (once `term`'s is
+/// complete, no head reads them again); the number removed.
+pub async fn prune(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    term: u64,
+) -> Result<usize, RestoreError> {
+    let write_err = |e: object_store::Error| RestoreError::Write {
+        prefix: prefix.to_string(),
+        reason: e.to_string(),
     };
-    local.import(jobs, groups)?;
-    Ok(restored)
+    let mut removed = 0;
+    for (old, _) in terms(store, prefix).await? {
+        if old >= term {
+            continue;
+        }
+        // The mark goes first: a prune cut short leaves no folder that
+        // says it is complete and is not.
+        match store.delete(&term_folder(prefix, old).join(COMPLETE)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(write_err(e)),
+        }
+        let mut listed = store.list(Some(&term_folder(prefix, old)));
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(write_err)?;
+            match store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(write_err(e)),
+            }
+        }
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 #[cfg(test)]
@@ -299,7 +421,11 @@ mod tests {
         let held = lease_on(&mem, &prefix).await;
         let primary_dir = scratch("primary");
         let replica =
-            HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard.clone()).unwrap();
+            HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard.clone(), 1).unwrap();
+        let replica = tokio::task::block_in_place(|| {
+            seed(&primary_dir, &replica).unwrap();
+            replica
+        });
         let primary = HeadStore::open_in(&primary_dir)
             .unwrap()
             .with_replica(replica);
@@ -307,6 +433,7 @@ mod tests {
             primary.put_job(&job(seq)).unwrap();
         }
         primary.remove_job(1).unwrap();
+        primary.add_revoked(&[vec![0x2a]]).unwrap();
 
         let standby_dir = scratch("standby");
         // A stale local copy is replaced, not merged.
@@ -314,9 +441,18 @@ mod tests {
             .unwrap()
             .put_job(&job(9))
             .unwrap();
-        let restored = restore(&mem, &prefix, &standby_dir).await.unwrap();
-        assert_eq!(restored, Restored { jobs: 2, groups: 0 });
+        let restored = restore(&mem, &prefix, &standby_dir, 2).await.unwrap();
+        assert_eq!(
+            restored,
+            Restored {
+                jobs: 2,
+                groups: 0,
+                revoked: 1
+            }
+        );
         let taken = HeadStore::open_in(&standby_dir).unwrap();
+        // The revocations the primary enforced are the standby's too.
+        assert_eq!(taken.load_revoked().unwrap(), [vec![0x2a]]);
         let seqs: Vec<u64> = taken.load_jobs().unwrap().iter().map(|j| j.seq).collect();
         assert_eq!(seqs, [0, 2]);
         assert_eq!(taken.load_jobs().unwrap()[1], job(2));
@@ -325,8 +461,13 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_head_without_the_lease_writes_nothing_and_its_change_fails() {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let replica =
-            HeadReplica::new(Arc::clone(&mem), Path::from("heads"), LeaseGuard::default()).unwrap();
+        let replica = HeadReplica::new(
+            Arc::clone(&mem),
+            Path::from("heads"),
+            LeaseGuard::default(),
+            1,
+        )
+        .unwrap();
         let store = HeadStore::open_in(&scratch("unleased"))
             .unwrap()
             .with_replica(replica);
@@ -347,15 +488,22 @@ mod tests {
             .put_job(&job(3))
             .unwrap();
         assert!(is_empty(&mem, &prefix).await.unwrap());
-        let replica = HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard).unwrap();
+        let replica = HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard, 1).unwrap();
         let seeded = tokio::task::spawn_blocking(move || seed(&single, &replica))
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(seeded, Restored { jobs: 1, groups: 0 });
+        assert_eq!(
+            seeded,
+            Restored {
+                jobs: 1,
+                groups: 0,
+                revoked: 0
+            }
+        );
         assert!(!is_empty(&mem, &prefix).await.unwrap());
         let standby = scratch("seeded-standby");
-        restore(&mem, &prefix, &standby).await.unwrap();
+        restore(&mem, &prefix, &standby, 2).await.unwrap();
         assert_eq!(
             HeadStore::open_in(&standby).unwrap().load_jobs().unwrap(),
             [job(3)]
@@ -367,14 +515,93 @@ mod tests {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let prefix = Path::from("heads");
         mem.put(
-            &entry(&prefix, "jobs", "4"),
+            &entry(&prefix, 1, "jobs", "4"),
             b"not an archive".to_vec().into(),
         )
         .await
         .unwrap();
-        let e = restore(&mem, &prefix, &scratch("corrupt"))
+        mem.put(
+            &term_folder(&prefix, 1).join(COMPLETE),
+            Vec::<u8>::new().into(),
+        )
+        .await
+        .unwrap();
+        let e = restore(&mem, &prefix, &scratch("corrupt"), 2)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("jobs entry 4"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_write_of_an_old_primary_does_not_reach_the_state_its_successors_read() {
+        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let prefix = Path::from("heads");
+        let held = lease_on(&mem, &prefix).await;
+        // Term 1: the first primary seeds its state and writes a job.
+        let old_dir = scratch("old-primary");
+        let old =
+            HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard.clone(), 1).unwrap();
+        let old = tokio::task::block_in_place(|| {
+            seed(&old_dir, &old).unwrap();
+            old
+        });
+        let old = HeadStore::open_in(&old_dir).unwrap().with_replica(old);
+        old.put_job(&job(1)).unwrap();
+        // Term 2 takes over: copies term 1, seeds its own, prunes term 1.
+        let new_dir = scratch("new-primary");
+        let restored = restore(&mem, &prefix, &new_dir, 2).await.unwrap();
+        assert_eq!(restored.jobs, 1);
+        let new =
+            HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard.clone(), 2).unwrap();
+        let new = tokio::task::block_in_place(|| {
+            seed(&new_dir, &new).unwrap();
+            new
+        });
+        assert_eq!(prune(&mem, &prefix, 2).await.unwrap(), 1);
+        let new = HeadStore::open_in(&new_dir).unwrap().with_replica(new);
+        new.remove_job(1).unwrap();
+        new.put_job(&job(2)).unwrap();
+        // The old primary's write in flight lands now, after the takeover
+        // (its guard is the test's: it still says it holds).
+        old.put_job(&job(7)).unwrap();
+        old.remove_job(2).unwrap();
+        // A third head reads term 2's state, untouched by those writes.
+        let third = scratch("third");
+        restore(&mem, &prefix, &third, 3).await.unwrap();
+        let seqs: Vec<u64> = HeadStore::open_in(&third)
+            .unwrap()
+            .load_jobs()
+            .unwrap()
+            .iter()
+            .map(|j| j.seq)
+            .collect();
+        assert_eq!(seqs, [2]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_term_its_primary_did_not_finish_seeding_is_not_read() {
+        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let prefix = Path::from("heads");
+        let held = lease_on(&mem, &prefix).await;
+        let first = scratch("complete");
+        HeadStore::open_in(&first)
+            .unwrap()
+            .put_job(&job(1))
+            .unwrap();
+        let replica =
+            HeadReplica::new(Arc::clone(&mem), prefix.clone(), held.guard.clone(), 1).unwrap();
+        tokio::task::block_in_place(|| seed(&first, &replica).unwrap());
+        assert!(!is_empty(&mem, &prefix).await.unwrap());
+        // Term 2 died after one entry, before its mark.
+        mem.put(&entry(&prefix, 2, "jobs", "5"), Vec::<u8>::new().into())
+            .await
+            .unwrap();
+        let third = scratch("after-partial");
+        let restored = restore(&mem, &prefix, &third, 3).await.unwrap();
+        assert_eq!(restored.jobs, 1);
+        assert_eq!(
+            HeadStore::open_in(&third).unwrap().load_jobs().unwrap(),
+            [job(1)]
+        );
     }
 }

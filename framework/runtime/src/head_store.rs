@@ -25,6 +25,55 @@ const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 /// The groups table: id → archived [`StoredGroup`].
 const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("groups");
 
+/// The revocations table: a revoked certificate's serial in hex → the
+/// serial. Revocations the head has enforced stay in force across its
+/// restarts and takeovers, whatever `crl.pem` it then finds.
+const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked");
+
+/// The tables, by name, in the order [`Entries`] holds them.
+pub(crate) const TABLES: [&str; 3] = ["jobs", "groups", "revoked"];
+
+/// One table's entries as `(key, archive)`, in key order.
+pub(crate) type Rows = Vec<(String, Vec<u8>)>;
+
+/// Every entry of the store as `(key, archive)` per table: the form a
+/// replica holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Entries {
+    /// The jobs table's.
+    pub(crate) jobs: Rows,
+    /// The groups table's.
+    pub(crate) groups: Rows,
+    /// The revocations table's (the value is the serial itself).
+    pub(crate) revoked: Rows,
+}
+
+impl Entries {
+    /// The entries of the table named `table` (one of [`TABLES`]).
+    pub(crate) fn table_mut(&mut self, table: &str) -> Option<&mut Rows> {
+        match table {
+            "jobs" => Some(&mut self.jobs),
+            "groups" => Some(&mut self.groups),
+            "revoked" => Some(&mut self.revoked),
+            _ => None,
+        }
+    }
+
+    /// Each table's name with its entries.
+    pub(crate) fn tables(&self) -> [(&'static str, &Rows); 3] {
+        [
+            (TABLES[0], &self.jobs),
+            (TABLES[1], &self.groups),
+            (TABLES[2], &self.revoked),
+        ]
+    }
+}
+
+/// A serial's key in the revocations table: its bytes in hex.
+fn serial_key(serial: &[u8]) -> String {
+    serial.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The file the store lives in, in the head's state directory.
 pub const FILE: &str = "head.redb";
 
@@ -53,7 +102,7 @@ pub enum HeadStoreError {
     Corrupt {
         /// The file.
         path: PathBuf,
-        /// Its table (`jobs`, `groups`).
+        /// Its table (`jobs`, `groups`, `revoked`).
         table: &'static str,
         /// The entry's key.
         key: String,
@@ -127,6 +176,7 @@ impl HeadStore {
         let tx = db.begin_write().map_err(|e| fail(e.to_string()))?;
         tx.open_table(JOBS).map_err(|e| fail(e.to_string()))?;
         tx.open_table(GROUPS).map_err(|e| fail(e.to_string()))?;
+        tx.open_table(REVOKED).map_err(|e| fail(e.to_string()))?;
         tx.commit().map_err(|e| fail(e.to_string()))?;
         Ok(Self {
             db,
@@ -142,44 +192,48 @@ impl HeadStore {
         self
     }
 
-    /// Writes `jobs` and `groups` (as `(key, archive)`, the replica's
-    /// form) in one transaction, each checked as [`HeadStore::load_jobs`]
-    /// and [`HeadStore::load_groups`] check them.
-    pub(crate) fn import(
-        &self,
-        jobs: Vec<(String, Vec<u8>)>,
-        groups: Vec<(String, Vec<u8>)>,
-    ) -> Result<(), HeadStoreError> {
-        let checked_jobs: Vec<StoredJob> = self.checked("jobs", &jobs, job_key)?;
-        let checked_groups: Vec<StoredGroup> = self.checked("groups", &groups, group_key)?;
+    /// Writes `entries` (the replica's form) in one transaction, each
+    /// checked as the loads check them.
+    pub(crate) fn import(&self, entries: &Entries) -> Result<(), HeadStoreError> {
+        let jobs: Vec<StoredJob> = self.checked("jobs", &entries.jobs, job_key)?;
+        let groups: Vec<StoredGroup> = self.checked("groups", &entries.groups, group_key)?;
+        self.checked_serials(&entries.revoked)?;
         let tx = self.db.begin_write().map_err(|e| self.io(e))?;
         {
             let mut table = tx.open_table(JOBS).map_err(|e| self.io(e))?;
-            for (job, (_, bytes)) in checked_jobs.iter().zip(&jobs) {
+            for (job, (_, bytes)) in jobs.iter().zip(&entries.jobs) {
                 table
                     .insert(job.seq, bytes.as_slice())
                     .map_err(|e| self.io(e))?;
             }
             let mut table = tx.open_table(GROUPS).map_err(|e| self.io(e))?;
-            for (group, (_, bytes)) in checked_groups.iter().zip(&groups) {
+            for (group, (_, bytes)) in groups.iter().zip(&entries.groups) {
                 table
                     .insert(group.id.as_str(), bytes.as_slice())
+                    .map_err(|e| self.io(e))?;
+            }
+            let mut table = tx.open_table(REVOKED).map_err(|e| self.io(e))?;
+            for (key, serial) in &entries.revoked {
+                table
+                    .insert(key.as_str(), serial.as_slice())
                     .map_err(|e| self.io(e))?;
             }
         }
         self.commit(tx)
     }
 
-    /// Every job and group as `(key, archive)`, the form
-    /// [`HeadStore::import`] takes, each checked as the loads check them.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn export(
-        &self,
-    ) -> Result<(Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>), HeadStoreError> {
-        let (jobs, groups) = (self.entries(JOBS)?, self.entries(GROUPS)?);
-        self.checked::<StoredJob>("jobs", &jobs, job_key)?;
-        self.checked::<StoredGroup>("groups", &groups, group_key)?;
-        Ok((jobs, groups))
+    /// Every entry, in the form [`HeadStore::import`] takes, each checked
+    /// as the loads check them.
+    pub(crate) fn export(&self) -> Result<Entries, HeadStoreError> {
+        let entries = Entries {
+            jobs: self.entries(JOBS)?,
+            groups: self.entries(GROUPS)?,
+            revoked: self.entries(REVOKED)?,
+        };
+        self.checked::<StoredJob>("jobs", &entries.jobs, job_key)?;
+        self.checked::<StoredGroup>("groups", &entries.groups, group_key)?;
+        self.checked_serials(&entries.revoked)?;
+        Ok(entries)
     }
 
     /// Mirrors a committed change to the replica, if there is one.
@@ -315,6 +369,62 @@ impl HeadStore {
             .collect()
     }
 
+    /// The serials of revocation entries, each filed under its own key.
+    fn checked_serials(
+        &self,
+        entries: &[(String, Vec<u8>)],
+    ) -> Result<Vec<Vec<u8>>, HeadStoreError> {
+        entries
+            .iter()
+            .map(|(key, serial)| {
+                if serial.is_empty() || serial_key(serial) != *key {
+                    return Err(self.corrupt(
+                        "revoked",
+                        key.clone(),
+                        format!("it holds the serial {}", serial_key(serial)),
+                    ));
+                }
+                Ok(serial.clone())
+            })
+            .collect()
+    }
+
+    /// Every revoked certificate serial the head has enforced, sorted.
+    pub fn load_revoked(&self) -> Result<Vec<Vec<u8>>, HeadStoreError> {
+        let mut serials = self.checked_serials(&self.entries(REVOKED)?)?;
+        serials.sort();
+        Ok(serials)
+    }
+
+    /// Adds each of `serials` not stored yet to the revocations, durably
+    /// (one commit, then mirrored); the number added.
+    pub fn add_revoked(&self, serials: &[Vec<u8>]) -> Result<usize, HeadStoreError> {
+        let known = self.load_revoked()?;
+        let mut added = Vec::new();
+        let tx = self.db.begin_write().map_err(|e| self.io(e))?;
+        {
+            let mut table = tx.open_table(REVOKED).map_err(|e| self.io(e))?;
+            for serial in serials {
+                if serial.is_empty() || known.contains(serial) || added.contains(&serial) {
+                    continue;
+                }
+                table
+                    .insert(serial_key(serial).as_str(), serial.as_slice())
+                    .map_err(|e| self.io(e))?;
+                added.push(serial);
+            }
+        }
+        if added.is_empty() {
+            tx.abort().map_err(|e| self.io(e))?;
+            return Ok(0);
+        }
+        self.commit(tx)?;
+        for serial in &added {
+            self.mirror(REVOKED.name(), serial_key(serial), Some(serial.as_slice()))?;
+        }
+        Ok(added.len())
+    }
+
     /// Every stored job, in submission order.
     pub fn load_jobs(&self) -> Result<Vec<StoredJob>, HeadStoreError> {
         self.checked("jobs", &self.entries(JOBS)?, job_key)
@@ -405,6 +515,48 @@ pub(crate) mod tests {
         assert_eq!(jobs[1].ended_unix_ms, Some(1_700_000_000_000));
         assert_eq!(jobs[1].view.node.as_deref(), Some("w1"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn revocations_stay_across_a_reopen_and_travel_in_the_replica_form() {
+        let dir = scratch("revoked");
+        {
+            let store = HeadStore::open_in(&dir).unwrap();
+            assert!(store.load_revoked().unwrap().is_empty());
+            assert_eq!(
+                store.add_revoked(&[vec![0x0b, 0x01], vec![0x0a]]).unwrap(),
+                2
+            );
+            // Known ones and empty serials are not added again.
+            assert_eq!(store.add_revoked(&[vec![0x0a], vec![]]).unwrap(), 0);
+        }
+        let store = HeadStore::open_in(&dir).unwrap();
+        assert_eq!(
+            store.load_revoked().unwrap(),
+            vec![vec![0x0a], vec![0x0b, 0x01]]
+        );
+        let entries = store.export().unwrap();
+        assert_eq!(entries.revoked[0], ("0a".to_owned(), vec![0x0a]));
+        let copy = scratch("revoked-copy");
+        let other = HeadStore::open_in(&copy).unwrap();
+        other.import(&entries).unwrap();
+        assert_eq!(other.load_revoked().unwrap(), store.load_revoked().unwrap());
+        // An entry filed under another serial's key is refused.
+        let mut forged = Entries::default();
+        forged.revoked.push(("0a".into(), vec![0x0c]));
+        let err = other.import(&forged).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HeadStoreError::Corrupt {
+                    table: "revoked",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&copy).unwrap();
     }
 
     #[test]

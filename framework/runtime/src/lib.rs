@@ -63,6 +63,7 @@ pub mod placement_groups;
 mod pool;
 pub mod process;
 mod pull_server;
+pub mod quota;
 pub mod releases;
 mod reservations;
 mod router;

@@ -40,6 +40,7 @@ use flotilla_proto::groups::{
 };
 use flotilla_proto::hello::Purpose;
 use flotilla_proto::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
+use flotilla_proto::role::principal_of;
 use flotilla_transport::handshake::{self, Frames, send_msg};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -138,7 +139,12 @@ impl PlacementHandle {
 struct Waiter {
     after: Option<u64>,
     reply: oneshot::Sender<Answer>,
+    /// The certificate of the member waiting (`None`: this node).
+    principal: Option<String>,
 }
+
+/// Most waits on groups one certificate may have open at the head.
+pub const MAX_WAITERS_PER_PRINCIPAL: usize = 256;
 
 impl Waiter {
     fn satisfied(&self, view: &GroupView) -> bool {
@@ -381,9 +387,17 @@ impl PlacementService {
                 let waiter = Waiter {
                     after: after_revision,
                     reply,
+                    principal: caller.as_ref().map(|c| principal_of(&c.member).to_owned()),
                 };
                 match self.groups.view(&id) {
                     Some(v) if !waiter.satisfied(&v) => {
+                        if self.at_waiter_cap(waiter.principal.as_deref()) {
+                            crate::counters::principal_capped("group_waits");
+                            let _ = waiter.reply.send(Ok(PlacementReply::Invalid(format!(
+                                "NODE-PG-008: this certificate already waits on {MAX_WAITERS_PER_PRINCIPAL} groups at the head; wait on fewer at once"
+                            ))));
+                            return;
+                        }
                         self.waiters.entry(id).or_default().push(waiter);
                     }
                     v => {
@@ -470,6 +484,12 @@ impl PlacementService {
             (Some(store), Some(group)) => store.put_group(&group),
             _ => Ok(()),
         }
+    }
+
+    /// Whether the certificate `principal` already has
+    /// [`MAX_WAITERS_PER_PRINCIPAL`] waits open ([`at_waiter_cap`]).
+    fn at_waiter_cap(&mut self, principal: Option<&str>) -> bool {
+        at_waiter_cap(&mut self.waiters, principal)
     }
 
     fn wake(&mut self, id: &str, removed: bool) {
@@ -688,9 +708,56 @@ async fn dial(
     Ok((send, rx))
 }
 
+/// Whether the certificate `principal` already has
+/// [`MAX_WAITERS_PER_PRINCIPAL`] of `waiters` open (those whose asker is
+/// gone are dropped first); this node's own (`None`) are never capped.
+fn at_waiter_cap(waiters: &mut HashMap<String, Vec<Waiter>>, principal: Option<&str>) -> bool {
+    let Some(principal) = principal else {
+        return false;
+    };
+    waiters.retain(|_, waiting| {
+        waiting.retain(|w| !w.reply.is_closed());
+        !waiting.is_empty()
+    });
+    let open = waiters
+        .values()
+        .flatten()
+        .filter(|w| w.principal.as_deref() == Some(principal))
+        .count();
+    open >= MAX_WAITERS_PER_PRINCIPAL
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_certificate_cannot_hold_more_than_its_cap_of_group_waits_at_the_head() {
+        let mut waiters: HashMap<String, Vec<Waiter>> = HashMap::new();
+        let mut askers = Vec::new();
+        for i in 0..MAX_WAITERS_PER_PRINCIPAL {
+            let (reply, rx) = oneshot::channel();
+            askers.push(rx);
+            waiters
+                .entry(format!("pg{}", i % 8))
+                .or_default()
+                .push(Waiter {
+                    after: None,
+                    reply,
+                    principal: Some("ops".into()),
+                });
+        }
+        assert!(at_waiter_cap(&mut waiters, Some("ops")));
+        assert!(!at_waiter_cap(&mut waiters, Some("other")));
+        assert!(!at_waiter_cap(&mut waiters, None), "the head's own waits");
+        // An asker that gave up (its wait timed out) frees its place.
+        drop(askers.pop());
+        assert!(!at_waiter_cap(&mut waiters, Some("ops")));
+        assert_eq!(
+            waiters.values().flatten().count(),
+            MAX_WAITERS_PER_PRINCIPAL - 1
+        );
+    }
 
     fn record(owner: &str) -> GroupRecord {
         GroupRecord {

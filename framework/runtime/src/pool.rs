@@ -59,10 +59,9 @@ impl Pool {
     /// reuse from now on (the newest, as a restarted peer's old connection
     /// may linger until its idle timeout).
     pub(crate) async fn record(&self, member: &str, connection: &quinn::Connection) {
-        self.connections
-            .lock()
-            .await
-            .insert(member.to_owned(), connection.clone());
+        let mut map = self.connections.lock().await;
+        prune_closed(&mut map);
+        map.insert(member.to_owned(), connection.clone());
     }
 
     /// The live connection to `member`, dialling `addr` if there is none;
@@ -112,11 +111,18 @@ impl Pool {
         member: &str,
         pc: PeerConnection,
     ) -> Result<PeerConnection, ConnectError> {
-        self.connections
-            .lock()
-            .await
-            .insert(member.to_owned(), pc.connection.clone());
+        {
+            let mut map = self.connections.lock().await;
+            prune_closed(&mut map);
+            map.insert(member.to_owned(), pc.connection.clone());
+        }
         let _ = self.router.send((pc.clone(), false));
         Ok(pc)
     }
+}
+
+/// Forgets the closed connections of `map`: members that left (a driver's
+/// many processes, a tool's one-off names) do not stay in it.
+fn prune_closed(map: &mut HashMap<String, quinn::Connection>) {
+    map.retain(|_, c| c.close_reason().is_none());
 }

@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flotilla_proto::authority::{Sender, may_stop};
-use flotilla_proto::control::{SpawnOrder, StopOutcome};
-use flotilla_proto::role::Role;
+use flotilla_proto::control::{MAX_ACTORS_PER_PRINCIPAL, SpawnOrder, StopOutcome};
+use flotilla_proto::role::{Role, principal_of};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use rkyv::{Archive, Deserialize, Serialize};
 
@@ -374,7 +374,16 @@ impl Actor for Spawner {
                 if let Some(holder) = state.stopping_holder(&req.name) {
                     ended(holder).await;
                 }
+                let capped = owner.0 != state.node
+                    && at_cap(
+                        state.children.values().map(|c| c.owner.0.as_str()),
+                        &owner.0,
+                    );
                 let result = match state.kinds.get(&req.kind) {
+                    _ if capped => {
+                        crate::counters::principal_capped("actors");
+                        Err(SpawnReply::TooMany(principal_of(&owner.0).to_owned()))
+                    }
                     None => Err(SpawnReply::UnknownKind(req.kind.clone())),
                     Some(kind) if kind.message_type() != req.message_type => {
                         Err(SpawnReply::WrongMessageType(TypeMismatch {
@@ -465,9 +474,28 @@ impl Actor for Spawner {
     }
 }
 
+/// Whether the certificate of the member `owner` already owns
+/// [`MAX_ACTORS_PER_PRINCIPAL`] of the actors whose owners are `owners`.
+fn at_cap<'a>(owners: impl Iterator<Item = &'a str>, owner: &str) -> bool {
+    let principal = principal_of(owner);
+    owners.filter(|o| principal_of(o) == principal).count() >= MAX_ACTORS_PER_PRINCIPAL
+}
+
 #[cfg(test)]
 mod tests {
-    use super::MemberStates;
+    use super::{MAX_ACTORS_PER_PRINCIPAL, MemberStates, at_cap};
+
+    #[test]
+    fn one_certificate_cannot_own_more_than_its_cap_of_actors_on_a_node() {
+        let owners: Vec<String> = (0..MAX_ACTORS_PER_PRINCIPAL)
+            .map(|i| format!("ops~{:016x}", i % 4))
+            .collect();
+        let owners = || owners.iter().map(String::as_str);
+        // Every process of the certificate counts against the one cap.
+        assert!(at_cap(owners(), "ops~00000000000000ff"));
+        assert!(!at_cap(owners(), "other~0000000000000001"));
+        assert!(!at_cap(owners().skip(1), "ops~0000000000000001"));
+    }
 
     #[test]
     fn an_owner_is_gone_when_down_left_or_restarted_not_when_unknown() {

@@ -63,10 +63,15 @@ pub enum Closing {
     /// The connection opened no stream in time.
     #[error("NODE-WIRE-005: the peer closed the connection: no stream opened in time")]
     NoStream,
+    /// The certificate holds as many connections to the node as it may.
+    #[error(
+        "NODE-AUTH-029: the peer closed the connection: this certificate holds as many connections to it as it may; close some"
+    )]
+    TooManyConnections,
 }
 
 impl Closing {
-    const ALL: [Closing; 13] = [
+    const ALL: [Closing; 14] = [
         Self::Done,
         Self::Shutdown,
         Self::NoName,
@@ -80,6 +85,7 @@ impl Closing {
         Self::Revoked,
         Self::Fenced,
         Self::NoStream,
+        Self::TooManyConnections,
     ];
 
     /// The application close code on the wire.
@@ -98,6 +104,7 @@ impl Closing {
             Self::Revoked => 0x16,
             Self::Fenced => 0x17,
             Self::NoStream => 0x18,
+            Self::TooManyConnections => 0x19,
         }
     }
 
@@ -117,6 +124,7 @@ impl Closing {
             Self::Revoked => b"revoked",
             Self::Fenced => b"fenced",
             Self::NoStream => b"no stream",
+            Self::TooManyConnections => b"too many connections",
         }
     }
 

@@ -11,7 +11,8 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
 use crate::certs::{Identity, dns_names};
 
@@ -67,6 +68,26 @@ pub fn server_tls(identity: &Identity) -> Result<rustls::ServerConfig, TlsError>
     let verifier = WebPkiClientVerifier::builder_with_provider(roots(identity)?, provider())
         .build()
         .map_err(|e| TlsError::Roots(e.to_string()))?;
+    server_with(identity, verifier)
+}
+
+/// rustls server configuration for a listener no peer may use: the
+/// handshake asks for a client certificate and refuses every one, even
+/// the cluster CA's own. ractor_cluster always opens a TCP listener, while
+/// members only ever speak to each other over QUIC, behind the gate that
+/// checks revocations, incarnations and roles: that listener gets this
+/// configuration, so a process on the same host holding a revoked (or
+/// any) certificate cannot skip the gate through it.
+pub fn refuse_every_client_tls(identity: &Identity) -> Result<rustls::ServerConfig, TlsError> {
+    server_with(identity, Arc::new(RefuseEveryClient))
+}
+
+/// TLS 1.3 only, the node's certificate, client certificates checked by
+/// `verifier`, no early data.
+fn server_with(
+    identity: &Identity,
+    verifier: Arc<dyn ClientCertVerifier>,
+) -> Result<rustls::ServerConfig, TlsError> {
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
@@ -74,6 +95,57 @@ pub fn server_tls(identity: &Identity) -> Result<rustls::ServerConfig, TlsError>
     tls.alpn_protocols = vec![ALPN.to_vec()];
     tls.max_early_data_size = 0;
     Ok(tls)
+}
+
+/// Refuses every client certificate (and so never checks a signature).
+#[derive(Debug)]
+struct RefuseEveryClient;
+
+impl RefuseEveryClient {
+    fn refused() -> rustls::Error {
+        rustls::Error::General(
+            "NODE-TLS-003: this listener takes no connections; members speak over QUIC".into(),
+        )
+    }
+}
+
+impl ClientCertVerifier for RefuseEveryClient {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Err(Self::refused())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(Self::refused())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(Self::refused())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 /// rustls client configuration presenting the node's certificate and
@@ -177,5 +249,69 @@ impl ServerCertVerifier for MemberVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certs::{DEFAULT_VALIDITY, init_ca, issue};
+    use flotilla_proto::role::Role;
+
+    /// Runs a handshake between `client` and `server` in memory; the
+    /// error that ended it, if one did.
+    fn handshake(
+        mut client: rustls::ClientConnection,
+        mut server: rustls::ServerConnection,
+    ) -> Result<(), rustls::Error> {
+        for _ in 0..16 {
+            let mut bytes = Vec::new();
+            while client.wants_write() {
+                client.write_tls(&mut bytes).unwrap();
+            }
+            let mut unread = bytes.as_slice();
+            while !unread.is_empty() {
+                server.read_tls(&mut unread).unwrap();
+                server.process_new_packets()?;
+            }
+            let mut bytes = Vec::new();
+            while server.wants_write() {
+                server.write_tls(&mut bytes).unwrap();
+            }
+            let mut unread = bytes.as_slice();
+            while !unread.is_empty() {
+                client.read_tls(&mut unread).unwrap();
+                client.process_new_packets()?;
+            }
+            if !client.is_handshaking() && !server.is_handshaking() {
+                return Ok(());
+            }
+        }
+        panic!("the handshake neither ended nor failed");
+    }
+
+    #[test]
+    fn a_member_certificate_cannot_reach_the_ractor_listener_around_the_gate() {
+        let dir = std::env::temp_dir().join(format!("flotilla-tls-refuse-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        init_ca(&dir, "c", "head").unwrap();
+        issue(&dir, "n1", Role::Worker, DEFAULT_VALIDITY, &dir).unwrap();
+        let head = Identity::load(&dir, "head").unwrap();
+        let member = Identity::load(&dir, "n1").unwrap();
+        let client = || {
+            rustls::ClientConnection::new(
+                Arc::new(client_tls(&member).unwrap()),
+                ServerName::try_from(ANY_MEMBER).unwrap(),
+            )
+            .unwrap()
+        };
+        let open = rustls::ServerConnection::new(Arc::new(server_tls(&head).unwrap())).unwrap();
+        handshake(client(), open).unwrap();
+        let closed =
+            rustls::ServerConnection::new(Arc::new(refuse_every_client_tls(&head).unwrap()))
+                .unwrap();
+        let err = handshake(client(), closed).unwrap_err();
+        assert!(err.to_string().contains("NODE-TLS-003"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -100,39 +100,48 @@ pub async fn take_lease(
         std::sync::Arc::clone(&store),
         prefix.clone(),
         held.guard.clone(),
+        held.term,
     )
     .map_err(HeadSetError::Mirror)?;
     let new_set =
         held.former.is_none() && flotilla::head_replica::is_empty(&store, &prefix).await?;
-    let mirror = if new_set {
-        // The set's first primary: its own directory's state is the set's.
-        let dir = dir.to_path_buf();
-        let (mirror, seeded) = tokio::task::spawn_blocking(move || {
-            let seeded = flotilla::head_replica::seed(&dir, &mirror);
-            (mirror, seeded)
-        })
-        .await
-        .map_err(|e| HeadSetError::Mirror(std::io::Error::other(e.to_string())))?;
-        let seeded = seeded?;
-        tracing::info!(
-            term = held.term,
-            jobs = seeded.jobs,
-            groups = seeded.groups,
-            "took the new head set's lease: starting as its primary from this head's state"
-        );
-        mirror
-    } else {
-        let restored = flotilla::head_replica::restore(&store, &prefix, dir).await?;
+    if !new_set {
+        let restored = flotilla::head_replica::restore(&store, &prefix, dir, held.term).await?;
         tracing::info!(
             term = held.term,
             former = ?held.former.as_ref().map(|f| format!("{} at {}", f.holder, f.address)),
             jobs = restored.jobs,
             groups = restored.groups,
+            revoked = restored.revoked,
             waited = ?started.elapsed(),
             "took the head lease: starting as the primary from the set's state"
         );
-        mirror
-    };
+    }
+    // This term's folder is written whole before the head serves: the
+    // set's first primary from its own directory, a takeover from what it
+    // just copied.
+    let seeding = dir.to_path_buf();
+    let (mirror, seeded) = tokio::task::spawn_blocking(move || {
+        let seeded = flotilla::head_replica::seed(&seeding, &mirror);
+        (mirror, seeded)
+    })
+    .await
+    .map_err(|e| HeadSetError::Mirror(std::io::Error::other(e.to_string())))?;
+    let seeded = seeded?;
+    if new_set {
+        tracing::info!(
+            term = held.term,
+            jobs = seeded.jobs,
+            groups = seeded.groups,
+            revoked = seeded.revoked,
+            "took the new head set's lease: starting as its primary from this head's state"
+        );
+    }
+    match flotilla::head_replica::prune(&store, &prefix, held.term).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(terms = n, "removed the state of the former terms"),
+        Err(e) => tracing::warn!(error = %e, "the state of the former terms stays beside this one"),
+    }
     Ok(Some(Leased {
         floor: held.former.map_or(0, |f| f.incarnation),
         guard: held.guard,
