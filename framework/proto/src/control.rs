@@ -313,6 +313,28 @@ pub enum ControlReply {
     Denied(Unauthorized),
     /// The join was refused: another live process holds the name.
     NameTaken(NameHolder),
+    /// The answer was too large for one frame and could not be paged
+    /// ([`fit_to_frame`]): the requester learns why, and its connection
+    /// stays open.
+    TooLarge {
+        /// The answer's size.
+        bytes: u64,
+        /// The frame limit in force.
+        limit: u32,
+    },
+}
+
+/// `page` if its archive fits a frame of `max` bytes, else a
+/// [`ControlReply::TooLarge`] saying how large it was: an answer too large
+/// to send is refused to the requester, never a reason to close its
+/// connection.
+pub fn fit_to_frame(page: ControlReply, max: u32) -> ControlReply {
+    let bytes = crate::wire::encode(&page).len() as u64;
+    if bytes > u64::from(max) {
+        ControlReply::TooLarge { bytes, limit: max }
+    } else {
+        page
+    }
 }
 
 /// Largest encoded page of a table reply: well under the frame limit
@@ -517,6 +539,30 @@ mod tests {
     use crate::membership::{DetectorConfig, MemberState, Membership};
     use crate::resources::Resources;
     use crate::role::Role;
+
+    #[test]
+    fn an_answer_too_large_for_a_frame_is_refused_to_the_requester_not_sent() {
+        let big = ControlReply::Members {
+            version: 1,
+            head: "head".into(),
+            members: (0..1000).map(member).collect(),
+            revoked: Vec::new(),
+            more: false,
+        };
+        let size = crate::wire::encode(&big).len() as u64;
+        assert!(size > 64 * 1024);
+        assert_eq!(fit_to_frame(big.clone(), size as u32), big);
+        let refused = fit_to_frame(big, 64 * 1024);
+        assert_eq!(
+            refused,
+            ControlReply::TooLarge {
+                bytes: size,
+                limit: 64 * 1024
+            }
+        );
+        // The refusal itself fits any frame a node uses.
+        assert!(crate::wire::encode(&refused).len() < 1024);
+    }
 
     fn member(i: usize) -> MemberView {
         MemberView {

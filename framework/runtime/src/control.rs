@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_proto::authority::{self, Unauthorized};
-use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply, paginate};
+use flotilla_proto::control::{
+    ControlReply, ControlRequest, PlacementReply, fit_to_frame, paginate,
+};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::head::{HeadSession, Noted};
 use flotilla_proto::hello::Refusal;
@@ -89,9 +91,18 @@ fn denied(service: &'static str, caller: &Caller, why: Unauthorized) -> ControlR
     ControlReply::Denied(why)
 }
 
-/// Sends `reply`, a table in pages under the frame limit.
+/// Sends `reply`, a table in pages under the frame limit; a page over it
+/// goes as [`ControlReply::TooLarge`] instead.
 async fn send_paged(send: &mut SendStream, reply: ControlReply) -> Result<(), StreamError> {
     for page in paginate(reply) {
+        let page = fit_to_frame(page, DEFAULT_MAX_FRAME);
+        if let ControlReply::TooLarge { bytes, limit } = &page {
+            tracing::warn!(
+                bytes,
+                limit,
+                "NODE-STATUS-004: an answer over the frame limit was refused to its requester"
+            );
+        }
         send_msg(send, &page, DEFAULT_MAX_FRAME).await?;
     }
     Ok(())

@@ -60,6 +60,18 @@ pub enum StatusError {
     /// No head address was given to ask.
     #[error("NODE-STATUS-003: no head address given")]
     NoAddress,
+    /// The node's answer was over the frame limit.
+    #[error(
+        "NODE-STATUS-004: {addr}'s answer of {bytes} bytes is over the frame limit of {limit} bytes; ask for less at once"
+    )]
+    TooLarge {
+        /// The node asked.
+        addr: SocketAddr,
+        /// The answer's size.
+        bytes: u64,
+        /// The limit.
+        limit: u32,
+    },
     /// The node answered with something else than a table.
     #[error("NODE-STATUS-001: {addr} answered the status request with {reply}")]
     Unexpected {
@@ -264,6 +276,9 @@ async fn ask(
         flotilla_transport::Closing::Done.close(&pc.connection);
         match reply {
             ControlReply::Denied(why) => Err(StatusError::Denied { addr, why }),
+            ControlReply::TooLarge { bytes, limit } => {
+                Err(StatusError::TooLarge { addr, bytes, limit })
+            }
             reply => Ok(reply),
         }
     }
