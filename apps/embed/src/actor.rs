@@ -257,10 +257,15 @@ impl PeerLimits {
         Self { model_roots, cores }
     }
 
-    /// Why a spawn's `args` ask more than these limits allow.
-    pub fn check(&self, args: &EmbedderArgs) -> Result<(), String> {
-        check_model_dir(&self.model_roots, &args.model_dir)?;
-        check_threads(args.threads, self.cores)
+    /// Why a spawn's `args` ask more than these limits allow: too many
+    /// threads, or (when the actor loads the folder the spawn names,
+    /// `loads_named`) a model folder outside the roots.
+    pub fn check(&self, args: &EmbedderArgs, loads_named: bool) -> Result<(), String> {
+        check_threads(args.threads, self.cores)?;
+        if loads_named {
+            check_model_dir(&self.model_roots, &args.model_dir)?;
+        }
+        Ok(())
     }
 }
 
@@ -613,15 +618,13 @@ impl Actor for Embedder {
         let (jobs, queue) = mpsc::channel::<Job>();
         type Loaded = Result<(ModelInfo, Option<flotilla::gpus::GpuSlot>, bool), String>;
         let (loaded_tx, loaded) = oneshot::channel::<Loaded>();
-        let dir = match &self.model_dir {
-            Some(own) => own.clone(),
-            None => {
-                if let Some(limits) = &self.limits {
-                    limits.check(&args)?;
-                }
-                PathBuf::from(&args.model_dir)
-            }
-        };
+        if let Some(limits) = &self.limits {
+            limits.check(&args, self.model_dir.is_none())?;
+        }
+        let dir = self
+            .model_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(&args.model_dir));
         let models = self.models.clone();
         let gpus = self.gpus.clone();
         let holder = format!(

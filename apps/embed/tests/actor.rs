@@ -143,6 +143,23 @@ async fn a_model_folder_outside_the_nodes_roots_is_refused_at_spawn() {
     let e = flotilla_embed::actor::check_threads(5, 2).unwrap_err();
     assert!(e.contains("2 cores") && e.contains("4 at most"), "{e}");
     assert!(flotilla_embed::actor::check_threads(u32::MAX, 64).is_err());
+    // A node that loads its own model still bounds the threads a peer asks.
+    let own = Embedder {
+        model_dir: Some(real.clone()),
+        limits: Some(flotilla_embed::actor::PeerLimits {
+            model_roots: flotilla_proto::roots::AllowedRoots::default(),
+            cores: 2,
+        }),
+        ..Embedder::default()
+    };
+    let greedy = EmbedderArgs {
+        threads: 1000,
+        ..EmbedderArgs::new("/anywhere")
+    };
+    let Err(err) = Actor::spawn(None, own, greedy).await else {
+        panic!("1000 threads granted on 2 cores");
+    };
+    assert!(format!("{err:?}").contains("threads refused"), "{err:?}");
     let both: [&std::path::Path; 2] = [&allowed, &models_root];
     let (actor, handle) = spawned(&both, allowed.join("linked-model")).await.unwrap();
     actor.stop(None);

@@ -187,9 +187,10 @@ fn local_store(root: &Path) -> Result<Arc<dyn object_store::ObjectStore>, Output
         let path = path.to_path_buf();
         move |source| OutputError::Io { path, source }
     };
-    let parts = root.join(PARTS);
-    std::fs::create_dir_all(&parts).map_err(io(&parts))?;
-    for dir in [root, parts.as_path()] {
+    let folders = written_folders(root);
+    let [_, parts] = &folders;
+    std::fs::create_dir_all(parts).map_err(io(parts))?;
+    for dir in &folders {
         for entry in std::fs::read_dir(dir).map_err(io(dir))? {
             let path = entry.map_err(io(dir))?.path();
             if path.is_file()

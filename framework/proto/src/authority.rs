@@ -67,6 +67,16 @@ impl<'a> Sender<'a> {
             Self::Unknown => false,
         }
     }
+
+    /// Whether this is the node itself, or the head the member table
+    /// names (`head`), speaking with the head's certificate.
+    fn is_local_or_head(self, head: &str) -> bool {
+        match self {
+            Self::Local => true,
+            Self::Peer { member, role } => role == Role::Head && member == head,
+            Self::Unknown => false,
+        }
+    }
 }
 
 /// Why a request was refused. Stable codes for operators.
@@ -189,10 +199,10 @@ pub fn may_spawn(sender: Sender<'_>) -> Result<(), Unauthorized> {
 /// job's driver, which acts with the rights the head grants it), `head`
 /// being the head the member table names.
 pub fn may_spawn_head_only(sender: Sender<'_>, head: &str) -> Result<(), Unauthorized> {
-    match sender {
-        Sender::Local => Ok(()),
-        Sender::Peer { member, role } if role == Role::Head && member == head => Ok(()),
-        _ => Err(Unauthorized::HeadOnlyKind),
+    if sender.is_local_or_head(head) {
+        Ok(())
+    } else {
+        Err(Unauthorized::HeadOnlyKind)
     }
 }
 
@@ -236,10 +246,10 @@ pub fn may_remove_group(sender: Sender<'_>, owner: Option<&str>) -> Result<(), U
 /// Whether `sender` may change this node's reservations, on a node whose
 /// head is the member `head`.
 pub fn may_change_ledger(sender: Sender<'_>, head: &str) -> Result<(), Unauthorized> {
-    match sender {
-        Sender::Local => Ok(()),
-        Sender::Peer { member, role } if role == Role::Head && member == head => Ok(()),
-        _ => Err(Unauthorized::NotHead),
+    if sender.is_local_or_head(head) {
+        Ok(())
+    } else {
+        Err(Unauthorized::NotHead)
     }
 }
 

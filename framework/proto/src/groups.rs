@@ -932,6 +932,7 @@ impl Groups {
             for b in &adopt {
                 e.nodes[*b as usize] = Some(node.to_owned());
                 e.unconfirmed.remove(b);
+                e.lost_from.remove(b);
             }
             let bundles: Vec<Resources> = adopt
                 .iter()
@@ -1765,9 +1766,6 @@ mod tests {
         )));
         assert_eq!(c.groups.view(&waiting).unwrap().nodes, vec!["", ""]);
         assert!(c.groups.reserved("b").is_empty(), "nothing reserved for b");
-
-        // A node the bundle was taken from when it was lost gets it back:
-        // a_node_taken_for_lost_gets_back_what_was_not_placed_elsewhere.
     }
 
     #[test]

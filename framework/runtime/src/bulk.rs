@@ -324,11 +324,6 @@ async fn serve_connection(
     tokio::pin!(withdrawn);
     let mut bound: Option<String> = None;
     let mut speaks_for: Option<(String, u64)> = None;
-    let fence = |pc: &PeerConnection| {
-        tracing::warn!(peer = %pc.peer, "NODE-AUTH-023: closing the bulk connection of a member incarnation that is no longer up");
-        counters::fenced("bulk");
-        flotilla_transport::Closing::Fenced.close(&pc.connection);
-    };
     loop {
         let accept = gate::accept(
             &identity,
@@ -339,7 +334,7 @@ async fn serve_connection(
         );
         let accepted = tokio::select! {
             a = accept => a,
-            () = gate::speaker_fenced(&view, &speaks_for) => return fence(&pc),
+            () = gate::speaker_fenced(&view, &speaks_for) => return gate::close_fenced(&pc, "bulk"),
             why = &mut withdrawn => return gate::close_withdrawn(&pc, why, "bulk"),
         };
         if let Ok((_, _, hello)) = &accepted {
@@ -368,7 +363,7 @@ async fn serve_connection(
         {
             let received = tokio::select! {
                 r = receive(recv) => r,
-                () = gate::speaker_fenced(&view, &speaks_for) => return fence(&pc),
+                () = gate::speaker_fenced(&view, &speaks_for) => return gate::close_fenced(&pc, "bulk"),
                 why = &mut withdrawn => return gate::close_withdrawn(&pc, why, "bulk"),
             };
             if let Err(e) = received {

@@ -154,6 +154,7 @@ pub(crate) fn close_withdrawn(pc: &PeerConnection, why: Withdrawn, lane: &'stati
     match why {
         Withdrawn::Revoked => {
             tracing::warn!(peer = %pc.peer, lane, "NODE-AUTH-020: closing the connection of a revoked certificate");
+            counters::hello_refused(Refusal::Revoked);
             counters::connection_closed("revoked");
             flotilla_transport::Closing::Revoked.close(&pc.connection);
         }
@@ -163,6 +164,15 @@ pub(crate) fn close_withdrawn(pc: &PeerConnection, why: Withdrawn, lane: &'stati
             flotilla_transport::Closing::Expired.close(&pc.connection);
         }
     }
+}
+
+/// Closes `pc` because the member incarnation its streams spoke for is no
+/// longer up, on `lane` (`main` or `bulk`): logged, counted
+/// (`flotilla_fenced_connections_total{endpoint}`).
+pub(crate) fn close_fenced(pc: &PeerConnection, lane: &'static str) {
+    tracing::warn!(peer = %pc.peer, lane, "NODE-AUTH-023: closing the connection of a member incarnation that is no longer up");
+    counters::fenced(lane);
+    flotilla_transport::Closing::Fenced.close(&pc.connection);
 }
 
 /// Resolves once `view` says the certificate `serial` is revoked; never

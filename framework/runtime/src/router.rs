@@ -87,19 +87,8 @@ impl Router {
             );
             let accepted = tokio::select! {
                 a = accept => a,
-                why = &mut withdrawn => {
-                    if why == gate::Withdrawn::Revoked {
-                        crate::counters::hello_refused(flotilla_proto::hello::Refusal::Revoked);
-                    }
-                    gate::close_withdrawn(&pc, why, "main");
-                    return;
-                }
-                () = fenced => {
-                    tracing::warn!(peer = %pc.peer, "NODE-AUTH-023: closing the connection of a member incarnation that is no longer up");
-                    crate::counters::fenced("main");
-                    flotilla_transport::Closing::Fenced.close(&pc.connection);
-                    return;
-                }
+                why = &mut withdrawn => return gate::close_withdrawn(&pc, why, "main"),
+                () = fenced => return gate::close_fenced(&pc, "main"),
                 () = tokio::time::sleep(FIRST_STREAM), if first && accepted => {
                     flotilla_transport::Closing::NoStream.close(&pc.connection);
                     return;
