@@ -89,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
         .wait_members(Duration::from_secs(20), |t| t.up().count() == 3)
         .await
         .ok_or_else(|| anyhow::anyhow!("workers did not join"))?;
-    print!("{}", table.to_text());
+    print!("{}", flotilla::render::members_text(&table));
 
     let mut counters: Vec<ActorRef<CounterMsg>> = Vec::new();
     for w in ["w1", "w2"] {

@@ -114,7 +114,7 @@ pub(crate) struct Identity {
     pub(crate) bulk_addr: SocketAddr,
     /// What the node offers to work.
     pub(crate) resources: Resources,
-    /// The host id members compare to share memory (see `crate::host`).
+    /// The host id members compare to share memory (see `crate::node::host`).
     pub(crate) host: String,
 }
 

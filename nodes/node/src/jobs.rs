@@ -132,8 +132,8 @@ pub fn to_json(jobs: &[JobView]) -> String {
         owner: Option<&'a str>,
         restarts: u32,
         detail: Option<&'a str>,
-        group: Option<flotilla::table::GroupJson<'a>>,
-        work: Vec<flotilla::table::GroupJson<'a>>,
+        group: Option<flotilla::render::GroupJson<'a>>,
+        work: Vec<flotilla::render::GroupJson<'a>>,
     }
     #[derive(Serialize)]
     struct Doc<'a> {
@@ -152,11 +152,11 @@ pub fn to_json(jobs: &[JobView]) -> String {
                 owner: j.owner.as_deref(),
                 restarts: j.restarts,
                 detail: j.detail.as_deref(),
-                group: j.group.as_ref().map(flotilla::table::GroupJson::from),
+                group: j.group.as_ref().map(flotilla::render::GroupJson::from),
                 work: j
                     .work
                     .iter()
-                    .map(flotilla::table::GroupJson::from)
+                    .map(flotilla::render::GroupJson::from)
                     .collect(),
             })
             .collect(),

@@ -156,7 +156,7 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
             match answered {
                 Ok((head, table)) => {
                     let supervisors = if args.no_supervisors {
-                        flotilla::table::Supervisors::new()
+                        flotilla::render::Supervisors::new()
                     } else {
                         supervisors_of(&table, &identity).await
                     };
@@ -170,20 +170,22 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                         flotilla::query_gpus,
                     )
                     .await;
-                    if args.json {
-                        let objects =
-                            answers_of(&table, &identity, |_| true, flotilla::query_objects).await;
-                        println!(
-                            "{}",
-                            table.to_json_full(&supervisors, placement.as_ref(), &objects, &gpus)
-                        );
+                    let objects = if args.json {
+                        answers_of(&table, &identity, |_| true, flotilla::query_objects).await
                     } else {
-                        print!("{}", table.to_text());
-                        if let Some(p) = &placement {
-                            print!("{}", flotilla::Table::placement_text(p));
-                        }
-                        print!("{}", flotilla::Table::gpus_text(&gpus));
-                        print!("{}", flotilla::Table::supervisors_text(&supervisors));
+                        flotilla::render::ObjectCounts::new()
+                    };
+                    let report = flotilla::render::StatusReport {
+                        table,
+                        supervisors,
+                        placement,
+                        objects,
+                        gpus,
+                    };
+                    if args.json {
+                        println!("{}", report.to_json());
+                    } else {
+                        print!("{}", report.to_text());
                     }
                     ExitCode::SUCCESS
                 }
@@ -431,7 +433,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
 async fn supervisors_of(
     table: &flotilla::Table,
     identity: &flotilla_transport::Identity,
-) -> flotilla::table::Supervisors {
+) -> flotilla::render::Supervisors {
     let asks = table.up().map(|m| {
         let (name, addr, identity) = (m.name.clone(), m.addr.clone(), identity.clone());
         async move {

@@ -1,0 +1,679 @@
+//! Building and starting a node: certificates, endpoints and the actor
+//! system first, then the node's parts, each handed only what it needs.
+//!
+//! ```text
+//! certs ─► main endpoint ─► pool ──────────────┐ connections on a channel
+//!       └► bulk lane (own endpoint and threads) │
+//! NodeServer (ractor_cluster) ◄─ Router ◄───────┘ cluster / control streams
+//! head:   HeadService (Membership, detector) ─► watch<Table>
+//! member: Member (MemberLink) ── join, heartbeat ─► watch<Table>
+//! watch<Table> ─► Mesh (dial policy) · spawner relay · Outbound · Lane
+//! ```
+//!
+//! Every task goes through the node's [`Tasks`]; [`Node::shutdown`] waits
+//! for all of them, the member's clean leave included.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use flotilla_objects::{Store, StoreConfig};
+use flotilla_proto::groups::GroupsConfig;
+use flotilla_proto::member::MemberConfig;
+use flotilla_proto::mesh::{Mesh, MeshConfig};
+use flotilla_proto::resources::Resources;
+use flotilla_proto::role::{self, Role};
+use flotilla_transport::{BindError, Endpoint, Tuning};
+use ractor::Actor;
+use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
+use tokio::sync::{mpsc, watch};
+
+use crate::board::Board;
+use crate::control::ControlService;
+use crate::head::HeadService;
+use crate::identity::{Identity, IncarnationRecord};
+use crate::jobs_slot::JobsSlot;
+use crate::member::head_client::HeadClient;
+use crate::member::heads::HeadAddrs;
+use crate::member::{JoinError, Member};
+use crate::net::backlog::Backlog;
+use crate::net::bulk::Lane;
+use crate::net::mesh::MeshShell;
+use crate::net::outbound::Outbound;
+use crate::net::pool::Pool;
+use crate::net::quota::Quota;
+use crate::net::sessions::Sessions;
+use crate::node::Node;
+use crate::node::config::{NodeConfig, detect_resources};
+use crate::node::config_args::ConfigKind;
+use crate::node::router::Router;
+use crate::objects::Objects;
+use crate::placement::PlacementService;
+use crate::placement::reservations::Reservations;
+use crate::remote::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members};
+use crate::remote::wire::{Decode, Encode};
+use crate::table::Table;
+use crate::tasks::Tasks;
+
+/// Why a node could not start. Each is fatal: the `node` binary exits
+/// non-zero with the message. Sorted by what the operator should do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Certificates are missing or invalid: fix the certificates folder.
+    #[error(transparent)]
+    Certs(#[from] flotilla_transport::CertError),
+    /// The certificate carries no role.
+    #[error(
+        "NODE-AUTH-018: {0}.crt carries no role; issue a new one with `node certs issue --role …`"
+    )]
+    NoRole(String),
+    /// A head needs a certificate of the head role.
+    #[error(
+        "NODE-AUTH-022: {name}.crt has role {role}; a head needs the head's certificate (`node certs init` issues it)"
+    )]
+    NotHeadRole {
+        /// The certificate's name.
+        name: String,
+        /// Its role.
+        role: flotilla_proto::role::Role,
+    },
+    /// Neither the configuration nor the certificates folder gives a
+    /// cluster cookie.
+    #[error(
+        "NODE-CERT-008: no cluster cookie: {0}/cookie is missing; copy the `cookie` file `node certs init` wrote beside ca.crt, or pass --cookie"
+    )]
+    NoCookie(std::path::PathBuf),
+    /// The incarnation record cannot be read or written: fix the state
+    /// folder.
+    #[error(transparent)]
+    State(#[from] crate::identity::RecordError),
+    /// The certificates do not make a TLS configuration.
+    #[error(transparent)]
+    Tls(#[from] flotilla_transport::tls::TlsError),
+    /// The head refused this node, or could not be reached or did not
+    /// answer in time.
+    #[error(transparent)]
+    Join(#[from] JoinError),
+    /// The QUIC endpoint could not be bound: the address is taken or not
+    /// local.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// The bulk lane could not start.
+    #[error(transparent)]
+    Lane(#[from] crate::net::bulk::LaneError),
+    /// A declared resource cannot hold.
+    #[error("NODE-CONFIG-008: {0}")]
+    Resource(#[from] flotilla_proto::resources::BadResource),
+    /// The head's store cannot be read: fix or move aside the file it
+    /// names.
+    #[error("NODE-STORE-001: {0}")]
+    Store(#[from] crate::head::head_store::HeadStoreError),
+    /// The ractor node server or the spawner could not start.
+    #[error("NODE-START-001: cannot start the actor system: {0}")]
+    ActorSystem(#[source] ractor::SpawnErr),
+    /// The ractor node server stopped while the node started.
+    #[error("NODE-START-002: the actor system stopped while the node started")]
+    ActorSystemStopped,
+}
+
+/// The shortest idle timeout of the node's connections (keep-alives go
+/// every second).
+const IDLE_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How often the head looks at the CA's revocation list.
+const REVOCATIONS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Registers actor kinds, then starts a [`Node`].
+pub struct NodeBuilder {
+    config: NodeConfig,
+    kinds: HashMap<String, Arc<dyn Kind>>,
+    /// The kinds only the head may spawn.
+    head_only: std::collections::HashSet<String>,
+    configurable: HashMap<String, ConfigKind>,
+    handle: NodeHandle,
+    gpus: crate::placement::gpus::GpuSlots,
+    head_store_in: Option<std::path::PathBuf>,
+    head_replica: Option<crate::head::head_replica::HeadReplica>,
+    incarnation_above: u64,
+}
+
+/// The node an actor runs on, for actors that use the node's API (place
+/// groups, spawn, send through its outbound): given to a kind's factory
+/// before the node exists, it yields the node once
+/// [`NodeBuilder::start_shared`] has started it, and nothing after the
+/// node is dropped.
+#[derive(Clone, Default)]
+pub struct NodeHandle(Arc<std::sync::OnceLock<std::sync::Weak<Node>>>);
+
+impl NodeHandle {
+    /// The node, once started and while it lives.
+    pub fn get(&self) -> Option<Arc<Node>> {
+        self.0.get().and_then(std::sync::Weak::upgrade)
+    }
+}
+
+impl Node {
+    /// Starts building a node from `config`.
+    pub fn builder(config: NodeConfig) -> NodeBuilder {
+        NodeBuilder {
+            config,
+            kinds: HashMap::new(),
+            head_only: std::collections::HashSet::new(),
+            configurable: HashMap::new(),
+            handle: NodeHandle::default(),
+            gpus: crate::placement::gpus::GpuSlots::default(),
+            head_store_in: None,
+            head_replica: None,
+            incarnation_above: 0,
+        }
+    }
+}
+
+impl NodeBuilder {
+    /// The handle that will yield this node (see [`NodeHandle`]).
+    pub fn node_handle(&self) -> NodeHandle {
+        self.handle.clone()
+    }
+
+    /// The node's GPUs, for actor factories that hand them out: as many as
+    /// the node declares or detects (`gpu` of its resources) once it starts,
+    /// none before.
+    pub fn gpu_slots(&self) -> crate::placement::gpus::GpuSlots {
+        self.gpus.clone()
+    }
+
+    /// On a head, keeps its control state in the store in `dir`
+    /// ([`crate::head::head_store::FILE`], created where there is none), opened
+    /// at start once the node's certificates are checked and its
+    /// incarnation record is written: the placement groups it holds are
+    /// taken back (pending ones pending, ready ones waiting for their nodes
+    /// to report them) and every change is written before it is answered.
+    /// [`Node::serve_jobs_with`] keeps the detached jobs there too. Ignored
+    /// on a member.
+    pub fn head_store_in(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.head_store_in = Some(dir.into());
+        self
+    }
+
+    /// On a head of a head set that holds the lease: every change to its
+    /// store (see [`NodeBuilder::head_store_in`]) is mirrored to `replica`
+    /// too before it is answered, for the standby that takes over. Ignored
+    /// on a member, and without a store.
+    pub fn head_replica(mut self, replica: crate::head::head_replica::HeadReplica) -> Self {
+        self.head_replica = Some(replica);
+        self
+    }
+
+    /// Runs the node under an incarnation above `floor` (a head taking
+    /// over from another head of its set, under the same name, runs above
+    /// the former's incarnation: what the former owned, members count as
+    /// gone).
+    pub fn incarnation_above(mut self, floor: u64) -> Self {
+        self.incarnation_above = floor;
+        self
+    }
+
+    /// [`NodeBuilder::start`], shared, and its [`NodeHandle`] filled.
+    pub async fn start_shared(self) -> Result<Arc<Node>, StartError> {
+        let handle = self.handle.clone();
+        let node = Arc::new(self.start().await?);
+        let _ = handle.0.set(Arc::downgrade(&node));
+        Ok(node)
+    }
+
+    /// Registers an actor kind that other nodes may spawn here by name.
+    /// `factory` makes the actor value; its `Arguments` travel as an rkyv
+    /// archive and are validated before use.
+    pub fn register<A, F>(mut self, kind: &str, factory: F) -> Self
+    where
+        A: Actor,
+        A::Arguments: Decode,
+        F: Fn() -> A + Send + Sync + 'static,
+    {
+        self.kinds.insert(
+            kind.to_owned(),
+            Arc::new(KindOf {
+                factory,
+                _actor: PhantomData,
+            }),
+        );
+        self
+    }
+
+    /// Registers `kind` as [`NodeBuilder::register`] does, as a kind only
+    /// the head may spawn on this node (the node itself aside): one that
+    /// acts with the rights the head grants it, as a detached job's driver
+    /// does. Anyone else's spawn of it is refused (`NODE-AUTH-024`) and
+    /// counted.
+    pub fn register_head_only<A, F>(mut self, kind: &str, factory: F) -> Self
+    where
+        A: Actor,
+        A::Arguments: Decode,
+        F: Fn() -> A + Send + Sync + 'static,
+    {
+        self.head_only.insert(kind.to_owned());
+        self.register(kind, factory)
+    }
+
+    /// Registers `kind` as [`NodeBuilder::register`] does, and lets its
+    /// arguments also be written in configuration (a `node.toml`
+    /// supervision tree): they are read with serde from a JSON value
+    /// ([`Node::config_args`]).
+    pub fn register_configurable<A, F>(mut self, kind: &str, factory: F) -> Self
+    where
+        A: Actor,
+        A::Arguments: Decode + Encode + serde::de::DeserializeOwned,
+        F: Fn() -> A + Send + Sync + 'static,
+    {
+        self.configurable
+            .insert(kind.to_owned(), ConfigKind::of::<A::Msg, A::Arguments>());
+        self.register(kind, factory)
+    }
+
+    /// Starts the node: loads certificates, binds the QUIC endpoints,
+    /// starts the actor system and, unless this node is the head, joins the
+    /// head. Cancel safety: a cancelled start leaves its tasks to be
+    /// dropped with the runtime.
+    pub async fn start(mut self) -> Result<Node, StartError> {
+        let config = self.config;
+        crate::counters::register();
+        let certs = flotilla_transport::Identity::load(&config.certs, &config.name)?;
+        let role = certs
+            .role
+            .ok_or_else(|| StartError::NoRole(config.name.clone()))?;
+        if config.is_head() && role != Role::Head {
+            return Err(StartError::NotHeadRole {
+                name: config.name.clone(),
+                role,
+            });
+        }
+        let member_name = role::member_name(&config.name, role, crate::nonce::nonce());
+        let seal_key = certs.derived_key("placement-groups");
+        let ca = certs.ca.clone();
+        let cookie = config
+            .cookie
+            .clone()
+            .or_else(|| certs.cookie.clone())
+            .ok_or_else(|| StartError::NoCookie(config.certs.clone()))?;
+        let tls = flotilla_transport::tls::refuse_every_client_tls(&certs)?;
+        // A connection silent for as long as a member takes to be marked
+        // down is closed: a member notices a head killed outright (and
+        // fails over to the next of a head set) within the same time. A
+        // handshake is given up before its connection could idle out, so
+        // that it is counted as the timeout it is.
+        let idle_timeout = config
+            .detector
+            .down_after
+            .clamp(IDLE_AT_LEAST, Tuning::default().idle_timeout);
+        let tuning = Tuning {
+            idle_timeout,
+            handshake_timeout: Tuning::default()
+                .handshake_timeout
+                .min(idle_timeout * 3 / 4),
+            ..Tuning::default()
+        };
+        let endpoint = Endpoint::bind(config.listen, certs.clone(), &tuning)?;
+        let local = endpoint.local_addr().map_err(|source| BindError::Socket {
+            addr: config.listen,
+            source,
+        })?;
+        let advertise = config.advertise.unwrap_or(local);
+        let lane = Arc::new(Lane::bind(
+            config.bulk_listen.unwrap_or((local.ip(), 0).into()),
+            certs,
+        )?);
+        let bulk_addr = SocketAddr::new(advertise.ip(), lane.local_addr().port());
+
+        // ractor_cluster always opens a TCP listener, though every session
+        // comes over QUIC through the gate: keep it on loopback, behind a
+        // handshake that refuses every certificate.
+        let server = NodeServer::new(
+            0,
+            cookie.clone(),
+            member_name.clone(),
+            member_name.clone(),
+            Some(IncomingEncryptionMode::Tls(
+                tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+            )),
+            Some(ractor_cluster::node::NodeConnectionMode::Isolated),
+        )
+        .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
+        .with_max_inbound_frame_size(config.max_frame_bytes);
+        let (node_server, _) = Actor::spawn(None, server, ())
+            .await
+            .map_err(StartError::ActorSystem)?;
+        let sessions = Sessions::new();
+        node_server
+            .cast(NodeServerMessage::SubscribeToEvents {
+                id: "flotilla.guard".into(),
+                subscription: Box::new(sessions.guard()),
+            })
+            .map_err(|_| StartError::ActorSystemStopped)?;
+
+        let mut resources = config.resources.clone().unwrap_or_else(|| {
+            if config.is_head() {
+                Resources::default()
+            } else {
+                detect_resources()
+            }
+        });
+        resources.labels.extend(config.labels.clone());
+        for (name, amount) in &config.declared {
+            resources.declare(name, *amount)?;
+        }
+        self.gpus.set_count(resources.gpus as usize);
+        let state_dir = config.state_folder();
+        let host = config
+            .host_id
+            .clone()
+            .unwrap_or_else(crate::node::host::detect_host_id);
+        let cookie_digest = flotilla_transport::certs::cookie_digest(&cookie);
+        let record = role
+            .is_singular()
+            .then(|| IncarnationRecord::new(state_dir, &config.name).above(self.incarnation_above));
+        let identity = match Identity::new(
+            member_name.clone(),
+            role,
+            advertise,
+            bulk_addr,
+            resources,
+            cookie_digest,
+            record,
+        ) {
+            Ok(identity) => Arc::new(identity.with_host(host.clone())),
+            Err(e) => {
+                node_server.stop(None);
+                return Err(e.into());
+            }
+        };
+        // The head's store and the groups it kept, beside the record.
+        let stored_groups = match (&self.head_store_in, config.is_head()) {
+            (Some(dir), true) => {
+                let replica = self.head_replica.take();
+                let opened = crate::head::head_store::HeadStore::open_in(dir).and_then(|store| {
+                    let store = match replica {
+                        Some(replica) => store.with_replica(replica),
+                        None => store,
+                    };
+                    let groups = store.load_groups()?;
+                    let revoked = store.load_revoked()?;
+                    Ok((Arc::new(store), groups, revoked))
+                });
+                match opened {
+                    Ok(opened) => Some(opened),
+                    Err(e) => {
+                        node_server.stop(None);
+                        return Err(e.into());
+                    }
+                }
+            }
+            _ => None,
+        };
+        let head_store = stored_groups
+            .as_ref()
+            .map(|(store, _, _)| Arc::clone(store));
+        let (store, swept) = Store::open(StoreConfig {
+            scope: crate::objects::scope_of(&cookie_digest),
+            owner: member_name.clone(),
+            host,
+            capacity: config
+                .object_store_bytes
+                .unwrap_or_else(crate::node::host::default_object_store_bytes),
+        });
+        if swept > 0 {
+            tracing::info!(
+                swept,
+                "removed the object segments of processes of this cluster that died"
+            );
+        }
+        let tasks = Tasks::new();
+        let backlog = Arc::new(Backlog::default());
+        let (view_tx, view) = watch::channel(Table::default());
+        let (router_tx, router_rx) = mpsc::unbounded_channel();
+        let pool = Arc::new(Pool::new(endpoint.clone(), router_tx));
+        let hosted = Hosted::default();
+
+        let ledger = Reservations::new(identity.join_request().resources.amounts());
+        let (pulse, pulse_rx) = watch::channel(0u64);
+        let (head, member) = match config.head {
+            None => {
+                let head = Arc::new(HeadService::new(
+                    identity.join_request(),
+                    config.detector,
+                    view_tx,
+                ));
+                // The revocations enforced before a restart or a takeover
+                // are in force before the first connection is served.
+                if let Some((_, _, revoked)) = &stored_groups
+                    && !revoked.is_empty()
+                {
+                    let n = head.revoke(revoked.clone());
+                    tracing::info!(
+                        revoked = n,
+                        "revocations kept in the head's store are in force"
+                    );
+                }
+                (Some(head), None)
+            }
+            Some(addr) => {
+                let link = Member::new(
+                    Arc::clone(&identity),
+                    Arc::clone(&pool),
+                    HeadAddrs::new(addr, &config.standby_heads),
+                    config.head_name.clone(),
+                    view_tx,
+                    hosted.clone(),
+                    ledger.clone(),
+                    MemberConfig {
+                        heartbeat_interval: config.detector.heartbeat_interval,
+                        name_grace: config.detector.down_after,
+                        ..MemberConfig::default()
+                    },
+                );
+                (None, Some(link))
+            }
+        };
+
+        let spawner = match Actor::spawn(
+            None,
+            Spawner,
+            SpawnerArgs {
+                kinds: Arc::new(self.kinds),
+                hosted: hosted.clone(),
+                node: identity.name.clone(),
+            },
+        )
+        .await
+        {
+            Ok((spawner, _)) => spawner,
+            Err(e) => {
+                node_server.stop(None);
+                return Err(StartError::ActorSystem(e));
+            }
+        };
+        let board = Board::default();
+        let jobs = JobsSlot::default();
+        if head.is_some() {
+            crate::counters::head_role("primary");
+        }
+        let placement = head.as_ref().map(|_| {
+            PlacementService::new(
+                Arc::clone(&identity),
+                Arc::clone(&pool),
+                view.clone(),
+                ledger.clone(),
+                GroupsConfig {
+                    confirm_grace: config.detector.down_after * 2,
+                    ..GroupsConfig::default()
+                },
+                seal_key,
+                stored_groups.map(|(store, groups, _)| (store, groups)),
+            )
+        });
+        let (placement, placement_handle) = match placement {
+            Some((service, handle)) => (Some(service), Some(handle)),
+            None => (None, None),
+        };
+        let control = ControlService {
+            head: head.clone(),
+            view: view.clone(),
+            spawner: spawner.clone(),
+            board: board.clone(),
+            gpus: self.gpus.clone(),
+            ledger: ledger.clone(),
+            placement: placement_handle.clone(),
+            jobs: jobs.clone(),
+            objects: store.clone(),
+            head_only: Arc::new(self.head_only),
+        };
+        if let Some(service) = placement {
+            tasks.spawn_graceful(|stop| service.run(stop));
+        }
+        let outbound = Outbound::new(
+            Arc::clone(&identity),
+            Arc::clone(&backlog),
+            Arc::clone(&lane),
+            sessions.clone(),
+            view.clone(),
+        );
+        let node = Node {
+            configurable: Arc::new(self.configurable),
+            board,
+            pulse: pulse_rx,
+            identity: Arc::clone(&identity),
+            view: view.clone(),
+            sessions: sessions.clone(),
+            spawner: spawner.clone(),
+            hosted,
+            node_server: node_server.clone(),
+            endpoint: endpoint.clone(),
+            lane: Arc::clone(&lane),
+            pool: Arc::clone(&pool),
+            outbound,
+            tasks: tasks.clone(),
+            placement: placement_handle,
+            head_store: head_store.clone(),
+            head_client: HeadClient::new(
+                Arc::clone(&identity),
+                Arc::clone(&pool),
+                member.as_ref().map(|m| m.heads.clone()),
+            ),
+            ledger,
+            jobs: jobs.clone(),
+            objects: Objects {
+                store: store.clone(),
+                lane: Arc::clone(&lane),
+                identity: Arc::clone(&identity),
+                view: view.clone(),
+                pulling: Arc::default(),
+                put_timeout: crate::objects::DEFAULT_PUT_TIMEOUT,
+            },
+        };
+
+        tasks.spawn(relay_members(view.clone(), spawner.clone()));
+        lane.serve(&tasks, Arc::clone(&identity), view.clone(), store.clone());
+        tasks.spawn(async move {
+            loop {
+                tokio::time::sleep(crate::objects::SWEEP_EVERY).await;
+                // A listing of /dev/shm and a stat per segment: file system
+                // calls, kept off the runtime's worker threads.
+                let store = store.clone();
+                let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+            }
+        });
+        tasks.spawn(
+            Router {
+                identity: Arc::clone(&identity),
+                view: view.clone(),
+                node_server: node_server.clone(),
+                sessions: sessions.clone(),
+                backlog: Arc::clone(&backlog),
+                control,
+                pool: Arc::clone(&pool),
+                tasks: tasks.clone(),
+            }
+            .run(router_rx),
+        );
+        {
+            let (pool, handshakes) = (Arc::clone(&pool), tasks.clone());
+            let quota = Quota::new(crate::net::quota::MAX_CONNECTIONS_PER_PRINCIPAL);
+            tasks.spawn(async move {
+                while let Some(incoming) = pool.endpoint().accept_incoming().await {
+                    let handshake = match incoming {
+                        Ok(h) => h,
+                        Err(refused) => {
+                            crate::counters::tls_refused(refused.reason);
+                            tracing::warn!(error = %refused, "connection refused");
+                            continue;
+                        }
+                    };
+                    // Each handshake in a task of its own: a peer that
+                    // stalls holds only its own slot.
+                    let (pool, quota, held) =
+                        (Arc::clone(&pool), quota.clone(), handshakes.clone());
+                    handshakes.spawn(async move {
+                        match handshake.finish().await {
+                            Ok(pc) => {
+                                tracing::debug!(peer = %pc.peer, "connection accepted");
+                                if crate::net::quota::admit(&quota, &pc, &held) {
+                                    pool.accepted(pc);
+                                }
+                            }
+                            Err(refused) => {
+                                crate::counters::tls_refused(refused.reason);
+                                tracing::warn!(error = %refused, "connection refused");
+                            }
+                        }
+                    });
+                }
+            });
+        }
+
+        match (head, member) {
+            (Some(head), _) => {
+                let idle = config.detector.heartbeat_interval;
+                let crl = config
+                    .revocation_list
+                    .clone()
+                    .unwrap_or_else(|| config.certs.join(flotilla_transport::certs::CRL_FILE));
+                let follower = Arc::clone(&head);
+                let store = head_store.clone();
+                tasks.spawn_graceful(|stop| async move {
+                    follower
+                        .follow_revocations(crl, ca, store, REVOCATIONS_EVERY, stop)
+                        .await
+                });
+                tasks.spawn_graceful(
+                    |stop| async move { head.run_detector(stop, idle, pulse).await },
+                );
+            }
+            (None, Some(mut member)) => {
+                member.pulse = pulse;
+                member.spawner = Some(spawner.clone());
+                if let Err(e) = member.join(config.join_timeout).await {
+                    node.shutdown().await;
+                    return Err(e.into());
+                }
+                tasks.spawn_graceful(|stop| member.run(stop));
+            }
+            (None, None) => unreachable!("a node is the head or a member"),
+        }
+        let mesh = MeshShell {
+            identity: Arc::clone(&identity),
+            pool,
+            sessions,
+            node_server,
+            lane,
+            backlog,
+            tasks: tasks.clone(),
+            view,
+            tick: config.detector.heartbeat_interval,
+        };
+        let policy = Mesh::new(member_name, MeshConfig::default());
+        tasks.spawn_graceful(|stop| mesh.run(policy, stop));
+        tracing::info!(node = %identity.name, addr = %advertise, incarnation = identity.incarnation(), head = config.is_head(), "node started");
+        Ok(node)
+    }
+}

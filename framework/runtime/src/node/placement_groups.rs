@@ -1,0 +1,269 @@
+//! Placement groups from any node: create one, wait until it is ready,
+//! spawn actors into its bundles, watch it move, remove it. The head
+//! serves every request ([`crate::placement`]); a member asks it on a
+//! control stream.
+//!
+//! ```no_run
+//! # async fn run(node: &flotilla::Node) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+//! let spec = GroupSpec::new(Strategy::Spread, vec![bundle(&[("cpu", 1.0)]); 4])
+//!     .with_timeout(Duration::from_secs(30));
+//! let id = node.create_group(spec).await?;
+//! let group = node.wait_group(&id, Duration::from_secs(30)).await?;
+//! println!("bundle 0 is on {}", group.nodes[0]);
+//! node.remove_group(&id).await?;
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply, PlacementRequest};
+use ractor::{ActorRef, Message};
+
+pub use flotilla_proto::groups::NodeAccount;
+pub use flotilla_proto::groups::{GroupSpec, GroupState, GroupView, bundle};
+pub use flotilla_proto::placement::{Resources, Strategy, parse_amount, parse_bundle};
+
+pub use crate::member::head_client::HeadUnavailable;
+use crate::node::{Node, SpawnError};
+use crate::remote::wire::{Encode, encode};
+
+/// Why a placement-group call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlacementError {
+    /// The spec cannot be placed by any cluster (no bundle, a bad amount,
+    /// an unknown strategy).
+    #[error("NODE-PG-001: invalid placement group: {0}")]
+    Invalid(String),
+    /// It could not be placed within its timeout.
+    #[error("NODE-PG-002: placement group {id} failed: {why}")]
+    Failed {
+        /// The group.
+        id: String,
+        /// Which resource is short on which nodes.
+        why: String,
+    },
+    /// It is not ready yet.
+    #[error("NODE-PG-003: placement group {id} is not ready after {waited:?} ({}): {why}", state.as_str())]
+    NotReady {
+        /// The group.
+        id: String,
+        /// Its state.
+        state: GroupState,
+        /// Why it is not ready.
+        why: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// No group of that id (never created, or removed).
+    #[error("NODE-PG-004: no placement group {0}")]
+    NoSuchGroup(String),
+    /// The group has fewer bundles.
+    #[error("NODE-PG-005: placement group {id} has no bundle {bundle}")]
+    NoSuchBundle {
+        /// The group.
+        id: String,
+        /// The bundle asked for.
+        bundle: usize,
+    },
+    /// The head did not answer.
+    #[error("NODE-PG-006: {0}")]
+    Head(#[from] HeadUnavailable),
+    /// The head answered with something else.
+    #[error("NODE-PG-006: the head answered a placement request with {0}")]
+    Unexpected(String),
+    /// Spawning into the bundle failed.
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// The head's permission table refused the request (removing another
+    /// member's group, creating one as an observer or a tool).
+    #[error("NODE-PG-007: the head refused: {0}")]
+    Denied(flotilla_proto::authority::Unauthorized),
+}
+
+/// How long a request other than a wait may take.
+const ASK: Duration = Duration::from_secs(10);
+
+impl Node {
+    /// Sends a placement request to the head (in-process on the head).
+    async fn placement(
+        &self,
+        request: PlacementRequest,
+        timeout: Duration,
+    ) -> Result<PlacementReply, PlacementError> {
+        let reply = if let Some(service) = &self.placement {
+            service
+                .request_as(None, request)
+                .await
+                .map_err(PlacementError::Denied)?
+        } else {
+            let head = self.view.borrow().head.clone();
+            match self
+                .head_client
+                .call(&head, &ControlRequest::Placement(request), timeout)
+                .await?
+            {
+                ControlReply::Placement(reply) => reply,
+                ControlReply::Denied(why) => return Err(PlacementError::Denied(why)),
+                other => return Err(PlacementError::Unexpected(format!("{other:?}"))),
+            }
+        };
+        match reply {
+            PlacementReply::Invalid(why) => Err(PlacementError::Invalid(why)),
+            PlacementReply::NotHead => Err(PlacementError::Unexpected(
+                "not the head (it may be stopping)".into(),
+            )),
+            reply => Ok(reply),
+        }
+    }
+
+    /// Creates a placement group owned by this node (removed when this
+    /// node is gone, unless the spec is detached); returns its id. It is
+    /// placed in the background: [`Node::wait_group`] waits until it is
+    /// ready.
+    pub async fn create_group(&self, spec: GroupSpec) -> Result<String, PlacementError> {
+        let request = PlacementRequest::Create { spec };
+        match self.placement(request, ASK).await? {
+            PlacementReply::Created(id) => Ok(id),
+            other => Err(PlacementError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// The group once it is ready at a revision above `after_revision`
+    /// (any revision when `None`), failed, or removed (`None`); or as it
+    /// is when `timeout` passes. This is how an owner hears that bundles
+    /// moved: wait above the revision it last saw.
+    pub async fn watch_group(
+        &self,
+        id: &str,
+        after_revision: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Option<GroupView>, PlacementError> {
+        let request = PlacementRequest::Wait {
+            id: id.to_owned(),
+            after_revision,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.placement(request, timeout + ASK).await? {
+            PlacementReply::Group(g) => Ok(g),
+            other => Err(PlacementError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Waits until the group is ready: every bundle reserved on its node.
+    /// A group that failed (its timeout passed) is
+    /// [`PlacementError::Failed`] with the shortage; one still pending at
+    /// `timeout` is [`PlacementError::NotReady`] with why.
+    pub async fn wait_group(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<GroupView, PlacementError> {
+        let view = self
+            .watch_group(id, None, timeout)
+            .await?
+            .ok_or_else(|| PlacementError::NoSuchGroup(id.to_owned()))?;
+        match view.state {
+            GroupState::Ready => Ok(view),
+            GroupState::Failed => Err(PlacementError::Failed {
+                id: id.to_owned(),
+                why: view.why.unwrap_or_default(),
+            }),
+            state => Err(PlacementError::NotReady {
+                id: id.to_owned(),
+                state,
+                why: view.why.unwrap_or_else(|| "being reserved".into()),
+                waited: timeout,
+            }),
+        }
+    }
+
+    /// The group as it is now, if it exists.
+    pub async fn group(&self, id: &str) -> Result<Option<GroupView>, PlacementError> {
+        match self
+            .placement(PlacementRequest::Get { id: id.to_owned() }, ASK)
+            .await?
+        {
+            PlacementReply::Group(g) => Ok(g),
+            other => Err(PlacementError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Every group, and what each up node has and has reserved.
+    pub async fn groups(&self) -> Result<(Vec<GroupView>, Vec<NodeAccount>), PlacementError> {
+        match self.placement(PlacementRequest::List, ASK).await? {
+            PlacementReply::Groups { groups, nodes } => Ok((groups, nodes)),
+            other => Err(PlacementError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Removes the group, releasing its reservations on every node; false
+    /// if there was none of that id. Actors spawned into its bundles keep
+    /// running: stop them first.
+    pub async fn remove_group(&self, id: &str) -> Result<bool, PlacementError> {
+        match self
+            .placement(PlacementRequest::Remove { id: id.to_owned() }, ASK)
+            .await?
+        {
+            PlacementReply::Removed(r) => Ok(r),
+            other => Err(PlacementError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// The node bundle `bundle` of the ready group `id` is on, waiting up
+    /// to `timeout` for the group to be ready.
+    pub async fn bundle_node(
+        &self,
+        id: &str,
+        bundle: usize,
+        timeout: Duration,
+    ) -> Result<String, PlacementError> {
+        let view = self.wait_group(id, timeout).await?;
+        view.nodes
+            .get(bundle)
+            .cloned()
+            .ok_or_else(|| PlacementError::NoSuchBundle {
+                id: id.to_owned(),
+                bundle,
+            })
+    }
+
+    /// Spawns an actor of a kind registered on the node of bundle `bundle`
+    /// of the group `id` (waiting for the group to be ready within
+    /// `timeout`). The actor runs on what the bundle reserved, not on the
+    /// node's free resources.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn spawn_in_group<M: Message, A: Encode>(
+        &self,
+        id: &str,
+        bundle: usize,
+        kind: &str,
+        name: &str,
+        args: &A,
+        timeout: Duration,
+    ) -> Result<ActorRef<M>, PlacementError> {
+        let started = tokio::time::Instant::now();
+        let node = self.bundle_node(id, bundle, timeout).await?;
+        let left = timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_secs(1));
+        let cell = self
+            .spawn_on_raw(
+                &node,
+                kind,
+                name,
+                encode(args),
+                std::any::type_name::<M>(),
+                left,
+            )
+            .await?;
+        Ok(cell.into())
+    }
+
+    /// What this node's own ledger has set aside for bundles.
+    pub fn reserved_here(&self) -> Resources {
+        self.ledger.reserved()
+    }
+}

@@ -1,0 +1,1287 @@
+//! # Room `supervisor/`: supervision trees and checkpoints
+//!
+//! Owns the supervisor actor (this file) and checkpoint recovery from an
+//! external store ([`checkpoint`]). Drives
+//! [`flotilla_proto::supervision`] (restart limits, backoff, escalation)
+//! and [`flotilla_proto::epoch`] (checkpoint fencing).
+//!
+//! May import: `node` (remote children are spawned through the façade),
+//! `remote`, `objects` and the shared files.
+//!
+//! Supervisors: the async shell of the proto [`Supervision`] policy over
+//! ractor actors. A supervisor is an actor; it starts its children, learns
+//! of their exits from ractor's supervision events (local children are
+//! linked to it, remote ones monitored through their proxies) and from the
+//! member table (a remote child's node that is no longer up), feeds them to
+//! the policy with tokio's clock, and performs what the policy asks.
+//!
+//! ```text
+//!   ActorFailed / ActorTerminated ─┐                      ┌─► Start: ChildStart::start (children started together run in parallel)
+//!   member table (remote nodes) ───┼─► Supervision ───────┼─► Stop / Kill: ChildStart::stop / kill
+//!   Tick (poll_timeout) ───────────┤   (proto policy)     ├─► Escalate: fail, so the parent sees ActorFailed
+//!   Shutdown / Status requests ────┘                      └─► events to the owner (started, exited, escalated)
+//! ```
+//!
+//! A supervisor that escalates stops every child and fails with the
+//! [`Escalation`]: its own supervisor sees that as a child failure, so trees
+//! nest. An owner without a supervisor above it learns of the escalation as
+//! [`SupervisorEvent::Escalated`] and decides (a job ends with an error; the
+//! `node` binary exits with its documented code).
+
+pub mod checkpoint;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flotilla_proto::control::StopOutcome;
+use flotilla_proto::groups::GroupState;
+use flotilla_proto::membership::MemberState;
+use flotilla_proto::supervision::{Action, Supervision};
+use futures::future::BoxFuture;
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+use tokio::sync::{mpsc, watch};
+
+pub use flotilla_proto::supervision::{
+    Backoff, ChildSpec, Escalation, Exit, Intensity, RestartType, Strategy, SupervisorSpec,
+};
+
+use crate::board::{Board, ChildReport, SupervisorReport};
+use crate::clock::now;
+use crate::node::placement_groups::{GroupView, PlacementError};
+use crate::node::{Node, SpawnError, StopError};
+use crate::remote::spawner::SpawnReply;
+use crate::remote::wire::Encode;
+use crate::table::Table;
+
+/// A child that runs: its cell, and the node it runs on (`None`: this
+/// process).
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// The child (for a remote child, its proxy on this node).
+    pub cell: ActorCell,
+    /// The node it runs on, for a remote child.
+    pub node: Option<(String, u64)>,
+}
+
+/// Why a child could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartChildError {
+    /// The local actor failed to start.
+    #[error("the actor failed to start: {0}")]
+    Spawn(#[from] ractor::SpawnErr),
+    /// The remote spawn failed.
+    #[error(transparent)]
+    Remote(#[from] SpawnError),
+    /// No up node can host it.
+    #[error("no up node can host the child")]
+    NoNode,
+    /// Its placement-group bundle is not ready, or does not exist.
+    #[error("its placement group: {0}")]
+    Placement(String),
+    /// Its arguments for this start could not be made.
+    #[error("its arguments: {0}")]
+    Args(String),
+    /// Its earlier copy, on a node still up, could not be stopped within
+    /// the start's time: no new copy starts beside it.
+    #[error("its earlier copy could not be stopped: {0}")]
+    Fence(#[source] StopError),
+}
+
+/// How to start and stop one child.
+pub trait ChildStart: Send + Sync + 'static {
+    /// Starts the child so that `supervisor` hears of its exit: linked to
+    /// it (a local actor) or monitored by it (a remote actor's proxy).
+    /// `epoch` is larger than every earlier start's: a child that keeps
+    /// checkpoints fences them with it ([`crate::supervisor::checkpoint::CheckpointStore::fence`]).
+    fn start(
+        &self,
+        supervisor: ActorCell,
+        epoch: u64,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>>;
+
+    /// Asks the running child to stop.
+    fn stop(&self, running: &Running) {
+        running.cell.stop(Some(STOP_REASON.to_owned()));
+    }
+
+    /// Kills the running child that ignored its stop. Returns whether its
+    /// exit will be reported by ractor (false: count it as stopped now).
+    fn kill(&self, running: &Running) -> bool {
+        running.cell.kill();
+        true
+    }
+
+    /// How the exit of a remote child is counted when its node is no
+    /// longer up (down, left, or back with a new incarnation).
+    fn on_node_lost(&self) -> Exit {
+        Exit::Failure
+    }
+}
+
+/// The reason a supervisor gives the children it stops.
+pub const STOP_REASON: &str = "supervisor: shutdown";
+
+/// A local actor made afresh for every start by `make` (the actor and its
+/// arguments), linked to the supervisor. `adopt` takes an actor already
+/// running as the first start.
+pub struct LocalChild<A: Actor, F> {
+    make: F,
+    first: Mutex<Option<ActorRef<A::Msg>>>,
+}
+
+impl<A, F> LocalChild<A, F>
+where
+    A: Actor,
+    F: Fn() -> (A, A::Arguments) + Send + Sync + 'static,
+{
+    /// A child started by spawning what `make` returns.
+    pub fn new(make: F) -> Self {
+        Self {
+            make,
+            first: Mutex::new(None),
+        }
+    }
+
+    /// Takes `running` (spawned unlinked) as the first start; later ones
+    /// spawn afresh.
+    pub fn adopt(mut self, running: ActorRef<A::Msg>) -> Self {
+        self.first = Mutex::new(Some(running));
+        self
+    }
+}
+
+impl<A, F> ChildStart for LocalChild<A, F>
+where
+    A: Actor,
+    F: Fn() -> (A, A::Arguments) + Send + Sync + 'static,
+{
+    fn start(
+        &self,
+        supervisor: ActorCell,
+        _epoch: u64,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>> {
+        let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(actor) = first {
+            actor.get_cell().link(supervisor);
+            return Box::pin(async move {
+                Ok(Running {
+                    cell: actor.get_cell(),
+                    node: None,
+                })
+            });
+        }
+        let (actor, args) = (self.make)();
+        Box::pin(async move {
+            let (actor, _) = Actor::spawn_linked(None, actor, args, supervisor).await?;
+            Ok(Running {
+                cell: actor.get_cell(),
+                node: None,
+            })
+        })
+    }
+}
+
+/// A remote child's archived arguments: the same for every start, or made
+/// for each from its epoch.
+enum Args {
+    Fixed(Vec<u8>),
+    PerStart(Box<dyn Fn(u64) -> Result<Vec<u8>, String> + Send + Sync>),
+}
+
+/// Picks the node a remote child starts on from the member table.
+pub type Place = dyn Fn(&Table) -> Option<String> + Send + Sync;
+
+/// An actor of a registered kind, spawned with [`Node::spawn_on`] on the
+/// node `place` picks from the member table (`None`: no node can host it
+/// now; the start waits for one, within its timeout, then fails), under a
+/// fixed name, and monitored through its proxy. Stopped with
+/// [`Node::stop_on`].
+pub struct RemoteChild {
+    node: Arc<Node>,
+    kind: String,
+    name: String,
+    args: Args,
+    message_type: String,
+    place: Arc<Place>,
+    timeout: Duration,
+    on_node_lost: Exit,
+    first: Mutex<Option<(String, ActorCell)>>,
+    /// The placement-group bundle it runs in, instead of `place`.
+    bundle: Option<(String, usize)>,
+    /// The node (and its incarnation) its latest copy was started on: a
+    /// start stops that copy first, so that two never run.
+    latest: Arc<Mutex<Option<(String, u64)>>>,
+}
+
+impl RemoteChild {
+    /// A child of kind `kind` named `name` with `args`, whose actors take
+    /// `M`, placed by `place`, each spawn given `timeout`. A lost node
+    /// counts as a failure.
+    pub fn new<M: ractor::Message, A: Encode>(
+        node: Arc<Node>,
+        kind: impl Into<String>,
+        name: impl Into<String>,
+        args: &A,
+        place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
+        timeout: Duration,
+    ) -> Self {
+        Self::raw(
+            node,
+            kind,
+            name,
+            crate::remote::wire::encode(args),
+            std::any::type_name::<M>(),
+            place,
+            timeout,
+        )
+    }
+
+    /// [`RemoteChild::new`] with the arguments archived already and the
+    /// message type named (as [`Node::config_args`] gives them).
+    pub fn raw(
+        node: Arc<Node>,
+        kind: impl Into<String>,
+        name: impl Into<String>,
+        args: Vec<u8>,
+        message_type: impl Into<String>,
+        place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            node,
+            kind: kind.into(),
+            name: name.into(),
+            args: Args::Fixed(args),
+            message_type: message_type.into(),
+            place: Arc::new(place),
+            timeout,
+            on_node_lost: Exit::Failure,
+            first: Mutex::new(None),
+            bundle: None,
+            latest: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Runs the child in bundle `bundle` of the placement group `group`
+    /// instead of where `place` says: each start waits (within its
+    /// timeout) for the group to be ready and spawns on the bundle's node,
+    /// so after the node is lost the restart follows the bundle to the
+    /// node the head placed it on again.
+    pub fn in_bundle(mut self, group: impl Into<String>, bundle: usize) -> Self {
+        self.bundle = Some((group.into(), bundle));
+        self
+    }
+
+    /// Counts the loss of the child's node as `exit` instead (a transient
+    /// child given [`Exit::Shutdown`] is then not restarted elsewhere).
+    pub fn on_node_lost(mut self, exit: Exit) -> Self {
+        self.on_node_lost = exit;
+        self
+    }
+
+    /// Archives the arguments afresh for every start, from its epoch (a
+    /// child that fences its checkpoints takes the epoch in its
+    /// arguments); an `Err` fails that start with its message.
+    pub fn args_per_start(
+        mut self,
+        make: impl Fn(u64) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.args = Args::PerStart(Box::new(make));
+        self
+    }
+
+    /// Takes `actor`, already spawned on `on`, as the first start.
+    pub fn adopt(self, on: impl Into<String>, actor: ActorCell) -> Self {
+        *self.first.lock().unwrap_or_else(|p| p.into_inner()) = Some((on.into(), actor));
+        self
+    }
+}
+
+/// How long one request to stop a child's earlier copy may take (the
+/// target waits up to three seconds for the copy to end).
+const FENCE_ASK: Duration = Duration::from_secs(5);
+
+/// The pause between two requests to stop an earlier copy whose node
+/// could not be reached.
+const FENCE_RETRY: Duration = Duration::from_millis(250);
+
+impl RemoteChild {
+    /// What a spawn of this child's start at `epoch` needs, owned.
+    fn spawn(&self, epoch: u64) -> Result<Spawn, StartChildError> {
+        let args = match &self.args {
+            Args::Fixed(bytes) => bytes.clone(),
+            Args::PerStart(make) => make(epoch).map_err(StartChildError::Args)?,
+        };
+        Ok(Spawn {
+            node: Arc::clone(&self.node),
+            kind: self.kind.clone(),
+            name: self.name.clone(),
+            args,
+            message_type: self.message_type.clone(),
+            latest: Arc::clone(&self.latest),
+        })
+    }
+
+    fn start_in_bundle(
+        &self,
+        supervisor: ActorCell,
+        spawn: Spawn,
+        group: String,
+        bundle: usize,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>> {
+        let node = Arc::clone(&self.node);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+            let mut view = node
+                .wait_group(&group, timeout)
+                .await
+                .map_err(|e| StartChildError::Placement(e.to_string()))?;
+            // The head may not have seen the loss yet, or the link to the
+            // bundle's node is being made again: wait for a session to the
+            // node or for the bundle to move, whichever comes first.
+            let target = loop {
+                let Some(target) = view.nodes.get(bundle).cloned() else {
+                    return Err(StartChildError::Placement(format!(
+                        "placement group {group} has no bundle {bundle}"
+                    )));
+                };
+                let revision = Some(view.revision);
+                if node.members().up().any(|m| m.name == target) {
+                    tokio::select! {
+                        ready = node.wait_session(&target, left()) => {
+                            if ready {
+                                break target;
+                            }
+                            return Err(StartChildError::NoNode);
+                        }
+                        next = node.watch_group(&group, revision, left()) => view = ready_again(next)?,
+                    }
+                } else {
+                    view = ready_again(node.watch_group(&group, revision, left()).await)?;
+                }
+                if left().is_zero() {
+                    return Err(StartChildError::NoNode);
+                }
+            };
+            let cell = spawn.fenced(&target, deadline).await?;
+            Ok(monitored(&node, &supervisor, target, cell))
+        })
+    }
+}
+
+/// The group a watch gave, if it is ready (placed again, or unchanged).
+fn ready_again(
+    watched: Result<Option<GroupView>, PlacementError>,
+) -> Result<GroupView, StartChildError> {
+    watched
+        .map_err(|e| StartChildError::Placement(e.to_string()))?
+        .filter(|v| v.state == GroupState::Ready)
+        .ok_or(StartChildError::NoNode)
+}
+
+/// A remote child's spawn, with what it needs owned.
+struct Spawn {
+    node: Arc<Node>,
+    kind: String,
+    name: String,
+    args: Vec<u8>,
+    message_type: String,
+    latest: Arc<Mutex<Option<(String, u64)>>>,
+}
+
+impl Spawn {
+    /// Spawns the child on `target` once no earlier copy of it can run on:
+    /// the latest copy is stopped first (its node may still run it after
+    /// this node lost the link to it), and a name found taken on `target`
+    /// is taken by such a copy, stopped in turn before the spawn is asked
+    /// again. Neither counts as a failed start unless `deadline` passes.
+    async fn fenced(
+        &self,
+        target: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<ActorCell, StartChildError> {
+        let latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((on, incarnation)) = latest {
+            self.fence(&on, incarnation, deadline).await?;
+        }
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.on(target, left.max(Duration::from_secs(1))).await {
+                Err(SpawnError::Refused {
+                    reply: SpawnReply::NameTaken(_),
+                    ..
+                }) if !left.is_zero() => {
+                    tracing::info!(child = %self.name, node = %target, "the child's name is still taken there: stopping that copy first");
+                    self.fence(target, 0, deadline).await?;
+                }
+                Err(e) => return Err(e.into()),
+                Ok(cell) => {
+                    let incarnation = self.incarnation_of(target);
+                    *self.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((target.to_owned(), incarnation));
+                    return Ok(cell);
+                }
+            }
+        }
+    }
+
+    /// Stops the copy of the child that `on` (at `incarnation`; 0: any)
+    /// may still run, and returns once it has ended or cannot run: `on`
+    /// holds no such actor, or is no longer up under that incarnation (a
+    /// member the head counted out stops every actor it hosts for others
+    /// when it comes back). Asks again while `on` cannot be reached, until
+    /// `deadline`.
+    async fn fence(
+        &self,
+        on: &str,
+        incarnation: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), StartChildError> {
+        loop {
+            let hosts = self
+                .node
+                .members()
+                .up()
+                .any(|m| m.name == on && (incarnation == 0 || m.incarnation == incarnation));
+            if !hosts {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let error = match self.node.stop_on(on, &self.name, left.min(FENCE_ASK)).await {
+                Ok(()) => {
+                    tracing::info!(child = %self.name, node = %on, "the child's earlier copy stopped");
+                    return Ok(());
+                }
+                Err(
+                    StopError::Refused {
+                        outcome: StopOutcome::NoSuchActor,
+                        ..
+                    }
+                    | StopError::NoSuchNode(_),
+                ) => return Ok(()),
+                Err(
+                    e @ StopError::Refused {
+                        outcome: StopOutcome::NotOwner,
+                        ..
+                    },
+                ) => return Err(StartChildError::Fence(e)),
+                Err(e) => e,
+            };
+            if left.is_zero() {
+                return Err(StartChildError::Fence(error));
+            }
+            tracing::debug!(child = %self.name, node = %on, %error, "cannot stop the child's earlier copy yet");
+            tokio::time::sleep(FENCE_RETRY.min(left)).await;
+        }
+    }
+
+    /// The incarnation the member table gives `target` (0: not in it).
+    fn incarnation_of(&self, target: &str) -> u64 {
+        self.node.members().get(target).map_or(0, |m| m.incarnation)
+    }
+
+    /// Spawns the child on `target`.
+    async fn on(&self, target: &str, timeout: Duration) -> Result<ActorCell, SpawnError> {
+        self.node
+            .spawn_on_raw(
+                target,
+                &self.kind,
+                &self.name,
+                self.args.clone(),
+                &self.message_type,
+                timeout,
+            )
+            .await
+    }
+}
+
+/// A remote child running as `cell` on `target`, monitored by `supervisor`.
+fn monitored(node: &Node, supervisor: &ActorCell, target: String, cell: ActorCell) -> Running {
+    let incarnation = node.members().get(&target).map_or(0, |m| m.incarnation);
+    supervisor.monitor(cell.clone());
+    Running {
+        cell,
+        node: Some((target, incarnation)),
+    }
+}
+
+impl ChildStart for RemoteChild {
+    fn start(
+        &self,
+        supervisor: ActorCell,
+        epoch: u64,
+    ) -> BoxFuture<'static, Result<Running, StartChildError>> {
+        let node = Arc::clone(&self.node);
+        let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let spawn = match self.spawn(epoch) {
+            Ok(spawn) => spawn,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        if let (Some((group, bundle)), None) = (self.bundle.clone(), &first) {
+            return self.start_in_bundle(supervisor, spawn, group, bundle);
+        }
+        let target = first
+            .as_ref()
+            .map(|(on, _)| on.clone())
+            .or_else(|| (self.place)(&node.members()));
+        // No node for it now: wait for the table to offer one, within the
+        // spawn's time.
+        let waiting = target.is_none().then(|| {
+            let place = Arc::clone(&self.place);
+            let mut view = node.watch_members();
+            async move {
+                view.wait_for(|t| place(t).is_some())
+                    .await
+                    .ok()
+                    .and_then(|t| place(&t))
+            }
+        });
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let target = match (target, waiting) {
+                (Some(t), _) => t,
+                (None, Some(wait)) => tokio::time::timeout(timeout, wait)
+                    .await
+                    .ok()
+                    .flatten()
+                    .ok_or(StartChildError::NoNode)?,
+                (None, None) => return Err(StartChildError::NoNode),
+            };
+            let cell = match first {
+                Some((_, cell)) => {
+                    let incarnation = spawn.incarnation_of(&target);
+                    *spawn.latest.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((target.clone(), incarnation));
+                    cell
+                }
+                None => spawn.fenced(&target, deadline).await?,
+            };
+            Ok(monitored(&node, &supervisor, target, cell))
+        })
+    }
+
+    fn stop(&self, running: &Running) {
+        let Some((on, _)) = running.node.clone() else {
+            return;
+        };
+        let (node, name) = (Arc::clone(&self.node), self.name.clone());
+        tokio::spawn(async move {
+            if let Err(e) = node.stop_on(&on, &name, Duration::from_secs(5)).await {
+                tracing::warn!(%name, node = %on, error = %e, "cannot stop a supervised remote actor");
+            }
+        });
+    }
+
+    fn kill(&self, running: &Running) -> bool {
+        // No kill crosses nodes: ask again, and count it as stopped.
+        self.stop(running);
+        false
+    }
+
+    fn on_node_lost(&self) -> Exit {
+        self.on_node_lost
+    }
+}
+
+/// One child: its spec and how to start it.
+pub struct Child {
+    /// Id, restart type, shutdown timeout.
+    pub spec: ChildSpec,
+    start: Arc<dyn ChildStart>,
+}
+
+impl Child {
+    /// A child with `spec`, started by `start`.
+    pub fn new(spec: ChildSpec, start: impl ChildStart) -> Self {
+        Self {
+            spec,
+            start: Arc::new(start),
+        }
+    }
+}
+
+/// What a supervisor tells its owner.
+#[derive(Debug, Clone)]
+pub enum SupervisorEvent {
+    /// The child started (again, after `restarts` restarts).
+    Started {
+        /// Its id.
+        child: String,
+        /// Where and what it is now.
+        running: Running,
+        /// Its restarts so far.
+        restarts: u32,
+    },
+    /// The child exited, or failed to start.
+    Exited {
+        /// Its id.
+        child: String,
+        /// How it ended.
+        exit: Exit,
+        /// Whether it will be started again.
+        restarting: bool,
+    },
+    /// The supervisor gave up: every child is stopped and it fails.
+    Escalated(Escalation),
+}
+
+/// Messages of a [`Supervisor`] (local only).
+pub enum SupervisorMsg {
+    /// Time to look at the policy's timers.
+    Tick,
+    /// The member table changed.
+    Members(Table),
+    /// Its children and their restarts.
+    Status(RpcReplyPort<Vec<ChildReport>>),
+    /// Stop every child (the last first), then the supervisor; answered
+    /// once done.
+    Shutdown(RpcReplyPort<()>),
+}
+
+impl ractor::Message for SupervisorMsg {}
+
+/// What a supervisor is started with.
+pub struct SupervisorArgs {
+    /// Strategy, intensity, backoff.
+    pub spec: SupervisorSpec,
+    /// Its children, in start order.
+    pub children: Vec<Child>,
+    /// Where it reports starts, exits and escalation, if anywhere.
+    pub events: Option<mpsc::UnboundedSender<SupervisorEvent>>,
+    /// The member table, for remote children whose node is lost.
+    pub members: Option<watch::Receiver<Table>>,
+    /// The jitter's seed, and the floor of the epochs its children's
+    /// starts get (give the node's incarnation: larger than every epoch an
+    /// earlier run of the node gave).
+    pub seed: u64,
+    /// The name it reports its children under on a node's board
+    /// ([`Node::board`]: `node status` lists them), if it reports.
+    pub report: Option<(String, Board)>,
+}
+
+/// A supervisor actor. Start it with [`Actor::spawn`] (a root) or
+/// [`Actor::spawn_linked`] (under another supervisor).
+pub struct Supervisor;
+
+/// A supervisor's state.
+pub struct SupervisorState {
+    policy: Supervision,
+    starts: HashMap<String, Arc<dyn ChildStart>>,
+    running: HashMap<String, Running>,
+    by_cell: HashMap<ActorId, String>,
+    events: Option<mpsc::UnboundedSender<SupervisorEvent>>,
+    /// When a Tick is due already.
+    tick_at: Option<std::time::Instant>,
+    /// Shutdown requests waiting for the children to stop.
+    shutdown: Vec<RpcReplyPort<()>>,
+    relay: Option<tokio::task::JoinHandle<()>>,
+    report: Option<(String, Board)>,
+    /// Whether the owner was told of the escalation.
+    told_escalation: bool,
+    /// Gives each start its epoch.
+    epochs: flotilla_proto::epoch::EpochClock,
+    /// The epoch of each child's latest start.
+    epoch_of: HashMap<String, u64>,
+}
+
+impl SupervisorState {
+    /// Its children as `node status` shows them.
+    fn status(&self) -> Vec<ChildReport> {
+        self.policy
+            .children()
+            .map(|id| ChildReport {
+                id: id.to_owned(),
+                running: self.policy.is_running(id),
+                restarts: self.policy.restarts_of(id).unwrap_or(0),
+                epoch: self.epoch_of.get(id).copied().unwrap_or(0),
+                node: self
+                    .running
+                    .get(id)
+                    .and_then(|r| r.node.as_ref().map(|(n, _)| n.clone())),
+            })
+            .collect()
+    }
+
+    /// Posts the children's state on the board, if it reports.
+    fn post(&self, gave_up: bool) {
+        let Some((name, board)) = &self.report else {
+            return;
+        };
+        board.post(SupervisorReport {
+            name: name.clone(),
+            strategy: self.policy.strategy().as_str().to_owned(),
+            gave_up,
+            children: self.status(),
+        });
+    }
+
+    fn emit(&self, event: SupervisorEvent) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(event);
+        }
+    }
+
+    /// Performs the policy's actions until it has none; fails with the
+    /// escalation when it escalates.
+    async fn perform(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+    ) -> Result<(), ActorProcessingErr> {
+        loop {
+            let mut starts = Vec::new();
+            let mut next = None;
+            while let Some(action) = self.policy.poll_action() {
+                match action {
+                    Action::Start(id) => starts.push(id),
+                    other => {
+                        next = Some(other);
+                        break;
+                    }
+                }
+            }
+            if starts.is_empty() && next.is_none() {
+                break;
+            }
+            // Children asked to start together start in parallel.
+            let clock = crate::clock::clock_micros();
+            let mut begun = Vec::with_capacity(starts.len());
+            for id in &starts {
+                let epoch = self.epochs.next(clock);
+                self.epoch_of.insert(id.clone(), epoch);
+                begun.push(Arc::clone(&self.starts[id]).start(myself.get_cell(), epoch));
+            }
+            let results = futures::future::join_all(begun).await;
+            for (id, result) in starts.into_iter().zip(results) {
+                match result {
+                    Ok(running) => {
+                        self.by_cell.insert(running.cell.get_id(), id.clone());
+                        self.running.insert(id.clone(), running.clone());
+                        self.policy.handle_started(now(), &id);
+                        let restarts = self.policy.restarts_of(&id).unwrap_or(0);
+                        if restarts > 0 {
+                            tracing::info!(child = %id, restarts, "child restarted");
+                        }
+                        self.emit(SupervisorEvent::Started {
+                            child: id,
+                            running,
+                            restarts,
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(child = %id, error = %e, "child failed to start");
+                        self.exited(id, Exit::Failure);
+                    }
+                }
+            }
+            match next {
+                None => {}
+                Some(Action::Start(_)) => unreachable!("starts are gathered above"),
+                Some(Action::Stop(id)) => {
+                    if let Some(r) = self.running.get(&id) {
+                        self.starts[&id].stop(r);
+                    }
+                }
+                Some(Action::Kill(id)) => {
+                    if let Some(r) = self.running.get(&id).cloned() {
+                        tracing::warn!(child = %id, "child ignored its stop; killing it");
+                        if !self.starts[&id].kill(&r) {
+                            self.forget(&r.cell.get_id());
+                            myself.get_cell().unmonitor(r.cell.clone());
+                            self.exited(id, Exit::Shutdown);
+                        }
+                    }
+                }
+                Some(Action::Escalate(e)) => {
+                    tracing::error!(error = %e, "supervisor gives up");
+                    self.post(true);
+                    self.tell_escalation();
+                    return Err(Box::new(e));
+                }
+                Some(Action::Stopped) => {
+                    for port in self.shutdown.drain(..) {
+                        let _ = port.send(());
+                    }
+                    myself.stop(None);
+                }
+            }
+        }
+        self.schedule(myself);
+        self.post(false);
+        Ok(())
+    }
+
+    fn schedule(&mut self, myself: &ActorRef<SupervisorMsg>) {
+        let Some(at) = self.policy.poll_timeout() else {
+            return;
+        };
+        if self.tick_at.is_some_and(|t| t <= at) {
+            return;
+        }
+        self.tick_at = Some(at);
+        let wait = at.saturating_duration_since(now());
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = me.cast(SupervisorMsg::Tick);
+        });
+    }
+
+    fn forget(&mut self, cell: &ActorId) -> Option<(String, Running)> {
+        let id = self.by_cell.remove(cell)?;
+        let running = self.running.remove(&id)?;
+        Some((id, running))
+    }
+
+    /// Tells the owner the supervisor gives up, once: as soon as the
+    /// policy decides, before the exits of the children it stops, so an
+    /// owner never mistakes them for an ordinary loss.
+    fn tell_escalation(&mut self) {
+        if self.told_escalation {
+            return;
+        }
+        if let Some(e) = self.policy.escalation() {
+            self.told_escalation = true;
+            self.emit(SupervisorEvent::Escalated(e.clone()));
+        }
+    }
+
+    fn exited(&mut self, id: String, exit: Exit) {
+        tracing::info!(child = %id, ?exit, "child exited");
+        self.policy.handle_exit(now(), &id, exit);
+        self.tell_escalation();
+        let restarting = self.policy.is_restarting(&id);
+        self.emit(SupervisorEvent::Exited {
+            child: id,
+            exit,
+            restarting,
+        });
+    }
+}
+
+impl Actor for Supervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let specs = args.children.iter().map(|c| c.spec.clone()).collect();
+        let starts = args
+            .children
+            .into_iter()
+            .map(|c| (c.spec.id, c.start))
+            .collect();
+        let relay = args.members.map(|mut rx| {
+            let me = myself.clone();
+            tokio::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    let table = rx.borrow_and_update().clone();
+                    if me.cast(SupervisorMsg::Members(table)).is_err() {
+                        return;
+                    }
+                }
+            })
+        });
+        Ok(SupervisorState {
+            report: args.report,
+            told_escalation: false,
+            policy: Supervision::new(args.spec, specs, args.seed),
+            starts,
+            running: HashMap::new(),
+            by_cell: HashMap::new(),
+            events: args.events,
+            tick_at: None,
+            shutdown: Vec::new(),
+            relay,
+            epochs: flotilla_proto::epoch::EpochClock::new(args.seed),
+            epoch_of: HashMap::new(),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.policy.start(now());
+        state.perform(&myself).await
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SupervisorMsg>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(relay) = state.relay.take() {
+            relay.abort();
+        }
+        if let Some((name, board)) = &state.report {
+            board.remove(name);
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Tick => {
+                state.tick_at = None;
+                state.policy.handle_timeout(now());
+            }
+            SupervisorMsg::Members(table) => {
+                let mut lost: Vec<(ActorId, String)> = Vec::new();
+                for (id, r) in &mut state.running {
+                    let Some((on, incarnation)) = r.node.as_mut() else {
+                        continue;
+                    };
+                    // Absent (a restarted head's table filling): not lost.
+                    let Some(m) = table.get(on) else { continue };
+                    if *incarnation == 0 && m.state == MemberState::Up {
+                        // Not in the table when the child started.
+                        *incarnation = m.incarnation;
+                    }
+                    if m.state != MemberState::Up || m.incarnation > *incarnation {
+                        lost.push((r.cell.get_id(), id.clone()));
+                    }
+                }
+                for (cell, id) in lost {
+                    let exit = state.starts[&id].on_node_lost();
+                    if let Some((_, r)) = state.forget(&cell) {
+                        myself.get_cell().unmonitor(r.cell.clone());
+                    }
+                    tracing::warn!(child = %id, "the node of a supervised child is no longer up");
+                    state.exited(id, exit);
+                }
+            }
+            SupervisorMsg::Status(port) => {
+                let _ = port.send(state.status());
+            }
+            SupervisorMsg::Shutdown(port) => {
+                state.shutdown.push(port);
+                if state.policy.is_finished() {
+                    for port in state.shutdown.drain(..) {
+                        let _ = port.send(());
+                    }
+                    myself.stop(None);
+                    return Ok(());
+                }
+                state.policy.handle_shutdown(now());
+            }
+        }
+        state.perform(&myself).await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, exit) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => {
+                if let Some(id) = state.by_cell.get(&cell.get_id()) {
+                    tracing::warn!(child = %id, %error, "child failed");
+                }
+                (cell, Exit::Failure)
+            }
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                let remote = state
+                    .by_cell
+                    .get(&cell.get_id())
+                    .and_then(|id| state.running.get(id))
+                    .is_some_and(|r| r.node.is_some());
+                let exit = match reason.as_deref() {
+                    // A remote actor's reason does not cross nodes: an exit
+                    // not asked for is a failure.
+                    _ if remote => Exit::Failure,
+                    None => Exit::Normal,
+                    Some(_) => Exit::Shutdown,
+                };
+                (cell, exit)
+            }
+            _ => return Ok(()),
+        };
+        if let Some((id, _)) = state.forget(&cell.get_id()) {
+            state.exited(id, exit);
+            state.perform(&myself).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child that counts its starts, panics on `Crash`, and sleeps
+    /// through its stop when told to hang.
+    struct Flaky {
+        starts: Arc<std::sync::atomic::AtomicU32>,
+        fail_start: bool,
+    }
+
+    enum FlakyMsg {
+        Crash,
+        Hang(Duration),
+    }
+
+    impl ractor::Message for FlakyMsg {}
+
+    impl Actor for Flaky {
+        type Msg = FlakyMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<FlakyMsg>, (): ()) -> Result<(), ActorProcessingErr> {
+            self.starts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.fail_start {
+                return Err("cannot start".into());
+            }
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<FlakyMsg>,
+            msg: FlakyMsg,
+            (): &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            match msg {
+                FlakyMsg::Crash => panic!("crash on request"),
+                FlakyMsg::Hang(d) => tokio::time::sleep(d).await,
+            }
+            Ok(())
+        }
+    }
+
+    fn flaky(
+        id: &str,
+        starts: &Arc<std::sync::atomic::AtomicU32>,
+        fail_start: bool,
+        restart: RestartType,
+    ) -> Child {
+        let starts = Arc::clone(starts);
+        let spec = ChildSpec {
+            id: id.into(),
+            restart,
+            shutdown: Duration::from_secs(5),
+        };
+        Child::new(
+            spec,
+            LocalChild::new(move || {
+                (
+                    Flaky {
+                        starts: Arc::clone(&starts),
+                        fail_start,
+                    },
+                    (),
+                )
+            }),
+        )
+    }
+
+    async fn supervisor(
+        children: Vec<Child>,
+        max_restarts: u32,
+    ) -> (
+        ActorRef<SupervisorMsg>,
+        mpsc::UnboundedReceiver<SupervisorEvent>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let args = SupervisorArgs {
+            spec: SupervisorSpec {
+                strategy: Strategy::OneForOne,
+                intensity: Intensity {
+                    max_restarts,
+                    within: Duration::from_secs(60),
+                },
+                per_child: false,
+                backoff: Backoff {
+                    initial: Duration::from_millis(100),
+                    max: Duration::from_secs(1),
+                    jitter: 0.0,
+                    reset_after: Duration::from_secs(30),
+                },
+            },
+            children,
+            events: Some(tx),
+            members: None,
+            seed: 1,
+            report: None,
+        };
+        let (sup, handle) = Actor::spawn(None, Supervisor, args).await.unwrap();
+        (sup, rx, handle)
+    }
+
+    fn started(event: SupervisorEvent) -> (String, ActorCell, u32) {
+        match event {
+            SupervisorEvent::Started {
+                child,
+                running,
+                restarts,
+            } => (child, running.cell, restarts),
+            other => panic!("expected a start, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_child_is_restarted_after_its_backoff() {
+        let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (sup, mut events, _) =
+            supervisor(vec![flaky("a", &starts, false, RestartType::Permanent)], 3).await;
+        let (_, cell, restarts) = started(events.recv().await.unwrap());
+        assert_eq!(restarts, 0);
+        let before = tokio::time::Instant::now();
+        ActorRef::<FlakyMsg>::from(cell)
+            .cast(FlakyMsg::Crash)
+            .unwrap();
+        assert!(matches!(
+            events.recv().await.unwrap(),
+            SupervisorEvent::Exited {
+                exit: Exit::Failure,
+                restarting: true,
+                ..
+            }
+        ));
+        let (child, _, restarts) = started(events.recv().await.unwrap());
+        assert_eq!((child.as_str(), restarts), ("a", 1));
+        assert!(
+            before.elapsed() >= Duration::from_millis(100),
+            "waited its backoff"
+        );
+        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let status = flotilla_call(&sup).await;
+        assert_eq!(status.len(), 1);
+        let first_epoch = status[0].epoch;
+        assert_eq!(
+            status,
+            [ChildReport {
+                id: "a".into(),
+                running: true,
+                restarts: 1,
+                epoch: first_epoch,
+                node: None
+            }]
+        );
+        assert!(first_epoch > 2, "above the floor (the seed)");
+    }
+
+    async fn flotilla_call(sup: &ActorRef<SupervisorMsg>) -> Vec<ChildReport> {
+        crate::remote::call::call(sup, SupervisorMsg::Status, Duration::from_secs(1))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_child_that_cannot_start_escalates_and_the_supervisor_fails() {
+        let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let healthy = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (_sup, mut events, handle) = supervisor(
+            vec![
+                flaky("ok", &healthy, false, RestartType::Permanent),
+                flaky("bad", &starts, true, RestartType::Permanent),
+            ],
+            2,
+        )
+        .await;
+        let mut escalation = None;
+        while let Some(e) = events.recv().await {
+            if let SupervisorEvent::Escalated(e) = e {
+                escalation = Some(e);
+            }
+        }
+        let e = escalation.expect("escalated");
+        assert_eq!((e.child.as_str(), e.max_restarts), ("bad", 2));
+        // The first start and two restarts, no more.
+        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 3);
+        handle.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nested_supervisor_that_gives_up_is_restarted_by_its_parent() {
+        let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let inner_starts = Arc::clone(&starts);
+        let inner = Child::new(
+            ChildSpec::permanent("inner"),
+            LocalChild::new(move || {
+                let args = SupervisorArgs {
+                    spec: SupervisorSpec {
+                        intensity: Intensity {
+                            max_restarts: 0,
+                            within: Duration::from_secs(60),
+                        },
+                        backoff: Backoff::NONE,
+                        ..SupervisorSpec::default()
+                    },
+                    children: vec![flaky("leaf", &inner_starts, true, RestartType::Permanent)],
+                    events: None,
+                    members: None,
+                    seed: 2,
+                    report: None,
+                };
+                (Supervisor, args)
+            }),
+        );
+        let (sup, mut events, _) = supervisor(vec![inner], 1).await;
+        let mut exits = 0;
+        let mut escalated = false;
+        while let Some(e) = events.recv().await {
+            match e {
+                SupervisorEvent::Exited { exit, .. } => {
+                    assert_eq!(exit, Exit::Failure);
+                    exits += 1;
+                }
+                SupervisorEvent::Escalated(_) => escalated = true,
+                SupervisorEvent::Started { .. } => {}
+            }
+        }
+        // The inner tree failed twice (its leaf cannot start): restarted
+        // once by the outer one, whose limit is one, which then gives up.
+        assert_eq!(exits, 2);
+        assert!(escalated);
+        assert_eq!(starts.load(std::sync::atomic::Ordering::SeqCst), 2);
+        drop(sup);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_kills_a_child_that_ignores_its_stop_after_its_timeout() {
+        let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (sup, mut events, handle) =
+            supervisor(vec![flaky("a", &starts, false, RestartType::Permanent)], 3).await;
+        let (_, cell, _) = started(events.recv().await.unwrap());
+        ActorRef::<FlakyMsg>::from(cell)
+            .cast(FlakyMsg::Hang(Duration::from_secs(3600)))
+            .unwrap();
+        tokio::task::yield_now().await;
+        let before = tokio::time::Instant::now();
+        crate::remote::call::call(&sup, SupervisorMsg::Shutdown, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let took = before.elapsed();
+        assert!(
+            took >= Duration::from_secs(5) && took < Duration::from_secs(6),
+            "killed after {took:?}"
+        );
+        handle.await.unwrap();
+    }
+}
