@@ -1,7 +1,10 @@
 //! # Room `jobs/`: detached jobs on the head
 //!
-//! Drives [`flotilla_proto::jobs`]. May import: `node`, `supervisor`,
-//! `member`, `head`, `remote` and the shared files.
+//! Owns the head's service for detached jobs (this file). Drives
+//! [`flotilla_proto::jobs`].
+//!
+//! May import: `node`, `supervisor`, `member`, `head`, `remote` and the
+//! shared files.
 //!
 //! Detached jobs on the head: each job's actor runs in a placement-group
 //! bundle of its own (a detached group, so it outlives whoever submitted

@@ -1,7 +1,9 @@
 //! # Room `pipeline/`: bounded batch work over actors
 //!
-//! Drives [`flotilla_proto::window`]. May import: `net` (the outbound
-//! lane) and the shared files.
+//! Owns bounded batch work over actors (this file). Drives
+//! [`flotilla_proto::window`].
+//!
+//! May import: `net` (the outbound lane) and the shared files.
 //!
 //! A bounded batch pipeline over actors: the `ray.wait` loop with the
 //! bookkeeping done once, for any app.
