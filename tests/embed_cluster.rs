@@ -42,6 +42,8 @@ fn driver(
 }
 
 /// [`driver`] with environment variables set (failpoints).
+// The flags of one driver process, as a test writes them.
+#[allow(clippy::too_many_arguments)]
 fn driver_env(
     s: &Scratch,
     head: &Proc,

@@ -376,10 +376,12 @@ fn a_member_other_than_the_head_cannot_spawn_a_jobs_driver() {
             let spawned = node
                 .spawn_on_raw(
                     "w2",
-                    "flotilla.embed.job",
-                    &format!("forged-driver-{n}"),
-                    Vec::new(),
-                    "any",
+                    flotilla::SpawnOrder {
+                        kind: "flotilla.embed.job".into(),
+                        name: format!("forged-driver-{n}"),
+                        args: Vec::new(),
+                        message_type: "any".into(),
+                    },
                     Duration::from_secs(10),
                 )
                 .await;

@@ -199,6 +199,8 @@ impl QuantizedLayer {
     /// Runs the layer on `x`, `[batch · seq, hidden]` row-major, in place;
     /// `bias` is the attention's position bias (MPNet's), `[heads, seq,
     /// seq]`.
+    // One layer's inputs and its scratch; the weights are `self`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         x: &mut [f32],

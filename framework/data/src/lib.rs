@@ -59,6 +59,8 @@
 //! # }
 //! ```
 
+#![warn(clippy::too_many_lines)]
+
 pub mod input;
 pub mod job;
 pub mod output;

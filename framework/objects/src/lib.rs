@@ -31,6 +31,8 @@
 //! CPU instruction the encoder's quantized kernel calls that no safe
 //! wrapper offers, kept here so that rule holds.
 
+#![warn(clippy::too_many_lines)]
+
 mod in_place;
 #[cfg(target_arch = "x86_64")]
 mod int8_dot;

@@ -100,6 +100,19 @@ pub struct SpawnOrder {
     pub message_type: String,
 }
 
+impl SpawnOrder {
+    /// An order for an actor of `kind` named `name`, with its arguments
+    /// archived already, whose callers send it messages of type `M`.
+    pub fn of<M: ?Sized>(kind: &str, name: &str, args: Vec<u8>) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            args,
+            message_type: std::any::type_name::<M>().to_owned(),
+        }
+    }
+}
+
 /// A kind asked for with another message type than its actors take.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct TypeMismatch {

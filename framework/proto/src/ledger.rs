@@ -106,7 +106,7 @@ pub enum LedgerReply {
     #[error("nothing prepared for that group at that revision")]
     NotPrepared,
     /// Only the head may change a node's reservations.
-    #[error("NODE-AUTH-010: only the head may reserve a node's resources")]
+    #[error("NODE-AUTH-012: only the head may reserve a node's resources")]
     NotHead,
 }
 

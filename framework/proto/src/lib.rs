@@ -31,8 +31,11 @@
 //! window      the batch pipeline's credit window: routing, deadlines, retries
 //! ```
 
+#![warn(clippy::too_many_lines)]
+
 pub mod authority;
 pub mod bulk;
+pub mod codes;
 pub mod control;
 pub mod epoch;
 pub mod frame;

@@ -95,6 +95,15 @@ impl IncarnationRecord {
     }
 }
 
+/// Where members reach a node.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Addresses {
+    /// The address members dial.
+    pub(crate) advertise: SocketAddr,
+    /// The address members dial for the bulk lane.
+    pub(crate) bulk: SocketAddr,
+}
+
 /// The local node's identity. Everything but the incarnation is fixed at
 /// start; the incarnation grows when the head asks the node to rejoin.
 #[derive(Debug)]
@@ -125,8 +134,7 @@ impl Identity {
     pub(crate) fn new(
         name: String,
         role: Role,
-        advertise: SocketAddr,
-        bulk_addr: SocketAddr,
+        addresses: Addresses,
         resources: Resources,
         cookie: CookieDigest,
         record: Option<IncarnationRecord>,
@@ -140,8 +148,8 @@ impl Identity {
             role,
             incarnation: Mutex::new((first, record)),
             cookie,
-            advertise,
-            bulk_addr,
+            advertise: addresses.advertise,
+            bulk_addr: addresses.bulk,
             resources,
             host: String::new(),
         })
@@ -211,8 +219,10 @@ mod tests {
         Identity::new(
             "n1".into(),
             Role::Worker,
-            "127.0.0.1:1".parse().unwrap(),
-            "127.0.0.1:2".parse().unwrap(),
+            Addresses {
+                advertise: "127.0.0.1:1".parse().unwrap(),
+                bulk: "127.0.0.1:2".parse().unwrap(),
+            },
             Resources::default(),
             [1; 32],
             Some(IncarnationRecord::new(dir, "n1")),
@@ -252,8 +262,10 @@ mod tests {
         let id = Identity::new(
             "admin~00aa".into(),
             Role::Admin,
-            "127.0.0.1:1".parse().unwrap(),
-            "127.0.0.1:2".parse().unwrap(),
+            Addresses {
+                advertise: "127.0.0.1:1".parse().unwrap(),
+                bulk: "127.0.0.1:2".parse().unwrap(),
+            },
             Resources::default(),
             [1; 32],
             None,

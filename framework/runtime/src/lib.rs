@@ -25,6 +25,8 @@
 //! delivery to a remote actor while its session lives, at-most-once
 //! delivery, membership `up → down | left` per incarnation.
 
+#![warn(clippy::too_many_lines)]
+
 // The rooms, each a folder whose mod.rs opens with its map
 // (docs/architecture.md has one row per folder).
 mod control;
@@ -64,6 +66,7 @@ pub use supervisor::checkpoint;
 pub use control::status::{
     query, query_gpus, query_jobs, query_objects, query_placement, query_status, query_supervisors,
 };
+pub use flotilla_proto::control::SpawnOrder;
 pub use flotilla_proto::membership::{MemberState, MemberView};
 pub use flotilla_proto::resources::Resources;
 pub use identity::RecordError;

@@ -122,6 +122,8 @@ impl Scratch {
     }
 
     /// [`Scratch::spawn`] with extra flags.
+    // The flags of one `node` process, as a test writes them.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn_with(
         &self,
         role: &str,

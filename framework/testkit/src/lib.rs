@@ -12,6 +12,8 @@
 //! units    systemd units: their settings, example configuration, and the sandbox they describe
 //! ```
 
+#![warn(clippy::too_many_lines)]
+
 pub mod ca;
 pub mod cluster;
 pub mod corpus;

@@ -17,6 +17,8 @@
 //! frame lengths are checked before allocation; archives are validated
 //! before they are read. 0-RTT is never enabled.
 
+#![warn(clippy::too_many_lines)]
+
 pub mod certs;
 pub mod closing;
 pub mod endpoint;

@@ -1,6 +1,8 @@
 //! The `node` command: typed configuration from flags and a TOML file
 //! (flags win), turned into a [`flotilla::NodeConfig`].
 
+#![warn(clippy::too_many_lines)]
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

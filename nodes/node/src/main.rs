@@ -1,5 +1,7 @@
 //! `node`: one binary per machine (see `flotilla_node::run`).
 
+#![warn(clippy::too_many_lines)]
+
 /// mimalloc keeps freed blocks for reuse; glibc's malloc hands large blocks
 /// back to the kernel and pays page faults to get them again, which costs
 /// the model actors several percent of their CPU time.

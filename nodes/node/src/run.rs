@@ -42,67 +42,7 @@ pub fn main(extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
 
 async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
     match cli.command {
-        Command::Certs { op } => {
-            let days = |d: u64| std::time::Duration::from_secs(d.saturating_mul(24 * 3600));
-            let result = match op {
-                CertsOp::Init {
-                    out,
-                    cluster,
-                    head_name,
-                } => flotilla_transport::certs::init_ca(&out, &cluster, &head_name).map(|()| {
-                    format!(
-                        "cluster CA, cookie, head certificate ({head_name}) and admin certificate written to {}",
-                        out.display()
-                    )
-                }),
-                CertsOp::Issue {
-                    ca,
-                    name,
-                    role,
-                    valid_days,
-                    out,
-                } => flotilla_transport::certs::issue(&ca, &name, role, days(valid_days), &out)
-                    .map(|()| {
-                        format!(
-                            "certificate for {name} (role {role}, valid {valid_days} days) written to {}",
-                            out.display()
-                        )
-                    }),
-                CertsOp::Renew {
-                    ca,
-                    name,
-                    dir,
-                    valid_days,
-                } => {
-                    let dir = dir.unwrap_or_else(|| ca.clone());
-                    flotilla_transport::certs::renew(&ca, &name, &dir, days(valid_days)).map(
-                        |role| {
-                            format!(
-                                "certificate for {name} (role {role}) renewed for {valid_days} days in {}",
-                                dir.display()
-                            )
-                        },
-                    )
-                }
-                CertsOp::Revoke { ca, name } => flotilla_transport::certs::revoke(&ca, &name)
-                    .map(|n| {
-                        format!(
-                            "{n} certificate(s) of {name} revoked; {} lists them (the head reads it within a second)",
-                            ca.join(flotilla_transport::certs::CRL_FILE).display()
-                        )
-                    }),
-            };
-            match result {
-                Ok(msg) => {
-                    println!("{msg}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    ExitCode::from(2)
-                }
-            }
-        }
+        Command::Certs { op } => certs(op),
         Command::Embed(args) if args.detach => submit(args).await,
         Command::Jobs(args) => crate::jobs::run(args).await,
         Command::Objects(args) => crate::objects::run(args).await,
@@ -141,59 +81,126 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
         },
         Command::Head(args) => serve(args, false, extra).await,
         Command::Join(args) => serve(args, true, extra).await,
-        Command::Status(args) => {
-            let identity = match flotilla_transport::Identity::load(&args.certs, &args.name) {
-                Ok(i) => i,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let answered = flotilla::status::first_answer(&args.head, |addr| {
-                flotilla::query_status(addr, identity.clone())
-            })
-            .await;
-            match answered {
-                Ok((head, table)) => {
-                    let supervisors = if args.no_supervisors {
-                        flotilla::render::Supervisors::new()
-                    } else {
-                        supervisors_of(&table, &identity).await
-                    };
-                    // The head accounts placement; any other node says so.
-                    let placement = flotilla::query_placement(head, identity.clone()).await.ok();
-                    // Only nodes that offer GPUs are asked who holds them.
-                    let gpus = answers_of(
-                        &table,
-                        &identity,
-                        |m| m.resources.gpus > 0,
-                        flotilla::query_gpus,
+        Command::Status(args) => status(args).await,
+    }
+}
+
+/// `node certs …`: the cluster's CA and certificates.
+fn certs(op: CertsOp) -> ExitCode {
+    let days = |d: u64| std::time::Duration::from_secs(d.saturating_mul(24 * 3600));
+    let result = match op {
+        CertsOp::Init {
+            out,
+            cluster,
+            head_name,
+        } => flotilla_transport::certs::init_ca(&out, &cluster, &head_name).map(|()| {
+            format!(
+                "cluster CA, cookie, head certificate ({head_name}) and admin certificate written to {}",
+                out.display()
+            )
+        }),
+        CertsOp::Issue {
+            ca,
+            name,
+            role,
+            valid_days,
+            out,
+        } => flotilla_transport::certs::issue(&ca, &name, role, days(valid_days), &out)
+            .map(|()| {
+                format!(
+                    "certificate for {name} (role {role}, valid {valid_days} days) written to {}",
+                    out.display()
+                )
+            }),
+        CertsOp::Renew {
+            ca,
+            name,
+            dir,
+            valid_days,
+        } => {
+            let dir = dir.unwrap_or_else(|| ca.clone());
+            flotilla_transport::certs::renew(&ca, &name, &dir, days(valid_days)).map(
+                |role| {
+                    format!(
+                        "certificate for {name} (role {role}) renewed for {valid_days} days in {}",
+                        dir.display()
                     )
-                    .await;
-                    let objects = if args.json {
-                        answers_of(&table, &identity, |_| true, flotilla::query_objects).await
-                    } else {
-                        flotilla::render::ObjectCounts::new()
-                    };
-                    let report = flotilla::render::StatusReport {
-                        table,
-                        supervisors,
-                        placement,
-                        objects,
-                        gpus,
-                    };
-                    if args.json {
-                        println!("{}", report.to_json());
-                    } else {
-                        print!("{}", report.to_text());
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("{e}");
-                    ExitCode::from(4)
-                }
+                },
+            )
+        }
+        CertsOp::Revoke { ca, name } => flotilla_transport::certs::revoke(&ca, &name)
+            .map(|n| {
+                format!(
+                    "{n} certificate(s) of {name} revoked; {} lists them (the head reads it within a second)",
+                    ca.join(flotilla_transport::certs::CRL_FILE).display()
+                )
+            }),
+    };
+    match result {
+        Ok(msg) => {
+            println!("{msg}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `node status`: the member table, supervisors, placement, GPUs and
+/// objects, as text or JSON.
+async fn status(args: crate::StatusArgs) -> ExitCode {
+    let identity = match flotilla_transport::Identity::load(&args.certs, &args.name) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let answered = flotilla::status::first_answer(&args.head, |addr| {
+        flotilla::query_status(addr, identity.clone())
+    })
+    .await;
+    match answered {
+        Ok((head, table)) => {
+            let supervisors = if args.no_supervisors {
+                flotilla::render::Supervisors::new()
+            } else {
+                supervisors_of(&table, &identity).await
+            };
+            // The head accounts placement; any other node says so.
+            let placement = flotilla::query_placement(head, identity.clone()).await.ok();
+            // Only nodes that offer GPUs are asked who holds them.
+            let gpus = answers_of(
+                &table,
+                &identity,
+                |m| m.resources.gpus > 0,
+                flotilla::query_gpus,
+            )
+            .await;
+            let objects = if args.json {
+                answers_of(&table, &identity, |_| true, flotilla::query_objects).await
+            } else {
+                flotilla::render::ObjectCounts::new()
+            };
+            let report = flotilla::render::StatusReport {
+                table,
+                supervisors,
+                placement,
+                objects,
+                gpus,
+            };
+            if args.json {
+                println!("{}", report.to_json());
+            } else {
+                print!("{}", report.to_text());
             }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(4)
         }
     }
 }
@@ -243,7 +250,7 @@ async fn submit(args: crate::EmbedArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(other) => {
-            eprintln!("NODE-JOB-001: the head did not take the job: {other:?}");
+            eprintln!("NODE-JOB-003: the head did not take the job: {other:?}");
             ExitCode::from(1)
         }
         Err(e) => {
@@ -354,24 +361,7 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         Ok(n) => n,
         Err(e) => {
             eprintln!("{e}");
-            // Certificates are configuration; everything else is a failure
-            // to start or to join.
-            let code = if matches!(
-                e,
-                flotilla::StartError::Certs(_)
-                    | flotilla::StartError::Tls(_)
-                    | flotilla::StartError::NoCookie(_)
-                    | flotilla::StartError::NoRole(_)
-                    | flotilla::StartError::NotHeadRole { .. }
-                    | flotilla::StartError::State(_)
-                    | flotilla::StartError::Store(_)
-                    | flotilla::StartError::Resource(_)
-            ) {
-                2
-            } else {
-                3
-            };
-            return ExitCode::from(code);
+            return ExitCode::from(e.exit_code());
         }
     };
     let mut trees = match crate::trees::start(&node, settings_trees).await {

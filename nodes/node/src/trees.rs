@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use flotilla::MemberState;
 use flotilla::Node;
+use flotilla::SpawnOrder;
 use flotilla::config_args::ConfigArgsError;
 use flotilla::ractor::{Actor, ActorRef};
 use flotilla::supervisor::{
@@ -88,10 +89,12 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
             };
             let start = RemoteChild::raw(
                 Arc::clone(node),
-                c.kind,
-                c.spec.id.clone(),
-                args,
-                message_type,
+                SpawnOrder {
+                    kind: c.kind,
+                    name: c.spec.id.clone(),
+                    args,
+                    message_type: message_type.to_owned(),
+                },
                 place,
                 SPAWN_TIMEOUT,
             );

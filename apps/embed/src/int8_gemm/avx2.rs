@@ -126,6 +126,8 @@ impl RowTile for Tile<'_> {
 /// Row `r`'s outputs for the 8 columns from `c0` (clipped to `n`): the
 /// same arithmetic as `finish`, 8 columns per instruction.
 #[inline(always)]
+// An inlined kernel step: its registers are its arguments.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn store8(
     simd: V3,
     w: &Int8Matrix,

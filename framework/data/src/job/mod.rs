@@ -158,6 +158,21 @@ pub struct BatchSummary {
 }
 
 impl BatchSummary {
+    /// Takes the pipeline's retries, the batches' latencies and the time
+    /// the job took.
+    fn measured(
+        &mut self,
+        stats: flotilla::pipeline::PipelineStats,
+        latencies: &Latencies,
+        elapsed: Duration,
+    ) {
+        self.retries = stats.retries;
+        self.redispatches = stats.redispatches;
+        self.batch_p50 = latencies.quantile(0.5);
+        self.batch_p95 = latencies.quantile(0.95);
+        self.elapsed = elapsed;
+    }
+
     /// The summary in one clause, `rows` naming what a row is and `actors`
     /// the actors it ran on: `200 texts in 4 batches (0 skipped as done)
     /// on 2 actors, 0 rows rejected, 1 retries (1 re-dispatched from lost
@@ -364,6 +379,29 @@ struct Members<M: flotilla::ractor::Message> {
 }
 
 impl<M: flotilla::ractor::Message> Members<M> {
+    /// The pool's `actors` (on their members), each added to `pipeline`
+    /// as a worker; `ids`: their child ids under the supervisor, in the
+    /// same order.
+    fn join<S: Stage<Msg = M>>(
+        actors: Vec<(String, ActorRef<M>)>,
+        ids: &[String],
+        pipeline: &mut Pipeline<S>,
+    ) -> Self {
+        let mut members = Self {
+            actors: Vec::with_capacity(actors.len()),
+            keys: HashMap::new(),
+            restarting: BTreeSet::new(),
+        };
+        for (i, (member, actor)) in actors.into_iter().enumerate() {
+            let key = pipeline.add_worker(&member, actor.clone());
+            if let Some(id) = ids.get(i) {
+                members.keys.insert(id.clone(), key);
+            }
+            members.actors.push((key, actor));
+        }
+        members
+    }
+
     /// Removes actors that stopped.
     fn prune<S: Stage<Msg = M>>(&mut self, pipeline: &mut Pipeline<S>) {
         self.actors.retain(|(key, actor)| {
@@ -427,6 +465,34 @@ impl<M: flotilla::ractor::Message> Members<M> {
         }
         Ok(())
     }
+}
+
+/// Refuses a job that cannot run: batches of no rows, or no actor.
+fn check_settings(batching: &Batching, actors: usize) -> Result<(), BatchJobError> {
+    if batching.size == 0 {
+        return Err(BatchJobError::Setting(
+            "the batch size must be at least 1".into(),
+        ));
+    }
+    if actors == 0 {
+        return Err(BatchJobError::Setting("no actor to run the batches".into()));
+    }
+    Ok(())
+}
+
+/// The job's input, resolved unless it was already, and its reader.
+async fn open_input<M>(job: &BatchJob<M>) -> Result<(Arc<Input>, Source), BatchJobError> {
+    let input = match &job.resolved {
+        Some(input) => Arc::clone(input),
+        None => Arc::new(Input::resolve(&job.input).await?),
+    };
+    let source = Source::open(Arc::clone(&input), job.fields.clone())
+        .await
+        .map_err(|source| BatchJobError::Read {
+            input: job.input.clone(),
+            source,
+        })?;
+    Ok((input, source))
 }
 
 /// Runs `job` through the actors of `pool`, reached through `links`:
@@ -518,24 +584,8 @@ where
     P: Parts<S>,
 {
     let started = Instant::now();
-    if job.batching.size == 0 {
-        return Err(BatchJobError::Setting(
-            "the batch size must be at least 1".into(),
-        ));
-    }
-    if pool.actors.is_empty() {
-        return Err(BatchJobError::Setting("no actor to run the batches".into()));
-    }
-    let input = match job.resolved {
-        Some(input) => input,
-        None => Arc::new(Input::resolve(&job.input).await?),
-    };
-    let source = Source::open(Arc::clone(&input), job.fields.clone())
-        .await
-        .map_err(|source| BatchJobError::Read {
-            input: job.input.clone(),
-            source,
-        })?;
+    check_settings(&job.batching, pool.actors.len())?;
+    let (input, source) = open_input(&job).await?;
     let types = source.types().to_vec();
     let (output, done) = Output::open(&job.output, &job.manifest, job.extension).await?;
     let mut errors = output.errors();
@@ -545,18 +595,7 @@ where
         mut members,
     } = links;
     let mut pipeline = Pipeline::new(stage, job.pipeline, outbound);
-    let mut pool_state = Members {
-        actors: Vec::with_capacity(pool.actors.len()),
-        keys: HashMap::new(),
-        restarting: BTreeSet::new(),
-    };
-    for (i, (member, actor)) in pool.actors.into_iter().enumerate() {
-        let key = pipeline.add_worker(&member, actor.clone());
-        if let Some(id) = pool.ids.get(i) {
-            pool_state.keys.insert(id.clone(), key);
-        }
-        pool_state.actors.push((key, actor));
-    }
+    let mut pool_state = Members::join(pool.actors, &pool.ids, &mut pipeline);
     let mut events = pool.events;
     let mut look = tokio::time::interval(LOOK_EVERY);
     let mut lost = LostWorkers::default();
@@ -695,12 +734,7 @@ where
     parts.finish().await;
     summary.refused = errors.rows();
     errors.finish().await?;
-    let stats = pipeline.stats();
-    summary.retries = stats.retries;
-    summary.redispatches = stats.redispatches;
-    summary.batch_p50 = latencies.quantile(0.5);
-    summary.batch_p95 = latencies.quantile(0.95);
-    summary.elapsed = started.elapsed();
+    summary.measured(pipeline.stats(), &latencies, started.elapsed());
     if gave_up > 0 {
         return Err(BatchJobError::Incomplete(gave_up));
     }

@@ -49,7 +49,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_proto::control::{ControlReply, ControlRequest};
+use flotilla_proto::control::{ControlReply, ControlRequest, SpawnOrder};
 use flotilla_proto::jobs::JobRecord;
 use flotilla_proto::placement::Strategy;
 use flotilla_proto::supervision::{Backoff, ChildSpec, Intensity, RestartType, SupervisorSpec};
@@ -569,10 +569,12 @@ impl Service {
             .map_err(|e| e.to_string())?;
         let child = RemoteChild::raw(
             Arc::clone(&self.node),
-            spec.kind.clone(),
-            actor.clone(),
-            spec.args.clone(),
-            spec.message_type.clone(),
+            SpawnOrder {
+                kind: spec.kind.clone(),
+                name: actor.clone(),
+                args: spec.args.clone(),
+                message_type: spec.message_type.clone(),
+            },
             |_: &crate::Table| None,
             START_WITHIN,
         )

@@ -164,19 +164,36 @@ enum Step {
     Left,
 }
 
+/// What a member's link is handed by the node.
+pub(crate) struct MemberParts {
+    /// Who this node is.
+    pub(crate) identity: Arc<Identity>,
+    /// Connections, the head's among them.
+    pub(crate) pool: Arc<Pool>,
+    /// Where the tables the head pushes go.
+    pub(crate) view: watch::Sender<Table>,
+    /// The actors this node hosts (stopped when it is fenced).
+    pub(crate) hosted: Hosted,
+    /// The node's reservations (fenced with it).
+    pub(crate) ledger: Reservations,
+}
+
 impl Member {
-    /// A member of the heads at `heads`, not yet joined.
-    #[allow(clippy::too_many_arguments)]
+    /// A member of the heads at `heads` (`head_name`: the head's
+    /// certificate name, where it is not `head`), not yet joined.
     pub(crate) fn new(
-        identity: Arc<Identity>,
-        pool: Arc<Pool>,
+        parts: MemberParts,
         heads: HeadAddrs,
         head_name: Option<String>,
-        view: watch::Sender<Table>,
-        hosted: Hosted,
-        ledger: Reservations,
         config: MemberConfig,
     ) -> Self {
+        let MemberParts {
+            identity,
+            pool,
+            view,
+            hosted,
+            ledger,
+        } = parts;
         let link = MemberLink::new(now(), config, identity.join_request());
         Self {
             identity,

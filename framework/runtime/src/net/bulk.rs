@@ -179,19 +179,19 @@ impl Lane {
         });
     }
 
-    /// Sends a serialized cast for actor `pid` on `peer`: waits for QUIC
-    /// flow control, which bounds what is buffered. `view` tells where the
-    /// peer's lane is, `identity` who this node is.
+    /// Sends a serialized cast (`header`: the actor and the message's
+    /// variant) to `peer`: waits for QUIC flow control, which bounds what
+    /// is buffered. `view` tells where the peer's lane is, `identity` who
+    /// this node is.
     pub(crate) async fn send(
         &self,
         identity: &Identity,
         view: &watch::Receiver<Table>,
         peer: &str,
-        pid: u64,
-        variant: String,
+        header: flotilla_proto::bulk::BulkHeader,
         args: &[u8],
     ) -> Result<(), LaneSendError> {
-        use flotilla_proto::bulk::{BulkHeader, MAX_BULK_PAYLOAD};
+        use flotilla_proto::bulk::MAX_BULK_PAYLOAD;
         if args.len() > MAX_BULK_PAYLOAD as usize {
             return Err(LaneSendError::TooLarge(args.len()));
         }
@@ -222,7 +222,6 @@ impl Lane {
             *stream = Some((incarnation, send));
         }
         let (_, send) = stream.as_mut().expect("opened above");
-        let header = BulkHeader { pid, variant };
         let sent = async {
             handshake::send_msg(send, &header, flotilla_proto::frame::DEFAULT_MAX_FRAME).await?;
             handshake::write_all(send, &(args.len() as u32).to_be_bytes()).await?;

@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use flotilla_proto::bulk::BulkHeader;
 use ractor::{ActorRef, Message, MessagingErr};
 use tokio::sync::watch;
 
@@ -185,8 +186,10 @@ impl Outbound {
                     &links.identity,
                     &links.view,
                     &peer,
-                    pid,
-                    variant.clone(),
+                    BulkHeader {
+                        pid,
+                        variant: variant.clone(),
+                    },
                     args,
                 )
                 .await

@@ -25,18 +25,18 @@ use flotilla_proto::mesh::{Mesh, MeshConfig};
 use flotilla_proto::resources::Resources;
 use flotilla_proto::role::{self, Role};
 use flotilla_transport::{BindError, Endpoint, Tuning};
-use ractor::Actor;
+use ractor::{Actor, ActorRef};
 use ractor_cluster::{IncomingEncryptionMode, NodeServer, NodeServerMessage};
 use tokio::sync::{mpsc, watch};
 
 use crate::board::Board;
 use crate::control::ControlService;
 use crate::head::HeadService;
-use crate::identity::{Identity, IncarnationRecord};
+use crate::identity::{Addresses, Identity, IncarnationRecord};
 use crate::jobs_slot::JobsSlot;
 use crate::member::head_client::HeadClient;
 use crate::member::heads::HeadAddrs;
-use crate::member::{JoinError, Member};
+use crate::member::{JoinError, Member, MemberParts};
 use crate::net::backlog::Backlog;
 use crate::net::bulk::Lane;
 use crate::net::mesh::MeshShell;
@@ -49,8 +49,8 @@ use crate::node::config::{NodeConfig, detect_resources};
 use crate::node::config_args::ConfigKind;
 use crate::node::router::Router;
 use crate::objects::Objects;
-use crate::placement::PlacementService;
 use crate::placement::reservations::Reservations;
+use crate::placement::{PlacementParts, PlacementService};
 use crate::remote::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members};
 use crate::remote::wire::{Decode, Encode};
 use crate::table::Table;
@@ -116,6 +116,30 @@ pub enum StartError {
     /// The ractor node server stopped while the node started.
     #[error("NODE-START-002: the actor system stopped while the node started")]
     ActorSystemStopped,
+}
+
+impl StartError {
+    /// The `node` binary's exit status for this error: 2 for what the
+    /// operator must fix in the configuration, certificates or folders
+    /// (a service manager does not retry it), 3 for a failure to start or
+    /// to join (retried).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Certs(_)
+            | Self::Tls(_)
+            | Self::NoCookie(_)
+            | Self::NoRole(_)
+            | Self::NotHeadRole { .. }
+            | Self::State(_)
+            | Self::Store(_)
+            | Self::Resource(_) => 2,
+            Self::Join(_)
+            | Self::Bind(_)
+            | Self::Lane(_)
+            | Self::ActorSystem(_)
+            | Self::ActorSystemStopped => 3,
+        }
+    }
 }
 
 /// The shortest idle timeout of the node's connections (keep-alives go
@@ -276,9 +300,179 @@ impl NodeBuilder {
     /// starts the actor system and, unless this node is the head, joins the
     /// head. Cancel safety: a cancelled start leaves its tasks to be
     /// dropped with the runtime.
-    pub async fn start(mut self) -> Result<Node, StartError> {
+    pub async fn start(self) -> Result<Node, StartError> {
         let config = self.config;
         crate::counters::register();
+        let creds = Credentials::load(&config)?;
+        let network = Network::bind(&config, &creds.certs)?;
+        let cluster = ClusterServer::start(&config, &creds).await?;
+        let identity = identity_of(
+            &config,
+            &creds,
+            &network,
+            &self.gpus,
+            self.incarnation_above,
+        )?;
+        let stored = match (self.head_store_in, config.is_head()) {
+            (Some(dir), true) => Some(StoredHead::open(&dir, self.head_replica)?),
+            _ => None,
+        };
+        let store = open_objects(&config, &identity);
+
+        let tasks = Tasks::new();
+        let backlog = Arc::new(Backlog::default());
+        let (view_tx, view) = watch::channel(Table::default());
+        let (router_tx, router_rx) = mpsc::unbounded_channel();
+        let pool = Arc::new(Pool::new(network.endpoint.clone(), router_tx));
+        let hosted = Hosted::default();
+        let ledger = Reservations::new(identity.join_request().resources.amounts());
+        let (pulse, pulse_rx) = watch::channel(0u64);
+        let side = match config.head {
+            None => Side::for_head(&identity, &config, view_tx, stored.as_ref()),
+            Some(addr) => Side::for_member(
+                addr,
+                &config,
+                MemberParts {
+                    identity: Arc::clone(&identity),
+                    pool: Arc::clone(&pool),
+                    view: view_tx,
+                    hosted: hosted.clone(),
+                    ledger: ledger.clone(),
+                },
+            ),
+        };
+        let spawner = spawn_spawner(self.kinds, &hosted, &identity).await?;
+        let board = Board::default();
+        let jobs = JobsSlot::default();
+        let head_store = stored.as_ref().map(|s| Arc::clone(&s.store));
+        let placement_handle = side.head().map(|_| {
+            start_placement(
+                &tasks,
+                PlacementParts {
+                    identity: Arc::clone(&identity),
+                    pool: Arc::clone(&pool),
+                    view: view.clone(),
+                    ledger: ledger.clone(),
+                },
+                &config,
+                creds.seal_key,
+                stored.map(|s| (s.store, s.groups)),
+            )
+        });
+        let control = ControlService {
+            head: side.head(),
+            view: view.clone(),
+            spawner: spawner.clone(),
+            board: board.clone(),
+            gpus: self.gpus.clone(),
+            ledger: ledger.clone(),
+            placement: placement_handle.clone(),
+            jobs: jobs.clone(),
+            objects: store.clone(),
+            head_only: Arc::new(self.head_only),
+        };
+        let node = Node {
+            configurable: Arc::new(self.configurable),
+            board,
+            pulse: pulse_rx,
+            identity: Arc::clone(&identity),
+            view: view.clone(),
+            sessions: cluster.sessions.clone(),
+            spawner: spawner.clone(),
+            hosted,
+            node_server: cluster.server().clone(),
+            endpoint: network.endpoint.clone(),
+            lane: Arc::clone(&network.lane),
+            pool: Arc::clone(&pool),
+            outbound: Outbound::new(
+                Arc::clone(&identity),
+                Arc::clone(&backlog),
+                Arc::clone(&network.lane),
+                cluster.sessions.clone(),
+                view.clone(),
+            ),
+            tasks: tasks.clone(),
+            placement: placement_handle,
+            head_store: head_store.clone(),
+            head_client: HeadClient::new(Arc::clone(&identity), Arc::clone(&pool), side.heads()),
+            ledger,
+            jobs: jobs.clone(),
+            objects: Objects {
+                store: store.clone(),
+                lane: Arc::clone(&network.lane),
+                identity: Arc::clone(&identity),
+                view: view.clone(),
+                pulling: Arc::default(),
+                put_timeout: crate::objects::DEFAULT_PUT_TIMEOUT,
+            },
+        };
+        // From here on the node owns the node server: a failed join stops
+        // it with the rest of the node.
+        let node_server = cluster.into_server();
+
+        tasks.spawn(relay_members(view.clone(), spawner.clone()));
+        network
+            .lane
+            .serve(&tasks, Arc::clone(&identity), view.clone(), store.clone());
+        sweep_objects(&tasks, store);
+        serve_streams(
+            &node,
+            node_server.clone(),
+            Arc::clone(&backlog),
+            control,
+            router_rx,
+        );
+        accept_connections(&tasks, &pool);
+
+        match side {
+            Side::Head(head) => run_head(
+                &tasks,
+                head,
+                &config,
+                creds.certs.ca.clone(),
+                head_store,
+                pulse,
+            ),
+            Side::Member(mut member) => {
+                member.pulse = pulse;
+                member.spawner = Some(spawner.clone());
+                if let Err(e) = member.join(config.join_timeout).await {
+                    node.shutdown().await;
+                    return Err(e.into());
+                }
+                tasks.spawn_graceful(|stop| member.run(stop));
+            }
+        }
+        run_mesh(
+            &node,
+            node_server,
+            backlog,
+            config.detector.heartbeat_interval,
+        );
+        tracing::info!(node = %identity.name, addr = %network.advertise, incarnation = identity.incarnation(), head = config.is_head(), "node started");
+        Ok(node)
+    }
+}
+
+/// What the certificates folder (and the configuration's cookie) give a
+/// starting node.
+struct Credentials {
+    /// The node's certificate, key and CA.
+    certs: flotilla_transport::Identity,
+    /// Its certificate's role.
+    role: Role,
+    /// Its member name (with an instance tag for roles that run many).
+    member_name: String,
+    /// The key that seals placement-group records.
+    seal_key: [u8; 32],
+    /// The cluster cookie.
+    cookie: String,
+    /// The TLS configuration of ractor_cluster's own listener.
+    tls: tokio_rustls::rustls::ServerConfig,
+}
+
+impl Credentials {
+    fn load(config: &NodeConfig) -> Result<Self, StartError> {
         let certs = flotilla_transport::Identity::load(&config.certs, &config.name)?;
         let role = certs
             .role
@@ -289,15 +483,34 @@ impl NodeBuilder {
                 role,
             });
         }
-        let member_name = role::member_name(&config.name, role, crate::nonce::nonce());
-        let seal_key = certs.derived_key("placement-groups");
-        let ca = certs.ca.clone();
         let cookie = config
             .cookie
             .clone()
             .or_else(|| certs.cookie.clone())
             .ok_or_else(|| StartError::NoCookie(config.certs.clone()))?;
-        let tls = flotilla_transport::tls::refuse_every_client_tls(&certs)?;
+        Ok(Self {
+            role,
+            member_name: role::member_name(&config.name, role, crate::nonce::nonce()),
+            seal_key: certs.derived_key("placement-groups"),
+            cookie,
+            tls: flotilla_transport::tls::refuse_every_client_tls(&certs)?,
+            certs,
+        })
+    }
+}
+
+/// The node's QUIC endpoints: the main one and the bulk lane.
+struct Network {
+    endpoint: Endpoint,
+    /// The address members dial.
+    advertise: SocketAddr,
+    lane: Arc<Lane>,
+    /// The bulk lane's address as members dial it.
+    bulk_addr: SocketAddr,
+}
+
+impl Network {
+    fn bind(config: &NodeConfig, certs: &flotilla_transport::Identity) -> Result<Self, StartError> {
         // A connection silent for as long as a member takes to be marked
         // down is closed: a member notices a head killed outright (and
         // fails over to the next of a head set) within the same time. A
@@ -322,358 +535,390 @@ impl NodeBuilder {
         let advertise = config.advertise.unwrap_or(local);
         let lane = Arc::new(Lane::bind(
             config.bulk_listen.unwrap_or((local.ip(), 0).into()),
-            certs,
+            certs.clone(),
         )?);
         let bulk_addr = SocketAddr::new(advertise.ip(), lane.local_addr().port());
+        Ok(Self {
+            endpoint,
+            advertise,
+            lane,
+            bulk_addr,
+        })
+    }
+}
 
+/// ractor_cluster's node server and its sessions, stopped when dropped
+/// unless the node took them over ([`ClusterServer::into_server`]): one
+/// cleanup for every early return of a start.
+struct ClusterServer {
+    server: Option<ActorRef<NodeServerMessage>>,
+    sessions: Sessions,
+}
+
+impl ClusterServer {
+    async fn start(config: &NodeConfig, creds: &Credentials) -> Result<Self, StartError> {
         // ractor_cluster always opens a TCP listener, though every session
         // comes over QUIC through the gate: keep it on loopback, behind a
         // handshake that refuses every certificate.
         let server = NodeServer::new(
             0,
-            cookie.clone(),
-            member_name.clone(),
-            member_name.clone(),
+            creds.cookie.clone(),
+            creds.member_name.clone(),
+            creds.member_name.clone(),
             Some(IncomingEncryptionMode::Tls(
-                tokio_rustls::TlsAcceptor::from(Arc::new(tls)),
+                tokio_rustls::TlsAcceptor::from(Arc::new(creds.tls.clone())),
             )),
             Some(ractor_cluster::node::NodeConnectionMode::Isolated),
         )
         .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
         .with_max_inbound_frame_size(config.max_frame_bytes);
-        let (node_server, _) = Actor::spawn(None, server, ())
+        let (server, _) = Actor::spawn(None, server, ())
             .await
             .map_err(StartError::ActorSystem)?;
-        let sessions = Sessions::new();
-        node_server
+        let started = Self {
+            server: Some(server),
+            sessions: Sessions::new(),
+        };
+        started
+            .server()
             .cast(NodeServerMessage::SubscribeToEvents {
                 id: "flotilla.guard".into(),
-                subscription: Box::new(sessions.guard()),
+                subscription: Box::new(started.sessions.guard()),
             })
             .map_err(|_| StartError::ActorSystemStopped)?;
+        Ok(started)
+    }
 
-        let mut resources = config.resources.clone().unwrap_or_else(|| {
-            if config.is_head() {
-                Resources::default()
-            } else {
-                detect_resources()
-            }
-        });
-        resources.labels.extend(config.labels.clone());
-        for (name, amount) in &config.declared {
-            resources.declare(name, *amount)?;
+    fn server(&self) -> &ActorRef<NodeServerMessage> {
+        self.server.as_ref().expect("held until taken over")
+    }
+
+    /// The node server, no longer stopped when this is dropped.
+    fn into_server(mut self) -> ActorRef<NodeServerMessage> {
+        self.server.take().expect("held until taken over")
+    }
+}
+
+impl Drop for ClusterServer {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.stop(None);
         }
-        self.gpus.set_count(resources.gpus as usize);
-        let state_dir = config.state_folder();
-        let host = config
-            .host_id
-            .clone()
-            .unwrap_or_else(crate::node::host::detect_host_id);
-        let cookie_digest = flotilla_transport::certs::cookie_digest(&cookie);
-        let record = role
-            .is_singular()
-            .then(|| IncarnationRecord::new(state_dir, &config.name).above(self.incarnation_above));
-        let identity = match Identity::new(
-            member_name.clone(),
-            role,
-            advertise,
-            bulk_addr,
-            resources,
-            cookie_digest,
-            record,
-        ) {
-            Ok(identity) => Arc::new(identity.with_host(host.clone())),
-            Err(e) => {
-                node_server.stop(None);
-                return Err(e.into());
-            }
+    }
+}
+
+/// The node's identity: its resources (declared or detected), host id,
+/// and first incarnation (from its record, for roles that keep one).
+fn identity_of(
+    config: &NodeConfig,
+    creds: &Credentials,
+    network: &Network,
+    gpus: &crate::placement::gpus::GpuSlots,
+    incarnation_above: u64,
+) -> Result<Arc<Identity>, StartError> {
+    let mut resources = config.resources.clone().unwrap_or_else(|| {
+        if config.is_head() {
+            Resources::default()
+        } else {
+            detect_resources()
+        }
+    });
+    resources.labels.extend(config.labels.clone());
+    for (name, amount) in &config.declared {
+        resources.declare(name, *amount)?;
+    }
+    gpus.set_count(resources.gpus as usize);
+    let host = config
+        .host_id
+        .clone()
+        .unwrap_or_else(crate::node::host::detect_host_id);
+    let record = creds.role.is_singular().then(|| {
+        IncarnationRecord::new(config.state_folder(), &config.name).above(incarnation_above)
+    });
+    let identity = Identity::new(
+        creds.member_name.clone(),
+        creds.role,
+        Addresses {
+            advertise: network.advertise,
+            bulk: network.bulk_addr,
+        },
+        resources,
+        flotilla_transport::certs::cookie_digest(&creds.cookie),
+        record,
+    )?;
+    Ok(Arc::new(identity.with_host(host)))
+}
+
+/// The head's store, with the groups and revocations it kept.
+struct StoredHead {
+    store: Arc<crate::head::head_store::HeadStore>,
+    groups: Vec<flotilla_proto::groups::StoredGroup>,
+    revoked: Vec<Vec<u8>>,
+}
+
+impl StoredHead {
+    fn open(
+        dir: &std::path::Path,
+        replica: Option<crate::head::head_replica::HeadReplica>,
+    ) -> Result<Self, StartError> {
+        let store = crate::head::head_store::HeadStore::open_in(dir)?;
+        let store = match replica {
+            Some(replica) => store.with_replica(replica),
+            None => store,
         };
-        // The head's store and the groups it kept, beside the record.
-        let stored_groups = match (&self.head_store_in, config.is_head()) {
-            (Some(dir), true) => {
-                let replica = self.head_replica.take();
-                let opened = crate::head::head_store::HeadStore::open_in(dir).and_then(|store| {
-                    let store = match replica {
-                        Some(replica) => store.with_replica(replica),
-                        None => store,
-                    };
-                    let groups = store.load_groups()?;
-                    let revoked = store.load_revoked()?;
-                    Ok((Arc::new(store), groups, revoked))
-                });
-                match opened {
-                    Ok(opened) => Some(opened),
-                    Err(e) => {
-                        node_server.stop(None);
-                        return Err(e.into());
-                    }
-                }
-            }
-            _ => None,
-        };
-        let head_store = stored_groups
-            .as_ref()
-            .map(|(store, _, _)| Arc::clone(store));
-        let (store, swept) = Store::open(StoreConfig {
-            scope: crate::objects::scope_of(&cookie_digest),
-            owner: member_name.clone(),
-            host,
-            capacity: config
-                .object_store_bytes
-                .unwrap_or_else(crate::node::host::default_object_store_bytes),
-        });
-        if swept > 0 {
+        Ok(Self {
+            groups: store.load_groups()?,
+            revoked: store.load_revoked()?,
+            store: Arc::new(store),
+        })
+    }
+}
+
+/// The node's object store, after sweeping the segments of this
+/// cluster's processes that died.
+fn open_objects(config: &NodeConfig, identity: &Identity) -> Store {
+    let (store, swept) = Store::open(StoreConfig {
+        scope: crate::objects::scope_of(&identity.cookie),
+        owner: identity.name.clone(),
+        host: identity.host.clone(),
+        capacity: config
+            .object_store_bytes
+            .unwrap_or_else(crate::node::host::default_object_store_bytes),
+    });
+    if swept > 0 {
+        tracing::info!(
+            swept,
+            "removed the object segments of processes of this cluster that died"
+        );
+    }
+    store
+}
+
+/// Which side of the head a node is on.
+enum Side {
+    /// The head: its membership service.
+    Head(Arc<HeadService>),
+    /// A member: its link to the head, not joined yet.
+    Member(Box<Member>),
+}
+
+impl Side {
+    /// The head's side, with the revocations its store kept in force
+    /// before the first connection is served.
+    fn for_head(
+        identity: &Identity,
+        config: &NodeConfig,
+        view_tx: watch::Sender<Table>,
+        stored: Option<&StoredHead>,
+    ) -> Self {
+        let head = Arc::new(HeadService::new(
+            identity.join_request(),
+            config.detector,
+            view_tx,
+        ));
+        if let Some(stored) = stored
+            && !stored.revoked.is_empty()
+        {
+            let n = head.revoke(stored.revoked.clone());
             tracing::info!(
-                swept,
-                "removed the object segments of processes of this cluster that died"
+                revoked = n,
+                "revocations kept in the head's store are in force"
             );
         }
-        let tasks = Tasks::new();
-        let backlog = Arc::new(Backlog::default());
-        let (view_tx, view) = watch::channel(Table::default());
-        let (router_tx, router_rx) = mpsc::unbounded_channel();
-        let pool = Arc::new(Pool::new(endpoint.clone(), router_tx));
-        let hosted = Hosted::default();
+        Self::Head(head)
+    }
 
-        let ledger = Reservations::new(identity.join_request().resources.amounts());
-        let (pulse, pulse_rx) = watch::channel(0u64);
-        let (head, member) = match config.head {
-            None => {
-                let head = Arc::new(HeadService::new(
-                    identity.join_request(),
-                    config.detector,
-                    view_tx,
-                ));
-                // The revocations enforced before a restart or a takeover
-                // are in force before the first connection is served.
-                if let Some((_, _, revoked)) = &stored_groups
-                    && !revoked.is_empty()
-                {
-                    let n = head.revoke(revoked.clone());
-                    tracing::info!(
-                        revoked = n,
-                        "revocations kept in the head's store are in force"
-                    );
+    /// A member's side: its link to the head at `addr` (and the standby
+    /// heads of `config`), not joined yet.
+    fn for_member(addr: SocketAddr, config: &NodeConfig, parts: MemberParts) -> Self {
+        Self::Member(Box::new(Member::new(
+            parts,
+            HeadAddrs::new(addr, &config.standby_heads),
+            config.head_name.clone(),
+            MemberConfig {
+                heartbeat_interval: config.detector.heartbeat_interval,
+                name_grace: config.detector.down_after,
+                ..MemberConfig::default()
+            },
+        )))
+    }
+
+    fn head(&self) -> Option<Arc<HeadService>> {
+        match self {
+            Self::Head(head) => Some(Arc::clone(head)),
+            Self::Member(_) => None,
+        }
+    }
+
+    /// The head addresses a member follows.
+    fn heads(&self) -> Option<HeadAddrs> {
+        match self {
+            Self::Head(_) => None,
+            Self::Member(member) => Some(member.heads.clone()),
+        }
+    }
+}
+
+/// The head's placement service, running in `tasks`; with what the
+/// head's store kept, its groups taken back.
+fn start_placement(
+    tasks: &Tasks,
+    parts: PlacementParts,
+    config: &NodeConfig,
+    seal_key: [u8; 32],
+    stored: Option<(
+        Arc<crate::head::head_store::HeadStore>,
+        Vec<flotilla_proto::groups::StoredGroup>,
+    )>,
+) -> crate::placement::PlacementHandle {
+    crate::counters::head_role("primary");
+    let (service, handle) = PlacementService::new(
+        parts,
+        GroupsConfig {
+            confirm_grace: config.detector.down_after * 2,
+            ..GroupsConfig::default()
+        },
+        seal_key,
+        stored,
+    );
+    tasks.spawn_graceful(|stop| service.run(stop));
+    handle
+}
+
+/// Hands each stream the node accepts to its room (see [`Router`]).
+fn serve_streams(
+    node: &Node,
+    node_server: ActorRef<NodeServerMessage>,
+    backlog: Arc<Backlog>,
+    control: ControlService,
+    streams: mpsc::UnboundedReceiver<(flotilla_transport::PeerConnection, bool)>,
+) {
+    node.tasks.spawn(
+        Router {
+            identity: Arc::clone(&node.identity),
+            view: node.view.clone(),
+            node_server,
+            sessions: node.sessions.clone(),
+            backlog,
+            control,
+            pool: Arc::clone(&node.pool),
+            tasks: node.tasks.clone(),
+        }
+        .run(streams),
+    );
+}
+
+/// The mesh of `node`: one ractor_cluster session to every up member,
+/// looked at every `tick`.
+fn run_mesh(
+    node: &Node,
+    node_server: ActorRef<NodeServerMessage>,
+    backlog: Arc<Backlog>,
+    tick: std::time::Duration,
+) {
+    let mesh = MeshShell {
+        identity: Arc::clone(&node.identity),
+        pool: Arc::clone(&node.pool),
+        sessions: node.sessions.clone(),
+        node_server,
+        lane: Arc::clone(&node.lane),
+        backlog,
+        tasks: node.tasks.clone(),
+        view: node.view.clone(),
+        tick,
+    };
+    let policy = Mesh::new(node.identity.name.clone(), MeshConfig::default());
+    node.tasks.spawn_graceful(|stop| mesh.run(policy, stop));
+}
+
+/// The spawner actor, with the node's registered kinds.
+async fn spawn_spawner(
+    kinds: HashMap<String, Arc<dyn Kind>>,
+    hosted: &Hosted,
+    identity: &Identity,
+) -> Result<ActorRef<crate::remote::spawner::SpawnerMsg>, StartError> {
+    let (spawner, _) = Actor::spawn(
+        None,
+        Spawner,
+        SpawnerArgs {
+            kinds: Arc::new(kinds),
+            hosted: hosted.clone(),
+            node: identity.name.clone(),
+        },
+    )
+    .await
+    .map_err(StartError::ActorSystem)?;
+    Ok(spawner)
+}
+
+/// Every so often, removes the segments of dead processes.
+fn sweep_objects(tasks: &Tasks, store: Store) {
+    tasks.spawn(async move {
+        loop {
+            tokio::time::sleep(crate::objects::SWEEP_EVERY).await;
+            // A listing of /dev/shm and a stat per segment: file system
+            // calls, kept off the runtime's worker threads.
+            let store = store.clone();
+            let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
+        }
+    });
+}
+
+/// Accepts the main endpoint's connections: each handshake in a task of
+/// its own (a peer that stalls holds only its own slot), each certificate
+/// within its cap.
+fn accept_connections(tasks: &Tasks, pool: &Arc<Pool>) {
+    let (pool, handshakes) = (Arc::clone(pool), tasks.clone());
+    let quota = Quota::new(crate::net::quota::MAX_CONNECTIONS_PER_PRINCIPAL);
+    tasks.spawn(async move {
+        while let Some(incoming) = pool.endpoint().accept_incoming().await {
+            let handshake = match incoming {
+                Ok(h) => h,
+                Err(refused) => {
+                    crate::counters::tls_refused(refused.reason);
+                    tracing::warn!(error = %refused, "connection refused");
+                    continue;
                 }
-                (Some(head), None)
-            }
-            Some(addr) => {
-                let link = Member::new(
-                    Arc::clone(&identity),
-                    Arc::clone(&pool),
-                    HeadAddrs::new(addr, &config.standby_heads),
-                    config.head_name.clone(),
-                    view_tx,
-                    hosted.clone(),
-                    ledger.clone(),
-                    MemberConfig {
-                        heartbeat_interval: config.detector.heartbeat_interval,
-                        name_grace: config.detector.down_after,
-                        ..MemberConfig::default()
-                    },
-                );
-                (None, Some(link))
-            }
-        };
-
-        let spawner = match Actor::spawn(
-            None,
-            Spawner,
-            SpawnerArgs {
-                kinds: Arc::new(self.kinds),
-                hosted: hosted.clone(),
-                node: identity.name.clone(),
-            },
-        )
-        .await
-        {
-            Ok((spawner, _)) => spawner,
-            Err(e) => {
-                node_server.stop(None);
-                return Err(StartError::ActorSystem(e));
-            }
-        };
-        let board = Board::default();
-        let jobs = JobsSlot::default();
-        if head.is_some() {
-            crate::counters::head_role("primary");
-        }
-        let placement = head.as_ref().map(|_| {
-            PlacementService::new(
-                Arc::clone(&identity),
-                Arc::clone(&pool),
-                view.clone(),
-                ledger.clone(),
-                GroupsConfig {
-                    confirm_grace: config.detector.down_after * 2,
-                    ..GroupsConfig::default()
-                },
-                seal_key,
-                stored_groups.map(|(store, groups, _)| (store, groups)),
-            )
-        });
-        let (placement, placement_handle) = match placement {
-            Some((service, handle)) => (Some(service), Some(handle)),
-            None => (None, None),
-        };
-        let control = ControlService {
-            head: head.clone(),
-            view: view.clone(),
-            spawner: spawner.clone(),
-            board: board.clone(),
-            gpus: self.gpus.clone(),
-            ledger: ledger.clone(),
-            placement: placement_handle.clone(),
-            jobs: jobs.clone(),
-            objects: store.clone(),
-            head_only: Arc::new(self.head_only),
-        };
-        if let Some(service) = placement {
-            tasks.spawn_graceful(|stop| service.run(stop));
-        }
-        let outbound = Outbound::new(
-            Arc::clone(&identity),
-            Arc::clone(&backlog),
-            Arc::clone(&lane),
-            sessions.clone(),
-            view.clone(),
-        );
-        let node = Node {
-            configurable: Arc::new(self.configurable),
-            board,
-            pulse: pulse_rx,
-            identity: Arc::clone(&identity),
-            view: view.clone(),
-            sessions: sessions.clone(),
-            spawner: spawner.clone(),
-            hosted,
-            node_server: node_server.clone(),
-            endpoint: endpoint.clone(),
-            lane: Arc::clone(&lane),
-            pool: Arc::clone(&pool),
-            outbound,
-            tasks: tasks.clone(),
-            placement: placement_handle,
-            head_store: head_store.clone(),
-            head_client: HeadClient::new(
-                Arc::clone(&identity),
-                Arc::clone(&pool),
-                member.as_ref().map(|m| m.heads.clone()),
-            ),
-            ledger,
-            jobs: jobs.clone(),
-            objects: Objects {
-                store: store.clone(),
-                lane: Arc::clone(&lane),
-                identity: Arc::clone(&identity),
-                view: view.clone(),
-                pulling: Arc::default(),
-                put_timeout: crate::objects::DEFAULT_PUT_TIMEOUT,
-            },
-        };
-
-        tasks.spawn(relay_members(view.clone(), spawner.clone()));
-        lane.serve(&tasks, Arc::clone(&identity), view.clone(), store.clone());
-        tasks.spawn(async move {
-            loop {
-                tokio::time::sleep(crate::objects::SWEEP_EVERY).await;
-                // A listing of /dev/shm and a stat per segment: file system
-                // calls, kept off the runtime's worker threads.
-                let store = store.clone();
-                let _ = tokio::task::spawn_blocking(move || store.sweep()).await;
-            }
-        });
-        tasks.spawn(
-            Router {
-                identity: Arc::clone(&identity),
-                view: view.clone(),
-                node_server: node_server.clone(),
-                sessions: sessions.clone(),
-                backlog: Arc::clone(&backlog),
-                control,
-                pool: Arc::clone(&pool),
-                tasks: tasks.clone(),
-            }
-            .run(router_rx),
-        );
-        {
-            let (pool, handshakes) = (Arc::clone(&pool), tasks.clone());
-            let quota = Quota::new(crate::net::quota::MAX_CONNECTIONS_PER_PRINCIPAL);
-            tasks.spawn(async move {
-                while let Some(incoming) = pool.endpoint().accept_incoming().await {
-                    let handshake = match incoming {
-                        Ok(h) => h,
-                        Err(refused) => {
-                            crate::counters::tls_refused(refused.reason);
-                            tracing::warn!(error = %refused, "connection refused");
-                            continue;
+            };
+            let (pool, quota, held) = (Arc::clone(&pool), quota.clone(), handshakes.clone());
+            handshakes.spawn(async move {
+                match handshake.finish().await {
+                    Ok(pc) => {
+                        tracing::debug!(peer = %pc.peer, "connection accepted");
+                        if crate::net::quota::admit(&quota, &pc, &held) {
+                            pool.accepted(pc);
                         }
-                    };
-                    // Each handshake in a task of its own: a peer that
-                    // stalls holds only its own slot.
-                    let (pool, quota, held) =
-                        (Arc::clone(&pool), quota.clone(), handshakes.clone());
-                    handshakes.spawn(async move {
-                        match handshake.finish().await {
-                            Ok(pc) => {
-                                tracing::debug!(peer = %pc.peer, "connection accepted");
-                                if crate::net::quota::admit(&quota, &pc, &held) {
-                                    pool.accepted(pc);
-                                }
-                            }
-                            Err(refused) => {
-                                crate::counters::tls_refused(refused.reason);
-                                tracing::warn!(error = %refused, "connection refused");
-                            }
-                        }
-                    });
+                    }
+                    Err(refused) => {
+                        crate::counters::tls_refused(refused.reason);
+                        tracing::warn!(error = %refused, "connection refused");
+                    }
                 }
             });
         }
+    });
+}
 
-        match (head, member) {
-            (Some(head), _) => {
-                let idle = config.detector.heartbeat_interval;
-                let crl = config
-                    .revocation_list
-                    .clone()
-                    .unwrap_or_else(|| config.certs.join(flotilla_transport::certs::CRL_FILE));
-                let follower = Arc::clone(&head);
-                let store = head_store.clone();
-                tasks.spawn_graceful(|stop| async move {
-                    follower
-                        .follow_revocations(crl, ca, store, REVOCATIONS_EVERY, stop)
-                        .await
-                });
-                tasks.spawn_graceful(
-                    |stop| async move { head.run_detector(stop, idle, pulse).await },
-                );
-            }
-            (None, Some(mut member)) => {
-                member.pulse = pulse;
-                member.spawner = Some(spawner.clone());
-                if let Err(e) = member.join(config.join_timeout).await {
-                    node.shutdown().await;
-                    return Err(e.into());
-                }
-                tasks.spawn_graceful(|stop| member.run(stop));
-            }
-            (None, None) => unreachable!("a node is the head or a member"),
-        }
-        let mesh = MeshShell {
-            identity: Arc::clone(&identity),
-            pool,
-            sessions,
-            node_server,
-            lane,
-            backlog,
-            tasks: tasks.clone(),
-            view,
-            tick: config.detector.heartbeat_interval,
-        };
-        let policy = Mesh::new(member_name, MeshConfig::default());
-        tasks.spawn_graceful(|stop| mesh.run(policy, stop));
-        tracing::info!(node = %identity.name, addr = %advertise, incarnation = identity.incarnation(), head = config.is_head(), "node started");
-        Ok(node)
-    }
+/// The head's own loops: the CA's revocation list it follows, and the
+/// failure detector.
+fn run_head(
+    tasks: &Tasks,
+    head: Arc<HeadService>,
+    config: &NodeConfig,
+    ca: Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
+    store: Option<Arc<crate::head::head_store::HeadStore>>,
+    pulse: watch::Sender<u64>,
+) {
+    let idle = config.detector.heartbeat_interval;
+    let crl = config
+        .revocation_list
+        .clone()
+        .unwrap_or_else(|| config.certs.join(flotilla_transport::certs::CRL_FILE));
+    let follower = Arc::clone(&head);
+    tasks.spawn_graceful(|stop| async move {
+        follower
+            .follow_revocations(crl, ca, store, REVOCATIONS_EVERY, stop)
+            .await
+    });
+    tasks.spawn_graceful(|stop| async move { head.run_detector(stop, idle, pulse).await });
 }

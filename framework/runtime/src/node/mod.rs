@@ -383,14 +383,7 @@ impl Node {
         timeout: Duration,
     ) -> Result<ActorRef<M>, SpawnError> {
         let cell = self
-            .spawn_on_raw(
-                node,
-                kind,
-                name,
-                encode(args),
-                std::any::type_name::<M>(),
-                timeout,
-            )
+            .spawn_on_raw(node, SpawnOrder::of::<M>(kind, name, encode(args)), timeout)
             .await?;
         Ok(cell.into())
     }
@@ -402,19 +395,12 @@ impl Node {
     pub async fn spawn_on_raw(
         &self,
         node: &str,
-        kind: &str,
-        name: &str,
-        args: Vec<u8>,
-        message_type: &str,
+        order: SpawnOrder,
         timeout: Duration,
     ) -> Result<ractor::ActorCell, SpawnError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let order = SpawnOrder {
-            kind: kind.to_owned(),
-            name: name.to_owned(),
-            args,
-            message_type: message_type.to_owned(),
-        };
+        let name = order.name.clone();
+        let name = name.as_str();
         let unavailable = |why| SpawnError::Unavailable {
             node: node.to_owned(),
             why,

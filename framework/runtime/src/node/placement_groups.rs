@@ -18,7 +18,9 @@
 
 use std::time::Duration;
 
-use flotilla_proto::control::{ControlReply, ControlRequest, PlacementReply, PlacementRequest};
+use flotilla_proto::control::{
+    ControlReply, ControlRequest, PlacementReply, PlacementRequest, SpawnOrder,
+};
 use ractor::{ActorRef, Message};
 
 pub use flotilla_proto::groups::NodeAccount;
@@ -250,14 +252,7 @@ impl Node {
             .saturating_sub(started.elapsed())
             .max(Duration::from_secs(1));
         let cell = self
-            .spawn_on_raw(
-                &node,
-                kind,
-                name,
-                encode(args),
-                std::any::type_name::<M>(),
-                left,
-            )
+            .spawn_on_raw(&node, SpawnOrder::of::<M>(kind, name, encode(args)), left)
             .await?;
         Ok(cell.into())
     }

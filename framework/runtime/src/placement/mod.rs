@@ -172,6 +172,18 @@ struct Link {
     ops: mpsc::UnboundedSender<(LedgerOp, Tag)>,
 }
 
+/// What the head's placement service is handed by the node.
+pub(crate) struct PlacementParts {
+    /// The head's identity.
+    pub(crate) identity: Arc<Identity>,
+    /// Connections to members, for their ledger links.
+    pub(crate) pool: Arc<Pool>,
+    /// The member table.
+    pub(crate) view: watch::Receiver<Table>,
+    /// The head's own ledger.
+    pub(crate) ledger: Reservations,
+}
+
 /// The service's state, owned by its task.
 pub(crate) struct PlacementService {
     groups: Groups,
@@ -193,14 +205,17 @@ impl PlacementService {
     /// The service of the head `identity`, and a handle on it; with a
     /// store, the groups it held (read from it) are taken back.
     pub(crate) fn new(
-        identity: Arc<Identity>,
-        pool: Arc<Pool>,
-        view: watch::Receiver<Table>,
-        ledger: Reservations,
+        parts: PlacementParts,
         config: GroupsConfig,
         seal_key: [u8; 32],
         stored: Option<(Arc<HeadStore>, Vec<StoredGroup>)>,
     ) -> (Self, PlacementHandle) {
+        let PlacementParts {
+            identity,
+            pool,
+            view,
+            ledger,
+        } = parts;
         let (tx, rx) = mpsc::unbounded_channel();
         let prefix = format!("pg{:x}", identity.incarnation());
         let mut groups = Groups::new(prefix, config);

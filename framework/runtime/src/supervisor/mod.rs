@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flotilla_proto::control::StopOutcome;
+use flotilla_proto::control::{SpawnOrder, StopOutcome};
 use flotilla_proto::groups::GroupState;
 use flotilla_proto::membership::MemberState;
 use flotilla_proto::supervision::{Action, Supervision};
@@ -231,10 +231,12 @@ impl RemoteChild {
     ) -> Self {
         Self::raw(
             node,
-            kind,
-            name,
-            crate::remote::wire::encode(args),
-            std::any::type_name::<M>(),
+            SpawnOrder {
+                kind: kind.into(),
+                name: name.into(),
+                args: crate::remote::wire::encode(args),
+                message_type: std::any::type_name::<M>().to_owned(),
+            },
             place,
             timeout,
         )
@@ -244,19 +246,16 @@ impl RemoteChild {
     /// message type named (as [`Node::config_args`] gives them).
     pub fn raw(
         node: Arc<Node>,
-        kind: impl Into<String>,
-        name: impl Into<String>,
-        args: Vec<u8>,
-        message_type: impl Into<String>,
+        order: SpawnOrder,
         place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
         timeout: Duration,
     ) -> Self {
         Self {
             node,
-            kind: kind.into(),
-            name: name.into(),
-            args: Args::Fixed(args),
-            message_type: message_type.into(),
+            kind: order.kind,
+            name: order.name,
+            args: Args::Fixed(order.args),
+            message_type: order.message_type,
             place: Arc::new(place),
             timeout,
             on_node_lost: Exit::Failure,
@@ -495,10 +494,12 @@ impl Spawn {
         self.node
             .spawn_on_raw(
                 target,
-                &self.kind,
-                &self.name,
-                self.args.clone(),
-                &self.message_type,
+                SpawnOrder {
+                    kind: self.kind.clone(),
+                    name: self.name.clone(),
+                    args: self.args.clone(),
+                    message_type: self.message_type.clone(),
+                },
                 timeout,
             )
             .await
