@@ -17,28 +17,36 @@
 //! beyond floating-point rounding; every error names the file or tensor at
 //! fault.
 
+// The rooms: each a folder whose mod.rs opens with its map.
+//
+// - `tokenize/`: text to token ids (the folder's Hugging Face tokenizer,
+//   and the WordPiece beside it that gives the same ids faster); imports
+//   the shared files only.
+// - `encoder/`: token ids to vectors: the model folder and what it names,
+//   one file per model family (`bert`: BERT, RoBERTa, XLM-RoBERTa, MPNet)
+//   and the shared layers (attention, GELU, pooling, the Dense head,
+//   weights, the int8 kernels and their one `unsafe` instruction); imports
+//   `tokenize` and the shared files.
+// - `actor` (a file): the embedding actor on a node; imports `encoder`.
+// - `job/`: the embed job on the data layer; imports `actor` and
+//   `encoder`.
+//
+// Shared files: `load_error` (what a folder can get wrong), `cpu_level`,
+// `devices`, `shared_models`.
 pub mod actor;
-mod attention;
-mod bert;
-pub mod convert;
 pub mod cpu_level;
 pub mod devices;
-mod encoder;
-mod fast_gelu;
-pub mod head;
-pub mod int8_gemm;
+pub mod encoder;
 pub mod job;
 mod load_error;
-pub mod model_folder;
-pub mod pooling;
-mod precision;
-mod quantized;
 mod shared_models;
 pub mod tokenize;
-mod weights;
-pub mod wordpiece;
 
-pub use bert::{BackendError, Bert};
+// Module paths of the flat layout.
+pub use encoder::{convert, head, int8_gemm, model_folder, pooling};
+pub use tokenize::wordpiece;
+
+pub use encoder::bert::{BackendError, Bert};
 /// Burn's device handle, as the encoder takes it.
 pub use burn::tensor::Device;
 pub use convert::{Converted, convert_folder};
@@ -49,6 +57,6 @@ pub use model_folder::{
     Architecture, BertConfig, EmbedOptions, LoadError, ModelFolder, ModelRevision,
 };
 pub use pooling::{Pooling, PoolingMode};
-pub use precision::{Precision, UnknownPrecision};
+pub use encoder::precision::{Precision, UnknownPrecision};
 pub use shared_models::SharedModels;
 pub use tokenize::{Prompt, TextTokenizer, TokenBatch, TokenizeError};

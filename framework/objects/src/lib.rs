@@ -23,19 +23,16 @@
 //! of a process killed outright are removed by the next store of the
 //! cluster that opens on the host.
 //!
-//! Every `unsafe` of the workspace is in this crate's `segment`,
-//! `in_place`, `int8_dot` and `meter` modules, with the invariants that
-//! justify it. [`meter::Metered`] is not part of the store either: the
-//! allocator the decoder fuzz tests measure allocations with.
-//! [`Vnni512`] and [`AvxVnni`] are not part of the store: they wrap the one
-//! CPU instruction the encoder's quantized kernel calls that no safe
-//! wrapper offers, kept here so that rule holds.
+//! Every `unsafe` of this crate is in its `segment`, `in_place` and
+//! `meter` modules, with the invariants that justify it (the only other
+//! `unsafe` of the workspace is the encoder's int8 dot product,
+//! `flotilla_embed::int8_gemm::dot`). [`meter::Metered`] is not part of
+//! the store: the allocator the decoder fuzz tests measure allocations
+//! with.
 
 #![warn(clippy::too_many_lines)]
 
 mod in_place;
-#[cfg(target_arch = "x86_64")]
-mod int8_dot;
 pub mod meter;
 mod object_ref;
 mod segment;
@@ -44,8 +41,6 @@ mod sweep;
 
 pub use flotilla_proto::objects::ObjectStats;
 pub use in_place::{ArchiveBuf, ArchiveError, f32s};
-#[cfg(target_arch = "x86_64")]
-pub use int8_dot::{AvxVnni, Vnni512};
 pub use object_ref::{
     ArchivedObjectId, ArchivedObjectRef, MAX_NAME_LEN, MAX_OBJECT_SIZE, ObjectId, ObjectRef,
     RefError, checksum,

@@ -26,7 +26,7 @@ use flotilla_data::job::{Placed, Placement, Stopper};
 use super::driver::{Workers, drive, embedder_args};
 use super::{ActorError, ActorStartError, ClusterError, JobConfig, JobError, Summary};
 use crate::actor::{EmbedMsg, KIND};
-use crate::model_folder::ModelFolder;
+use crate::encoder::model_folder::ModelFolder;
 
 /// How long spawning one actor (its model load included) may take.
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(60);

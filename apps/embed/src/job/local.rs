@@ -9,7 +9,7 @@ use flotilla_data::job::{Links, Pool};
 use super::driver::{Workers, drive, embedder_args};
 use super::{ActorError, JobConfig, JobError, Summary};
 use crate::actor::{EmbedMsg, Embedder};
-use crate::model_folder::ModelFolder;
+use crate::encoder::model_folder::ModelFolder;
 
 /// Runs the job with actors in this process.
 pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {

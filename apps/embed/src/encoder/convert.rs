@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
-use crate::model_folder::{LoadError, ModelFolder};
-use crate::precision::Precision;
+use crate::encoder::model_folder::{LoadError, ModelFolder};
+use crate::encoder::precision::Precision;
 
 /// Files of other weight formats a Hugging Face folder may carry, not
 /// copied: the encoder reads `model.safetensors` only.

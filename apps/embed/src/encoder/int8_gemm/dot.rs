@@ -4,8 +4,8 @@
 //! The encoder's quantized matrix products need one instruction that
 //! [`pulp`] does not wrap: four unsigned-by-signed byte products summed
 //! into each 32-bit lane. Calling an intrinsic is `unsafe` in Rust unless
-//! the caller proves the CPU has the feature, and the workspace keeps every
-//! `unsafe` in this crate, so the proof and the call live here:
+//! the caller proves the CPU has the feature. This module is the only one
+//! of the crate allowed `unsafe`, so the proof and the call live here:
 //!
 //! - [`Vnni512`] (512-bit registers) and [`AvxVnni`] (256-bit, on CPUs
 //!   with AVX2 and AVX-VNNI but no AVX-512) can only be made by their

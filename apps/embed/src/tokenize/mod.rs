@@ -1,3 +1,11 @@
+//! # Room `tokenize/`: text to token ids
+//!
+//! Owns the folder's tokenizer (this file: the Hugging Face wrapper,
+//! prompts, truncation, padding) and the WordPiece tokenizer beside it
+//! ([`wordpiece`]).
+//!
+//! May import: the shared files only.
+//!
 //! Tokenization as sentence-transformers does it: the folder's
 //! `tokenizer.json` (WordPiece or SentencePiece), lower-casing where the
 //! folder asks for it, a prompt prepended to every text, truncation to
@@ -5,8 +13,10 @@
 //! batch.
 //!
 //! A `tokenizer.json` that is a plain BERT WordPiece runs on our own
-//! tokenizer ([`crate::wordpiece`]), which gives the same ids several
+//! tokenizer ([`crate::tokenize::wordpiece`]), which gives the same ids several
 //! times faster; every other one runs on Hugging Face tokenizers.
+
+pub mod wordpiece;
 
 use std::path::Path;
 
@@ -16,7 +26,7 @@ use tokenizers::{
 };
 
 use crate::load_error::LoadError;
-use crate::wordpiece::{FastWordPiece, Scratch, Token};
+use crate::tokenize::wordpiece::{FastWordPiece, Scratch, Token};
 
 /// Why a batch of texts could not be tokenized.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! The BERT-family encoder as Burn tensor operations: embeddings,
 //! self-attention layers with padding masks, feed-forward blocks; the token
-//! states it returns are pooled by [`crate::pooling`].
+//! states it returns are pooled by [`crate::encoder::pooling`].
 //!
 //! ```text
 //! ids ─► word + position (+ type) embeddings ─► LayerNorm
@@ -21,13 +21,13 @@ use burn::tensor::module::{attention, embedding, layer_norm, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, FloatDType, Int, Tensor, TensorData};
 
-use crate::model_folder::{Activation, Architecture, BertConfig, LoadError};
-use crate::precision::Precision;
-use crate::quantized::{
+use crate::encoder::model_folder::{Activation, Architecture, BertConfig, LoadError};
+use crate::encoder::precision::Precision;
+use crate::encoder::quantized::{
     DenseValues, HostNorm, InputRanges, LayerValues, Product, QuantizedLayer, Scratch,
 };
 use crate::tokenize::TokenBatch;
-use crate::weights::WeightFile;
+use crate::encoder::weights::WeightFile;
 
 struct Dense {
     weight: Tensor<2>,
@@ -433,7 +433,7 @@ impl Bert {
                 let mut values = x
                     .try_into_vec_as::<f32>()
                     .map_err(|e| BackendError(e.to_string()))?;
-                crate::fast_gelu::gelu_in_place(&mut values);
+                crate::encoder::fast_gelu::gelu_in_place(&mut values);
                 Tensor::from_data(TensorData::new(values, dims), &self.device)
             }
             Activation::Gelu => gelu(x),
@@ -443,8 +443,8 @@ impl Bert {
     }
 
     /// The shape of an attention call on `b` texts of `s` tokens.
-    fn shape(&self, b: usize, s: usize) -> crate::attention::Shape {
-        crate::attention::Shape {
+    fn shape(&self, b: usize, s: usize) -> crate::encoder::attention::Shape {
+        crate::encoder::attention::Shape {
             batch: b,
             seq: s,
             hidden: self.config.hidden_size,
@@ -463,7 +463,7 @@ impl Bert {
         let [b, s, _] = qkv.dims();
         let h = self.config.hidden_size;
         let values = host_values(qkv)?;
-        let ctx = crate::attention::self_attention(&values, &tokens.mask, self.shape(b, s), bias);
+        let ctx = crate::encoder::attention::self_attention(&values, &tokens.mask, self.shape(b, s), bias);
         Ok(Tensor::from_data(
             TensorData::new(ctx, [b, s, h]),
             &self.device,
@@ -611,7 +611,7 @@ fn calibration_batch(config: &BertConfig) -> TokenBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model_folder::Activation;
+    use crate::encoder::model_folder::Activation;
     use safetensors::tensor::{Dtype, TensorView};
 
     fn tiny_config() -> BertConfig {
@@ -743,8 +743,8 @@ mod tests {
     /// Mean-pooled, normalised vectors of `tokens`, row-major.
     fn embed(model: &Bert, tokens: &TokenBatch) -> Vec<f32> {
         let states = model.forward(tokens).unwrap();
-        let pooled = crate::pooling::Pooling::mean().forward(states, &tokens.mask, 0);
-        host_values(crate::head::normalize(pooled)).unwrap()
+        let pooled = crate::encoder::pooling::Pooling::mean().forward(states, &tokens.mask, 0);
+        host_values(crate::encoder::head::normalize(pooled)).unwrap()
     }
 
     /// A short text's vector alone, and a long and the short text's

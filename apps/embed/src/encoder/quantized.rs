@@ -1,6 +1,6 @@
 //! The encoder's layers with int8 matrix products (`--precision int8`),
 //! run as host loops on the CPU: the four dense layers through
-//! [`crate::int8_gemm`], attention and GELU in `f32` through the encoder's
+//! [`crate::encoder::int8_gemm`], attention and GELU in `f32` through the encoder's
 //! own loops, residual + LayerNorm fused in one pass. The hidden states stay
 //! one `f32` buffer from the embeddings to the pooling: no tensor is made
 //! per layer.
@@ -21,9 +21,9 @@
 //! without smoothing and zero points, where QKV's input cost the most;
 //! after them FFN-out's does).
 
-use crate::attention::{Shape, self_attention};
-use crate::int8_gemm::{Int8Matrix, Int8Rows, matmul};
-use crate::model_folder::Activation;
+use crate::encoder::attention::{Shape, self_attention};
+use crate::encoder::int8_gemm::{Int8Matrix, Int8Rows, matmul};
+use crate::encoder::model_folder::Activation;
 
 /// LayerNorm parameters on the host.
 #[derive(Debug, Clone)]
@@ -226,7 +226,7 @@ impl QuantizedLayer {
 /// it.
 fn activate(values: &mut [f32], activation: Activation) {
     match activation {
-        Activation::Gelu => crate::fast_gelu::gelu_in_place(values),
+        Activation::Gelu => crate::encoder::fast_gelu::gelu_in_place(values),
         Activation::GeluTanh => {
             const SQRT_2_OVER_PI: f32 = 0.797_884_6;
             for x in values.iter_mut() {

@@ -16,8 +16,8 @@
 //! Four kernels compute the same integers, so a text gets the same vector
 //! on every CPU: with AVX-512 VNNI, tiles of 6 rows × 64 columns in 24
 //! registers, four byte products per lane and instruction
-//! ([`flotilla_objects::Vnni512`]); with AVX-VNNI and no AVX-512, the same
-//! at 256 bits on 6 rows × 16 columns ([`flotilla_objects::AvxVnni`]);
+//! ([`dot::Vnni512`]); with AVX-VNNI and no AVX-512, the same
+//! at 256 bits on 6 rows × 16 columns ([`dot::AvxVnni`]);
 //! with AVX2 alone, tiles of 6 rows × 16 columns
 //! on weights and activations widened to 16 bits, two products per lane
 //! and instruction (`vpmaddwd`: exact, where AVX2's byte product saturates);
@@ -245,8 +245,8 @@ impl Kernel {
     pub fn runs_here(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         return match self {
-            Kernel::Vnni => flotilla_objects::Vnni512::try_new().is_some(),
-            Kernel::AvxVnni => flotilla_objects::AvxVnni::try_new().is_some(),
+            Kernel::Vnni => dot::Vnni512::try_new().is_some(),
+            Kernel::AvxVnni => dot::AvxVnni::try_new().is_some(),
             Kernel::Avx2 => pulp::x86::V3::try_new().is_some(),
             Kernel::Portable => true,
         };
@@ -322,12 +322,12 @@ pub fn matmul_with(kernel: Kernel, w: &Int8Matrix, x: &Int8Rows, out: &mut [f32]
             let rows = i * BLOCK_ROWS..i * BLOCK_ROWS + block.len() / n;
             match kernel {
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Vnni => match flotilla_objects::Vnni512::try_new() {
+                Kernel::Vnni => match dot::Vnni512::try_new() {
                     Some(simd) => vnni::block(simd, w, x, rows, block),
                     None => panic!("the VNNI kernel was chosen on a CPU without AVX-512 VNNI"),
                 },
                 #[cfg(target_arch = "x86_64")]
-                Kernel::AvxVnni => match flotilla_objects::AvxVnni::try_new() {
+                Kernel::AvxVnni => match dot::AvxVnni::try_new() {
                     Some(simd) => avx_vnni::block(simd, w, x, rows, block),
                     None => panic!("the AVX-VNNI kernel was chosen on a CPU without AVX-VNNI"),
                 },
@@ -457,6 +457,9 @@ impl pulp::WithSimd for PortableBlock<'_> {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+pub mod dot;
 
 #[cfg(target_arch = "x86_64")]
 mod vnni;

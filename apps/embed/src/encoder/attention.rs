@@ -16,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use crate::fast_gelu::exp_neg;
+use crate::encoder::fast_gelu::exp_neg;
 
 /// The shape of one attention call.
 #[derive(Debug, Clone, Copy)]

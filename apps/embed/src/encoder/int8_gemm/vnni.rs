@@ -4,7 +4,7 @@
 use std::arch::x86_64::{__m512, __m512i};
 use std::ops::Range;
 
-use flotilla_objects::Vnni512;
+use super::dot::Vnni512;
 
 use super::{Int8Matrix, Int8Rows, PANEL, Panels, RowTile, finish, lanes};
 

@@ -28,10 +28,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::head::{DenseConfig, HeadModule};
+use crate::encoder::head::{DenseConfig, HeadModule};
 pub use crate::load_error::LoadError;
 use crate::load_error::read_json;
-use crate::pooling::Pooling;
+use crate::encoder::pooling::Pooling;
 
 /// The activation function of the feed-forward blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use std::arch::x86_64::__m256i;
 use std::ops::Range;
 
-use flotilla_objects::AvxVnni;
+use super::dot::AvxVnni;
 
 use super::{Int8Matrix, Int8Rows, PANEL, Panels, RowTile, avx2::store8};
 

@@ -1,16 +1,39 @@
+//! # Room `encoder/`: token ids to vectors
+//!
+//! Owns the model folder and what it names ([`model_folder`], [`head`],
+//! [`pooling`], [`convert`]), one file per model family (`bert`: BERT,
+//! RoBERTa, XLM-RoBERTa and MPNet) and the layers they share (attention,
+//! GELU, weights, precision, the int8 products of [`int8_gemm`], whose
+//! [`int8_gemm::dot`] is the crate's only `unsafe`), and the
+//! [`SentenceEncoder`] that runs them (this file).
+//!
+//! May import: `tokenize` and the shared files.
+//!
 //! [`SentenceEncoder`]: a model folder loaded onto a device, turning texts
 //! into embeddings as the folder's pipeline says: encoder, pooling, Dense
 //! layers, normalisation.
+
+pub(crate) mod attention;
+pub(crate) mod bert;
+pub mod convert;
+pub(crate) mod fast_gelu;
+pub mod head;
+pub mod int8_gemm;
+pub mod model_folder;
+pub mod pooling;
+pub(crate) mod precision;
+pub(crate) mod quantized;
+pub(crate) mod weights;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
 
-use crate::bert::{BackendError, Bert};
-use crate::head::Head;
-use crate::model_folder::{LoadError, ModelFolder, ModelRevision};
-use crate::precision::Precision;
+use crate::encoder::bert::{BackendError, Bert};
+use crate::encoder::head::Head;
+use crate::encoder::model_folder::{LoadError, ModelFolder, ModelRevision};
+use crate::encoder::precision::Precision;
 use crate::tokenize::{Prompt, TextTokenizer, TokenBatch, TokenizeError};
 
 /// Why a batch could not be embedded.
@@ -57,7 +80,7 @@ impl Embeddings {
             return self;
         }
         Embeddings {
-            values: crate::head::truncate_rows(&self.values, self.dim, dim),
+            values: crate::encoder::head::truncate_rows(&self.values, self.dim, dim),
             dim,
         }
     }

@@ -14,7 +14,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use serde::Deserialize;
 
 use crate::load_error::{LoadError, read_json};
-use crate::weights::WeightFile;
+use crate::encoder::weights::WeightFile;
 
 /// The activation of a `Dense` module, by its PyTorch class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
