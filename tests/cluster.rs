@@ -546,14 +546,7 @@ fn a_frozen_worker_returns_only_as_a_newer_incarnation() {
     s.issue("w1");
     let fast = ["--heartbeat-ms", "200", "--down-after-ms", "1000"];
     let (head, metrics) = s.spawn_metered("head", "head", None, &fast);
-    let w1 = s.spawn_with(
-        "join",
-        "w1",
-        free_addr(),
-        Some(head.addr),
-        &s.certs(),
-        &fast[..2],
-    );
+    let w1 = s.spawn_with("join", "w1", free_addr(), Some(head.addr), &fast[..2]);
     let (st, _) = eventually(Duration::from_secs(20), || {
         s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
     });
@@ -984,15 +977,7 @@ fn systemd_hears_ready_then_watchdog_feeds_then_stopping() {
     s.issue("w1");
     let (socket, env) = notify_socket(&s, "w1", Duration::from_millis(600));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let w1 = s.spawn_env(
-        "join",
-        "w1",
-        free_addr(),
-        Some(head.addr),
-        &s.certs(),
-        &["--heartbeat-ms", "200"],
-        &env,
-    );
+    let w1 = s.launch(Launch { role: "join", name: "w1", listen: free_addr(), head: Some(head.addr), flags: &["--heartbeat-ms", "200"], env: &env });
     let got = notifications(&socket, Instant::now() + Duration::from_secs(4));
     let states: Vec<&str> = got.iter().map(|(_, m)| m.as_str()).collect();
     assert_eq!(states.first(), Some(&"READY=1"), "{states:?}");
@@ -1019,15 +1004,7 @@ fn a_wedged_heartbeat_loop_stops_feeding_the_watchdog() {
     let (socket, env) = notify_socket(&s, "w1", Duration::from_millis(600));
     let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     env.push(("FLOTILLA_FAILPOINTS", "node::heartbeat=6*off->pause"));
-    let _w1 = s.spawn_env(
-        "join",
-        "w1",
-        free_addr(),
-        Some(head.addr),
-        &s.certs(),
-        &["--heartbeat-ms", "200"],
-        &env,
-    );
+    let _w1 = s.launch(Launch { role: "join", name: "w1", listen: free_addr(), head: Some(head.addr), flags: &["--heartbeat-ms", "200"], env: &env });
     let got = notifications(&socket, Instant::now() + Duration::from_secs(6));
     let feeds: Vec<Instant> = got
         .iter()
@@ -1056,11 +1033,11 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
     let fast = ["--heartbeat-ms", "500", "--down-after-ms", "2000"];
     let down_after = Duration::from_secs(2);
     s.issue("head");
-    let head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &fast);
+    let head = s.spawn_with("head", "head", free_addr(), None, &fast);
     let mut workers = Vec::new();
     for w in ["w1", "w2"] {
         s.issue(w);
-        workers.push(s.spawn_with("join", w, free_addr(), Some(head.addr), &s.certs(), &fast));
+        workers.push(s.spawn_with("join", w, free_addr(), Some(head.addr), &fast));
     }
     // The child goes to the first of its nodes that is up when the
     // supervisor starts: both workers must be up before it does, or a slow
@@ -1074,14 +1051,7 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
     s.issue("sup");
     let mut args = fast.to_vec();
     args.extend(["--config", config.to_str().unwrap()]);
-    let _sup = s.spawn_with(
-        "join",
-        "sup",
-        free_addr(),
-        Some(head.addr),
-        &s.certs(),
-        &args,
-    );
+    let _sup = s.spawn_with("join", "sup", free_addr(), Some(head.addr), &args);
     let (st, _) = eventually(Duration::from_secs(30), || {
         s.status_with_supervisors(head.addr).filter(|st| {
             supervisor_of(st, "sup", "tickers").is_some_and(|t| {
@@ -1177,14 +1147,7 @@ fn declared_resources_are_what_a_node_offers() {
         "--resource",
         "memory_mb=512",
     ];
-    let _w1 = s.spawn_with(
-        "join",
-        "w1",
-        free_addr(),
-        Some(head.addr),
-        &s.certs(),
-        &declared,
-    );
+    let _w1 = s.spawn_with("join", "w1", free_addr(), Some(head.addr), &declared);
     let (st, _) = eventually(Duration::from_secs(20), || {
         s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
     });
@@ -1361,16 +1324,9 @@ fn placement_groups_survive_the_heads_sigkill_and_restart() {
     std::fs::create_dir_all(&state).unwrap();
     let state_flag = ["--state-dir", state.to_str().unwrap()];
     let head_addr = free_addr();
-    let mut head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    let mut head = s.spawn_with("head", "head", head_addr, None, &state_flag);
     s.issue("w1");
-    let _w1 = s.spawn_with(
-        "join",
-        "w1",
-        free_addr(),
-        Some(head_addr),
-        &s.certs(),
-        &["--resource", "cpu=2"],
-    );
+    let _w1 = s.spawn_with("join", "w1", free_addr(), Some(head_addr), &["--resource", "cpu=2"]);
     eventually(Duration::from_secs(20), || {
         s.status(head_addr).filter(|st| all_up(st, &["head", "w1"]))
     });
@@ -1411,7 +1367,7 @@ fn placement_groups_survive_the_heads_sigkill_and_restart() {
         let _ = head.child.wait();
         // d2 goes away while the head is down, never to come back.
         d2.shutdown().await;
-        let head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+        let head = s.spawn_with("head", "head", head_addr, None, &state_flag);
 
         let after = group_when(&d1, &ready, budget, |v| {
             v.as_ref().is_some_and(|v| v.state == GroupState::Ready)
@@ -1431,14 +1387,7 @@ fn placement_groups_survive_the_heads_sigkill_and_restart() {
         assert_eq!(w1.reserved.get("cpu"), Some(&1.0), "{accounts:?}");
 
         s.issue("w2");
-        let _w2 = s.spawn_with(
-            "join",
-            "w2",
-            free_addr(),
-            Some(head.addr),
-            &s.certs(),
-            &["--resource", "slot=1"],
-        );
+        let _w2 = s.spawn_with("join", "w2", free_addr(), Some(head.addr), &["--resource", "slot=1"]);
         let placed = d1.wait_group(&pending, budget).await.unwrap();
         assert_eq!(placed.nodes, vec!["w2"], "{placed:?}");
         let log = s.log("head");
@@ -1471,20 +1420,12 @@ fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
     ];
     let addr = free_addr();
     let metrics_flag = metrics.to_string();
-    let mut standby = s.spawn_env(
-        "head",
-        "head",
-        addr,
-        None,
-        &s.certs(),
-        &[
+    let mut standby = s.launch(Launch { role: "head", name: "head", listen: addr, head: None, flags: &[
             "--lease-store",
             "s3://heads/set",
             "--metrics-listen",
             &metrics_flag,
-        ],
-        &env,
-    );
+        ], env: &env });
     eventually(Duration::from_secs(20), || {
         let scraped = scrape(metrics)?;
         (gauge(&scraped, "flotilla_head_role{role=\"standby\"}")? == 1.0).then_some(())
@@ -1505,14 +1446,7 @@ fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
     standby.signal("-TERM");
     assert_eq!(standby.exit_within(Duration::from_secs(10)).code(), Some(0));
 
-    let mut bad = s.spawn_with(
-        "head",
-        "head",
-        free_addr(),
-        None,
-        &s.certs(),
-        &["--lease-store", "nope://heads/set"],
-    );
+    let mut bad = s.spawn_with("head", "head", free_addr(), None, &["--lease-store", "nope://heads/set"]);
     assert_eq!(bad.exit_within(Duration::from_secs(10)).code(), Some(2));
     assert!(
         s.log("head").contains("NODE-LEASE-006"),

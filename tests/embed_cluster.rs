@@ -301,14 +301,7 @@ fn a_worker_with_another_model_revision_is_not_used() {
     s.issue("odd");
     let other = model_with_other_revision(&s.dir);
     let _good = s.spawn("join", "good", free_addr(), Some(head.addr), &s.certs());
-    let _odd = s.spawn_with(
-        "join",
-        "odd",
-        free_addr(),
-        Some(head.addr),
-        &s.certs(),
-        &["--model", other.to_str().unwrap()],
-    );
+    let _odd = s.spawn_with("join", "odd", free_addr(), Some(head.addr), &["--model", other.to_str().unwrap()]);
     eventually(Duration::from_secs(20), || {
         s.status(head.addr)
             .filter(|st| all_up(st, &["head", "good", "odd"]))
@@ -348,12 +341,12 @@ fn a_job_completes_through_a_head_killed_and_restarted() {
     // head lack both workers.
     let slow = ["--heartbeat-ms", "3000", "--down-after-ms", "9000"];
     s.issue("head");
-    let head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &slow);
+    let head = s.spawn_with("head", "head", free_addr(), None, &slow);
     let _workers: Vec<Proc> = ["w1", "w2"]
         .iter()
         .map(|w| {
             s.issue(w);
-            s.spawn_with("join", w, free_addr(), Some(head.addr), &s.certs(), &slow)
+            s.spawn_with("join", w, free_addr(), Some(head.addr), &slow)
         })
         .collect();
     eventually(Duration::from_secs(20), || {
@@ -374,7 +367,7 @@ fn a_job_completes_through_a_head_killed_and_restarted() {
         parts(&out).len() < total,
         "the job finished before the head was killed"
     );
-    let head = s.spawn_with("head", "head", addr, None, &s.certs(), &slow);
+    let head = s.spawn_with("head", "head", addr, None, &slow);
     // The driver is a member of its own, `admin~TAG`.
     let driver_up = |st: &serde_json::Value| {
         st["nodes"].as_array().is_some_and(|nodes| {
@@ -406,15 +399,7 @@ fn workers_with(s: &Scratch, head: &Proc, names: &[&str], env: &[(&str, &str)]) 
     names
         .iter()
         .map(|w| {
-            s.spawn_env(
-                "join",
-                w,
-                free_addr(),
-                Some(head.addr),
-                &s.certs(),
-                &[],
-                env,
-            )
+            s.launch(Launch { role: "join", name: w, listen: free_addr(), head: Some(head.addr), flags: &[], env: env })
         })
         .collect()
 }
@@ -578,22 +563,14 @@ fn two_cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str]) -> V
         .iter()
         .map(|w| {
             s.issue(w);
-            s.spawn_env(
-                "join",
-                w,
-                free_addr(),
-                Some(head),
-                &s.certs(),
-                &[
+            s.launch(Launch { role: "join", name: w, listen: free_addr(), head: Some(head), flags: &[
                     "--resource",
                     "cpu=2",
                     "--allow-path",
                     scratch.to_str().unwrap(),
                     "--allow-path",
                     model.to_str().unwrap(),
-                ],
-                &[],
-            )
+                ], env: &[] })
         })
         .collect();
     eventually(Duration::from_secs(60), || {
@@ -837,14 +814,7 @@ fn eight_drivers_from_one_certificate_share_a_cluster_and_each_completes_exactly
         .iter()
         .map(|w| {
             s.issue(w);
-            s.spawn_with(
-                "join",
-                w,
-                free_addr(),
-                Some(head.addr),
-                &s.certs(),
-                &["--resource", "cpu=8"],
-            )
+            s.spawn_with("join", w, free_addr(), Some(head.addr), &["--resource", "cpu=8"])
         })
         .collect();
     eventually(Duration::from_secs(30), || {
@@ -903,7 +873,7 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
     std::fs::create_dir_all(&state).unwrap();
     let state_flag = ["--state-dir", state.to_str().unwrap()];
     let head_addr = free_addr();
-    let mut head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    let mut head = s.spawn_with("head", "head", head_addr, None, &state_flag);
     let _workers = two_cpu_workers(&s, head_addr, &["r1", "r2"]);
     let (input, ids) = corpus(&s.dir, 4000);
     let out = s.dir.join("out-head-restart");
@@ -927,19 +897,12 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
         .as_secs_f64();
     let metrics = flotilla_testkit::ca::free_tcp_addr();
     let metrics_flag = metrics.to_string();
-    let head = s.spawn_with(
-        "head",
-        "head",
-        head_addr,
-        None,
-        &s.certs(),
-        &[
+    let head = s.spawn_with("head", "head", head_addr, None, &[
             state_flag[0],
             state_flag[1],
             "--metrics-listen",
             &metrics_flag,
-        ],
-    );
+        ]);
     // The same job, listed by the new incarnation of the head.
     eventually(Duration::from_secs(30), || {
         let j = jobs_json(&s, &head)?;
@@ -987,7 +950,7 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
     let mut head = head;
     head.signal("-KILL");
     let _ = head.child.wait();
-    let head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &state_flag);
+    let head = s.spawn_with("head", "head", head_addr, None, &state_flag);
     let (j, _) = eventually(Duration::from_secs(30), || jobs_json(&s, &head));
     assert_eq!(j["jobs"].as_array().map(Vec::len), Some(1), "{j}");
     assert_eq!(
@@ -1026,7 +989,7 @@ fn a_head_whose_store_cannot_be_read_stops_naming_the_file() {
     )
     .unwrap();
     let flags = ["--state-dir", state.to_str().unwrap()];
-    let mut head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &flags);
+    let mut head = s.spawn_with("head", "head", free_addr(), None, &flags);
     let status = head.exit_within(Duration::from_secs(20));
     let log = s.log("head");
     assert_eq!(status.code(), Some(2), "{log}");
@@ -1035,7 +998,7 @@ fn a_head_whose_store_cannot_be_read_stops_naming_the_file() {
         "{log}"
     );
     std::fs::rename(&store, state.join("head.redb.bad")).unwrap();
-    let head = s.spawn_with("head", "head", free_addr(), None, &s.certs(), &flags);
+    let head = s.spawn_with("head", "head", free_addr(), None, &flags);
     let (j, _) = eventually(Duration::from_secs(30), || jobs_json(&s, &head));
     assert_eq!(j["jobs"].as_array().map(Vec::len), Some(0), "{j}");
 }
@@ -1048,19 +1011,12 @@ fn a_head_whose_store_cannot_be_read_stops_naming_the_file() {
 fn the_head_forgets_ended_jobs_past_its_retention() {
     let s = Scratch::new("job-retention", NODE);
     let allowed = s.job_root("allowed");
-    let head = s.spawn_with(
-        "head",
-        "head",
-        free_addr(),
-        None,
-        &s.certs(),
-        &[
+    let head = s.spawn_with("head", "head", free_addr(), None, &[
             "--keep-finished-jobs",
             "2",
             "--keep-finished-jobs-for-s",
             "4",
-        ],
-    );
+        ]);
     let _w1 = s.worker_allowing("w1", head.addr, &allowed);
     let head_flags = [
         "--head".to_owned(),
@@ -1168,11 +1124,11 @@ fn both_jobs_complete_exactly_once_through_the_primarys_sigkill_with_a_standby()
     let heads = format!("{a_addr},{b_addr}");
     let env = server.env();
     let lease = "s3://embeds/heads";
-    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, lease, 3000, &env);
+    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, Lease { store: lease, ms: 3000 }, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(a_metrics, "primary")? == 1.0).then_some(())
     });
-    let b = s.spawn_head_of_set("head-b", b_addr, b_metrics, lease, 3000, &env);
+    let b = s.spawn_head_of_set("head-b", b_addr, b_metrics, Lease { store: lease, ms: 3000 }, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(b_metrics, "standby")? == 1.0).then_some(())
     });

@@ -27,9 +27,9 @@ const FAST: [&str; 4] = ["--heartbeat-ms", "500", "--down-after-ms", "2000"];
 fn net_cluster(s: &Scratch) -> (Net, Vec<Proc>) {
     let net = Net::new(&["head", "w1", "w2", "drv"]);
     let head = net.addr("head", PORT);
-    let mut procs = vec![net.spawn(s, "head", "head", PORT, None, &FAST, &[])];
+    let mut procs = vec![net.spawn(s, "head", PORT, None, &FAST)];
     for w in ["w1", "w2"] {
-        procs.push(net.spawn(s, "join", w, PORT, Some(head), &FAST, &[]));
+        procs.push(net.spawn(s, w, PORT, Some(head), &FAST));
     }
     eventually(Duration::from_secs(30), || {
         net.status(s, "head", head, false)

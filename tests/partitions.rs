@@ -40,9 +40,9 @@ fn a_cut_off_worker_stops_what_it_hosted_for_others_and_is_back_up_within_five_s
     let net = Net::new(&["head", "w1", "w2", "sup"]);
     let fast = ["--heartbeat-ms", "500", "--down-after-ms", "2000"];
     let head_addr = net.addr("head", PORT);
-    let _head = net.spawn(&s, "head", "head", PORT, None, &fast, &[]);
-    let _w1 = net.spawn(&s, "join", "w1", PORT, Some(head_addr), &fast, &[]);
-    let _w2 = net.spawn(&s, "join", "w2", PORT, Some(head_addr), &fast, &[]);
+    let _head = net.spawn(&s, "head", PORT, None, &fast);
+    let _w1 = net.spawn(&s, "w1", PORT, Some(head_addr), &fast);
+    let _w2 = net.spawn(&s, "w2", PORT, Some(head_addr), &fast);
     let status = |supervisors| net.status(&s, "head", head_addr, supervisors);
     eventually(Duration::from_secs(30), || {
         status(false).filter(|st| all_up(st, &["head", "w1", "w2"]))
@@ -50,7 +50,7 @@ fn a_cut_off_worker_stops_what_it_hosted_for_others_and_is_back_up_within_five_s
     let config = ticker_tree(&s);
     let mut flags = fast.to_vec();
     flags.extend(["--config", config.to_str().unwrap()]);
-    let _sup = net.spawn(&s, "join", "sup", PORT, Some(head_addr), &flags, &[]);
+    let _sup = net.spawn(&s, "sup", PORT, Some(head_addr), &flags);
     let (st, _) = eventually(Duration::from_secs(30), || {
         status(true).filter(|st| ticker_node(st).as_deref() == Some("w1"))
     });
@@ -145,32 +145,17 @@ fn workers_ride_out_a_sixty_second_head_outage_feeding_the_watchdog() {
     let fast = ["--heartbeat-ms", "500", "--down-after-ms", "2000"];
     s.issue("head");
     let head_addr = free_addr();
-    let mut head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &fast);
+    let mut head = s.spawn_with("head", "head", head_addr, None, &fast);
     let watchdog = Duration::from_secs(2);
     let (socket, env) = notify_socket(&s, "w1", watchdog);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     s.issue("w1");
-    let _w1 = s.spawn_env(
-        "join",
-        "w1",
-        free_addr(),
-        Some(head_addr),
-        &s.certs(),
-        &fast,
-        &env,
-    );
+    let _w1 = s.launch(Launch { role: "join", name: "w1", listen: free_addr(), head: Some(head_addr), flags: &fast, env: &env });
     let config = ticker_tree(&s);
     let mut flags = fast.to_vec();
     flags.extend(["--config", config.to_str().unwrap()]);
     s.issue("sup");
-    let _sup = s.spawn_with(
-        "join",
-        "sup",
-        free_addr(),
-        Some(head_addr),
-        &s.certs(),
-        &flags,
-    );
+    let _sup = s.spawn_with("join", "sup", free_addr(), Some(head_addr), &flags);
     let (st, _) = eventually(Duration::from_secs(30), || {
         s.status_with_supervisors(head_addr)
             .filter(|st| ticker_node(st).as_deref() == Some("w1") && all_up(st, &["w1", "sup"]))
@@ -195,7 +180,7 @@ fn workers_ride_out_a_sixty_second_head_outage_feeding_the_watchdog() {
         fed.len()
     );
 
-    let _head = s.spawn_with("head", "head", head_addr, None, &s.certs(), &fast);
+    let _head = s.spawn_with("head", "head", head_addr, None, &fast);
     let (st, back) = eventually(Duration::from_secs(20), || {
         s.status_with_supervisors(head_addr)
             .filter(|st| all_up(st, &["head", "w1", "sup"]) && ticker_node(st).is_some())

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use flotilla_testkit::ca::free_tcp_addr;
-use flotilla_testkit::cluster::{Scratch, all_up, eventually, free_addr, head_role};
+use flotilla_testkit::cluster::{Lease, Scratch, all_up, eventually, free_addr, head_role};
 use flotilla_testkit::s3::S3Server;
 
 #[derive(Parser)]
@@ -83,11 +83,11 @@ fn run_once(args: &Args, i: usize) -> anyhow::Result<Run> {
     let (a_addr, b_addr) = (free_addr(), free_addr());
     let (a_metrics, b_metrics) = (free_tcp_addr(), free_tcp_addr());
     let heads = format!("{a_addr},{b_addr}");
-    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, lease, args.lease_ms, &env);
+    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, Lease { store: lease, ms: args.lease_ms }, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(a_metrics, "primary")? == 1.0).then_some(())
     });
-    let _b = s.spawn_head_of_set("head-b", b_addr, b_metrics, lease, args.lease_ms, &env);
+    let _b = s.spawn_head_of_set("head-b", b_addr, b_metrics, Lease { store: lease, ms: args.lease_ms }, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(b_metrics, "standby")? == 1.0).then_some(())
     });

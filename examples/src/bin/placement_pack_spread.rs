@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use flotilla::placement_groups::{GroupSpec, GroupView, PlacementError, Strategy, bundle};
+use flotilla::placement_groups::{
+    BundleRef, GroupSpec, GroupView, PlacementError, Strategy, bundle,
+};
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, call_t};
 use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
@@ -139,7 +141,7 @@ async fn main() -> anyhow::Result<()> {
     // process of its bundle's node.
     for (i, node) in g.nodes.iter().enumerate() {
         let actor: ActorRef<WhereMsg> = head
-            .spawn_in_group(&spread, i, "where", &format!("where-{i}"), &NoArgs, wait)
+            .spawn_in_group(BundleRef { group: &spread, index: i }, "where", &format!("where-{i}"), &NoArgs, wait)
             .await?;
         let Pid(pid) = call_t!(actor, WhereMsg::Pid, 5_000, NoArgs)?;
         anyhow::ensure!(pid == workers[node].pid(), "bundle {i} runs on {node}");

@@ -118,62 +118,57 @@ impl Scratch {
         head: Option<SocketAddr>,
         certs: &Path,
     ) -> Proc {
-        self.spawn_with(role, name, listen, head, certs, &[])
+        self.launch_in(
+            Command::new(&self.binary),
+            certs,
+            Launch {
+                role,
+                name,
+                listen,
+                head,
+                flags: &[],
+                env: &[],
+            },
+        )
     }
 
-    /// [`Scratch::spawn`] with extra flags.
-    // The flags of one `node` process, as a test writes them.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Scratch::spawn`] with this folder's certificates and extra flags.
     pub fn spawn_with(
         &self,
         role: &str,
         name: &str,
         listen: SocketAddr,
         head: Option<SocketAddr>,
-        certs: &Path,
-        extra: &[&str],
+        flags: &[&str],
     ) -> Proc {
-        self.spawn_env(role, name, listen, head, certs, extra, &[])
-    }
-
-    /// [`Scratch::spawn_with`] with environment variables set (failpoints).
-    #[allow(clippy::too_many_arguments)]
-    pub fn spawn_env(
-        &self,
-        role: &str,
-        name: &str,
-        listen: SocketAddr,
-        head: Option<SocketAddr>,
-        certs: &Path,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Proc {
-        self.spawn_command(
-            Command::new(&self.binary),
+        self.launch(Launch {
             role,
             name,
             listen,
             head,
-            certs,
-            extra,
-            env,
-        )
+            flags,
+            env: &[],
+        })
+    }
+
+    /// Starts the `node` process `launch` describes, with this folder's
+    /// certificates.
+    pub fn launch(&self, launch: Launch<'_>) -> Proc {
+        self.launch_in(Command::new(&self.binary), &self.certs(), launch)
     }
 
     /// Starts `program` (the binary, or a command that runs it, as `ip
-    /// netns exec` does) with the arguments of [`Scratch::spawn_env`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn spawn_command(
-        &self,
-        mut program: Command,
-        role: &str,
-        name: &str,
-        listen: SocketAddr,
-        head: Option<SocketAddr>,
-        certs: &Path,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Proc {
+    /// netns exec` does) as `launch` describes, with the certificates in
+    /// `certs`.
+    pub fn launch_in(&self, mut program: Command, certs: &Path, launch: Launch<'_>) -> Proc {
+        let Launch {
+            role,
+            name,
+            listen,
+            head,
+            flags,
+            env,
+        } = launch;
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
         program
             .envs(env.iter().copied())
@@ -181,7 +176,7 @@ impl Scratch {
             .args(["--name", name, "--listen", &listen.to_string()])
             .args(["--certs", certs.to_str().unwrap()])
             .args(model_roots_flags())
-            .args(extra)
+            .args(flags)
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(h) = head {
@@ -226,16 +221,14 @@ impl Scratch {
     /// Starts one head of a head set: `node head` named `head` (every head
     /// of a set runs the head's certificate) at `listen`, its state in
     /// `DIR/TAG-state`, its metrics at `metrics`, sharing the lease at
-    /// `lease` (standing `lease_ms` unrenewed) with the others; `env` holds
-    /// the lease store's settings. Logs go to `DIR/TAG.log`.
-    #[allow(clippy::too_many_arguments)]
+    /// `lease` with the others; `env` holds the lease store's settings.
+    /// Logs go to `DIR/TAG.log`.
     pub fn spawn_head_of_set(
         &self,
         tag: &str,
         listen: SocketAddr,
         metrics: SocketAddr,
-        lease: &str,
-        lease_ms: u64,
+        lease: Lease<'_>,
         env: &[(&str, String)],
     ) -> Proc {
         let state = self.dir.join(format!("{tag}-state"));
@@ -247,7 +240,7 @@ impl Scratch {
             .args(["--certs", self.certs().to_str().unwrap()])
             .args(["--state-dir", state.to_str().unwrap()])
             .args(["--metrics-listen", &metrics.to_string()])
-            .args(["--lease-store", lease, "--lease-ms", &lease_ms.to_string()])
+            .args(["--lease-store", lease.store, "--lease-ms", &lease.ms.to_string()])
             .args(model_roots_flags())
             .stdout(Stdio::null())
             .stderr(log)
@@ -399,6 +392,35 @@ impl Drop for Scratch {
             eprintln!("logs kept in {}", self.dir.display());
         }
     }
+}
+
+/// One `node` process a test starts: `node ROLE --name NAME --listen
+/// LISTEN [--head HEAD] FLAGS…` with `env` set (failpoints, store
+/// settings).
+#[derive(Debug, Clone, Copy)]
+pub struct Launch<'a> {
+    /// `head` or `join`.
+    pub role: &'a str,
+    /// The member name (its certificate's).
+    pub name: &'a str,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// The head it joins, where not given in `flags`.
+    pub head: Option<SocketAddr>,
+    /// More flags.
+    pub flags: &'a [&'a str],
+    /// Environment variables.
+    pub env: &'a [(&'a str, &'a str)],
+}
+
+/// The lease a head set shares: its store (`--lease-store`) and how long
+/// it stands unrenewed (`--lease-ms`).
+#[derive(Debug, Clone, Copy)]
+pub struct Lease<'a> {
+    /// The lease store's URL.
+    pub store: &'a str,
+    /// Milliseconds the lease stands unrenewed.
+    pub ms: u64,
 }
 
 /// A `node` process, killed when dropped.

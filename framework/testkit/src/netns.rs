@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::Value;
 
-use crate::cluster::{Proc, Scratch};
+use crate::cluster::{Launch, Proc, Scratch};
 
 /// Networks made by this process so far: part of every name, so two
 /// tests running at once never collide.
@@ -219,32 +219,32 @@ impl Net {
         cmd
     }
 
-    /// Starts `node ROLE` (`head` or `join`) as host `name`, listening on
-    /// its address at `port`, with `extra` flags and `env`; its log goes to
-    /// the scratch folder as for [`Scratch::spawn`].
-    #[allow(clippy::too_many_arguments)]
+    /// Starts the node of host `name`: `node head` where `head` is
+    /// `None`, else `node join` to `head`; listening on the host's address
+    /// at `port`, with `flags`. Its log goes to the scratch folder as for
+    /// [`Scratch::spawn`].
     pub fn spawn(
         &self,
         s: &Scratch,
-        role: &str,
         name: &str,
         port: u16,
         head: Option<SocketAddr>,
-        extra: &[&str],
-        env: &[(&str, &str)],
+        flags: &[&str],
     ) -> Proc {
         s.issue(name);
         // `ip netns exec` enters the namespace and execs the program: the
         // child is the node itself, and signals reach it.
-        s.spawn_command(
+        s.launch_in(
             self.command(name, s.binary()),
-            role,
-            name,
-            self.addr(name, port),
-            head,
             &s.certs(),
-            extra,
-            env,
+            Launch {
+                role: if head.is_none() { "head" } else { "join" },
+                name,
+                listen: self.addr(name, port),
+                head,
+                flags,
+                env: &[],
+            },
         )
     }
 

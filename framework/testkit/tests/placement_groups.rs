@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use flotilla::placement_groups::{GroupSpec, PlacementError, Strategy, bundle};
+use flotilla::placement_groups::{BundleRef, GroupSpec, PlacementError, Strategy, bundle};
 use flotilla::ractor::{ActorRef, call_t};
 use flotilla::{MemberState, Node, NodeConfig};
 use flotilla_testkit::ca::{free_addr, scratch_certs};
@@ -128,13 +128,13 @@ async fn groups_are_placed_as_their_strategy_promises_and_released() {
 
     // An actor spawned into a bundle runs on the bundle's node.
     let echo: ActorRef<EchoMsg> = head
-        .spawn_in_group(&spread, 2, ECHO, "echo-in-bundle", &NoArgs, wait)
+        .spawn_in_group(BundleRef { group: &spread, index: 2 }, ECHO, "echo-in-bundle", &NoArgs, wait)
         .await
         .unwrap();
     let reply = call_t!(echo, EchoMsg::Echo, 2_000, Payload(b"hi".to_vec())).unwrap();
     assert_eq!(reply, Payload(b"hi".to_vec()));
     assert!(matches!(
-        head.spawn_in_group::<EchoMsg, _>(&spread, 9, ECHO, "nope", &NoArgs, wait)
+        head.spawn_in_group::<EchoMsg, _>(BundleRef { group: &spread, index: 9 }, ECHO, "nope", &NoArgs, wait)
             .await,
         Err(PlacementError::NoSuchBundle { .. })
     ));

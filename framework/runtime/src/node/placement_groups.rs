@@ -88,6 +88,16 @@ pub enum PlacementError {
 /// How long a request other than a wait may take.
 const ASK: Duration = Duration::from_secs(10);
 
+/// Bundle `index` of the placement group `group`: where
+/// [`Node::spawn_in_group`] puts an actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BundleRef<'a> {
+    /// The group's id.
+    pub group: &'a str,
+    /// The bundle's index in the group.
+    pub index: usize,
+}
+
 impl Node {
     /// Sends a placement request to the head (in-process on the head).
     async fn placement(
@@ -232,22 +242,21 @@ impl Node {
             })
     }
 
-    /// Spawns an actor of a kind registered on the node of bundle `bundle`
-    /// of the group `id` (waiting for the group to be ready within
-    /// `timeout`). The actor runs on what the bundle reserved, not on the
-    /// node's free resources.
-    #[allow(clippy::too_many_arguments)]
+    /// Spawns an actor of a kind registered on the node of `bundle`
+    /// (waiting for its group to be ready within `timeout`). The actor
+    /// runs on what the bundle reserved, not on the node's free resources.
     pub async fn spawn_in_group<M: Message, A: Encode>(
         &self,
-        id: &str,
-        bundle: usize,
+        bundle: BundleRef<'_>,
         kind: &str,
         name: &str,
         args: &A,
         timeout: Duration,
     ) -> Result<ActorRef<M>, PlacementError> {
         let started = tokio::time::Instant::now();
-        let node = self.bundle_node(id, bundle, timeout).await?;
+        let node = self
+            .bundle_node(bundle.group, bundle.index, timeout)
+            .await?;
         let left = timeout
             .saturating_sub(started.elapsed())
             .max(Duration::from_secs(1));
