@@ -26,6 +26,7 @@
 //! delivery, membership `up → down | left` per incarnation.
 
 #![warn(clippy::too_many_lines)]
+#![doc(test(attr(deny(warnings))))]
 
 // The rooms, each a folder whose mod.rs opens with its map
 // (docs/architecture.md has one row per folder).

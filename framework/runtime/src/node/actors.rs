@@ -438,6 +438,22 @@ impl Node {
     /// for another is [`LookupError::WrongType`]. For other actors (joined
     /// to a process group by hand) the type is the caller's claim, as with
     /// ractor's registry.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("lookup").await?;
+    /// use flotilla::ractor::Message;
+    ///
+    /// struct Ping;
+    /// impl Message for Ping {}
+    ///
+    /// // No actor of that name runs on this node.
+    /// assert!(node.lookup::<Ping>("nobody").is_err());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn lookup<M: Message>(&self, name: &str) -> Result<ActorRef<M>, LookupError> {
         let cell = self
             .hosted_named(name)

@@ -26,6 +26,8 @@ pub mod placement_groups;
 pub mod process;
 pub(crate) mod router;
 mod actors;
+#[doc(hidden)]
+pub mod doc_example;
 
 pub use actors::{LookupError, SpawnError, StopError, StopUnavailable, Unavailable};
 
@@ -114,32 +116,96 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// This node's name.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("name").await?;
+    /// assert_eq!(node.name(), "head");
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn name(&self) -> &str {
         &self.identity.name
     }
 
     /// This node's current incarnation.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("incarnation").await?;
+    /// let first = node.incarnation();
+    /// assert!(first > 0);
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn incarnation(&self) -> u64 {
         self.identity.incarnation()
     }
 
     /// The address other members dial.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("addr").await?;
+    /// assert!(node.addr().ip().is_loopback());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn addr(&self) -> SocketAddr {
         self.identity.advertise
     }
 
     /// This node's object store: put objects, read them by reference from
     /// any node (see [`crate::objects`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("objects").await?;
+    /// let object = node.objects().put(b"hello").await?;
+    /// let bytes = node.objects().get(object.reference()).await?;
+    /// assert_eq!(bytes.as_bytes(), b"hello");
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn objects(&self) -> crate::objects::Objects {
         self.objects.clone()
     }
 
     /// This node's host id: members with the same one share memory.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("host_id").await?;
+    /// assert!(!node.host_id().is_empty());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn host_id(&self) -> &str {
         &self.identity.host
     }
 
     /// The member table as this node knows it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("members").await?;
+    /// let table = node.members();
+    /// assert!(table.get(node.name()).is_some());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn members(&self) -> Table {
         self.view.borrow().clone()
     }
@@ -158,6 +224,16 @@ impl Node {
 
     /// This node's supervision board: supervisors given it report there,
     /// and `node status` lists them.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("board").await?;
+    /// assert!(node.board().reports().is_empty());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn board(&self) -> Board {
         self.board.clone()
     }
@@ -165,11 +241,33 @@ impl Node {
     /// Ticks at every pass of the node's heartbeat loop (a member's
     /// heartbeats to the head, the head's failure detector), at least once
     /// per heartbeat interval while the loop runs: what a watchdog watches.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("pulse").await?;
+    /// let mut pulse = node.pulse();
+    /// pulse.changed().await?;
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn pulse(&self) -> watch::Receiver<u64> {
         self.pulse.clone()
     }
 
     /// A receiver of the member table, updated on every change.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("watch_members").await?;
+    /// let members = node.watch_members();
+    /// assert!(members.borrow().get("head").is_some());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn watch_members(&self) -> watch::Receiver<Table> {
         self.view.clone()
     }
@@ -181,6 +279,20 @@ impl Node {
     }
 
     /// Waits until `pred` holds for the member table, at most `timeout`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("wait_members").await?;
+    /// use std::time::Duration;
+    /// use flotilla::MemberState;
+    ///
+    /// let up = |t: &flotilla::Table| t.get("head").is_some_and(|m| m.state == MemberState::Up);
+    /// assert!(node.wait_members(Duration::from_secs(5), up).await.is_some());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn wait_members(
         &self,
         timeout: Duration,
@@ -196,6 +308,19 @@ impl Node {
     }
 
     /// Waits until the ractor session with `node` is ready.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("wait_session").await?;
+    /// use std::time::Duration;
+    ///
+    /// // With itself a node needs no session.
+    /// assert!(node.wait_session(node.name(), Duration::from_secs(1)).await);
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn wait_session(&self, node: &str, timeout: Duration) -> bool {
         if node == self.identity.name {
             return true;
@@ -208,6 +333,16 @@ impl Node {
     }
 
     /// The role of this node's certificate.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("role").await?;
+    /// assert_eq!(node.role(), flotilla_proto::role::Role::Head);
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn role(&self) -> flotilla_proto::role::Role {
         self.identity.role
     }
@@ -221,6 +356,18 @@ impl Node {
     /// tasks, a supervisor's pending remote stop, a [`crate::NodeHandle`])
     /// is shut down all the same; whoever still holds it afterwards gets
     /// errors from its calls. A second call does nothing more.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("shutdown").await?;
+    /// node.shutdown().await;
+    /// // A second call does nothing more.
+    /// node.shutdown().await;
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn shutdown(&self) {
         self.tasks.shutdown().await;
         self.spawner.stop(None);
