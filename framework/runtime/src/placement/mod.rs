@@ -662,8 +662,8 @@ async fn run_link(
                         }
                     }
                 }
-                let Some((send, _)) = stream.as_mut() else { continue };
-                match send_msg(send, &ControlRequest::Ledger(op), DEFAULT_MAX_FRAME).await {
+                let Some(opened) = stream.as_mut() else { continue };
+                match send_msg(&mut opened.send, &ControlRequest::Ledger(op), DEFAULT_MAX_FRAME).await {
                     Ok(()) => pending.push_back(tag),
                     Err(e) => {
                         fail(tag, &e.to_string());
@@ -696,15 +696,17 @@ async fn run_link(
 /// The next reply on `stream`, once one is awaited.
 async fn next_reply(stream: &mut Option<Opened>, waiting: bool) -> Option<Option<LedgerReply>> {
     match stream.as_mut() {
-        Some((_, replies)) if waiting => replies.recv().await,
+        Some(opened) if waiting => opened.replies.recv().await,
         _ => std::future::pending().await,
     }
 }
 
-type Opened = (
-    quinn::SendStream,
-    mpsc::UnboundedReceiver<Option<LedgerReply>>,
-);
+/// A member's ledger stream: where operations go, and its replies in
+/// order (`None`: the stream ended).
+struct Opened {
+    send: quinn::SendStream,
+    replies: mpsc::UnboundedReceiver<Option<LedgerReply>>,
+}
 
 /// Opens a control stream to `node` and a task reading its replies.
 async fn dial(
@@ -733,7 +735,7 @@ async fn dial(
         }
         let _ = tx.send(None);
     });
-    Ok((send, rx))
+    Ok(Opened { send, replies: rx })
 }
 
 /// Whether the certificate `principal` already has
