@@ -977,7 +977,7 @@ fn systemd_hears_ready_then_watchdog_feeds_then_stopping() {
     s.issue("w1");
     let (socket, env) = notify_socket(&s, "w1", Duration::from_millis(600));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let w1 = s.launch(Launch { role: "join", name: "w1", listen: free_addr(), head: Some(head.addr), flags: &["--heartbeat-ms", "200"], env: &env });
+    let w1 = heartbeating_w1(&s, &head, &env);
     let got = notifications(&socket, Instant::now() + Duration::from_secs(4));
     let states: Vec<&str> = got.iter().map(|(_, m)| m.as_str()).collect();
     assert_eq!(states.first(), Some(&"READY=1"), "{states:?}");
@@ -992,6 +992,19 @@ fn systemd_hears_ready_then_watchdog_feeds_then_stopping() {
     assert!(got.iter().any(|(_, m)| m == "STOPPING=1"), "{got:?}");
 }
 
+/// Starts `w1` joining `head` with a 200 ms heartbeat and `env` (its
+/// notify socket, failpoints).
+fn heartbeating_w1(s: &Scratch, head: &Proc, env: &[(&str, &str)]) -> Proc {
+    s.launch(Launch {
+        role: "join",
+        name: "w1",
+        listen: free_addr(),
+        head: Some(head.addr),
+        flags: &["--heartbeat-ms", "200"],
+        env,
+    })
+}
+
 /// Clause "systemd: notify and watchdog": while the heartbeat loop is
 /// wedged (failpoint `node::heartbeat=pause`, after its first passes), the
 /// watchdog is not fed.
@@ -1004,7 +1017,7 @@ fn a_wedged_heartbeat_loop_stops_feeding_the_watchdog() {
     let (socket, env) = notify_socket(&s, "w1", Duration::from_millis(600));
     let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     env.push(("FLOTILLA_FAILPOINTS", "node::heartbeat=6*off->pause"));
-    let _w1 = s.launch(Launch { role: "join", name: "w1", listen: free_addr(), head: Some(head.addr), flags: &["--heartbeat-ms", "200"], env: &env });
+    let _w1 = heartbeating_w1(&s, &head, &env);
     let got = notifications(&socket, Instant::now() + Duration::from_secs(6));
     let feeds: Vec<Instant> = got
         .iter()
@@ -1326,7 +1339,13 @@ fn placement_groups_survive_the_heads_sigkill_and_restart() {
     let head_addr = free_addr();
     let mut head = s.spawn_with("head", "head", head_addr, None, &state_flag);
     s.issue("w1");
-    let _w1 = s.spawn_with("join", "w1", free_addr(), Some(head_addr), &["--resource", "cpu=2"]);
+    let _w1 = s.spawn_with(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head_addr),
+        &["--resource", "cpu=2"],
+    );
     eventually(Duration::from_secs(20), || {
         s.status(head_addr).filter(|st| all_up(st, &["head", "w1"]))
     });
@@ -1387,7 +1406,13 @@ fn placement_groups_survive_the_heads_sigkill_and_restart() {
         assert_eq!(w1.reserved.get("cpu"), Some(&1.0), "{accounts:?}");
 
         s.issue("w2");
-        let _w2 = s.spawn_with("join", "w2", free_addr(), Some(head.addr), &["--resource", "slot=1"]);
+        let _w2 = s.spawn_with(
+            "join",
+            "w2",
+            free_addr(),
+            Some(head.addr),
+            &["--resource", "slot=1"],
+        );
         let placed = d1.wait_group(&pending, budget).await.unwrap();
         assert_eq!(placed.nodes, vec!["w2"], "{placed:?}");
         let log = s.log("head");
@@ -1420,12 +1445,19 @@ fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
     ];
     let addr = free_addr();
     let metrics_flag = metrics.to_string();
-    let mut standby = s.launch(Launch { role: "head", name: "head", listen: addr, head: None, flags: &[
+    let mut standby = s.launch(Launch {
+        role: "head",
+        name: "head",
+        listen: addr,
+        head: None,
+        flags: &[
             "--lease-store",
             "s3://heads/set",
             "--metrics-listen",
             &metrics_flag,
-        ], env: &env });
+        ],
+        env: &env,
+    });
     eventually(Duration::from_secs(20), || {
         let scraped = scrape(metrics)?;
         (gauge(&scraped, "flotilla_head_role{role=\"standby\"}")? == 1.0).then_some(())
@@ -1446,7 +1478,13 @@ fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
     standby.signal("-TERM");
     assert_eq!(standby.exit_within(Duration::from_secs(10)).code(), Some(0));
 
-    let mut bad = s.spawn_with("head", "head", free_addr(), None, &["--lease-store", "nope://heads/set"]);
+    let mut bad = s.spawn_with(
+        "head",
+        "head",
+        free_addr(),
+        None,
+        &["--lease-store", "nope://heads/set"],
+    );
     assert_eq!(bad.exit_within(Duration::from_secs(10)).code(), Some(2));
     assert!(
         s.log("head").contains("NODE-LEASE-006"),

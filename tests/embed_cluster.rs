@@ -301,7 +301,13 @@ fn a_worker_with_another_model_revision_is_not_used() {
     s.issue("odd");
     let other = model_with_other_revision(&s.dir);
     let _good = s.spawn("join", "good", free_addr(), Some(head.addr), &s.certs());
-    let _odd = s.spawn_with("join", "odd", free_addr(), Some(head.addr), &["--model", other.to_str().unwrap()]);
+    let _odd = s.spawn_with(
+        "join",
+        "odd",
+        free_addr(),
+        Some(head.addr),
+        &["--model", other.to_str().unwrap()],
+    );
     eventually(Duration::from_secs(20), || {
         s.status(head.addr)
             .filter(|st| all_up(st, &["head", "good", "odd"]))
@@ -399,7 +405,14 @@ fn workers_with(s: &Scratch, head: &Proc, names: &[&str], env: &[(&str, &str)]) 
     names
         .iter()
         .map(|w| {
-            s.launch(Launch { role: "join", name: w, listen: free_addr(), head: Some(head.addr), flags: &[], env: env })
+            s.launch(Launch {
+                role: "join",
+                name: w,
+                listen: free_addr(),
+                head: Some(head.addr),
+                flags: &[],
+                env,
+            })
         })
         .collect()
 }
@@ -563,14 +576,21 @@ fn two_cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str]) -> V
         .iter()
         .map(|w| {
             s.issue(w);
-            s.launch(Launch { role: "join", name: w, listen: free_addr(), head: Some(head), flags: &[
+            s.launch(Launch {
+                role: "join",
+                name: w,
+                listen: free_addr(),
+                head: Some(head),
+                flags: &[
                     "--resource",
                     "cpu=2",
                     "--allow-path",
                     scratch.to_str().unwrap(),
                     "--allow-path",
                     model.to_str().unwrap(),
-                ], env: &[] })
+                ],
+                env: &[],
+            })
         })
         .collect();
     eventually(Duration::from_secs(60), || {
@@ -814,7 +834,13 @@ fn eight_drivers_from_one_certificate_share_a_cluster_and_each_completes_exactly
         .iter()
         .map(|w| {
             s.issue(w);
-            s.spawn_with("join", w, free_addr(), Some(head.addr), &["--resource", "cpu=8"])
+            s.spawn_with(
+                "join",
+                w,
+                free_addr(),
+                Some(head.addr),
+                &["--resource", "cpu=8"],
+            )
         })
         .collect();
     eventually(Duration::from_secs(30), || {
@@ -897,12 +923,18 @@ fn a_detached_job_completes_exactly_once_through_the_heads_sigkill_and_restart()
         .as_secs_f64();
     let metrics = flotilla_testkit::ca::free_tcp_addr();
     let metrics_flag = metrics.to_string();
-    let head = s.spawn_with("head", "head", head_addr, None, &[
+    let head = s.spawn_with(
+        "head",
+        "head",
+        head_addr,
+        None,
+        &[
             state_flag[0],
             state_flag[1],
             "--metrics-listen",
             &metrics_flag,
-        ]);
+        ],
+    );
     // The same job, listed by the new incarnation of the head.
     eventually(Duration::from_secs(30), || {
         let j = jobs_json(&s, &head)?;
@@ -1011,12 +1043,18 @@ fn a_head_whose_store_cannot_be_read_stops_naming_the_file() {
 fn the_head_forgets_ended_jobs_past_its_retention() {
     let s = Scratch::new("job-retention", NODE);
     let allowed = s.job_root("allowed");
-    let head = s.spawn_with("head", "head", free_addr(), None, &[
+    let head = s.spawn_with(
+        "head",
+        "head",
+        free_addr(),
+        None,
+        &[
             "--keep-finished-jobs",
             "2",
             "--keep-finished-jobs-for-s",
             "4",
-        ]);
+        ],
+    );
     let _w1 = s.worker_allowing("w1", head.addr, &allowed);
     let head_flags = [
         "--head".to_owned(),
@@ -1123,12 +1161,15 @@ fn both_jobs_complete_exactly_once_through_the_primarys_sigkill_with_a_standby()
     );
     let heads = format!("{a_addr},{b_addr}");
     let env = server.env();
-    let lease = "s3://embeds/heads";
-    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, Lease { store: lease, ms: 3000 }, &env);
+    let lease = Lease {
+        store: "s3://embeds/heads",
+        ms: 3000,
+    };
+    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, lease, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(a_metrics, "primary")? == 1.0).then_some(())
     });
-    let b = s.spawn_head_of_set("head-b", b_addr, b_metrics, Lease { store: lease, ms: 3000 }, &env);
+    let b = s.spawn_head_of_set("head-b", b_addr, b_metrics, lease, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(b_metrics, "standby")? == 1.0).then_some(())
     });

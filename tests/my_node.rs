@@ -36,7 +36,13 @@ fn my_node_runs_a_tree_of_its_own_kind_from_node_toml() {
     )
     .unwrap();
     let head_addr = free_addr();
-    let _head = s.spawn_with("head", "head", head_addr, None, &["--config", config.to_str().unwrap()]);
+    let _head = s.spawn_with(
+        "head",
+        "head",
+        head_addr,
+        None,
+        &["--config", config.to_str().unwrap()],
+    );
     s.issue("w1");
     let _w1 = s.spawn("join", "w1", free_addr(), Some(head_addr), &s.certs());
     let (st, _) = eventually(Duration::from_secs(30), || {

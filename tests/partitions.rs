@@ -150,7 +150,14 @@ fn workers_ride_out_a_sixty_second_head_outage_feeding_the_watchdog() {
     let (socket, env) = notify_socket(&s, "w1", watchdog);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     s.issue("w1");
-    let _w1 = s.launch(Launch { role: "join", name: "w1", listen: free_addr(), head: Some(head_addr), flags: &fast, env: &env });
+    let _w1 = s.launch(Launch {
+        role: "join",
+        name: "w1",
+        listen: free_addr(),
+        head: Some(head_addr),
+        flags: &fast,
+        env: &env,
+    });
     let config = ticker_tree(&s);
     let mut flags = fast.to_vec();
     flags.extend(["--config", config.to_str().unwrap()]);

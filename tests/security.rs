@@ -458,14 +458,28 @@ fn a_detached_job_cannot_leave_its_roots_by_encoded_dots_backslashes_or_links() 
         .unwrap();
     std::os::unix::fs::symlink(&secret, allowed.join("elsewhere")).unwrap();
 
-    let head = s.launch(Launch { role: "head", name: "head", listen: free_addr(), head: None, flags: &[], env: &env });
+    let head = s.launch(Launch {
+        role: "head",
+        name: "head",
+        listen: free_addr(),
+        head: None,
+        flags: &[],
+        env: &env,
+    });
     s.issue("w1");
-    let _w1 = s.launch(Launch { role: "join", name: "w1", listen: free_addr(), head: Some(head.addr), flags: &[
+    let _w1 = s.launch(Launch {
+        role: "join",
+        name: "w1",
+        listen: free_addr(),
+        head: Some(head.addr),
+        flags: &[
             "--allow-path",
             allowed.to_str().unwrap(),
             "--allow-path",
             "s3://embeds/allowed/",
-        ], env: &env });
+        ],
+        env: &env,
+    });
     eventually(Duration::from_secs(20), || {
         s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
     });
@@ -875,7 +889,13 @@ fn a_join_with_oversized_labels_is_refused() {
     });
     s.issue("w1");
     let long = format!("note={}", "x".repeat(300));
-    let mut w1 = s.spawn_with("join", "w1", free_addr(), Some(head.addr), &["--label", &long]);
+    let mut w1 = s.spawn_with(
+        "join",
+        "w1",
+        free_addr(),
+        Some(head.addr),
+        &["--label", &long],
+    );
     let status = w1.exit_within(Duration::from_secs(15));
     assert_eq!(status.code(), Some(3));
     assert!(s.log("w1").contains("NODE-JOIN-007"), "{}", s.log("w1"));

@@ -46,17 +46,17 @@ pub mod tokenize;
 pub use encoder::{convert, head, int8_gemm, model_folder, pooling};
 pub use tokenize::wordpiece;
 
-pub use encoder::bert::{BackendError, Bert};
 /// Burn's device handle, as the encoder takes it.
 pub use burn::tensor::Device;
 pub use convert::{Converted, convert_folder};
 pub use cpu_level::{CpuLevel, UnknownCpuLevel};
 pub use devices::{DeviceChoice, cpu_device, cuda_devices};
+pub use encoder::bert::{BackendError, Bert};
+pub use encoder::precision::{Precision, UnknownPrecision};
 pub use encoder::{Embeddings, EncodeError, SentenceEncoder, default_device};
 pub use model_folder::{
     Architecture, BertConfig, EmbedOptions, LoadError, ModelFolder, ModelRevision,
 };
 pub use pooling::{Pooling, PoolingMode};
-pub use encoder::precision::{Precision, UnknownPrecision};
 pub use shared_models::SharedModels;
 pub use tokenize::{Prompt, TextTokenizer, TokenBatch, TokenizeError};

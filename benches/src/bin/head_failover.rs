@@ -79,15 +79,18 @@ fn run_once(args: &Args, i: usize) -> anyhow::Result<Run> {
     let s = Scratch::new(&format!("failover-bench-{i}"), &args.node);
     let server = S3Server::start(&args.moto);
     let env = server.env();
-    let lease = "s3://embeds/heads";
+    let lease = Lease {
+        store: "s3://embeds/heads",
+        ms: args.lease_ms,
+    };
     let (a_addr, b_addr) = (free_addr(), free_addr());
     let (a_metrics, b_metrics) = (free_tcp_addr(), free_tcp_addr());
     let heads = format!("{a_addr},{b_addr}");
-    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, Lease { store: lease, ms: args.lease_ms }, &env);
+    let mut a = s.spawn_head_of_set("head-a", a_addr, a_metrics, lease, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(a_metrics, "primary")? == 1.0).then_some(())
     });
-    let _b = s.spawn_head_of_set("head-b", b_addr, b_metrics, Lease { store: lease, ms: args.lease_ms }, &env);
+    let _b = s.spawn_head_of_set("head-b", b_addr, b_metrics, lease, &env);
     eventually(Duration::from_secs(30), || {
         (head_role(b_metrics, "standby")? == 1.0).then_some(())
     });

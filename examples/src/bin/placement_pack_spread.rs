@@ -141,7 +141,16 @@ async fn main() -> anyhow::Result<()> {
     // process of its bundle's node.
     for (i, node) in g.nodes.iter().enumerate() {
         let actor: ActorRef<WhereMsg> = head
-            .spawn_in_group(BundleRef { group: &spread, index: i }, "where", &format!("where-{i}"), &NoArgs, wait)
+            .spawn_in_group(
+                BundleRef {
+                    group: &spread,
+                    index: i,
+                },
+                "where",
+                &format!("where-{i}"),
+                &NoArgs,
+                wait,
+            )
             .await?;
         let Pid(pid) = call_t!(actor, WhereMsg::Pid, 5_000, NoArgs)?;
         anyhow::ensure!(pid == workers[node].pid(), "bundle {i} runs on {node}");

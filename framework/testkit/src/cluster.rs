@@ -208,7 +208,7 @@ impl Scratch {
             .iter()
             .map(|w| {
                 self.issue(w);
-                self.spawn_with("join", w, free_addr(), None, &self.certs(), &flags)
+                self.spawn_with("join", w, free_addr(), None, &flags)
             })
             .collect();
         let first: SocketAddr = heads.split(',').next().unwrap().parse().unwrap();
@@ -240,7 +240,12 @@ impl Scratch {
             .args(["--certs", self.certs().to_str().unwrap()])
             .args(["--state-dir", state.to_str().unwrap()])
             .args(["--metrics-listen", &metrics.to_string()])
-            .args(["--lease-store", lease.store, "--lease-ms", &lease.ms.to_string()])
+            .args([
+                "--lease-store",
+                lease.store,
+                "--lease-ms",
+                &lease.ms.to_string(),
+            ])
             .args(model_roots_flags())
             .stdout(Stdio::null())
             .stderr(log)
@@ -267,7 +272,7 @@ impl Scratch {
         let metrics = crate::ca::free_tcp_addr();
         let listen = metrics.to_string();
         let flags = [extra, &["--metrics-listen", &listen]].concat();
-        let proc = self.spawn_with(role, name, free_addr(), head, &self.certs(), &flags);
+        let proc = self.spawn_with(role, name, free_addr(), head, &flags);
         (proc, metrics)
     }
 
@@ -318,7 +323,6 @@ impl Scratch {
             name,
             free_addr(),
             Some(head),
-            &self.certs(),
             &["--allow-path", root.to_str().unwrap()],
         );
         eventually(Duration::from_secs(20), || {

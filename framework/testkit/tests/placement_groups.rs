@@ -128,14 +128,32 @@ async fn groups_are_placed_as_their_strategy_promises_and_released() {
 
     // An actor spawned into a bundle runs on the bundle's node.
     let echo: ActorRef<EchoMsg> = head
-        .spawn_in_group(BundleRef { group: &spread, index: 2 }, ECHO, "echo-in-bundle", &NoArgs, wait)
+        .spawn_in_group(
+            BundleRef {
+                group: &spread,
+                index: 2,
+            },
+            ECHO,
+            "echo-in-bundle",
+            &NoArgs,
+            wait,
+        )
         .await
         .unwrap();
     let reply = call_t!(echo, EchoMsg::Echo, 2_000, Payload(b"hi".to_vec())).unwrap();
     assert_eq!(reply, Payload(b"hi".to_vec()));
     assert!(matches!(
-        head.spawn_in_group::<EchoMsg, _>(BundleRef { group: &spread, index: 9 }, ECHO, "nope", &NoArgs, wait)
-            .await,
+        head.spawn_in_group::<EchoMsg, _>(
+            BundleRef {
+                group: &spread,
+                index: 9
+            },
+            ECHO,
+            "nope",
+            &NoArgs,
+            wait
+        )
+        .await,
         Err(PlacementError::NoSuchBundle { .. })
     ));
 

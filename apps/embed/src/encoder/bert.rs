@@ -26,8 +26,8 @@ use crate::encoder::precision::Precision;
 use crate::encoder::quantized::{
     DenseValues, HostNorm, InputRanges, LayerValues, Product, QuantizedLayer, Scratch,
 };
-use crate::tokenize::TokenBatch;
 use crate::encoder::weights::WeightFile;
+use crate::tokenize::TokenBatch;
 
 struct Dense {
     weight: Tensor<2>,
@@ -463,7 +463,12 @@ impl Bert {
         let [b, s, _] = qkv.dims();
         let h = self.config.hidden_size;
         let values = host_values(qkv)?;
-        let ctx = crate::encoder::attention::self_attention(&values, &tokens.mask, self.shape(b, s), bias);
+        let ctx = crate::encoder::attention::self_attention(
+            &values,
+            &tokens.mask,
+            self.shape(b, s),
+            bias,
+        );
         Ok(Tensor::from_data(
             TensorData::new(ctx, [b, s, h]),
             &self.device,

@@ -13,8 +13,8 @@ use burn::tensor::module::linear;
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::Deserialize;
 
-use crate::load_error::{LoadError, read_json};
 use crate::encoder::weights::WeightFile;
+use crate::load_error::{LoadError, read_json};
 
 /// The activation of a `Dense` module, by its PyTorch class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

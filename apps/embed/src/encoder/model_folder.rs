@@ -29,9 +29,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::encoder::head::{DenseConfig, HeadModule};
+use crate::encoder::pooling::Pooling;
 pub use crate::load_error::LoadError;
 use crate::load_error::read_json;
-use crate::encoder::pooling::Pooling;
 
 /// The activation function of the feed-forward blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,37 +2,20 @@
 //! stopping them, and finding named actors (here or on other nodes).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_proto::authority::Unauthorized;
 use flotilla_proto::control::{ControlReply, ControlRequest, SpawnOrder, StopOutcome};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::Purpose;
-use flotilla_transport::Endpoint;
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use ractor::{ActorRef, Message};
-use ractor_cluster::NodeServerMessage;
-use tokio::sync::watch;
 
-use crate::board::Board;
-use crate::identity::Identity;
-use crate::jobs_slot::JobsSlot;
-use crate::member::head_client::HeadClient;
-use crate::net::bulk::Lane;
-use crate::net::outbound::Outbound;
-use crate::net::pool::Pool;
-use crate::net::sessions::{Sessions, ractor_name};
-use crate::node::config_args::{ConfigArgsError, ConfigKinds, archive};
-use crate::placement::PlacementHandle;
-use crate::placement::reservations::Reservations;
 use crate::remote::call::{CallError, call};
 use crate::remote::spawner::{
-    Hosted, LocalSpawn, LocalStop, SpawnReply, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
+    LocalSpawn, LocalStop, SpawnReply, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
 };
 use crate::remote::wire::{Encode, encode};
-use crate::table::Table;
-use crate::tasks::Tasks;
 
 use super::Node;
 

@@ -17,17 +17,17 @@
 //! user: the member table, spawning registered kinds on chosen nodes,
 //! finding named actors, bounded sends, a clean stop.
 
+mod actors;
 pub mod builder;
 pub mod config;
 pub mod config_args;
+#[doc(hidden)]
+pub mod doc_example;
 pub mod failpoints;
 pub mod host;
 pub mod placement_groups;
 pub mod process;
 pub(crate) mod router;
-mod actors;
-#[doc(hidden)]
-pub mod doc_example;
 
 pub use actors::{LookupError, SpawnError, StopError, StopUnavailable, Unavailable};
 
@@ -35,13 +35,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_proto::authority::Unauthorized;
-use flotilla_proto::control::{ControlReply, ControlRequest, SpawnOrder, StopOutcome};
-use flotilla_proto::frame::DEFAULT_MAX_FRAME;
-use flotilla_proto::hello::Purpose;
 use flotilla_transport::Endpoint;
-use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
-use ractor::{ActorRef, Message};
+use ractor::ActorRef;
 use ractor_cluster::NodeServerMessage;
 use tokio::sync::watch;
 
@@ -56,11 +51,7 @@ use crate::net::sessions::{Sessions, ractor_name};
 use crate::node::config_args::{ConfigArgsError, ConfigKinds, archive};
 use crate::placement::PlacementHandle;
 use crate::placement::reservations::Reservations;
-use crate::remote::call::{CallError, call};
-use crate::remote::spawner::{
-    Hosted, LocalSpawn, LocalStop, SpawnReply, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
-};
-use crate::remote::wire::{Encode, encode};
+use crate::remote::spawner::{Hosted, SpawnerMsg};
 use crate::table::Table;
 use crate::tasks::Tasks;
 

@@ -34,10 +34,7 @@ mod remote_child;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use flotilla_proto::control::{SpawnOrder, StopOutcome};
-use flotilla_proto::groups::GroupState;
 use flotilla_proto::membership::MemberState;
 use flotilla_proto::supervision::{Action, Supervision};
 use futures::future::BoxFuture;
@@ -52,10 +49,7 @@ pub use flotilla_proto::supervision::{
 
 use crate::board::{Board, ChildReport, SupervisorReport};
 use crate::clock::now;
-use crate::node::placement_groups::{GroupView, PlacementError};
-use crate::node::{Node, SpawnError, StopError};
-use crate::remote::spawner::SpawnReply;
-use crate::remote::wire::Encode;
+use crate::node::{SpawnError, StopError};
 use crate::table::Table;
 
 pub use remote_child::{Place, RemoteChild};
@@ -624,6 +618,8 @@ impl Actor for Supervisor {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// A child that counts its starts, panics on `Crash`, and sleeps

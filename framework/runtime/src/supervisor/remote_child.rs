@@ -4,23 +4,14 @@
 //! and started again, with a new epoch, where it can run after its node
 //! is lost.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_proto::control::{SpawnOrder, StopOutcome};
 use flotilla_proto::groups::GroupState;
-use flotilla_proto::membership::MemberState;
-use flotilla_proto::supervision::{Action, Supervision};
 use futures::future::BoxFuture;
-use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
-};
-use tokio::sync::{mpsc, watch};
+use ractor::ActorCell;
 
-
-use crate::board::{Board, ChildReport, SupervisorReport};
-use crate::clock::now;
 use crate::node::placement_groups::{GroupView, PlacementError};
 use crate::node::{Node, SpawnError, StopError};
 use crate::remote::spawner::SpawnReply;
