@@ -191,6 +191,25 @@ impl Node {
     ///
     /// Delivery: the request is sent once; if the answer is lost the actor
     /// may or may not run (look it up before retrying under the same name).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("spawn_on").await?;
+    /// use std::time::Duration;
+    ///
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+    /// use flotilla::ractor::{ActorRef, call_t};
+    ///
+    /// let counter: ActorRef<CounterMsg> = node
+    ///     .spawn_on(node.name(), COUNTER, "counter", &Count(40), Duration::from_secs(5))
+    ///     .await?;
+    /// counter.cast(CounterMsg::Add(Count(2))).unwrap();
+    /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(42));
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn spawn_on<M: Message, A: Encode>(
         &self,
         node: &str,
@@ -209,6 +228,25 @@ impl Node {
     /// message type the caller will send named (`std::any::type_name`; the
     /// kind's must be the same): what configured children use
     /// ([`Node::config_args`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("spawn_on_raw").await?;
+    /// use std::time::Duration;
+    ///
+    /// use flotilla::SpawnOrder;
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+    /// use flotilla::ractor::{ActorRef, call_t};
+    ///
+    /// let order = SpawnOrder::of::<CounterMsg>(COUNTER, "raw", flotilla::wire::encode(&Count(7)));
+    /// let cell = node.spawn_on_raw(node.name(), order, Duration::from_secs(5)).await?;
+    /// let counter: ActorRef<CounterMsg> = cell.into();
+    /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(7));
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn spawn_on_raw(
         &self,
         node: &str,
@@ -283,6 +321,25 @@ impl Node {
     /// refused ([`StopError::Refused`], counted on the target). The
     /// request goes on a control stream, whose certificate name is the
     /// sender the target checks.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("stop_on").await?;
+    /// use std::time::Duration;
+    ///
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+    /// use flotilla::ractor::{ActorRef, call_t};
+    ///
+    /// let counter: ActorRef<CounterMsg> = node
+    ///     .spawn_on(node.name(), COUNTER, "brief", &Count(0), Duration::from_secs(5))
+    ///     .await?;
+    /// node.stop_on(node.name(), "brief", Duration::from_secs(5)).await?;
+    /// assert!(call_t!(counter, CounterMsg::Get, 1_000, Ask).is_err());
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn stop_on(
         &self,
         node: &str,
@@ -364,6 +421,24 @@ impl Node {
     /// The actor named `name` on the node `node`, if visible from here and
     /// of message type `M` (a name registered on another node is never
     /// taken for it).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("lookup_on").await?;
+    /// use std::time::Duration;
+    ///
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+    /// use flotilla::ractor::{ActorRef, call_t};
+    ///
+    /// node.spawn_on::<CounterMsg, _>(node.name(), COUNTER, "there", &Count(3), Duration::from_secs(5))
+    ///     .await?;
+    /// let counter: ActorRef<CounterMsg> = node.lookup_on(node.name(), "there")?;
+    /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(3));
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn lookup_on<M: Message>(
         &self,
         node: &str,
@@ -452,6 +527,24 @@ impl Node {
 
     /// Waits until a named actor is visible from this node, at most
     /// `timeout`; an actor of another message type fails at once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("wait_actor").await?;
+    /// use std::time::Duration;
+    ///
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+    /// use flotilla::ractor::{ActorRef, call_t};
+    ///
+    /// node.spawn_on::<CounterMsg, _>(node.name(), COUNTER, "awaited", &Count(5), Duration::from_secs(5))
+    ///     .await?;
+    /// let counter: ActorRef<CounterMsg> = node.wait_actor("awaited", Duration::from_secs(5)).await?;
+    /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(5));
+    /// # node.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn wait_actor<M: Message>(
         &self,
         name: &str,

@@ -1,13 +1,72 @@
 //! A real node for the façade's documentation examples: the head of a
 //! cluster of its own, on 127.0.0.1, with a CA made for it in a folder of
 //! the system's temporary directory (removed when the example's
-//! [`DocHead`] is dropped).
+//! [`DocHead`] is dropped), and one registered kind, [`COUNTER`].
 
 use std::path::PathBuf;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::RactorClusterMessage;
+use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::node::Node;
 use crate::node::builder::NodeBuilder;
 use crate::node::config::NodeConfig;
+
+/// The kind name [`head`] registers [`Counter`] under.
+pub const COUNTER: &str = "doc.counter";
+
+/// A counter's value (its start value, when spawned).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub u64);
+
+/// A question with no argument.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask;
+
+crate::remote_type!(Count, Ask);
+
+/// What a [`Counter`] takes.
+#[derive(RactorClusterMessage)]
+pub enum CounterMsg {
+    /// Adds to the count.
+    Add(Count),
+    /// The count now.
+    #[rpc]
+    Get(Ask, RpcReplyPort<Count>),
+}
+
+/// A counter: starts at its arguments' count, adds, answers.
+pub struct Counter;
+
+impl Actor for Counter {
+    type Msg = CounterMsg;
+    type State = u64;
+    type Arguments = Count;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<CounterMsg>,
+        start: Count,
+    ) -> Result<u64, ActorProcessingErr> {
+        Ok(start.0)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<CounterMsg>,
+        msg: CounterMsg,
+        count: &mut u64,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            CounterMsg::Add(Count(n)) => *count += n,
+            CounterMsg::Get(Ask, reply) => {
+                let _ = reply.send(Count(*count));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// A started head and the folder of its certificates.
 pub struct DocHead {
@@ -31,7 +90,7 @@ impl Drop for DocHead {
 /// Starts the head `head` of a new cluster (CA and certificates in
 /// `flotilla-doc-PID-TAG` under the temporary directory).
 pub async fn head(tag: &str) -> Result<DocHead, Box<dyn std::error::Error>> {
-    head_with(tag, |b| b).await
+    head_with(tag, |b| b.register(COUNTER, || Counter)).await
 }
 
 /// [`head`], with kinds registered by `register`.
