@@ -48,10 +48,11 @@ pub struct GroupRecord {
     /// The node that created it and its incarnation; `None` for a group
     /// that outlives its creator.
     pub owner: Option<(String, u64)>,
-    /// The head's seal over the fields above but the revision and nodes (a
-    /// keyed MAC only the head can make): a restarted head adopts a group
-    /// a member reports holding only if its seal checks, so no member can
-    /// make it adopt a group it never created. Empty until sealed.
+    /// The head's seal over every field above (a keyed MAC only the head
+    /// can make, made again for each revision it sends): a restarted head
+    /// adopts a group a member reports holding only if its seal checks, so
+    /// no member can make it adopt a group it never created, or a bundle
+    /// the head never put on that member. Empty until sealed.
     pub seal: Vec<u8>,
 }
 

@@ -581,12 +581,20 @@ impl PlacementService {
     }
 }
 
-/// The parts of a record that never change once the group exists, in
-/// one canonical text.
+/// Every part of a record but its seal, in one canonical text: what the
+/// group is and whose, and which node holds each bundle at its revision
+/// (the head seals each revision it sends, so a member can neither make
+/// up a group nor give itself another node's bundle).
 fn sealed_part(record: &GroupRecord) -> String {
     format!(
-        "{}\0{:?}\0{}\0{:?}\0{:?}",
-        record.id, record.owner, record.strategy, record.bundles, record.selector
+        "{}\0{:?}\0{}\0{:?}\0{:?}\0{}\0{:?}",
+        record.id,
+        record.owner,
+        record.strategy,
+        record.bundles,
+        record.selector,
+        record.revision,
+        record.nodes
     )
 }
 
@@ -810,10 +818,12 @@ mod tests {
         r.seal = seal(&key, &r).to_vec();
         assert!(seal_checks(&key, &r));
         assert!(!seal_checks(&[4u8; 32], &r), "another head's key");
-        // A re-placement moves bundles: still the head's group.
+        // A re-placement moves bundles: the head seals the record again.
         let mut moved = r.clone();
         moved.revision = 2;
         moved.nodes = vec!["w2".into()];
+        assert!(!seal_checks(&key, &moved), "moved but not sealed again");
+        moved.seal = seal(&key, &moved).to_vec();
         assert!(seal_checks(&key, &moved));
         // Another owner, or a larger bundle, is a forgery.
         let mut other = r.clone();
@@ -822,5 +832,24 @@ mod tests {
         let mut bigger = r;
         bigger.bundles = vec![[("cpu".to_owned(), 64.0)].into()];
         assert!(!seal_checks(&key, &bigger));
+    }
+
+    #[test]
+    fn a_member_that_rewrites_which_node_holds_a_bundle_cannot_claim_it_from_a_rebuilt_head() {
+        let key = [3u8; 32];
+        let mut r = record("d~1");
+        r.bundles = vec![[("cpu".to_owned(), 1.0)].into(); 2];
+        r.nodes = vec!["w1".into(), "w2".into()];
+        r.seal = seal(&key, &r).to_vec();
+        // w1 holds bundle 0; it reports the record with w2's bundle as its
+        // own, at the same revision or a later one.
+        let mut forged = r.clone();
+        forged.nodes = vec!["w1".into(), "w1".into()];
+        assert!(!seal_checks(&key, &forged), "nodes rewritten");
+        forged.revision = 9;
+        assert!(!seal_checks(&key, &forged), "and a revision made up");
+        let mut renumbered = r;
+        renumbered.revision = 2;
+        assert!(!seal_checks(&key, &renumbered), "a revision made up alone");
     }
 }
