@@ -13,7 +13,9 @@ use flotilla_proto::control::{ControlReply, ControlRequest, PlacementRequest, Sp
 use flotilla_proto::hello::{Hello, Purpose, Refusal};
 use flotilla_proto::ledger::LedgerOp;
 use flotilla_testkit::cluster::*;
-use flotilla_testkit::probe::{LENDER, LendRequest, LenderMsg, Lent, NoArgs};
+use flotilla_testkit::probe::{
+    FLOODER, FloodArgs, FloodGroup, FlooderMsg, LENDER, LendRequest, LenderMsg, Lent, NoArgs,
+};
 
 const NODE: &str = env!("CARGO_BIN_EXE_test-node");
 
@@ -900,4 +902,68 @@ fn a_join_with_oversized_labels_is_refused() {
     assert_eq!(status.code(), Some(3));
     assert!(s.log("w1").contains("NODE-JOIN-007"), "{}", s.log("w1"));
     assert_eq!(state_of(&s.status(head.addr).unwrap(), "w1"), None);
+}
+
+/// The actors of other nodes in process group `group`, as this process's
+/// nodes know them.
+fn remote_members(group: &str) -> usize {
+    flotilla::ractor::pg::get_members(&group.to_owned())
+        .iter()
+        .filter(|a| !a.get_id().is_local())
+        .count()
+}
+
+/// Clause "security: bounds": a member that announces more actors than
+/// its certificate's cap (each one a reference and a group membership on
+/// every node it has a session with) has the announcement past the cap
+/// refused and counted on each node, and its sessions go on: what it
+/// announced under the cap is known, a call through the session is
+/// answered.
+#[test]
+fn a_member_announcing_actors_past_its_certificates_cap_has_the_rest_refused_and_its_session_kept()
+{
+    use flotilla::ractor::{ActorRef, call_t};
+    use flotilla_proto::cluster_frames::MAX_MEMBERSHIPS_PER_PRINCIPAL;
+
+    let s = Scratch::new("flood", NODE);
+    let (head, metrics) = s.spawn_metered("head", "head", None, &[]);
+    s.issue("w1");
+    s.issue_role("d1", "driver");
+    let _w1 = s.spawn("join", "w1", free_addr(), Some(head.addr), &s.certs());
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head", "w1"]))
+    });
+    // Room under the cap for the groups w1's own actors join.
+    let under = MAX_MEMBERSHIPS_PER_PRINCIPAL as u32 - 64;
+    let groups = FloodArgs(vec![
+        FloodGroup {
+            name: "flood-under".into(),
+            actors: under,
+        },
+        FloodGroup {
+            name: "flood-past".into(),
+            actors: 128,
+        },
+    ]);
+    runtime().block_on(async {
+        let d1 = join(&s, "d1", head.addr).await;
+        assert!(d1.wait_session("w1", Duration::from_secs(15)).await);
+        let flooder: ActorRef<FlooderMsg> = d1
+            .spawn_on("w1", FLOODER, "flooder", &groups, Duration::from_secs(60))
+            .await
+            .unwrap();
+        // This process's node holds what came under the cap, nothing past.
+        eventually(Duration::from_secs(30), || {
+            (remote_members("flood-under") == under as usize).then_some(())
+        });
+        let capped = "flotilla_principal_capped_total{what=\"group_memberships\"}";
+        counted(metrics, capped, 1);
+        assert_eq!(remote_members("flood-past"), 0);
+        // The sessions go on.
+        let started = call_t!(flooder, FlooderMsg::Started, 5_000).unwrap();
+        assert_eq!(started, u64::from(under) + 128);
+        let st = s.status(head.addr).unwrap();
+        assert_eq!(state_of(&st, "w1").as_deref(), Some("up"));
+        d1.shutdown().await;
+    });
 }

@@ -260,6 +260,12 @@ pub const CODES: &[Code] = &[
         ],
     ),
     code(
+        "NODE-AUTH-030",
+        "A cluster frame from a peer was dropped: it names more actors, group memberships or open calls than its certificate may make this node hold, a call without a timeout (or past 10 minutes), or does not read as one message; the session goes on",
+        "Announce fewer actors, keep fewer calls open, give every call a timeout; see docs/security.md, Bounds",
+        &["framework/proto/src/cluster_frames.rs"],
+    ),
+    code(
         "NODE-BULK-001",
         "Cannot start the bulk lane's threads: …",
         "Check the process's thread limit (ulimit -u) and memory",

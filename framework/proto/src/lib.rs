@@ -35,6 +35,7 @@
 
 pub mod authority;
 pub mod bulk;
+pub mod cluster_frames;
 pub mod codes;
 pub mod control;
 pub mod epoch;

@@ -19,6 +19,8 @@ pub const RELAY: &str = "flotilla.relay";
 pub const TICKER: &str = "flotilla.ticker";
 /// Kind name of [`Lender`].
 pub const LENDER: &str = "flotilla.lender";
+/// Kind name of [`Flooder`].
+pub const FLOODER: &str = "flotilla.flooder";
 
 /// An opaque payload.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -295,11 +297,78 @@ impl Actor for Relay {
     }
 }
 
+/// One process group a [`Flooder`] fills: `actors` new echoes joined to
+/// `name` at once.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct FloodGroup {
+    /// The group.
+    pub name: String,
+    /// How many echoes join it.
+    pub actors: u32,
+}
+
+/// A [`Flooder`]'s arguments: the groups it fills, in order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct FloodArgs(pub Vec<FloodGroup>);
+
+flotilla::remote_type!(FloodGroup, FloodArgs);
+
+/// Messages of [`Flooder`].
+#[derive(RactorClusterMessage)]
+pub enum FlooderMsg {
+    /// How many echoes it started.
+    #[rpc]
+    Started(RpcReplyPort<u64>),
+}
+
+/// Starts echoes and joins them to process groups, each group at once:
+/// a node whose every session announces them to its peers, for the tests
+/// of what one certificate may make other nodes hold. Its echoes stop
+/// with it.
+pub struct Flooder;
+
+impl Actor for Flooder {
+    type Msg = FlooderMsg;
+    type State = u64;
+    type Arguments = FloodArgs;
+
+    async fn pre_start(
+        &self,
+        me: ActorRef<FlooderMsg>,
+        FloodArgs(groups): FloodArgs,
+    ) -> Result<u64, ActorProcessingErr> {
+        let mut started = 0;
+        for group in groups {
+            let mut cells = Vec::with_capacity(group.actors as usize);
+            for _ in 0..group.actors {
+                let (echo, _) = Actor::spawn_linked(None, Echo, NoArgs, me.get_cell()).await?;
+                cells.push(echo.get_cell());
+            }
+            started += cells.len() as u64;
+            ractor::pg::join(group.name, cells);
+        }
+        Ok(started)
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<FlooderMsg>,
+        FlooderMsg::Started(reply): FlooderMsg,
+        started: &mut u64,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = reply.send(*started);
+        Ok(())
+    }
+}
+
 /// Registers the probe kinds on a node builder.
 pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
     let node = builder.node_handle();
     builder
         .register(ECHO, || Echo)
+        .register(FLOODER, || Flooder)
         .register(RELAY, || Relay)
         .register(LENDER, move || Lender { node: node.clone() })
         .register_configurable(TICKER, || Ticker)

@@ -30,7 +30,7 @@ use crate::identity::Identity;
 use crate::net::backlog::Backlog;
 use crate::net::bulk::Lane;
 use crate::net::pool::Pool;
-use crate::net::sessions::{QuicClusterStream, Sessions};
+use crate::net::sessions::{Sessions, Stream};
 use crate::table::Table;
 use crate::tasks::Tasks;
 
@@ -184,12 +184,15 @@ impl Dialer {
                 flotilla_proto::hello::Refusal::IdentityMismatch,
             )));
         }
-        let stream = QuicClusterStream {
-            send,
-            recv,
-            peer: peer.to_owned(),
-            backlog: Arc::clone(&self.backlog),
-        };
+        let stream = self.sessions.stream(
+            Stream {
+                send,
+                recv,
+                member: peer.to_owned(),
+                principal: pc.peer.clone(),
+            },
+            Arc::clone(&self.backlog),
+        );
         ractor_cluster::client_connect_external(&self.node_server, Box::new(stream)).await?;
         Ok(pc.connection)
     }

@@ -5,8 +5,10 @@
 //!
 //! ```text
 //! QUIC stream (hello: Cluster) ─► QuicClusterStream ─► ractor_cluster NodeSession
-//!                                   write half counted         │ events
-//!                                   against the backlog        ▼
+//!                                   read half: frames admitted │ events
+//!                                   by the frame gate; write   │
+//!                                   half counted against the   │
+//!                                   backlog                    ▼
 //!                                                   SessionGuard: name check,
 //!                                                   ready set, session ids
 //! ```
@@ -19,6 +21,7 @@ use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeEventSubscription
 use tokio::sync::watch;
 
 use crate::net::backlog::{Backlog, CountingWrite};
+use crate::net::frame_gate::{FrameGate, Ticket};
 
 /// The name ractor_cluster gives a node: `NAME@NAME` (the hostname part is
 /// the node name too, so names are unique per node).
@@ -37,23 +40,25 @@ fn node_of(ractor_name: &str) -> String {
 
 /// One bidirectional QUIC stream of a peer connection.
 pub(crate) struct QuicClusterStream {
-    pub(crate) send: quinn::SendStream,
-    pub(crate) recv: quinn::RecvStream,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
     /// The member name the stream's hello proved (checked against the
     /// peer's certificate at the gate).
-    pub(crate) peer: String,
+    peer: String,
     /// The backlog the written bytes are counted against.
-    pub(crate) backlog: Arc<Backlog>,
+    backlog: Arc<Backlog>,
+    /// The session's place in the node's frame book.
+    ticket: Ticket,
 }
 
 impl ClusterBidiStream for QuicClusterStream {
     fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
         (
-            Box::new(self.recv),
-            Box::new(CountingWrite {
+            Box::new(self.ticket.reader(self.recv)),
+            Box::new(self.ticket.writer(CountingWrite {
                 inner: self.send,
                 backlog: self.backlog,
-            }),
+            })),
         )
     }
 
@@ -78,14 +83,42 @@ struct Inner {
 pub(crate) struct Sessions {
     inner: Arc<Mutex<Inner>>,
     ready: watch::Sender<BTreeSet<String>>,
+    frames: FrameGate,
+}
+
+/// The stream of one cluster session, as [`Sessions::stream`] makes it.
+pub(crate) struct Stream {
+    /// Its sending half.
+    pub(crate) send: quinn::SendStream,
+    /// Its receiving half.
+    pub(crate) recv: quinn::RecvStream,
+    /// The member name its hello proved.
+    pub(crate) member: String,
+    /// The name in the peer's certificate.
+    pub(crate) principal: String,
 }
 
 impl Sessions {
-    /// No sessions yet.
-    pub(crate) fn new() -> Self {
+    /// No sessions yet; ractor_cluster's frames of at most `max_frame`
+    /// bytes.
+    pub(crate) fn new(max_frame: u64) -> Self {
         Self {
             inner: Arc::default(),
             ready: watch::channel(BTreeSet::new()).0,
+            frames: FrameGate::new(max_frame),
+        }
+    }
+
+    /// The stream to hand ractor_cluster for `stream`: what it writes
+    /// counted against `backlog`, what it reads admitted under the caps
+    /// of the peer's certificate.
+    pub(crate) fn stream(&self, stream: Stream, backlog: Arc<Backlog>) -> QuicClusterStream {
+        QuicClusterStream {
+            ticket: self.frames.open(&stream.principal, &stream.member),
+            send: stream.send,
+            recv: stream.recv,
+            peer: stream.member,
+            backlog,
         }
     }
 
@@ -226,7 +259,7 @@ mod tests {
     fn names_map_both_ways() {
         assert_eq!(ractor_name("n1"), "n1@n1");
         assert_eq!(node_of("n1@n1"), "n1");
-        let s = Sessions::new();
+        let s = Sessions::new(1 << 20);
         assert!(!s.is_ready("n1"));
         assert_eq!(s.close("n1"), 0);
         assert_eq!(s.peer_of(3), None);

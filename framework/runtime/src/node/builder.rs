@@ -577,7 +577,7 @@ impl ClusterServer {
             .map_err(StartError::ActorSystem)?;
         let started = Self {
             server: Some(server),
-            sessions: Sessions::new(),
+            sessions: Sessions::new(config.max_frame_bytes),
         };
         started
             .server()

@@ -29,7 +29,7 @@ use crate::identity::Identity;
 use crate::net::backlog::Backlog;
 use crate::net::gate;
 use crate::net::pool::Pool;
-use crate::net::sessions::{QuicClusterStream, Sessions};
+use crate::net::sessions::{Sessions, Stream};
 use crate::table::Table;
 use crate::tasks::Tasks;
 
@@ -101,7 +101,12 @@ impl Router {
                     }
                     speaks_for = Some((hello.node.clone(), hello.incarnation));
                     match hello.purpose {
-                        Purpose::Cluster => self.cluster(&hello.node, send, recv),
+                        Purpose::Cluster => self.cluster(Stream {
+                            send,
+                            recv,
+                            member: hello.node.clone(),
+                            principal: pc.peer.clone(),
+                        }),
                         Purpose::Bulk | Purpose::Pull => {
                             unreachable!("the gate refuses bulk-lane streams here")
                         }
@@ -125,19 +130,14 @@ impl Router {
         }
     }
 
-    /// Hands a cluster stream from `member` to ractor_cluster.
-    fn cluster(&self, member: &str, send: quinn::SendStream, recv: quinn::RecvStream) {
+    /// Hands a cluster stream from a member to ractor_cluster.
+    fn cluster(&self, stream: Stream) {
         // The peer opens a cluster stream only when it has no session with
         // us: any we still hold is stale.
-        if self.sessions.close(member) > 0 {
-            tracing::info!(peer = %member, "replaced a stale cluster session");
+        if self.sessions.close(&stream.member) > 0 {
+            tracing::info!(peer = %stream.member, "replaced a stale cluster session");
         }
-        let stream = QuicClusterStream {
-            send,
-            recv,
-            peer: member.to_owned(),
-            backlog: Arc::clone(&self.backlog),
-        };
+        let stream = self.sessions.stream(stream, Arc::clone(&self.backlog));
         let _ = self
             .node_server
             .cast(NodeServerMessage::ConnectionOpenedExternal {
