@@ -1,7 +1,8 @@
 //! A real node for the façade's documentation examples: the head of a
 //! cluster of its own, on 127.0.0.1, with a CA made for it in a folder of
 //! the system's temporary directory (removed when the example's
-//! [`DocHead`] is dropped), and one registered kind, [`COUNTER`].
+//! [`DocHead`] is dropped), offering 2 CPUs to placement groups, and one
+//! registered kind, [`COUNTER`].
 
 use std::path::PathBuf;
 
@@ -88,7 +89,8 @@ impl Drop for DocHead {
 }
 
 /// Starts the head `head` of a new cluster (CA and certificates in
-/// `flotilla-doc-PID-TAG` under the temporary directory).
+/// `flotilla-doc-PID-TAG` under the temporary directory), offering 2
+/// CPUs.
 pub async fn head(tag: &str) -> Result<DocHead, Box<dyn std::error::Error>> {
     head_with(tag, |b| b.register(COUNTER, || Counter)).await
 }
@@ -101,7 +103,11 @@ pub async fn head_with(
     let dir = std::env::temp_dir().join(format!("flotilla-doc-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     flotilla_transport::certs::init_ca(&dir, "doc", "head")?;
-    let config = NodeConfig::new("head", "127.0.0.1:0".parse()?, &dir);
+    let mut config = NodeConfig::new("head", "127.0.0.1:0".parse()?, &dir);
+    config.resources = Some(flotilla_proto::resources::Resources {
+        cpus: 2,
+        ..Default::default()
+    });
     match register(Node::builder(config)).start().await {
         Ok(node) => Ok(DocHead { node, dir }),
         Err(e) => {

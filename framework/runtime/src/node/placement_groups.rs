@@ -3,15 +3,18 @@
 //! serves every request ([`crate::placement`]); a member asks it on a
 //! control stream.
 //!
-//! ```no_run
-//! # async fn run(node: &flotilla::Node) -> Result<(), Box<dyn std::error::Error>> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let node = flotilla::node::doc_example::head("groups-module").await?;
 //! use std::time::Duration;
 //! use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
-//! let spec = GroupSpec::new(Strategy::Spread, vec![bundle(&[("cpu", 1.0)]); 4])
+//! // Two bundles packed on one node (this example's cluster is one head).
+//! let spec = GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.25)]); 2])
 //!     .with_timeout(Duration::from_secs(30));
 //! let id = node.create_group(spec).await?;
 //! let group = node.wait_group(&id, Duration::from_secs(30)).await?;
-//! println!("bundle 0 is on {}", group.nodes[0]);
+//! assert_eq!(group.nodes, ["head", "head"]);
 //! node.remove_group(&id).await?;
 //! # Ok(()) }
 //! ```
@@ -135,6 +138,18 @@ impl Node {
     /// node is gone, unless the spec is detached); returns its id. It is
     /// placed in the background: [`Node::wait_group`] waits until it is
     /// ready.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("create_group").await?;
+    /// use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+    /// let id = node
+    ///     .create_group(GroupSpec::new(Strategy::Spread, vec![bundle(&[("cpu", 0.5)])]))
+    ///     .await?;
+    /// assert!(node.group(&id).await?.is_some());
+    /// # Ok(()) }
+    /// ```
     pub async fn create_group(&self, spec: GroupSpec) -> Result<String, PlacementError> {
         let request = PlacementRequest::Create { spec };
         match self.placement(request, ASK).await? {
@@ -147,6 +162,25 @@ impl Node {
     /// (any revision when `None`), failed, or removed (`None`); or as it
     /// is when `timeout` passes. This is how an owner hears that bundles
     /// moved: wait above the revision it last saw.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("watch_group").await?;
+    /// use std::time::Duration;
+    /// use flotilla::placement_groups::{GroupSpec, GroupState, Strategy, bundle};
+    /// let id = node
+    ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.5)])]))
+    ///     .await?;
+    /// let seen = node.watch_group(&id, None, Duration::from_secs(30)).await?;
+    /// let seen = seen.expect("not removed");
+    /// assert_eq!(seen.state, GroupState::Ready);
+    /// // Nothing moves on a cluster of one: waiting above its revision
+    /// // gives the group back as it is when the time is up.
+    /// let later = node.watch_group(&id, Some(seen.revision), Duration::from_millis(200)).await?;
+    /// assert_eq!(later.map(|g| g.revision), Some(seen.revision));
+    /// # Ok(()) }
+    /// ```
     pub async fn watch_group(
         &self,
         id: &str,
@@ -168,6 +202,21 @@ impl Node {
     /// A group that failed (its timeout passed) is
     /// [`PlacementError::Failed`] with the shortage; one still pending at
     /// `timeout` is [`PlacementError::NotReady`] with why.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("wait_group").await?;
+    /// use std::time::Duration;
+    /// use flotilla::placement_groups::{GroupSpec, PlacementError, Strategy, bundle};
+    /// // More than any node has: failed once its timeout passes.
+    /// let spec = GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 100_000.0)])])
+    ///     .with_timeout(Duration::from_millis(300));
+    /// let id = node.create_group(spec).await?;
+    /// let waited = node.wait_group(&id, Duration::from_secs(10)).await;
+    /// assert!(matches!(waited, Err(PlacementError::Failed { .. })), "{waited:?}");
+    /// # Ok(()) }
+    /// ```
     pub async fn wait_group(
         &self,
         id: &str,
@@ -193,6 +242,14 @@ impl Node {
     }
 
     /// The group as it is now, if it exists.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("group").await?;
+    /// assert!(node.group("pg-none").await?.is_none());
+    /// # Ok(()) }
+    /// ```
     pub async fn group(&self, id: &str) -> Result<Option<GroupView>, PlacementError> {
         match self
             .placement(PlacementRequest::Get { id: id.to_owned() }, ASK)
@@ -204,6 +261,16 @@ impl Node {
     }
 
     /// Every group, and what each up node has and has reserved.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("groups").await?;
+    /// let (groups, nodes) = node.groups().await?;
+    /// assert!(groups.is_empty());
+    /// assert_eq!(nodes[0].name, "head");
+    /// # Ok(()) }
+    /// ```
     pub async fn groups(&self) -> Result<(Vec<GroupView>, Vec<NodeAccount>), PlacementError> {
         match self.placement(PlacementRequest::List, ASK).await? {
             PlacementReply::Groups { groups, nodes } => Ok((groups, nodes)),
@@ -214,6 +281,21 @@ impl Node {
     /// Removes the group, releasing its reservations on every node; false
     /// if there was none of that id. Actors spawned into its bundles keep
     /// running: stop them first.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("remove_group").await?;
+    /// use std::time::Duration;
+    /// use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+    /// let id = node
+    ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.5)])]))
+    ///     .await?;
+    /// node.wait_group(&id, Duration::from_secs(30)).await?;
+    /// assert!(node.remove_group(&id).await?);
+    /// assert!(!node.remove_group(&id).await?, "gone already");
+    /// # Ok(()) }
+    /// ```
     pub async fn remove_group(&self, id: &str) -> Result<bool, PlacementError> {
         match self
             .placement(PlacementRequest::Remove { id: id.to_owned() }, ASK)
@@ -226,6 +308,20 @@ impl Node {
 
     /// The node bundle `bundle` of the ready group `id` is on, waiting up
     /// to `timeout` for the group to be ready.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("bundle_node").await?;
+    /// use std::time::Duration;
+    /// use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+    /// let id = node
+    ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.5)])]))
+    ///     .await?;
+    /// assert_eq!(node.bundle_node(&id, 0, Duration::from_secs(30)).await?, "head");
+    /// assert!(node.bundle_node(&id, 1, Duration::from_secs(30)).await.is_err(), "one bundle");
+    /// # Ok(()) }
+    /// ```
     pub async fn bundle_node(
         &self,
         id: &str,
@@ -245,6 +341,24 @@ impl Node {
     /// Spawns an actor of a kind registered on the node of `bundle`
     /// (waiting for its group to be ready within `timeout`). The actor
     /// runs on what the bundle reserved, not on the node's free resources.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("spawn_in_group").await?;
+    /// use std::time::Duration;
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+    /// use flotilla::placement_groups::{BundleRef, GroupSpec, Strategy, bundle};
+    /// let id = node
+    ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.5)])]))
+    ///     .await?;
+    /// let counter: flotilla::ractor::ActorRef<CounterMsg> = node
+    ///     .spawn_in_group(BundleRef { group: &id, index: 0 }, COUNTER, "c", &Count(3), Duration::from_secs(30))
+    ///     .await?;
+    /// let count = flotilla::call::call(&counter, |r| CounterMsg::Get(Ask, r), Duration::from_secs(5)).await?;
+    /// assert_eq!(count, Count(3));
+    /// # Ok(()) }
+    /// ```
     pub async fn spawn_in_group<M: Message, A: Encode>(
         &self,
         bundle: BundleRef<'_>,
@@ -267,6 +381,21 @@ impl Node {
     }
 
     /// What this node's own ledger has set aside for bundles.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("reserved_here").await?;
+    /// use std::time::Duration;
+    /// use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+    /// assert!(node.reserved_here().values().all(|n| *n == 0.0));
+    /// let id = node
+    ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.5)])]))
+    ///     .await?;
+    /// node.wait_group(&id, Duration::from_secs(30)).await?;
+    /// assert_eq!(node.reserved_here().get("cpu"), Some(&0.5));
+    /// # Ok(()) }
+    /// ```
     pub fn reserved_here(&self) -> Resources {
         self.ledger.reserved()
     }
