@@ -78,10 +78,22 @@ struct Links {
 /// A node's way out: bounded casts to any actor. Cheap to clone.
 ///
 /// ```
-/// # async fn send(outbound: flotilla::outbound::Outbound, echo: flotilla::ractor::ActorRef<u64>) {
-/// // Waits while the node's backlog is over its limit.
-/// outbound.cast(&echo, 42).await.ok();
-/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let node = flotilla::node::doc_example::head("outbound").await?;
+/// use std::time::Duration;
+/// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+/// let counter = node
+///     .spawn_on::<CounterMsg, _>(node.name(), COUNTER, "c", &Count(0), Duration::from_secs(5))
+///     .await?;
+/// let outbound = node.outbound();
+/// // Waits while the node's backlog is over its limit (a remote actor's
+/// // large messages go on the bulk lane).
+/// outbound.cast(&counter, CounterMsg::Add(Count(42))).await.ok();
+/// let count = flotilla::call::call(&counter, |r| CounterMsg::Get(Ask, r), Duration::from_secs(5)).await?;
+/// assert_eq!(count, Count(42));
+/// assert_eq!((outbound.backlog(), outbound.bulk_bytes()), (0, 0), "nothing went out");
+/// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct Outbound {
