@@ -129,7 +129,7 @@ async fn started(
             Some(SupervisorEvent::Started {
                 running, restarts, ..
             }) => {
-                let node = running.node.map(|(n, _)| n).unwrap_or_default();
+                let node = running.node.map(|n| n.name).unwrap_or_default();
                 return Ok((node, running.cell.into(), restarts));
             }
             Some(SupervisorEvent::Exited { exit, .. }) => {

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::incarnation::MemberRef;
 use crate::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
 use crate::membership::{MemberState, MemberView};
 use crate::placement::{self, Candidate, Resources, Strategy};
@@ -114,7 +115,7 @@ pub struct StoredGroup {
     pub spec: GroupSpec,
     /// The member that owns it and that member's incarnation (`None`:
     /// detached).
-    pub owner: Option<(String, u64)>,
+    pub owner: Option<MemberRef>,
     /// Whether it was ever ready (then no timeout applies to it).
     pub was_ready: bool,
     /// The node of each bundle when it was last ready (empty strings
@@ -311,7 +312,7 @@ enum Phase {
 struct Entry {
     spec: GroupSpec,
     strategy: Strategy,
-    owner: Option<(String, u64)>,
+    owner: Option<MemberRef>,
     revision: u64,
     /// The confirmed node of each bundle.
     nodes: Vec<Option<String>>,
@@ -440,7 +441,7 @@ impl Groups {
         &mut self,
         now: Instant,
         spec: GroupSpec,
-        owner: Option<(String, u64)>,
+        owner: Option<MemberRef>,
     ) -> Result<String, BadSpec> {
         let strategy = check_spec(&spec)?;
         let id = format!("{}-{}", self.prefix, self.next_id);
@@ -544,15 +545,15 @@ impl Groups {
     }
 
     /// Whether `owner` is up with the incarnation that owns.
-    fn owner_up(&self, (name, incarnation): &(String, u64)) -> bool {
+    fn owner_up(&self, owner: &MemberRef) -> bool {
         self.nodes
-            .get(name)
-            .is_some_and(|n| n.incarnation == *incarnation)
+            .get(&owner.name)
+            .is_some_and(|n| n.incarnation == owner.incarnation)
     }
 
     /// Until when a group taken back must see `owner` up (none for a
     /// detached group, or an owner up already).
-    fn owner_grace(&self, now: Instant, owner: Option<&(String, u64)>) -> Option<Instant> {
+    fn owner_grace(&self, now: Instant, owner: Option<&MemberRef>) -> Option<Instant> {
         owner
             .filter(|o| !self.owner_up(o))
             .map(|_| now + self.config.confirm_grace)
@@ -578,7 +579,7 @@ impl Groups {
             strategy: e.strategy.as_str().to_owned(),
             bundles: e.spec.bundles.clone(),
             nodes,
-            owner: e.owner.as_ref().map(|(n, _)| n.clone()),
+            owner: e.owner.as_ref().map(|o| o.name.clone()),
             why: if matches!(e.phase, Phase::Ready) {
                 None
             } else {
@@ -735,11 +736,11 @@ impl Groups {
             .groups
             .iter()
             .filter(|(_, e)| {
-                e.owner.as_ref().is_some_and(|(o, inc)| {
+                e.owner.as_ref().is_some_and(|o| {
                     members.iter().any(|m| {
-                        m.name == *o
-                            && (m.incarnation > *inc
-                                || (m.incarnation == *inc && m.state != MemberState::Up))
+                        m.name == o.name
+                            && (m.incarnation > o.incarnation
+                                || (m.incarnation == o.incarnation && m.state != MemberState::Up))
                     })
                 })
             })
@@ -1414,7 +1415,7 @@ mod tests {
         fn create(&mut self, spec: GroupSpec) -> String {
             let id = self
                 .groups
-                .create(self.now, spec, Some(("driver".into(), 1)))
+                .create(self.now, spec, Some(MemberRef::new("driver", 1)))
                 .unwrap();
             self.run(Vec::new());
             id
@@ -1738,7 +1739,7 @@ mod tests {
                 bundles: vec![res(&[("cpu", 1.0)]); 2],
                 nodes: vec!["b".into(), "b".into()],
                 selector: BTreeMap::new(),
-                owner: Some(("driver".into(), 1)),
+                owner: Some(MemberRef::new("driver", 1)),
                 seal: Vec::new(),
             },
             bundles,

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::{ControlReply, ControlRequest};
 use crate::hello::Refusal;
+use crate::incarnation::MemberRef;
 use crate::membership::{HeartbeatOutcome, JoinRefused, Membership, NameHolder, check_join};
 use crate::role::Role;
 
@@ -53,7 +54,7 @@ pub struct HeadSession {
     /// The peer's certificate role.
     role: Role,
     /// The member this stream joined, once it has.
-    joined: Option<(String, u64)>,
+    joined: Option<MemberRef>,
     /// The table version last sent on this stream.
     pushed: u64,
     push_gap: Duration,
@@ -66,8 +67,8 @@ pub struct HeadSession {
 pub enum Noted {
     /// Nothing worth logging.
     Nothing,
-    /// A member joined (name, incarnation).
-    Joined(String, u64),
+    /// A member joined.
+    Joined(MemberRef),
     /// A join was refused.
     JoinRefused(String, Refusal),
     /// A join was refused: the name is a live member's.
@@ -107,8 +108,8 @@ impl HeadSession {
     }
 
     /// The member this stream joined, if any.
-    pub fn joined(&self) -> Option<(&str, u64)> {
-        self.joined.as_ref().map(|(n, i)| (n.as_str(), *i))
+    pub fn joined(&self) -> Option<&MemberRef> {
+        self.joined.as_ref()
     }
 
     /// Handles one request at `now`; returns what to send back (nothing
@@ -131,24 +132,21 @@ impl HeadSession {
             | ControlRequest::Gpus
             | ControlRequest::Spawn(_) => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
-                let name = req.name.clone();
-                let incarnation = req.incarnation;
+                let member = MemberRef::new(req.name.clone(), req.incarnation);
                 let joined = check_join(&req, &self.peer, self.peer_incarnation, self.role)
                     .map_err(JoinRefused::from)
                     .and_then(|()| m.join(now, req, self.role));
                 match joined {
                     Ok(()) => {
-                        self.joined = Some((name.clone(), incarnation));
+                        self.joined = Some(member.clone());
                         self.pushed = m.version();
                         self.next_push = Some(now + self.push_gap);
-                        (
-                            Some(members_reply(&self.head, m)),
-                            Noted::Joined(name, incarnation),
-                        )
+                        (Some(members_reply(&self.head, m)), Noted::Joined(member))
                     }
-                    Err(JoinRefused::Refused(r)) => {
-                        (Some(ControlReply::Refused(r)), Noted::JoinRefused(name, r))
-                    }
+                    Err(JoinRefused::Refused(r)) => (
+                        Some(ControlReply::Refused(r)),
+                        Noted::JoinRefused(member.name, r),
+                    ),
                     Err(JoinRefused::NameTaken(holder)) => (
                         Some(ControlReply::NameTaken(holder.clone())),
                         Noted::NameTaken(holder),
@@ -265,7 +263,7 @@ mod tests {
         assert_eq!(s.poll_push(t0, &m), None, "not joined: no push");
         let (reply, noted) = s.handle_request(t0, join("n1", 3), &mut m);
         assert!(matches!(reply, Some(ControlReply::Members { .. })));
-        assert_eq!(noted, Noted::Joined("n1".into(), 3));
+        assert_eq!(noted, Noted::Joined(MemberRef::new("n1", 3)));
         assert_eq!(
             s.poll_push(t0, &m),
             None,

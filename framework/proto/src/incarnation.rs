@@ -10,6 +10,37 @@
 //! than the recorded one. The node records each incarnation before it uses
 //! it (the runtime keeps the record in a file next to its certificates).
 
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// One process of a member: the member's name and the incarnation it
+/// runs under. Two processes under one name (a restart, a rejoin) are told
+/// apart by their incarnations; whatever a member owns (actors it spawned,
+/// groups it made) belongs to one of its processes.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemberRef {
+    /// The member's name.
+    pub name: String,
+    /// The incarnation of its process.
+    pub incarnation: u64,
+}
+
+impl MemberRef {
+    /// The process of `name` running under `incarnation`.
+    pub fn new(name: impl Into<String>, incarnation: u64) -> Self {
+        Self {
+            name: name.into(),
+            incarnation,
+        }
+    }
+}
+
+impl std::fmt::Display for MemberRef {
+    /// `NAME (incarnation N)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (incarnation {})", self.name, self.incarnation)
+    }
+}
+
 /// The next incarnation, from the clock's reading (microseconds since the
 /// Unix epoch) and the largest incarnation recorded so far, if any. Always
 /// at least 1, and always larger than `recorded`.

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::incarnation::MemberRef;
 use crate::placement::Resources;
 
 /// A tolerance for fractional amounts.
@@ -47,7 +48,7 @@ pub struct GroupRecord {
     pub selector: BTreeMap<String, String>,
     /// The node that created it and its incarnation; `None` for a group
     /// that outlives its creator.
-    pub owner: Option<(String, u64)>,
+    pub owner: Option<MemberRef>,
     /// The head's seal over every field above (a keyed MAC only the head
     /// can make, made again for each revision it sends): a restarted head
     /// adopts a group a member reports holding only if its seal checks, so

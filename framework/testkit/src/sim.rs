@@ -553,11 +553,10 @@ impl SimCluster {
                 if let Some(reply) = reply {
                     self.reply(member, link, reply);
                 }
-                if let (flotilla_proto::head::Noted::Joined(_, incarnation), Some(held)) =
-                    (noted, held)
+                if let (flotilla_proto::head::Noted::Joined(joined), Some(held)) = (noted, held)
                     && let Some(p) = self.placement.as_mut()
                 {
-                    let sends = p.report(at, member, incarnation, held);
+                    let sends = p.report(at, member, joined.incarnation, held);
                     self.place_sends(sends);
                 }
                 self.drive_head();

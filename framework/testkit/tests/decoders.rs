@@ -124,7 +124,10 @@ fn record() -> GroupRecord {
         bundles: vec![BTreeMap::from([("cpu".to_owned(), 1.0)]); 3],
         nodes: vec!["w1".into(), "w2".into(), String::new()],
         selector: [("zone".to_owned(), "a".to_owned())].into(),
-        owner: Some(("admin~00aa".into(), 42)),
+        owner: Some(flotilla_proto::incarnation::MemberRef::new(
+            "admin~00aa",
+            42,
+        )),
         seal: vec![9; 32],
     }
 }

@@ -453,7 +453,7 @@ impl<M: flotilla::ractor::Message> Members<M> {
                     let node = running
                         .node
                         .as_ref()
-                        .map_or_else(|| "local".to_owned(), |(n, _)| n.clone());
+                        .map_or_else(|| "local".to_owned(), |n| n.name.clone());
                     let actor = ActorRef::<M>::from(running.cell);
                     let key = pipeline.add_worker(&node, actor.clone());
                     self.keys.insert(child, key);

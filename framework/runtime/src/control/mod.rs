@@ -39,6 +39,7 @@ use flotilla_proto::control::{
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::head::{HeadSession, Noted};
 use flotilla_proto::hello::Refusal;
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::ledger::LedgerReply;
 use flotilla_transport::handshake::{Frames, StreamError, send_msg};
 use quinn::{RecvStream, SendStream};
@@ -262,10 +263,8 @@ impl ControlService {
             _ => None,
         };
         let (reply, noted) = head.with(|m| session.handle_request(now(), request, m));
-        if let (Noted::Joined(node, incarnation), Some(held), Some(p)) =
-            (&noted, held, &self.placement)
-        {
-            p.report(node.clone(), *incarnation, held);
+        if let (Noted::Joined(member), Some(held), Some(p)) = (&noted, held, &self.placement) {
+            p.report(member.name.clone(), member.incarnation, held);
         }
         log(&noted);
         reply
@@ -329,7 +328,7 @@ impl ControlService {
         }
         let req = LocalSpawn {
             order,
-            owner: (caller.member.clone(), caller.incarnation),
+            owner: MemberRef::new(caller.member.clone(), caller.incarnation),
         };
         call(
             &self.spawner,
@@ -345,8 +344,8 @@ impl ControlService {
 fn log(noted: &Noted) {
     match noted {
         Noted::Nothing => {}
-        Noted::Joined(node, incarnation) => {
-            tracing::info!(%node, incarnation, "member joined");
+        Noted::Joined(member) => {
+            tracing::info!(node = %member.name, incarnation = member.incarnation, "member joined");
         }
         Noted::JoinRefused(node, refusal) => {
             tracing::warn!(%node, %refusal, "join refused");

@@ -608,7 +608,7 @@ pub(crate) mod tests {
                 flotilla_proto::placement::Strategy::Spread,
                 vec![flotilla_proto::groups::bundle(&[("cpu", 1.0)]); 2],
             ),
-            owner: Some(("d1".into(), 7)),
+            owner: Some(flotilla_proto::incarnation::MemberRef::new("d1", 7)),
             was_ready,
             nodes: if was_ready {
                 vec!["w1".into(), "w2".into()]

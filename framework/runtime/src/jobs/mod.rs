@@ -628,7 +628,7 @@ impl Service {
             SupervisorEvent::Started {
                 running, restarts, ..
             } => {
-                let on = running.node.map(|(n, _)| n).unwrap_or_default();
+                let on = running.node.map(|n| n.name).unwrap_or_default();
                 tracing::info!(job = %id, node = %on, restarts, "job actor started");
                 entry.record.started(&on, restarts);
             }

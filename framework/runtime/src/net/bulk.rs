@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::role::principal_of;
 use flotilla_transport::{BindError, ConnectError, Endpoint, PeerConnection, Tuning, handshake};
 use tokio::sync::watch;
@@ -322,7 +323,7 @@ async fn serve_connection(
     let withdrawn = gate::withdrawn(&view, &pc);
     tokio::pin!(withdrawn);
     let mut bound: Option<String> = None;
-    let mut speaks_for: Option<(String, u64)> = None;
+    let mut speaks_for: Option<MemberRef> = None;
     loop {
         let accept = gate::accept(
             &identity,
@@ -337,7 +338,7 @@ async fn serve_connection(
             why = &mut withdrawn => return gate::close_withdrawn(&pc, why, "bulk"),
         };
         if let Ok((_, _, hello)) = &accepted {
-            speaks_for = Some((hello.node.clone(), hello.incarnation));
+            speaks_for = Some(MemberRef::new(hello.node.clone(), hello.incarnation));
         }
         let (send, recv) = match accepted {
             Ok((send, recv, hello)) if hello.purpose == Purpose::Pull => {

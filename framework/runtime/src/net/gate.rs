@@ -19,6 +19,7 @@
 use std::time::Duration;
 
 use flotilla_proto::hello::{Hello, Purpose, Refusal};
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_transport::PeerConnection;
 use flotilla_transport::handshake::{self, Gate, StreamError, needs_membership};
 use quinn::{RecvStream, SendStream};
@@ -115,12 +116,9 @@ pub(crate) async fn fenced(view: &watch::Receiver<Table>, member: &str, incarnat
 
 /// [`fenced`] for the member incarnation a connection's latest stream
 /// spoke for; never while none has.
-pub(crate) async fn speaker_fenced(
-    view: &watch::Receiver<Table>,
-    speaks_for: &Option<(String, u64)>,
-) {
+pub(crate) async fn speaker_fenced(view: &watch::Receiver<Table>, speaks_for: &Option<MemberRef>) {
     match speaks_for {
-        Some((member, incarnation)) => fenced(view, member, *incarnation).await,
+        Some(member) => fenced(view, &member.name, member.incarnation).await,
         None => std::future::pending().await,
     }
 }

@@ -8,6 +8,7 @@ use flotilla_proto::authority::Unauthorized;
 use flotilla_proto::control::{ControlReply, ControlRequest, SpawnOrder, StopOutcome};
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use ractor::{ActorRef, Message};
 
@@ -263,7 +264,7 @@ impl Node {
         let reply = if node == self.identity.name {
             let req = LocalSpawn {
                 order,
-                owner: (self.identity.name.clone(), self.identity.incarnation()),
+                owner: MemberRef::new(self.identity.name.clone(), self.identity.incarnation()),
             };
             match call(&self.spawner, |port| SpawnerMsg::Spawn(req, port), timeout).await {
                 Ok(reply) => reply,

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_transport::{PeerConnection, handshake};
 use ractor::ActorRef;
 use ractor_cluster::NodeServerMessage;
@@ -74,7 +75,7 @@ impl Router {
         tokio::pin!(withdrawn);
         let mut bound: Option<String> = None;
         // The member incarnation the connection's latest stream spoke for.
-        let mut speaks_for: Option<(String, u64)> = None;
+        let mut speaks_for: Option<MemberRef> = None;
         loop {
             let first = bound.is_none();
             let fenced = gate::speaker_fenced(&self.view, &speaks_for);
@@ -99,7 +100,7 @@ impl Router {
                     if first {
                         self.pool.record(&hello.node, &pc.connection).await;
                     }
-                    speaks_for = Some((hello.node.clone(), hello.incarnation));
+                    speaks_for = Some(MemberRef::new(hello.node.clone(), hello.incarnation));
                     match hello.purpose {
                         Purpose::Cluster => self.cluster(Stream {
                             send,

@@ -52,6 +52,7 @@ use flotilla_proto::groups::{
     Action, GroupState, GroupView, Groups, GroupsConfig, StoredGroup, Tag,
 };
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
 use flotilla_proto::role::principal_of;
 use flotilla_transport::handshake::{self, Frames, send_msg};
@@ -368,13 +369,13 @@ impl PlacementService {
                     return;
                 }
                 let owner = match &caller {
-                    None => (self.identity.name.clone(), self.identity.incarnation()),
+                    None => MemberRef::new(self.identity.name.clone(), self.identity.incarnation()),
                     // A tool is no member: nothing would remove its group.
                     Some(c) if c.incarnation == 0 => {
                         let _ = reply.send(Err(Unauthorized::NotMember));
                         return;
                     }
-                    Some(c) => (c.member.clone(), c.incarnation),
+                    Some(c) => MemberRef::new(c.member.clone(), c.incarnation),
                 };
                 let deadline = clock_millis().saturating_add(spec.timeout_ms);
                 match self.groups.create(now(), spec, Some(owner)) {
@@ -805,7 +806,7 @@ mod tests {
             bundles: vec![[("cpu".to_owned(), 1.0)].into()],
             nodes: vec!["w1".into()],
             selector: Default::default(),
-            owner: Some((owner.into(), 7)),
+            owner: Some(MemberRef::new(owner, 7)),
             seal: Vec::new(),
         }
     }
@@ -827,7 +828,7 @@ mod tests {
         assert!(seal_checks(&key, &moved));
         // Another owner, or a larger bundle, is a forgery.
         let mut other = r.clone();
-        other.owner = Some(("mallory".into(), 7));
+        other.owner = Some(MemberRef::new("mallory", 7));
         assert!(!seal_checks(&key, &other));
         let mut bigger = r;
         bigger.bundles = vec![[("cpu".to_owned(), 64.0)].into()];

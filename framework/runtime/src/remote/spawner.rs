@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use flotilla_proto::authority::{Sender, may_stop};
 use flotilla_proto::control::{MAX_ACTORS_PER_PRINCIPAL, SpawnOrder, StopOutcome};
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::role::{Role, principal_of};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use rkyv::{Archive, Deserialize, Serialize};
@@ -69,7 +70,7 @@ pub struct LocalSpawn {
     /// What to spawn.
     pub order: SpawnOrder,
     /// The member that asked, and its incarnation.
-    pub owner: (String, u64),
+    pub owner: MemberRef,
 }
 
 /// A request to stop one of the spawner's children, as the node's own
@@ -267,7 +268,7 @@ pub(crate) struct SpawnerState {
 struct Child {
     name: String,
     cell: ActorCell,
-    owner: (String, u64),
+    owner: MemberRef,
     /// Asked to stop because its owner is gone (once).
     stopping: bool,
 }
@@ -276,9 +277,13 @@ impl SpawnerState {
     /// Stops children whose owner is no longer up.
     fn reap_orphans(&mut self) {
         for child in self.children.values_mut() {
-            if !child.stopping && self.members.is_gone(&child.owner.0, child.owner.1) {
+            if !child.stopping
+                && self
+                    .members
+                    .is_gone(&child.owner.name, child.owner.incarnation)
+            {
                 child.stopping = true;
-                tracing::info!(name = %child.name, owner = %child.owner.0, "stopping an actor whose owner is gone");
+                tracing::info!(name = %child.name, owner = %child.owner.name, "stopping an actor whose owner is gone");
                 child.cell.stop(Some("owner gone".into()));
             }
         }
@@ -294,9 +299,9 @@ impl SpawnerState {
             .sender
             .as_ref()
             .map_or(Sender::Local, |(member, role)| Sender::peer(member, *role));
-        if let Err(why) = may_stop(sender, &child.owner.0, &req.head) {
+        if let Err(why) = may_stop(sender, &child.owner.name, &req.head) {
             crate::counters::authority_refused("stop", why.code());
-            tracing::warn!(name = %req.name, sender = ?req.sender, owner = %child.owner.0, error = %why, "stop refused");
+            tracing::warn!(name = %req.name, sender = ?req.sender, owner = %child.owner.name, error = %why, "stop refused");
             return Err(StopOutcome::NotOwner);
         }
         tracing::info!(name = %req.name, sender = ?req.sender, "stopping an actor on request");
@@ -320,11 +325,11 @@ impl SpawnerState {
     async fn fence(&mut self) -> u32 {
         let mut stopping = Vec::new();
         for child in self.children.values_mut() {
-            if child.owner.0 == self.node {
+            if child.owner.name == self.node {
                 continue;
             }
             child.stopping = true;
-            tracing::warn!(name = %child.name, owner = %child.owner.0, "stopping an actor hosted for another member: this incarnation was fenced");
+            tracing::warn!(name = %child.name, owner = %child.owner.name, "stopping an actor hosted for another member: this incarnation was fenced");
             stopping.push(child.cell.clone());
         }
         let stopped = stopping.len() as u32;
@@ -374,15 +379,15 @@ impl Actor for Spawner {
                 if let Some(holder) = state.stopping_holder(&req.name) {
                     ended(holder).await;
                 }
-                let capped = owner.0 != state.node
+                let capped = owner.name != state.node
                     && at_cap(
-                        state.children.values().map(|c| c.owner.0.as_str()),
-                        &owner.0,
+                        state.children.values().map(|c| c.owner.name.as_str()),
+                        &owner.name,
                     );
                 let result = match state.kinds.get(&req.kind) {
                     _ if capped => {
                         crate::counters::principal_capped("actors");
-                        Err(SpawnReply::TooMany(principal_of(&owner.0).to_owned()))
+                        Err(SpawnReply::TooMany(principal_of(&owner.name).to_owned()))
                     }
                     None => Err(SpawnReply::UnknownKind(req.kind.clone())),
                     Some(kind) if kind.message_type() != req.message_type => {
@@ -399,7 +404,7 @@ impl Actor for Spawner {
                 };
                 let answer = match result {
                     Ok(cell) => {
-                        tracing::info!(kind = %req.kind, name = %req.name, owner = %owner.0, "actor spawned");
+                        tracing::info!(kind = %req.kind, name = %req.name, owner = %owner.name, "actor spawned");
                         state.children.insert(
                             cell.get_id(),
                             Child {

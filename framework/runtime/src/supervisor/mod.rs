@@ -35,6 +35,7 @@ mod remote_child;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::membership::MemberState;
 use flotilla_proto::supervision::{Action, Supervision};
 use futures::future::BoxFuture;
@@ -60,8 +61,9 @@ pub use remote_child::{Place, RemoteChild};
 pub struct Running {
     /// The child (for a remote child, its proxy on this node).
     pub cell: ActorCell,
-    /// The node it runs on, for a remote child.
-    pub node: Option<(String, u64)>,
+    /// The node it runs on (and that node's incarnation when it
+    /// started, 0 if unknown then), for a remote child.
+    pub node: Option<MemberRef>,
 }
 
 /// Why a child could not start.
@@ -297,7 +299,7 @@ impl SupervisorState {
                 node: self
                     .running
                     .get(id)
-                    .and_then(|r| r.node.as_ref().map(|(n, _)| n.clone())),
+                    .and_then(|r| r.node.as_ref().map(|n| n.name.clone())),
             })
             .collect()
     }
@@ -538,16 +540,18 @@ impl Actor for Supervisor {
             SupervisorMsg::Members(table) => {
                 let mut lost: Vec<(ActorId, String)> = Vec::new();
                 for (id, r) in &mut state.running {
-                    let Some((on, incarnation)) = r.node.as_mut() else {
+                    let Some(on) = r.node.as_mut() else {
                         continue;
                     };
                     // Absent (a restarted head's table filling): not lost.
-                    let Some(m) = table.get(on) else { continue };
-                    if *incarnation == 0 && m.state == MemberState::Up {
+                    let Some(m) = table.get(&on.name) else {
+                        continue;
+                    };
+                    if on.incarnation == 0 && m.state == MemberState::Up {
                         // Not in the table when the child started.
-                        *incarnation = m.incarnation;
+                        on.incarnation = m.incarnation;
                     }
-                    if m.state != MemberState::Up || m.incarnation > *incarnation {
+                    if m.state != MemberState::Up || m.incarnation > on.incarnation {
                         lost.push((r.cell.get_id(), id.clone()));
                     }
                 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use flotilla_proto::control::{SpawnOrder, StopOutcome};
 use flotilla_proto::groups::GroupState;
+use flotilla_proto::incarnation::MemberRef;
 use futures::future::BoxFuture;
 use ractor::ActorCell;
 
@@ -49,7 +50,7 @@ pub struct RemoteChild {
     bundle: Option<(String, usize)>,
     /// The node (and its incarnation) its latest copy was started on: a
     /// start stops that copy first, so that two never run.
-    latest: Arc<Mutex<Option<(String, u64)>>>,
+    latest: Arc<Mutex<Option<MemberRef>>>,
 }
 
 impl RemoteChild {
@@ -226,7 +227,7 @@ struct Spawn {
     name: String,
     args: Vec<u8>,
     message_type: String,
-    latest: Arc<Mutex<Option<(String, u64)>>>,
+    latest: Arc<Mutex<Option<MemberRef>>>,
 }
 
 impl Spawn {
@@ -245,8 +246,8 @@ impl Spawn {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        if let Some((on, incarnation)) = latest {
-            self.fence(&on, incarnation, deadline).await?;
+        if let Some(on) = latest {
+            self.fence(&on.name, on.incarnation, deadline).await?;
         }
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -262,7 +263,7 @@ impl Spawn {
                 Ok(cell) => {
                     let incarnation = self.incarnation_of(target);
                     *self.latest.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some((target.to_owned(), incarnation));
+                        Some(MemberRef::new(target, incarnation));
                     return Ok(cell);
                 }
             }
@@ -347,7 +348,7 @@ fn monitored(node: &Node, supervisor: &ActorCell, target: String, cell: ActorCel
     supervisor.monitor(cell.clone());
     Running {
         cell,
-        node: Some((target, incarnation)),
+        node: Some(MemberRef::new(target, incarnation)),
     }
 }
 
@@ -398,7 +399,7 @@ impl ChildStart for RemoteChild {
                 Some((_, cell)) => {
                     let incarnation = spawn.incarnation_of(&target);
                     *spawn.latest.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some((target.clone(), incarnation));
+                        Some(MemberRef::new(target.clone(), incarnation));
                     cell
                 }
                 None => spawn.fenced(&target, deadline).await?,
@@ -408,7 +409,7 @@ impl ChildStart for RemoteChild {
     }
 
     fn stop(&self, running: &Running) {
-        let Some((on, _)) = running.node.clone() else {
+        let Some(MemberRef { name: on, .. }) = running.node.clone() else {
             return;
         };
         let (node, name) = (Arc::clone(&self.node), self.name.clone());
