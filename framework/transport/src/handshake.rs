@@ -115,14 +115,65 @@ pub async fn send_msg<T: Encode>(
     write_all(send, &bytes).await
 }
 
-/// Reads one frame's payload, checking its length before allocating.
-/// `Ok(None)` on a clean end of stream between frames.
-pub async fn recv_frame(recv: &mut RecvStream, max: u32) -> Result<Option<Vec<u8>>, StreamError> {
+/// Where frames are read from: a QUIC stream, or any source of byte
+/// chunks ([`read_frame`] is the one reader of both).
+pub trait FrameSource {
+    /// How reading fails.
+    type Error;
+
+    /// The next chunk of at most `max` bytes (`max` > 0), `None` at the
+    /// end of the stream.
+    fn read_chunk(
+        &mut self,
+        max: usize,
+    ) -> impl std::future::Future<Output = Result<Option<bytes::Bytes>, Self::Error>> + Send;
+}
+
+impl FrameSource for RecvStream {
+    type Error = quinn::ReadError;
+
+    async fn read_chunk(&mut self, max: usize) -> Result<Option<bytes::Bytes>, quinn::ReadError> {
+        Ok(RecvStream::read_chunk(self, max, true)
+            .await?
+            .map(|c| c.bytes))
+    }
+}
+
+/// Why [`read_frame`] read no frame.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadFrameError<E> {
+    /// The frame was over the limit or cut short.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The source failed.
+    #[error("reading failed")]
+    Source(E),
+}
+
+/// Payload bytes reserved before any has arrived; past them the buffer
+/// grows with what arrives (at most doubling), so a prefix that claims
+/// more than is sent reserves no more than what is sent.
+const FIRST_RESERVE: usize = 16 << 10;
+
+/// Reads one frame's payload from `source`, checking its length before
+/// allocating anything and growing the buffer only with the bytes that
+/// arrive. `Ok(None)` on a clean end of stream between frames.
+pub async fn read_frame<S: FrameSource>(
+    source: &mut S,
+    max: u32,
+) -> Result<Option<Vec<u8>>, ReadFrameError<S::Error>> {
     let mut prefix = [0u8; PREFIX_LEN];
     let mut got = 0;
     while got < PREFIX_LEN {
-        match recv.read(&mut prefix[got..]).await.map_err(io)? {
-            Some(n) => got += n,
+        match source
+            .read_chunk(PREFIX_LEN - got)
+            .await
+            .map_err(ReadFrameError::Source)?
+        {
+            Some(chunk) => {
+                prefix[got..got + chunk.len()].copy_from_slice(&chunk);
+                got += chunk.len();
+            }
             None if got == 0 => return Ok(None),
             None => {
                 return Err(FrameError::Truncated {
@@ -136,14 +187,14 @@ pub async fn recv_frame(recv: &mut RecvStream, max: u32) -> Result<Option<Vec<u8
     let len = frame::payload_len(prefix, max)?;
     // Chunks are appended as they come: the buffer is written once, never
     // zeroed first (a bulk frame is megabytes).
-    let mut payload = Vec::with_capacity(len);
+    let mut payload = Vec::with_capacity(len.min(FIRST_RESERVE));
     while payload.len() < len {
-        match recv
-            .read_chunk(len - payload.len(), true)
+        match source
+            .read_chunk(len - payload.len())
             .await
-            .map_err(io)?
+            .map_err(ReadFrameError::Source)?
         {
-            Some(chunk) => payload.extend_from_slice(&chunk.bytes),
+            Some(chunk) => payload.extend_from_slice(&chunk),
             None => {
                 return Err(FrameError::Truncated {
                     got: payload.len(),
@@ -154,6 +205,15 @@ pub async fn recv_frame(recv: &mut RecvStream, max: u32) -> Result<Option<Vec<u8
         }
     }
     Ok(Some(payload))
+}
+
+/// Reads one frame's payload from a QUIC stream ([`read_frame`]).
+/// `Ok(None)` on a clean end of stream between frames.
+pub async fn recv_frame(recv: &mut RecvStream, max: u32) -> Result<Option<Vec<u8>>, StreamError> {
+    read_frame(recv, max).await.map_err(|e| match e {
+        ReadFrameError::Frame(e) => e.into(),
+        ReadFrameError::Source(e) => io(e),
+    })
 }
 
 /// Reads and validates one framed archive; end of stream is an error.
