@@ -294,6 +294,39 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
         .await;
         assert_eq!(denied(asked), Unauthorized::NotHead);
         counted(w2_metrics, &authority("ledger", "not_head"), 1);
+        // Heartbeats and leaves in another member's name: refused and
+        // counted on the head like joins; the member stays up.
+        let w2_incarnation = incarnation_of(&s.status(head.addr).unwrap(), "w2").unwrap();
+        for (asked, request) in [
+            (
+                "heartbeat",
+                ControlRequest::Heartbeat {
+                    name: "w2".into(),
+                    incarnation: w2_incarnation,
+                    actors: 0,
+                    version: 0,
+                },
+            ),
+            (
+                "leave",
+                ControlRequest::Leave {
+                    name: "w2".into(),
+                    incarnation: w2_incarnation,
+                },
+            ),
+        ] {
+            let reply = flotilla::query(head.addr, ghost(), request).await;
+            assert!(
+                matches!(reply, Ok(ControlReply::Refused(Refusal::IdentityMismatch))),
+                "{asked}: {reply:?}"
+            );
+            let series = format!(
+                "flotilla_membership_refused_total{{request=\"{asked}\",reason=\"identity_mismatch\"}}"
+            );
+            counted(head_metrics, &series, 1);
+        }
+        let st = s.status(head.addr).unwrap();
+        assert_eq!(state_of(&st, "w2").as_deref(), Some("up"));
         let asked = flotilla::query_status(w2.addr, ghost()).await;
         assert!(asked.is_ok(), "anyone reads the table: {asked:?}");
         // Cluster, bulk and pull streams are for members.

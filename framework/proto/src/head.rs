@@ -179,7 +179,15 @@ impl HeadSession {
                 }
             }
             ControlRequest::Leave { name, incarnation } => {
-                let left = name == self.peer && m.leave(now, &name, incarnation);
+                // Leaving in another's name is refused (and counted), as
+                // a heartbeat in another's name is.
+                if name != self.peer {
+                    return (
+                        Some(ControlReply::Refused(Refusal::IdentityMismatch)),
+                        Noted::Nothing,
+                    );
+                }
+                let left = m.leave(now, &name, incarnation);
                 (
                     Some(ControlReply::Ack),
                     if left {
@@ -329,7 +337,7 @@ mod tests {
             reply,
             Some(ControlReply::Refused(Refusal::IdentityMismatch))
         );
-        // A leave for another name changes nothing.
+        // A leave for another name is refused and changes nothing.
         other_joins(&mut m, t0);
         let (reply, noted) = s.handle_request(
             t0,
@@ -339,7 +347,13 @@ mod tests {
             },
             &mut m,
         );
-        assert_eq!((reply, noted), (Some(ControlReply::Ack), Noted::Nothing));
+        assert_eq!(
+            (reply, noted),
+            (
+                Some(ControlReply::Refused(Refusal::IdentityMismatch)),
+                Noted::Nothing
+            )
+        );
         assert_eq!(m.get("n2").unwrap().state, MemberState::Up);
     }
 
