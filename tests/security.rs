@@ -1000,3 +1000,50 @@ fn a_member_announcing_actors_past_its_certificates_cap_has_the_rest_refused_and
         d1.shutdown().await;
     });
 }
+
+/// Clause "security: bounds": one certificate has at most
+/// `MAX_RUNNING_PER_PRINCIPAL` jobs running at once; the next is refused
+/// with NODE-JOB-011 and counted, another certificate is not held back,
+/// and a job that ends frees its place.
+#[test]
+fn one_certificate_cannot_run_more_than_its_cap_of_jobs_at_once() {
+    use flotilla_proto::jobs::MAX_RUNNING_PER_PRINCIPAL;
+
+    let s = Scratch::new("jobs-cap", NODE);
+    let (head, metrics) = s.spawn_metered("head", "head", None, &[]);
+    s.issue_role("d1", "driver");
+    s.issue_role("d2", "driver");
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head"]))
+    });
+    // Never placed (no node has the CPUs): each stays pending, cheaply.
+    let spec = JobSpec {
+        kind: "flotilla.nothing".into(),
+        args: Vec::new(),
+        message_type: "none".into(),
+        resources: [("cpu".to_owned(), 100_000.0)].into_iter().collect(),
+        description: "a job that is never placed".into(),
+        max_restarts: 1000,
+    };
+    runtime().block_on(async {
+        let d1 = join(&s, "d1", head.addr).await;
+        let mut jobs = Vec::new();
+        for _ in 0..MAX_RUNNING_PER_PRINCIPAL {
+            jobs.push(d1.submit_job(spec.clone()).await.unwrap());
+        }
+        let refused = d1.submit_job(spec.clone()).await;
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("NODE-JOB-011")),
+            "{refused:?}"
+        );
+        counted(metrics, "flotilla_principal_capped_total{what=\"jobs\"}", 1);
+        let d2 = join(&s, "d2", head.addr).await;
+        d2.submit_job(spec.clone()).await.unwrap();
+        assert!(d1.stop_job(&jobs[0]).await.unwrap());
+        d1.submit_job(spec.clone()).await.unwrap();
+        d2.shutdown().await;
+        d1.shutdown().await;
+    });
+}
