@@ -792,14 +792,21 @@ fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_on
             .is_ok()
     );
     let certs = s.certs();
-    s.node(&[
-        "certs",
-        "revoke",
-        "--ca",
-        certs.to_str().unwrap(),
-        "--name",
-        "w2",
-    ]);
+    // A list from before w2's revocation, naming another certificate.
+    s.issue("w3");
+    let revoke = |name: &str| {
+        s.node(&[
+            "certs",
+            "revoke",
+            "--ca",
+            certs.to_str().unwrap(),
+            "--name",
+            name,
+        ])
+    };
+    revoke("w3");
+    let older = std::fs::read(certs.join("crl.pem")).unwrap();
+    revoke("w2");
     let revoked = Instant::now();
     // Refused by the head and by another member.
     for addr in [head.addr, w1_addr] {
@@ -832,6 +839,12 @@ fn a_revoked_certificate_is_refused_within_five_seconds_and_an_expired_one_at_on
     std::fs::remove_file(certs.join("crl.pem")).unwrap();
     std::thread::sleep(Duration::from_secs(3));
     assert_revoked(&rt, head.addr, identity(&s, "w2"), "the list went away");
+    // An older list put back (a standby's stale copy): the revocations
+    // the head knows stay.
+    std::fs::write(certs.join("crl.pem"), &older).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_revoked(&rt, head.addr, identity(&s, "w2"), "an older list");
+    std::fs::remove_file(certs.join("crl.pem")).unwrap();
 
     // Expired a day ago: refused in the handshake.
     let day = 24 * 3600;
