@@ -262,9 +262,43 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
             args: flotilla::wire::encode(&NoArgs),
             message_type: std::any::type_name::<flotilla_testkit::probe::EchoMsg>().into(),
         };
-        let asked = flotilla::query(w2.addr, ghost(), ControlRequest::Spawn(order)).await;
+        let asked = flotilla::query(w2.addr, ghost(), ControlRequest::Spawn(order.clone())).await;
         assert_eq!(denied(asked), Unauthorized::NotMember);
         counted(w2_metrics, &authority("spawn", "not_member"), 1);
+        // d1's name under an incarnation other than the one up: an older
+        // one is refused at the hello; one the table does not hold (made
+        // up) opens a stream but spawns nothing.
+        eventually(Duration::from_secs(10), || {
+            incarnation_of(&s.status(w2.addr)?, d1.name()).filter(|i| *i == d1.incarnation())
+        });
+        let d1_id = || identity(&s, "d1");
+        let cookie = flotilla_transport::certs::cookie_digest(d1_id().cookie.as_deref().unwrap());
+        let ep = flotilla_transport::Endpoint::client(d1_id(), &flotilla_transport::Tuning::default())
+            .unwrap();
+        let older = Hello::new(Purpose::Control, d1.name(), d1.incarnation() - 1, cookie);
+        let pc = ep.connect(w2.addr, None).await.unwrap();
+        let answered = flotilla_transport::handshake::dial(&pc.connection, &older).await;
+        assert!(
+            matches!(
+                answered,
+                Err(flotilla_transport::StreamError::Refused(Refusal::OldIncarnation))
+            ),
+            "{answered:?}"
+        );
+        let made_up = Hello::new(Purpose::Control, d1.name(), d1.incarnation() + 1_000_000, cookie);
+        let pc = ep.connect(w2.addr, None).await.unwrap();
+        let (mut send, mut recv, _, _) = flotilla_transport::handshake::dial(&pc.connection, &made_up)
+            .await
+            .unwrap();
+        let max = flotilla_proto::frame::DEFAULT_MAX_FRAME;
+        flotilla_transport::handshake::send_msg(&mut send, &ControlRequest::Spawn(order), max)
+            .await
+            .unwrap();
+        let reply: ControlReply = flotilla_transport::handshake::recv_msg(&mut recv, max)
+            .await
+            .unwrap();
+        assert_eq!(reply, ControlReply::Denied(Unauthorized::NotMember));
+        counted(w2_metrics, &authority("spawn", "not_member"), 2);
         let asked = flotilla::query(
             w2.addr,
             ghost(),
