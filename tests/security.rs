@@ -1094,3 +1094,80 @@ fn one_certificate_cannot_run_more_than_its_cap_of_jobs_at_once() {
         d1.shutdown().await;
     });
 }
+
+/// Clause "security: others' placement bundles": a node that joins
+/// reporting a group the head never sealed (made up, or with its nodes
+/// rewritten) has it refused and counted on the head, which adopts
+/// nothing of it.
+#[test]
+fn a_joining_node_that_claims_a_group_the_head_never_sealed_is_refused_and_counted() {
+    use flotilla_proto::ledger::{GroupRecord, Held};
+    use flotilla_proto::membership::JoinRequest;
+    use flotilla_transport::handshake::{dial, recv_msg, send_msg};
+
+    let s = Scratch::new("forged-held", NODE);
+    let (head, metrics) = s.spawn_metered("head", "head", None, &[]);
+    s.issue("w9");
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head"]))
+    });
+    runtime().block_on(async {
+        let id = identity(&s, "w9");
+        let cookie = flotilla_transport::certs::cookie_digest(id.cookie.as_deref().unwrap());
+        let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
+            .unwrap();
+        let pc = ep.connect(head.addr, None).await.unwrap();
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        let hello = Hello::new(Purpose::Control, "w9", incarnation, cookie);
+        let (mut send, mut recv, _, _) = dial(&pc.connection, &hello).await.unwrap();
+        let forged = Held {
+            record: GroupRecord {
+                id: "pg-forged-1".into(),
+                revision: 1,
+                strategy: "pack".into(),
+                bundles: vec![[("cpu".to_owned(), 1.0)].into_iter().collect()],
+                nodes: vec!["w9".into()],
+                selector: Default::default(),
+                owner: None,
+                seal: vec![0; 32],
+            },
+            bundles: vec![0],
+        };
+        let join = JoinRequest {
+            name: "w9".into(),
+            addr: free_addr().to_string(),
+            bulk_addr: free_addr().to_string(),
+            host: "a forger".into(),
+            incarnation,
+            resources: flotilla::Resources {
+                cpus: 1,
+                ..Default::default()
+            },
+            held: vec![forged],
+        };
+        let max = flotilla_proto::frame::DEFAULT_MAX_FRAME;
+        send_msg(&mut send, &ControlRequest::Join(join), max)
+            .await
+            .unwrap();
+        let reply: ControlReply = recv_msg(&mut recv, max).await.unwrap();
+        assert!(matches!(reply, ControlReply::Members { .. }), "{reply:?}");
+        counted(metrics, &authority("placement", "unknown_group"), 1);
+        let (groups, _) = match flotilla::query(
+            head.addr,
+            identity(&s, "w9"),
+            ControlRequest::Placement(PlacementRequest::List),
+        )
+        .await
+        {
+            Ok(ControlReply::Placement(flotilla_proto::control::PlacementReply::Groups {
+                groups,
+                nodes,
+            })) => (groups, nodes),
+            other => panic!("{other:?}"),
+        };
+        assert!(groups.is_empty(), "nothing adopted: {groups:?}");
+    });
+}
