@@ -1492,3 +1492,71 @@ fn a_head_that_cannot_reach_its_lease_store_waits_as_a_standby() {
         s.log("head")
     );
 }
+
+/// The actors `name` runs, as the head at `head` shows them.
+fn actors_on(s: &Scratch, head: std::net::SocketAddr, name: &str) -> Option<u64> {
+    node_of(&s.status(head)?, name)?["actors"].as_u64()
+}
+
+/// Clause "jobs: no job ends while its actor runs on": a detached job
+/// whose supervisor gives up while its actor still runs on an up node
+/// (the head's link to it lost, not the node) is marked failed and its
+/// actor is stopped there, not left writing for a job that has ended.
+#[test]
+fn a_detached_job_marked_failed_does_not_leave_its_actor_running() {
+    use flotilla::jobs::{JobSpec, JobState};
+    use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs};
+    use std::sync::Arc;
+
+    let s = Scratch::new("job-left", NODE);
+    s.issue("w1");
+    runtime().block_on(async {
+        let mut config = flotilla::NodeConfig::new("head", free_addr(), s.certs());
+        // Nothing is placed on the head: the job's actor runs on w1.
+        config.resources = Some(flotilla::Resources::default());
+        let head = Arc::new(flotilla::Node::builder(config).start().await.unwrap());
+        let _jobs = head.serve_jobs().unwrap();
+        let _w1 = s.spawn("join", "w1", free_addr(), Some(head.addr()), &s.certs());
+        eventually(Duration::from_secs(20), || {
+            s.status(head.addr())
+                .filter(|st| all_up(st, &["head", "w1"]))
+        });
+        let spec = JobSpec {
+            kind: ECHO.into(),
+            args: flotilla::wire::encode(&NoArgs),
+            message_type: std::any::type_name::<EchoMsg>().into(),
+            resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
+            description: "an echo as a job".into(),
+            max_restarts: 0,
+        };
+        let id = head.submit_job(spec).await.unwrap();
+        let (group, _) = eventually(Duration::from_secs(20), || {
+            flotilla::ractor::pg::which_groups()
+                .into_iter()
+                .find(|g| g.starts_with(&format!("{id}.")))
+        });
+        eventually(Duration::from_secs(10), || {
+            (actors_on(&s, head.addr(), "w1") == Some(1)).then_some(())
+        });
+        // The head's reference to the job's actor ends, as when its link
+        // to w1 is lost: the actor itself still runs there.
+        for cell in flotilla::ractor::pg::get_members(&group) {
+            if !cell.get_id().is_local() {
+                cell.stop(None);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let job = head.job(&id).await.unwrap().expect("the job is listed");
+            if job.state == JobState::Failed {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not failed: {job:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eventually(Duration::from_secs(15), || {
+            (actors_on(&s, head.addr(), "w1") == Some(0)).then_some(())
+        });
+        head.shutdown().await;
+    });
+}

@@ -49,8 +49,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla_proto::control::StopOutcome;
 use flotilla_proto::control::{ControlReply, ControlRequest, SpawnOrder};
+use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::jobs::JobRecord;
+use flotilla_proto::membership::MemberState;
 use flotilla_proto::placement::Strategy;
 use flotilla_proto::supervision::{Backoff, ChildSpec, Intensity, RestartType, SupervisorSpec};
 use ractor::{Actor, ActorRef, RpcReplyPort};
@@ -66,8 +69,8 @@ use crate::clock::clock_millis;
 use crate::head::head_store::{HeadStore, HeadStoreError};
 use crate::jobs_slot::ServeJobs;
 use crate::member::head_client::HeadUnavailable;
-use crate::node::Node;
 use crate::node::placement_groups::GroupSpec;
+use crate::node::{Node, StopError};
 use crate::supervisor::{
     Child, RemoteChild, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg,
 };
@@ -87,6 +90,11 @@ const START_WITHIN: Duration = Duration::from_secs(60);
 /// what a restarted job resumes from (its driver reads its manifest), so
 /// it need not cost a durable write every poll.
 const SAVE_PROGRESS_EVERY: Duration = Duration::from_secs(10);
+/// How long an ended job's actor left on a node is asked to stop before
+/// the head gives up (its node is still up but does not answer).
+const LEFT_COPY_WITHIN: Duration = Duration::from_secs(300);
+/// Between two such asks.
+const LEFT_COPY_EVERY: Duration = Duration::from_secs(2);
 
 /// A progress question (no content).
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +189,8 @@ struct Entry {
     actor: String,
     group: Option<String>,
     supervisor: Option<ActorRef<SupervisorMsg>>,
+    /// The node (and incarnation) its actor was last started on.
+    placed: Option<MemberRef>,
     /// When it ended, once it has.
     ended_at: Option<std::time::Instant>,
     /// When it was last written to the store.
@@ -392,6 +402,7 @@ impl Service {
                 actor: String::new(),
                 group: None,
                 supervisor: None,
+                placed: None,
                 ended_at: None,
                 saved_at: None,
             };
@@ -532,6 +543,7 @@ impl Service {
                 actor,
                 group: Some(group),
                 supervisor: Some(supervisor),
+                placed: None,
                 ended_at: None,
                 saved_at: None,
             },
@@ -628,9 +640,14 @@ impl Service {
             SupervisorEvent::Started {
                 running, restarts, ..
             } => {
-                let on = running.node.map(|n| n.name).unwrap_or_default();
+                let on = running
+                    .node
+                    .as_ref()
+                    .map(|n| n.name.clone())
+                    .unwrap_or_default();
                 tracing::info!(job = %id, node = %on, restarts, "job actor started");
                 entry.record.started(&on, restarts);
+                entry.placed = running.node;
             }
             SupervisorEvent::Exited { restarting, .. } => entry.record.exited(restarting),
             SupervisorEvent::Escalated(e) => {
@@ -691,10 +708,14 @@ impl Service {
         let Some(entry) = self.find(id) else { return };
         entry.ended_at.get_or_insert_with(std::time::Instant::now);
         let (supervisor, group) = (entry.supervisor.take(), entry.group.clone());
+        let left = entry.placed.take().map(|on| (on, entry.actor.clone()));
         if let Some(s) = supervisor {
             let _ = crate::remote::call::call(&s, SupervisorMsg::Shutdown, Duration::from_secs(15))
                 .await;
             s.stop(None);
+        }
+        if let Some((on, actor)) = left {
+            stop_left_copy(Arc::clone(&self.node), on, actor, id.to_owned());
         }
         if let Some(g) = group {
             match self.node.remove_group(&g).await {
@@ -739,4 +760,42 @@ impl Service {
             });
         }
     }
+}
+/// Makes sure the actor of ended job `job` is not left running as
+/// `actor` on `on`: a supervisor that gave up after losing its link to that
+/// node stops nothing there, and the node may run the actor on, writing
+/// for a job marked ended. Asked until the node has stopped it or hosts no
+/// such actor, or that incarnation of the node has ended (its spawner then
+/// stops what it hosted for others); given up after [`LEFT_COPY_WITHIN`].
+fn stop_left_copy(node: Arc<Node>, on: MemberRef, actor: String, job: String) {
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + LEFT_COPY_WITHIN;
+        loop {
+            let ended = node
+                .members()
+                .get(&on.name)
+                .is_none_or(|m| m.incarnation != on.incarnation || m.state != MemberState::Up);
+            if ended {
+                return;
+            }
+            match node.stop_on(&on.name, &actor, LEFT_COPY_EVERY * 5).await {
+                Ok(()) => {
+                    tracing::warn!(%job, node = %on.name, "stopped the actor of an ended job, still running on its node");
+                    return;
+                }
+                Err(StopError::Refused {
+                    outcome: StopOutcome::NoSuchActor,
+                    ..
+                }) => return,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    tracing::error!(%job, node = %on.name, error = %e, "cannot stop the actor of an ended job; it may still run there");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(%job, node = %on.name, error = %e, "the actor of an ended job: asking its node again");
+                    tokio::time::sleep(LEFT_COPY_EVERY).await;
+                }
+            }
+        }
+    });
 }
