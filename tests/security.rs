@@ -1171,3 +1171,65 @@ fn a_joining_node_that_claims_a_group_the_head_never_sealed_is_refused_and_count
         assert!(groups.is_empty(), "nothing adopted: {groups:?}");
     });
 }
+
+/// Clause "security: bounds": one certificate holds at most
+/// `MAX_CONNECTIONS_PER_PRINCIPAL` connections open to a node's endpoint;
+/// the next is closed at once, saying why, and counted; another
+/// certificate still connects, and a connection given back frees a place.
+#[test]
+fn one_certificate_cannot_hold_more_than_its_cap_of_connections_to_a_node() {
+    use flotilla::quota::MAX_CONNECTIONS_PER_PRINCIPAL;
+    use flotilla_transport::Closing;
+
+    let s = Scratch::new("conn-cap", NODE);
+    let (head, metrics) = s.spawn_metered("head", "head", None, &[]);
+    s.issue("many");
+    s.issue("other");
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head"]))
+    });
+    runtime().block_on(async {
+        let tuning = flotilla_transport::Tuning::default();
+        let ep = flotilla_transport::Endpoint::client(identity(&s, "many"), &tuning).unwrap();
+        let mut held = Vec::new();
+        for _ in 0..MAX_CONNECTIONS_PER_PRINCIPAL {
+            held.push(ep.connect(head.addr, None).await.unwrap());
+        }
+        let past = ep.connect(head.addr, None).await.unwrap();
+        let why = tokio::time::timeout(Duration::from_secs(5), past.connection.closed())
+            .await
+            .expect("closed by the node");
+        assert_eq!(
+            Closing::of(&why),
+            Some(Closing::TooManyConnections),
+            "{why}"
+        );
+        counted(
+            metrics,
+            "flotilla_principal_capped_total{what=\"connections\"}",
+            1,
+        );
+        assert!(held.iter().all(|pc| pc.connection.close_reason().is_none()));
+        // Another certificate is not held back.
+        let other = flotilla_transport::Endpoint::client(identity(&s, "other"), &tuning).unwrap();
+        let theirs = other.connect(head.addr, None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(theirs.connection.close_reason().is_none());
+        // One given back: the next one stays.
+        held.pop().unwrap().connection.close(0u32.into(), b"done");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let _again = loop {
+            let again = ep.connect(head.addr, None).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if again.connection.close_reason().is_none() {
+                break again;
+            }
+            // The node had not yet seen the place given back.
+            assert!(
+                Instant::now() < deadline,
+                "{:?}",
+                again.connection.close_reason()
+            );
+        };
+    });
+}
