@@ -220,6 +220,22 @@ fn glob_options() -> glob::MatchOptions {
 impl Input {
     /// Resolves `spec` (a path, a folder, a glob, or any of them as an
     /// object store URL) into its shards.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla_data::Input;
+    /// let dir = std::env::temp_dir().join(format!("flotilla-resolve-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// std::fs::write(dir.join("b.jsonl"), "{\"id\": \"2\", \"text\": \"two\"}\n")?;
+    /// std::fs::write(dir.join("a.jsonl"), "{\"id\": \"1\", \"text\": \"one\"}\n")?;
+    /// std::fs::write(dir.join("_SUCCESS"), "")?;
+    /// let input = Input::resolve(dir.to_str().unwrap()).await?;
+    /// let names: Vec<&str> = input.shards.iter().map(|s| s.name.as_str()).collect();
+    /// assert_eq!(names, ["a.jsonl", "b.jsonl"], "in name order, markers skipped");
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
     pub async fn resolve(spec: &str) -> Result<Self, InputError> {
         Self::resolve_within(spec, None).await
     }
@@ -229,6 +245,30 @@ impl Input {
     /// allowed folder that is a link out of the roots is refused, naming
     /// the shard. A folder link that leads back to a folder already walked
     /// is an error either way.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla_data::Input;
+    /// use flotilla_proto::roots::AllowedRoots;
+    /// let dir = std::env::temp_dir().join(format!("flotilla-within-doc-{}", std::process::id()));
+    /// let (allowed, secret) = (dir.join("allowed"), dir.join("secret"));
+    /// std::fs::create_dir_all(&allowed)?;
+    /// std::fs::create_dir_all(&secret)?;
+    /// std::fs::write(allowed.join("in.jsonl"), "{\"id\": \"1\", \"text\": \"one\"}\n")?;
+    /// std::fs::write(secret.join("corpus.jsonl"), "{\"id\": \"s\", \"text\": \"secret\"}\n")?;
+    /// let roots = AllowedRoots::new(&[format!("{}/", allowed.display())])?;
+    /// let inside = allowed.join("in.jsonl");
+    /// assert!(Input::resolve_within(inside.to_str().unwrap(), Some(&roots)).await.is_ok());
+    /// // Spelled to climb out, or linked out: refused either way.
+    /// let climbing = format!("{}/../secret/corpus.jsonl", allowed.display());
+    /// assert!(Input::resolve_within(&climbing, Some(&roots)).await.is_err());
+    /// std::os::unix::fs::symlink(secret.join("corpus.jsonl"), allowed.join("linked.jsonl"))?;
+    /// let linked = allowed.join("linked.jsonl");
+    /// assert!(Input::resolve_within(linked.to_str().unwrap(), Some(&roots)).await.is_err());
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
     pub async fn resolve_within(
         spec: &str,
         allow: Option<&AllowedRoots>,
@@ -477,6 +517,19 @@ impl Input {
     /// whose fingerprint the scan took, resolved once.
     /// With `allow`, each local shard must lie under those roots where it
     /// really is (see [`Input::resolve_within`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla_data::Input;
+    /// let file = std::env::temp_dir().join(format!("flotilla-scan-doc-{}.jsonl", std::process::id()));
+    /// std::fs::write(&file, "{\"id\": \"1\", \"text\": \"one\"}\n{\"id\": \"2\", \"text\": \"two\"}\n")?;
+    /// let (input, scan) = Input::resolve_and_scan(file.to_str().unwrap(), true, None).await?;
+    /// assert_eq!((input.shards.len(), scan.rows), (1, Some(2)));
+    /// assert!(scan.digest.is_some());
+    /// # std::fs::remove_file(&file)?;
+    /// # Ok(()) }
+    /// ```
     pub async fn resolve_and_scan(
         spec: &str,
         hash: bool,
@@ -497,6 +550,19 @@ impl Input {
     /// fingerprint is their size (and the store's version tag), and their
     /// rows are unknown. A single local file's digest is the SHA-256 of its
     /// bytes.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla_data::Input;
+    /// let file = std::env::temp_dir().join(format!("flotilla-scan2-doc-{}.jsonl", std::process::id()));
+    /// std::fs::write(&file, "{\"id\": \"1\", \"text\": \"one\"}\n")?;
+    /// let input = Input::resolve(file.to_str().unwrap()).await?;
+    /// let scan = input.scan(false)?;
+    /// assert_eq!((scan.rows, scan.digest), (Some(1), None), "lines counted, nothing hashed");
+    /// # std::fs::remove_file(&file)?;
+    /// # Ok(()) }
+    /// ```
     pub fn scan(&self, hash: bool) -> Result<Scan, InputError> {
         let mut total = Sha256::new();
         let mut rows = Some(0u64);

@@ -229,6 +229,41 @@ impl Output {
     /// else a local folder. Writes the manifest where there is none;
     /// refuses an output whose manifest is another job's. Returns the ids
     /// of the batches already completed there.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use flotilla_data::{Output, RowError};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize, PartialEq)]
+    /// struct Manifest {
+    ///     job: String,
+    /// }
+    /// impl std::fmt::Display for Manifest {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         write!(f, "job {}", self.job)
+    ///     }
+    /// }
+    ///
+    /// let dir = std::env::temp_dir().join(format!("flotilla-output-doc-{}", std::process::id()));
+    /// let out = dir.to_str().unwrap();
+    /// let ours = Manifest { job: "a".into() };
+    /// let (output, done) = Output::open(out, &ours, "jsonl").await?;
+    /// assert!(done.is_empty());
+    /// output.write_part(42, b"{\"id\": \"1\"}\n".to_vec()).await?;
+    /// assert!(output.part_location(42).ends_with("parts/batch-00000042.jsonl)"));
+    /// let mut errors = output.errors();
+    /// let refused = RowError { shard: "in.jsonl".into(), line: 2, id: None, reason: "not JSON".into() };
+    /// errors.record(&refused).await?;
+    /// assert_eq!(errors.rows(), 1);
+    /// errors.finish().await?;
+    /// // Opened again for the same job: batch 42 is done. Another job's is refused.
+    /// let (_, done) = Output::open(out, &ours, "jsonl").await?;
+    /// assert!(done.contains(&42));
+    /// assert!(Output::open(out, &Manifest { job: "b".into() }, "jsonl").await.is_err());
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
     pub async fn open<M>(
         output: &str,
         manifest: &M,

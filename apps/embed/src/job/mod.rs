@@ -13,6 +13,8 @@
 //! its job id, and the model facts in its [`Summary`]. Memory stays flat
 //! as the input grows: only the batches in flight and a few chunks of rows
 //! read ahead are held, plus a 16-byte digest per id to refuse duplicates.
+//!
+//! May import: `actor`, `encoder` and the shared files.
 
 mod cluster;
 mod config;

@@ -11,7 +11,6 @@ use ractor_cluster::RactorClusterMessage;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::node::Node;
-use crate::node::builder::NodeBuilder;
 use crate::node::config::NodeConfig;
 
 /// The kind name [`head`] registers [`Counter`] under.
@@ -92,14 +91,6 @@ impl Drop for DocHead {
 /// `flotilla-doc-PID-TAG` under the temporary directory), offering 2
 /// CPUs.
 pub async fn head(tag: &str) -> Result<DocHead, Box<dyn std::error::Error>> {
-    head_with(tag, |b| b.register(COUNTER, || Counter)).await
-}
-
-/// [`head`], with kinds registered by `register`.
-pub async fn head_with(
-    tag: &str,
-    register: impl FnOnce(NodeBuilder) -> NodeBuilder,
-) -> Result<DocHead, Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("flotilla-doc-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     flotilla_transport::certs::init_ca(&dir, "doc", "head")?;
@@ -108,7 +99,8 @@ pub async fn head_with(
         cpus: 2,
         ..Default::default()
     });
-    match register(Node::builder(config)).start().await {
+    let builder = Node::builder(config).register(COUNTER, || Counter);
+    match builder.start().await {
         Ok(node) => Ok(DocHead { node, dir }),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
