@@ -180,6 +180,20 @@ impl NodeHandle {
 
 impl Node {
     /// Starts building a node from `config`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("builder")?;
+    /// use flotilla::node::doc_example::{COUNTER, Counter};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register(COUNTER, || Counter)
+    ///     .start()
+    ///     .await?;
+    /// assert_eq!(node.name(), "head");
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(config: NodeConfig) -> NodeBuilder {
         NodeBuilder {
             config,
@@ -197,6 +211,19 @@ impl Node {
 
 impl NodeBuilder {
     /// The handle that will yield this node (see [`NodeHandle`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("node_handle")?;
+    /// let builder = flotilla::Node::builder(config);
+    /// let handle = builder.node_handle();
+    /// assert!(handle.get().is_none(), "not started yet");
+    /// let node = builder.start_shared().await?;
+    /// assert_eq!(handle.get().map(|n| n.incarnation()), Some(node.incarnation()));
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn node_handle(&self) -> NodeHandle {
         self.handle.clone()
     }
@@ -204,6 +231,20 @@ impl NodeBuilder {
     /// The node's GPUs, for actor factories that hand them out: as many as
     /// the node declares or detects (`gpu` of its resources) once it starts,
     /// none before.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("gpu_slots")?;
+    /// let builder = flotilla::Node::builder(config);
+    /// let gpus = builder.gpu_slots();
+    /// assert_eq!(gpus.count(), 0, "none before the node starts");
+    /// let node = builder.start().await?;
+    /// // As many as the node declares: this one declares none.
+    /// assert!(gpus.take("an actor").is_none());
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn gpu_slots(&self) -> crate::placement::gpus::GpuSlots {
         self.gpus.clone()
     }
@@ -216,6 +257,18 @@ impl NodeBuilder {
     /// to report them) and every change is written before it is answered.
     /// [`Node::serve_jobs_with`] keeps the detached jobs there too. Ignored
     /// on a member.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("head_store_in")?;
+    /// let state = _dir.path().join("state");
+    /// std::fs::create_dir_all(&state)?;
+    /// let node = flotilla::Node::builder(config).head_store_in(&state).start().await?;
+    /// assert!(state.join(flotilla::head_store::FILE).exists());
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn head_store_in(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.head_store_in = Some(dir.into());
         self
@@ -234,12 +287,33 @@ impl NodeBuilder {
     /// over from another head of its set, under the same name, runs above
     /// the former's incarnation: what the former owned, members count as
     /// gone).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("incarnation_above")?;
+    /// let floor = u64::MAX / 2;
+    /// let node = flotilla::Node::builder(config).incarnation_above(floor).start().await?;
+    /// assert!(node.incarnation() > floor);
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn incarnation_above(mut self, floor: u64) -> Self {
         self.incarnation_above = floor;
         self
     }
 
     /// [`NodeBuilder::start`], shared, and its [`NodeHandle`] filled.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("start_shared")?;
+    /// let node: std::sync::Arc<flotilla::Node> =
+    ///     flotilla::Node::builder(config).start_shared().await?;
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn start_shared(self) -> Result<Arc<Node>, StartError> {
         let handle = self.handle.clone();
         let node = Arc::new(self.start().await?);
@@ -250,6 +324,22 @@ impl NodeBuilder {
     /// Registers an actor kind that other nodes may spawn here by name.
     /// `factory` makes the actor value; its `Arguments` travel as an rkyv
     /// archive and are validated before use.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("register")?;
+    /// use std::time::Duration;
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, Counter, CounterMsg};
+    /// let node = flotilla::Node::builder(config).register(COUNTER, || Counter).start().await?;
+    /// let counter: flotilla::ractor::ActorRef<CounterMsg> = node
+    ///     .spawn_on(node.name(), COUNTER, "c", &Count(1), Duration::from_secs(5))
+    ///     .await?;
+    /// let count = flotilla::call::call(&counter, |r| CounterMsg::Get(Ask, r), Duration::from_secs(5)).await?;
+    /// assert_eq!(count, Count(1));
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn register<A, F>(mut self, kind: &str, factory: F) -> Self
     where
         A: Actor,
@@ -271,6 +361,25 @@ impl NodeBuilder {
     /// acts with the rights the head grants it, as a detached job's driver
     /// does. Anyone else's spawn of it is refused (`NODE-AUTH-024`) and
     /// counted.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("register_head_only")?;
+    /// use std::time::Duration;
+    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register_head_only(COUNTER, || Counter)
+    ///     .start()
+    ///     .await?;
+    /// // The head itself may spawn it; a member's spawn would be refused.
+    /// let spawned = node
+    ///     .spawn_on::<CounterMsg, _>(node.name(), COUNTER, "c", &Count(0), Duration::from_secs(5))
+    ///     .await;
+    /// assert!(spawned.is_ok());
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn register_head_only<A, F>(mut self, kind: &str, factory: F) -> Self
     where
         A: Actor,
@@ -285,6 +394,22 @@ impl NodeBuilder {
     /// arguments also be written in configuration (a `node.toml`
     /// supervision tree): they are read with serde from a JSON value
     /// ([`Node::config_args`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("register_configurable")?;
+    /// use flotilla::node::doc_example::{COUNTER, Counter};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register_configurable(COUNTER, || Counter)
+    ///     .start()
+    ///     .await?;
+    /// // Its arguments as configuration writes them: a count is a number.
+    /// assert!(node.config_args(COUNTER, serde_json::json!(5)).is_ok());
+    /// assert!(node.config_args(COUNTER, serde_json::json!("five")).is_err());
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn register_configurable<A, F>(mut self, kind: &str, factory: F) -> Self
     where
         A: Actor,
@@ -300,6 +425,17 @@ impl NodeBuilder {
     /// starts the actor system and, unless this node is the head, joins the
     /// head. Cancel safety: a cancelled start leaves its tasks to be
     /// dropped with the runtime.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("start")?;
+    /// let node = flotilla::Node::builder(config).start().await?;
+    /// // A head of its own cluster: it is the one member up.
+    /// assert_eq!(node.members().up().count(), 1);
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn start(self) -> Result<Node, StartError> {
         let config = self.config;
         crate::counters::register();

@@ -17,7 +17,9 @@ use crate::node::config::NodeConfig;
 pub const COUNTER: &str = "doc.counter";
 
 /// A counter's value (its start value, when spawned).
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(
+    Archive, Serialize, Deserialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq,
+)]
 pub struct Count(pub u64);
 
 /// A question with no argument.
@@ -68,10 +70,43 @@ impl Actor for Counter {
     }
 }
 
+/// A folder of certificates made for an example (a CA, and the head's
+/// certificate), removed when dropped.
+pub struct DocDir(PathBuf);
+
+impl DocDir {
+    /// The folder.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for DocDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The configuration of a head `head` of a new cluster, offering 2 CPUs
+/// (CA and certificates in `flotilla-doc-PID-TAG` under the temporary
+/// directory, removed with the [`DocDir`]).
+pub fn config(tag: &str) -> Result<(NodeConfig, DocDir), Box<dyn std::error::Error>> {
+    let dir =
+        DocDir(std::env::temp_dir().join(format!("flotilla-doc-{}-{tag}", std::process::id())));
+    let _ = std::fs::remove_dir_all(dir.path());
+    flotilla_transport::certs::init_ca(dir.path(), "doc", "head")?;
+    let mut config = NodeConfig::new("head", "127.0.0.1:0".parse()?, dir.path());
+    config.resources = Some(flotilla_proto::resources::Resources {
+        cpus: 2,
+        ..Default::default()
+    });
+    Ok((config, dir))
+}
+
 /// A started head and the folder of its certificates.
 pub struct DocHead {
     node: Node,
-    dir: PathBuf,
+    _dir: DocDir,
 }
 
 impl std::ops::Deref for DocHead {
@@ -81,30 +116,13 @@ impl std::ops::Deref for DocHead {
     }
 }
 
-impl Drop for DocHead {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Starts the head `head` of a new cluster (CA and certificates in
-/// `flotilla-doc-PID-TAG` under the temporary directory), offering 2
-/// CPUs.
+/// Starts the head `head` of [`config`], with [`Counter`] registered as
+/// [`COUNTER`] (its arguments also readable from configuration).
 pub async fn head(tag: &str) -> Result<DocHead, Box<dyn std::error::Error>> {
-    let dir = std::env::temp_dir().join(format!("flotilla-doc-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    flotilla_transport::certs::init_ca(&dir, "doc", "head")?;
-    let mut config = NodeConfig::new("head", "127.0.0.1:0".parse()?, &dir);
-    config.resources = Some(flotilla_proto::resources::Resources {
-        cpus: 2,
-        ..Default::default()
-    });
-    let builder = Node::builder(config).register(COUNTER, || Counter);
-    match builder.start().await {
-        Ok(node) => Ok(DocHead { node, dir }),
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&dir);
-            Err(e.into())
-        }
-    }
+    let (config, dir) = config(tag)?;
+    let node = Node::builder(config)
+        .register_configurable(COUNTER, || Counter)
+        .start()
+        .await?;
+    Ok(DocHead { node, _dir: dir })
 }

@@ -205,6 +205,29 @@ impl Node {
     /// with [`crate::NodeBuilder::register_configurable`] on this node)
     /// for `value`, and the message type its actors take: what
     /// [`Node::spawn_on_raw`] sends.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("config_args").await?;
+    /// use std::time::Duration;
+    /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
+    /// use flotilla::SpawnOrder;
+    /// // A counter whose start value comes from configuration (JSON).
+    /// let (args, message_type) = node.config_args(COUNTER, serde_json::json!(7))?;
+    /// let order = SpawnOrder {
+    ///     kind: COUNTER.into(),
+    ///     name: "configured".into(),
+    ///     args,
+    ///     message_type: message_type.into(),
+    /// };
+    /// let cell = node.spawn_on_raw(node.name(), order, Duration::from_secs(5)).await?;
+    /// let counter: flotilla::ractor::ActorRef<CounterMsg> = cell.into();
+    /// let count = flotilla::call::call(&counter, |r| CounterMsg::Get(Ask, r), Duration::from_secs(5)).await?;
+    /// assert_eq!(count, Count(7));
+    /// assert!(node.config_args("no.such.kind", serde_json::json!(7)).is_err());
+    /// # Ok(()) }
+    /// ```
     pub fn config_args(
         &self,
         kind: &str,
