@@ -211,6 +211,32 @@ impl Node {
     /// Serves detached jobs from this node, the head (`None` elsewhere):
     /// [`Node::submit_job`] from any node, and `node jobs`; ended jobs are
     /// kept as [`Retention::default`] says.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("serve_jobs")?;
+    /// use flotilla::jobs::JobSpec;
+    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register(COUNTER, || Counter)
+    ///     .start_shared()
+    ///     .await?;
+    /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
+    /// // A counter run as a job, in a bundle of half a CPU.
+    /// let spec = JobSpec {
+    ///     kind: COUNTER.into(),
+    ///     args: flotilla::wire::encode(&Count(0)),
+    ///     message_type: std::any::type_name::<CounterMsg>().into(),
+    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
+    ///     description: "a counter as a job".into(),
+    ///     max_restarts: 3,
+    /// };
+    /// let id = node.submit_job(spec).await?;
+    /// assert_eq!(node.jobs().await?[0].id, id);
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn serve_jobs(self: &Arc<Self>) -> Result<Option<Jobs>, HeadStoreError> {
         self.serve_jobs_with(Retention::default())
     }
@@ -220,6 +246,22 @@ impl Node {
     /// that store as well: the jobs it holds are taken back first (those
     /// that ended listed, the others started again). A store that cannot
     /// be read is an error and no job is served.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("serve_jobs_with")?;
+    /// use std::time::Duration;
+    /// use flotilla::jobs::Retention;
+    /// let head = flotilla::Node::builder(config).start_shared().await?;
+    /// // The last 10 ended jobs, for an hour each.
+    /// let retention = Retention { keep: 10, keep_for: Duration::from_secs(3600) };
+    /// let jobs = head.serve_jobs_with(retention)?;
+    /// assert!(jobs.is_some(), "served by the head (a member serves none)");
+    /// assert!(head.jobs().await?.is_empty());
+    /// head.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub fn serve_jobs_with(
         self: &Arc<Self>,
         retention: Retention,
@@ -279,6 +321,32 @@ impl Node {
     }
 
     /// Submits a detached job; its id.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("submit_job")?;
+    /// use flotilla::jobs::JobSpec;
+    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register(COUNTER, || Counter)
+    ///     .start_shared()
+    ///     .await?;
+    /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
+    /// // A counter run as a job, in a bundle of half a CPU.
+    /// let spec = JobSpec {
+    ///     kind: COUNTER.into(),
+    ///     args: flotilla::wire::encode(&Count(0)),
+    ///     message_type: std::any::type_name::<CounterMsg>().into(),
+    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
+    ///     description: "a counter as a job".into(),
+    ///     max_restarts: 3,
+    /// };
+    /// let id = node.submit_job(spec).await?;
+    /// assert!(id.starts_with("job-"));
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn submit_job(&self, spec: JobSpec) -> Result<String, JobsError> {
         match self.jobs_request(JobsRequest::Submit(spec)).await? {
             JobsReply::Submitted(id) => Ok(id),
@@ -287,6 +355,34 @@ impl Node {
     }
 
     /// Every job the head knows, oldest first.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("jobs")?;
+    /// use flotilla::jobs::JobSpec;
+    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register(COUNTER, || Counter)
+    ///     .start_shared()
+    ///     .await?;
+    /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
+    /// // A counter run as a job, in a bundle of half a CPU.
+    /// let spec = JobSpec {
+    ///     kind: COUNTER.into(),
+    ///     args: flotilla::wire::encode(&Count(0)),
+    ///     message_type: std::any::type_name::<CounterMsg>().into(),
+    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
+    ///     description: "a counter as a job".into(),
+    ///     max_restarts: 3,
+    /// };
+    /// let first = node.submit_job(spec.clone()).await?;
+    /// let second = node.submit_job(spec).await?;
+    /// let ids: Vec<String> = node.jobs().await?.into_iter().map(|j| j.id).collect();
+    /// assert_eq!(ids, [first, second]);
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn jobs(&self) -> Result<Vec<JobView>, JobsError> {
         match self.jobs_request(JobsRequest::List).await? {
             JobsReply::Jobs(j) => Ok(j),
@@ -295,6 +391,34 @@ impl Node {
     }
 
     /// One job, if the head knows it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("job")?;
+    /// use flotilla::jobs::JobSpec;
+    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register(COUNTER, || Counter)
+    ///     .start_shared()
+    ///     .await?;
+    /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
+    /// // A counter run as a job, in a bundle of half a CPU.
+    /// let spec = JobSpec {
+    ///     kind: COUNTER.into(),
+    ///     args: flotilla::wire::encode(&Count(0)),
+    ///     message_type: std::any::type_name::<CounterMsg>().into(),
+    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
+    ///     description: "a counter as a job".into(),
+    ///     max_restarts: 3,
+    /// };
+    /// let id = node.submit_job(spec).await?;
+    /// let job = node.job(&id).await?.expect("known");
+    /// assert_eq!(job.description, "a counter as a job");
+    /// assert!(node.job("job-none").await?.is_none());
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn job(&self, id: &str) -> Result<Option<JobView>, JobsError> {
         match self.jobs_request(JobsRequest::Get(id.to_owned())).await? {
             JobsReply::Job(j) => Ok(j.map(|j| *j)),
@@ -303,6 +427,35 @@ impl Node {
     }
 
     /// Stops a job (it ends failed, "stopped"); false if unknown or over.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("stop_job")?;
+    /// use flotilla::jobs::JobSpec;
+    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register(COUNTER, || Counter)
+    ///     .start_shared()
+    ///     .await?;
+    /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
+    /// // A counter run as a job, in a bundle of half a CPU.
+    /// let spec = JobSpec {
+    ///     kind: COUNTER.into(),
+    ///     args: flotilla::wire::encode(&Count(0)),
+    ///     message_type: std::any::type_name::<CounterMsg>().into(),
+    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
+    ///     description: "a counter as a job".into(),
+    ///     max_restarts: 3,
+    /// };
+    /// use flotilla::jobs::JobState;
+    /// let id = node.submit_job(spec).await?;
+    /// assert!(node.stop_job(&id).await?);
+    /// assert_eq!(node.job(&id).await?.map(|j| j.state), Some(JobState::Failed));
+    /// assert!(!node.stop_job(&id).await?, "over already");
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn stop_job(&self, id: &str) -> Result<bool, JobsError> {
         match self.jobs_request(JobsRequest::Stop(id.to_owned())).await? {
             JobsReply::Stopped(b) => Ok(b),

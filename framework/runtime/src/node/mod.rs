@@ -288,6 +288,16 @@ impl Node {
 
     /// This node's way out: bounded casts to any actor, large messages on
     /// the bulk lane.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("outbound_of").await?;
+    /// let outbound = node.outbound();
+    /// // Nothing queued for remote actors, nothing sent on the bulk lane.
+    /// assert_eq!((outbound.backlog(), outbound.bulk_bytes()), (0, 0));
+    /// # Ok(()) }
+    /// ```
     pub fn outbound(&self) -> Outbound {
         self.outbound.clone()
     }
