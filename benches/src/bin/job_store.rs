@@ -69,7 +69,7 @@ fn job(seq: u64, done: u64) -> StoredJob {
             max_restarts: 3,
         },
         view: (*record).clone(),
-        group: Some(format!("pg19a2b3c4-{seq}")),
+        group: Some(format!("pg19a2b3c4-{seq}").into()),
         ended_unix_ms: None,
     }
 }

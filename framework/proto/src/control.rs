@@ -172,18 +172,18 @@ pub enum PlacementRequest {
     /// Remove a group.
     Remove {
         /// Its id.
-        id: String,
+        id: crate::groups::GroupId,
     },
     /// A group as it is now.
     Get {
         /// Its id.
-        id: String,
+        id: crate::groups::GroupId,
     },
     /// A group once it is ready at a revision above `after_revision` (any,
     /// when `None`), failed, or removed; or as it is at the timeout.
     Wait {
         /// Its id.
-        id: String,
+        id: crate::groups::GroupId,
         /// The revision the caller already knows.
         after_revision: Option<u64>,
         /// How long to wait, in milliseconds.
@@ -197,7 +197,7 @@ pub enum PlacementRequest {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum PlacementReply {
     /// The group's id.
-    Created(String),
+    Created(crate::groups::GroupId),
     /// The spec cannot be created (why).
     Invalid(String),
     /// Whether a group was removed.

@@ -84,11 +84,92 @@ impl GroupState {
     }
 }
 
+/// A placement group's id, as the head names it (`PREFIX-N`, the prefix
+/// the head's incarnation). It reads as the text it is (`&id` where a
+/// `&str` is asked).
+#[derive(
+    Archive, Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+pub struct GroupId(String);
+
+impl GroupId {
+    /// The id `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for GroupId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for GroupId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for GroupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for GroupId {
+    fn from(id: String) -> Self {
+        Self(id)
+    }
+}
+
+impl From<&GroupId> for GroupId {
+    fn from(id: &GroupId) -> Self {
+        id.clone()
+    }
+}
+
+impl From<&str> for GroupId {
+    fn from(id: &str) -> Self {
+        Self(id.to_owned())
+    }
+}
+
+impl From<GroupId> for String {
+    fn from(id: GroupId) -> Self {
+        id.0
+    }
+}
+
+impl PartialEq<str> for GroupId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for GroupId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for GroupId {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
+
 /// A group as its users see it.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct GroupView {
     /// Its id.
-    pub id: String,
+    pub id: GroupId,
     /// Its state.
     pub state: GroupState,
     /// Grows each time a bundle is placed anew.
@@ -573,7 +654,7 @@ impl Groups {
             }
         }
         Some(GroupView {
-            id: id.to_owned(),
+            id: GroupId::from(id),
             state: e.state(),
             revision: e.revision,
             strategy: e.strategy.as_str().to_owned(),

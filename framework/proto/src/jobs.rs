@@ -194,7 +194,7 @@ pub struct StoredJob {
     /// Its account ([`JobRecord`]'s view, without groups).
     pub view: JobView,
     /// The placement group of its bundle, while it holds one.
-    pub group: Option<String>,
+    pub group: Option<crate::groups::GroupId>,
     /// When it ended, in milliseconds since the Unix epoch.
     pub ended_unix_ms: Option<u64>,
 }

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla::placement_groups::{GroupSpec, PlacementError};
+use flotilla::placement_groups::{GroupId, GroupSpec, PlacementError};
 use flotilla::ractor::{Actor, ActorRef, Message, SpawnErr};
 use flotilla::supervisor::{
     Backoff, Child, ChildSpec, Intensity, LocalChild, RemoteChild, RestartType, Strategy,
@@ -137,9 +137,14 @@ pub struct Stopper {
     placed: Option<Group>,
 }
 
-/// The node that placed a job's actors, their group, and `(member, name)`
-/// of each actor still to stop by name.
-type Group = (Arc<Node>, String, Vec<(String, String)>);
+/// The node that placed a job's actors, their group, and each actor
+/// still to stop by name.
+struct Group {
+    node: Arc<Node>,
+    id: GroupId,
+    /// `(member, actor name)`.
+    named: Vec<(String, String)>,
+}
 
 impl Stopper {
     /// Stops everything now.
@@ -155,12 +160,12 @@ impl Stopper {
         {
             s.stop(None);
         }
-        if let Some((node, group, actors)) = placed {
-            for (member, name) in &actors {
+        if let Some(Group { node, id, named }) = placed {
+            for (member, name) in &named {
                 let _ = node.stop_on(member, name, Duration::from_secs(5)).await;
             }
-            if let Err(e) = node.remove_group(&group).await {
-                tracing::warn!(%group, error = %e, "cannot remove the job's placement group");
+            if let Err(e) = node.remove_group(&id).await {
+                tracing::warn!(group = %id, error = %e, "cannot remove the job's placement group");
             }
         }
     }
@@ -227,7 +232,7 @@ pub struct Placed<M, A, R> {
     node: Arc<Node>,
     placement: Placement<A>,
     /// The group's id.
-    pub group: String,
+    pub group: GroupId,
     /// Where the bundles were placed (`group G (spread): 0→w1 1→w2 …`).
     pub placed: String,
     /// The actors started, by bundle.
@@ -262,10 +267,14 @@ where
         let group = node.create_group(placement.spec.clone()).await?;
         let mut stopper = Stopper {
             supervisor: None,
-            placed: Some((Arc::clone(node), group.clone(), Vec::new())),
+            placed: Some(Group {
+                node: Arc::clone(node),
+                id: group.clone(),
+                named: Vec::new(),
+            }),
         };
         if let Some(to) = announce {
-            let _ = to.send(group.clone());
+            let _ = to.send(group.to_string());
         }
         let view = node.wait_group(&group, wait).await?;
         tracing::info!(%group, strategy = %view.strategy, nodes = ?view.nodes, "actors placed");
@@ -326,10 +335,10 @@ where
             for (member, bundle, started) in results {
                 match started {
                     Ok((actor, ready)) => {
-                        if let (Some((_, _, names)), Some(name)) =
+                        if let (Some(placed), Some(name)) =
                             (stopper.placed.as_mut(), actor.get_name())
                         {
-                            names.push((member.clone(), name));
+                            placed.named.push((member.clone(), name));
                         }
                         actors.push(PlacedActor {
                             bundle,
@@ -414,8 +423,8 @@ where
         // The supervisor stops the actors from now on; the group stays
         // the stopper's to remove.
         stopper.supervisor = supervised.supervisor.take();
-        if let Some((_, _, names)) = stopper.placed.as_mut() {
-            names.clear();
+        if let Some(placed) = stopper.placed.as_mut() {
+            placed.named.clear();
         }
         Ok((pool, found, stopper))
     }

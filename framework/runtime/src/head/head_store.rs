@@ -481,7 +481,7 @@ pub(crate) mod tests {
                 max_restarts: 3,
             },
             view: (*record).clone(),
-            group: Some(format!("pg1-{seq}")),
+            group: Some(format!("pg1-{seq}").into()),
             ended_unix_ms: None,
         }
     }

@@ -69,7 +69,7 @@ use crate::clock::clock_millis;
 use crate::head::head_store::{HeadStore, HeadStoreError};
 use crate::jobs_slot::ServeJobs;
 use crate::member::head_client::HeadUnavailable;
-use crate::node::placement_groups::GroupSpec;
+use crate::node::placement_groups::{GroupId, GroupSpec};
 use crate::node::{Node, StopError};
 use crate::supervisor::{
     Child, RemoteChild, Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg,
@@ -187,7 +187,7 @@ struct Entry {
     spec: JobSpec,
     /// Its actor's name: the job's id and a tag nobody can guess.
     actor: String,
-    group: Option<String>,
+    group: Option<GroupId>,
     supervisor: Option<ActorRef<SupervisorMsg>>,
     /// The node (and incarnation) its actor was last started on.
     placed: Option<MemberRef>,
@@ -722,7 +722,7 @@ impl Service {
         n: u64,
         id: &str,
         spec: &JobSpec,
-    ) -> Result<(String, String, ActorRef<SupervisorMsg>), String> {
+    ) -> Result<(String, GroupId, ActorRef<SupervisorMsg>), String> {
         let actor = format!("{id}.{:016x}", crate::nonce::nonce());
         let group = GroupSpec::new(Strategy::Pack, vec![spec.resources.clone()])
             .with_timeout(Duration::from_secs(24 * 3600))

@@ -27,7 +27,7 @@ use flotilla_proto::control::{
 use ractor::{ActorRef, Message};
 
 pub use flotilla_proto::groups::NodeAccount;
-pub use flotilla_proto::groups::{GroupSpec, GroupState, GroupView, bundle};
+pub use flotilla_proto::groups::{GroupId, GroupSpec, GroupState, GroupView, bundle};
 pub use flotilla_proto::placement::{Resources, Strategy, parse_amount, parse_bundle};
 
 pub use crate::member::head_client::HeadUnavailable;
@@ -150,7 +150,7 @@ impl Node {
     /// assert!(node.group(&id).await?.is_some());
     /// # Ok(()) }
     /// ```
-    pub async fn create_group(&self, spec: GroupSpec) -> Result<String, PlacementError> {
+    pub async fn create_group(&self, spec: GroupSpec) -> Result<GroupId, PlacementError> {
         let request = PlacementRequest::Create { spec };
         match self.placement(request, ASK).await? {
             PlacementReply::Created(id) => Ok(id),
@@ -188,7 +188,7 @@ impl Node {
         timeout: Duration,
     ) -> Result<Option<GroupView>, PlacementError> {
         let request = PlacementRequest::Wait {
-            id: id.to_owned(),
+            id: id.into(),
             after_revision,
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         };
@@ -252,7 +252,7 @@ impl Node {
     /// ```
     pub async fn group(&self, id: &str) -> Result<Option<GroupView>, PlacementError> {
         match self
-            .placement(PlacementRequest::Get { id: id.to_owned() }, ASK)
+            .placement(PlacementRequest::Get { id: id.into() }, ASK)
             .await?
         {
             PlacementReply::Group(g) => Ok(g),
@@ -298,7 +298,7 @@ impl Node {
     /// ```
     pub async fn remove_group(&self, id: &str) -> Result<bool, PlacementError> {
         match self
-            .placement(PlacementRequest::Remove { id: id.to_owned() }, ASK)
+            .placement(PlacementRequest::Remove { id: id.into() }, ASK)
             .await?
         {
             PlacementReply::Removed(r) => Ok(r),

@@ -380,7 +380,7 @@ impl PlacementService {
                 let deadline = clock_millis().saturating_add(spec.timeout_ms);
                 match self.groups.create(now(), spec, Some(owner)) {
                     Ok(id) => match self.record(&id, deadline) {
-                        Ok(()) => PlacementReply::Created(id),
+                        Ok(()) => PlacementReply::Created(id.into()),
                         Err(e) => {
                             // Not answered as created: nothing of it stays.
                             self.groups.remove(&id, out);
@@ -427,7 +427,7 @@ impl PlacementService {
                             ))));
                             return;
                         }
-                        self.waiters.entry(id).or_default().push(waiter);
+                        self.waiters.entry(id.into()).or_default().push(waiter);
                     }
                     v => {
                         let _ = waiter.reply.send(Ok(PlacementReply::Group(v)));

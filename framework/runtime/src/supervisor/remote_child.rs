@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_proto::control::{SpawnOrder, StopOutcome};
-use flotilla_proto::groups::GroupState;
+use flotilla_proto::groups::{GroupId, GroupState};
 use flotilla_proto::incarnation::MemberRef;
 use futures::future::BoxFuture;
 use ractor::ActorCell;
@@ -47,7 +47,7 @@ pub struct RemoteChild {
     on_node_lost: Exit,
     first: Mutex<Option<(String, ActorCell)>>,
     /// The placement-group bundle it runs in, instead of `place`.
-    bundle: Option<(String, usize)>,
+    bundle: Option<(GroupId, usize)>,
     /// The node (and its incarnation) its latest copy was started on: a
     /// start stops that copy first, so that two never run.
     latest: Arc<Mutex<Option<MemberRef>>>,
@@ -106,7 +106,7 @@ impl RemoteChild {
     /// timeout) for the group to be ready and spawns on the bundle's node,
     /// so after the node is lost the restart follows the bundle to the
     /// node the head placed it on again.
-    pub fn in_bundle(mut self, group: impl Into<String>, bundle: usize) -> Self {
+    pub fn in_bundle(mut self, group: impl Into<GroupId>, bundle: usize) -> Self {
         self.bundle = Some((group.into(), bundle));
         self
     }
@@ -165,7 +165,7 @@ impl RemoteChild {
         &self,
         supervisor: ActorCell,
         spawn: Spawn,
-        group: String,
+        group: GroupId,
         bundle: usize,
     ) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let node = Arc::clone(&self.node);
