@@ -21,6 +21,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::groups::GroupView;
+use crate::ids::JobId;
 use crate::placement::Resources;
 
 /// Where a job is.
@@ -126,7 +127,7 @@ impl JobSpec {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct JobView {
     /// Its id.
-    pub id: String,
+    pub id: JobId,
     /// What it does.
     pub description: String,
     /// The certificate that submitted it (`None`: the head itself): it,
@@ -160,16 +161,16 @@ pub enum JobsRequest {
     /// Every job.
     List,
     /// One job.
-    Get(String),
+    Get(JobId),
     /// Stop a job (it fails, "stopped").
-    Stop(String),
+    Stop(JobId),
 }
 
 /// The head's answer.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum JobsReply {
     /// The new job's id.
-    Submitted(String),
+    Submitted(JobId),
     /// Every job, oldest first.
     Jobs(Vec<JobView>),
     /// The job, if it exists.
@@ -215,7 +216,7 @@ impl JobRecord {
     /// A job just submitted by the certificate `owner` (`None`: the head
     /// itself).
     pub fn new(
-        id: impl Into<String>,
+        id: impl Into<JobId>,
         description: impl Into<String>,
         owner: Option<String>,
     ) -> Self {

@@ -43,6 +43,7 @@ pub mod frame;
 pub mod groups;
 pub mod head;
 pub mod hello;
+pub mod ids;
 pub mod incarnation;
 pub mod jobs;
 pub mod lease;

@@ -47,7 +47,7 @@ pub async fn run(args: JobsArgs) -> ExitCode {
             }
             other => refused(other),
         },
-        Some(JobsOp::Stop { id }) => match ask(JobsRequest::Stop(id.clone())).await {
+        Some(JobsOp::Stop { id }) => match ask(JobsRequest::Stop(id.as_str().into())).await {
             Ok(JobsReply::Stopped(true)) => {
                 println!("stopped {id}");
                 ExitCode::SUCCESS
@@ -61,7 +61,7 @@ pub async fn run(args: JobsArgs) -> ExitCode {
         Some(JobsOp::Wait { id, timeout_s }) => {
             let until = Instant::now() + Duration::from_secs(timeout_s);
             loop {
-                match ask(JobsRequest::Get(id.clone())).await {
+                match ask(JobsRequest::Get(id.as_str().into())).await {
                     Ok(JobsReply::Job(Some(job))) if job.state.is_end() => {
                         if args.json {
                             println!("{}", to_json(std::slice::from_ref(&job)));

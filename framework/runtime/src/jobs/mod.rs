@@ -77,6 +77,7 @@ use crate::supervisor::{
 use flotilla_proto::authority::{self, Unauthorized};
 use flotilla_proto::role::principal_of;
 
+pub use flotilla_proto::ids::JobId;
 pub use flotilla_proto::jobs::{
     JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, Retention, StoredJob,
 };
@@ -347,7 +348,7 @@ impl Node {
     /// node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub async fn submit_job(&self, spec: JobSpec) -> Result<String, JobsError> {
+    pub async fn submit_job(&self, spec: JobSpec) -> Result<JobId, JobsError> {
         match self.jobs_request(JobsRequest::Submit(spec)).await? {
             JobsReply::Submitted(id) => Ok(id),
             other => Err(JobsError::Unexpected(format!("{other:?}"))),
@@ -378,7 +379,7 @@ impl Node {
     /// };
     /// let first = node.submit_job(spec.clone()).await?;
     /// let second = node.submit_job(spec).await?;
-    /// let ids: Vec<String> = node.jobs().await?.into_iter().map(|j| j.id).collect();
+    /// let ids: Vec<flotilla::jobs::JobId> = node.jobs().await?.into_iter().map(|j| j.id).collect();
     /// assert_eq!(ids, [first, second]);
     /// node.shutdown().await;
     /// # Ok(()) }
@@ -420,7 +421,7 @@ impl Node {
     /// # Ok(()) }
     /// ```
     pub async fn job(&self, id: &str) -> Result<Option<JobView>, JobsError> {
-        match self.jobs_request(JobsRequest::Get(id.to_owned())).await? {
+        match self.jobs_request(JobsRequest::Get(id.into())).await? {
             JobsReply::Job(j) => Ok(j.map(|j| *j)),
             other => Err(JobsError::Unexpected(format!("{other:?}"))),
         }
@@ -457,7 +458,7 @@ impl Node {
     /// # Ok(()) }
     /// ```
     pub async fn stop_job(&self, id: &str) -> Result<bool, JobsError> {
-        match self.jobs_request(JobsRequest::Stop(id.to_owned())).await? {
+        match self.jobs_request(JobsRequest::Stop(id.into())).await? {
             JobsReply::Stopped(b) => Ok(b),
             other => Err(JobsError::Unexpected(format!("{other:?}"))),
         }
@@ -711,7 +712,7 @@ impl Service {
             self.jobs.remove(&n);
             return JobsReply::Invalid(format!("the head cannot record the job: {e}"));
         }
-        JobsReply::Submitted(id)
+        JobsReply::Submitted(id.into())
     }
 
     /// Starts job `id` (its place `n`): a detached group of one bundle and
@@ -908,7 +909,7 @@ impl Service {
                 )
                 .await;
                 if let Ok(JobReport(p)) = asked {
-                    let _ = tx.send(Command::Progress(id, p));
+                    let _ = tx.send(Command::Progress(id.into(), p));
                 }
             });
         }
