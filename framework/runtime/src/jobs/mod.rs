@@ -922,7 +922,9 @@ impl Service {
 /// such actor, or that incarnation of the node has ended (its spawner then
 /// stops what it hosted for others); given up after [`LEFT_COPY_WITHIN`].
 fn stop_left_copy(node: Arc<Node>, on: MemberRef, actor: String, job: String) {
-    tokio::spawn(async move {
+    // On the node's tasks: a head that shuts down stops asking.
+    let tasks = node.tasks.clone();
+    tasks.spawn(async move {
         let deadline = tokio::time::Instant::now() + LEFT_COPY_WITHIN;
         loop {
             let ended = node
