@@ -1093,7 +1093,8 @@ fn a_configured_child_is_restarted_on_another_node_from_its_previous_snapshot() 
         found.sort_unstable();
         found
     };
-    let folder = ckpt.join("ticker-1");
+    // Fenced by the supervisor's starts: under its certificate's folder.
+    let folder = ckpt.join("@sup").join("ticker-1");
     eventually(Duration::from_secs(20), || {
         (snapshots(&folder).len() >= 3).then_some(())
     });

@@ -261,6 +261,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
             name: "ghost-echo".into(),
             args: flotilla::wire::encode(&NoArgs),
             message_type: std::any::type_name::<flotilla_testkit::probe::EchoMsg>().into(),
+            epoch: 0,
         };
         let asked = flotilla::query(w2.addr, ghost(), ControlRequest::Spawn(order.clone())).await;
         assert_eq!(denied(asked), Unauthorized::NotMember);
@@ -450,6 +451,7 @@ fn a_member_other_than_the_head_cannot_spawn_a_jobs_driver() {
                         name: format!("forged-driver-{n}"),
                         args: Vec::new(),
                         message_type: "any".into(),
+                        epoch: 0,
                     },
                     Duration::from_secs(10),
                 )
@@ -1232,4 +1234,116 @@ fn one_certificate_cannot_hold_more_than_its_cap_of_connections_to_a_node() {
             );
         };
     });
+}
+
+/// Clause "supervision: checkpoints fenced by epochs", against a driver
+/// that forges a start: it spawns a copy of a supervised child under the
+/// child's name on the other worker, the spawn order's epoch half a minute
+/// ahead of the clock and the copy's arguments claiming the child's own
+/// supervisor as issuer. The worker writes the driver's certificate into
+/// the copy's start, so the copy fences a folder of its own: the child
+/// keeps saving where it did, is never restarted, and nothing the copy
+/// saved is where the child restores from.
+#[test]
+fn a_driver_copy_of_a_supervised_child_with_a_forged_epoch_neither_locks_it_out_nor_feeds_it_state()
+{
+    use flotilla_testkit::probe::{TICKER, TickerArgs, TickerMsg};
+    let s = Scratch::new("forged-start", NODE);
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let _workers: Vec<Proc> = ["w1", "w2"]
+        .into_iter()
+        .map(|w| {
+            s.issue(w);
+            s.spawn("join", w, free_addr(), Some(head.addr), &s.certs())
+        })
+        .collect();
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr)
+            .filter(|st| all_up(st, &["head", "w1", "w2"]))
+    });
+    let config = ticker_tree(&s);
+    s.issue("sup");
+    let _sup = s.spawn_with(
+        "join",
+        "sup",
+        free_addr(),
+        Some(head.addr),
+        &["--config", config.to_str().unwrap()],
+    );
+    let child = |st: &serde_json::Value| {
+        supervisor_of(st, "sup", "tickers").map(|t| t["children"][0].clone())
+    };
+    eventually(Duration::from_secs(30), || {
+        s.status_with_supervisors(head.addr)
+            .filter(|st| child(st).is_some_and(|c| c["node"] == "w1" && c["running"] == true))
+    });
+    let ckpt = s.dir.join("ckpt");
+    let own = ckpt.join("@sup").join("ticker-1");
+    let ckpts = |dir: &std::path::Path| -> usize {
+        std::fs::read_dir(dir).map_or(0, |d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+                .count()
+        })
+    };
+    eventually(Duration::from_secs(20), || (ckpts(&own) > 0).then_some(()));
+
+    s.issue_role("d1", "driver");
+    let ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+        + 30_000_000;
+    runtime().block_on(async {
+        let driver = join(&s, "d1", head.addr).await;
+        let forged = TickerArgs {
+            checkpoint: ckpt.to_str().unwrap().into(),
+            tick_ms: 20,
+            every: 10,
+            start: flotilla::checkpoint::Start::new("sup", ahead),
+        };
+        let order = SpawnOrder {
+            epoch: ahead,
+            ..SpawnOrder::of::<TickerMsg>(TICKER, "ticker-1", flotilla::wire::encode(&forged))
+        };
+        driver
+            .spawn_on_raw("w2", order, Duration::from_secs(10))
+            .await
+            .expect("a driver may spawn a ticker on a worker");
+        // The copy runs and saves (every 200 ms), beside the child, for a
+        // while.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        driver.shutdown().await;
+    });
+    let w1 = s.log("w1");
+    assert!(
+        !w1.contains("NODE-CKPT-006"),
+        "the child's saves were refused: {w1}"
+    );
+    let w2 = s.log("w2");
+    assert!(
+        w2.contains("ticker restored") && w2.contains("issuer=d1"),
+        "the copy was started as the driver's: {w2}"
+    );
+    assert!(
+        ckpts(&ckpt.join("@d1").join("ticker-1")) > 0,
+        "the copy saved in a folder of its own"
+    );
+    let (st, _) = eventually(Duration::from_secs(5), || {
+        s.status_with_supervisors(head.addr)
+    });
+    let c = child(&st).unwrap();
+    assert_eq!(
+        (c["node"].as_str(), c["restarts"].as_u64()),
+        (Some("w1"), Some(0)),
+        "{st}"
+    );
+    // No epoch of the driver's copy is among the child's.
+    let theirs = format!("{ahead:020}");
+    let mixed: Vec<String> = std::fs::read_dir(&own)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_owned()))
+        .filter(|n| n.starts_with(&theirs))
+        .collect();
+    assert!(mixed.is_empty(), "{mixed:?}");
 }

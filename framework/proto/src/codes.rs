@@ -389,6 +389,12 @@ pub const CODES: &[Code] = &[
         &["framework/runtime/src/supervisor/checkpoint.rs"],
     ),
     code(
+        "NODE-CKPT-008",
+        "Checkpoint of … cannot be fenced: its start has no epoch or no issuer",
+        "Register the kind with NodeBuilder::fences_checkpoints and start it under a supervisor, or save unfenced",
+        &["framework/runtime/src/supervisor/checkpoint.rs"],
+    ),
+    code(
         "NODE-CONFIG-001",
         "The --config file cannot be read",
         "Check the path and its permissions",

@@ -98,6 +98,12 @@ pub struct SpawnOrder {
     /// The message type the caller will send the actor
     /// (`std::any::type_name`); the kind's must be the same.
     pub message_type: String,
+    /// The epoch the caller's supervisor issued this start (0: none). The
+    /// node that spawns it stamps this epoch, with the certificate of the
+    /// member that asked, into the arguments of a kind whose actors fence
+    /// their checkpoints, whatever the arguments themselves say: a caller
+    /// can fence only its own children's checkpoints.
+    pub epoch: u64,
 }
 
 impl SpawnOrder {
@@ -109,6 +115,7 @@ impl SpawnOrder {
             name: name.to_owned(),
             args,
             message_type: std::any::type_name::<M>().to_owned(),
+            epoch: 0,
         }
     }
 }

@@ -16,6 +16,62 @@
 //!         restore(E)  takes the newest snapshot of the newest epoch ≤ E
 //! ```
 
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// One start of a supervised child, as the node that runs it knows it:
+/// the epoch its supervisor issued, and the certificate (principal) of
+/// the member whose supervisor issued it. A kind whose actors fence their
+/// checkpoints carries one in its arguments ([`TakesStart`]); the node
+/// that spawns such a child overwrites it with what it knows.
+///
+/// ```
+/// use flotilla_proto::epoch::Start;
+/// let start = Start::new("head", 1_700_000_000_000_000);
+/// assert!(start.is_fenced());
+/// assert_eq!(start.issuer(), "head");
+/// assert!(!Start::default().is_fenced());
+/// ```
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct Start {
+    issuer: String,
+    epoch: u64,
+}
+
+impl Start {
+    /// The start at `epoch` of a child whose supervisor runs on a member
+    /// holding the certificate `issuer`. A child started by its own node
+    /// makes its own; a spawned one is given its node's.
+    pub fn new(issuer: impl Into<String>, epoch: u64) -> Self {
+        Self {
+            issuer: issuer.into(),
+            epoch,
+        }
+    }
+
+    /// The epoch its supervisor issued (0: none).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The certificate of the member whose supervisor issued it.
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// Whether it fences checkpoints: it has an epoch and an issuer.
+    pub fn is_fenced(&self) -> bool {
+        self.epoch > 0 && !self.issuer.is_empty()
+    }
+}
+
+/// Arguments of an actor kind whose actors fence their checkpoints: where
+/// the node that spawns one writes its [`Start`]
+/// (`NodeBuilder::fences_checkpoints`).
+pub trait TakesStart {
+    /// The start these arguments carry.
+    fn start_mut(&mut self) -> &mut Start;
+}
+
 /// Issues strictly increasing epochs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EpochClock {

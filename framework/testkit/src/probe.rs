@@ -372,6 +372,7 @@ pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
         .register(RELAY, || Relay)
         .register(LENDER, move || Lender { node: node.clone() })
         .register_configurable(TICKER, || Ticker)
+        .fences_checkpoints::<Ticker>(TICKER)
 }
 
 /// A [`Ticker`]'s arguments, written in `node.toml` as the child's `args`
@@ -385,10 +386,17 @@ pub struct TickerArgs {
     pub tick_ms: u64,
     /// Ticks between snapshots.
     pub every: u64,
-    /// The epoch its supervisor gave this start (set by the node for a
-    /// child with `checkpoint`); 0: its snapshots are not fenced.
-    #[serde(default)]
-    pub epoch: u64,
+    /// This start as its node wrote it (its supervisor's epoch and
+    /// certificate; unfenced when spawned without a supervisor). Never
+    /// read from configuration.
+    #[serde(skip)]
+    pub start: flotilla::checkpoint::Start,
+}
+
+impl flotilla::checkpoint::TakesStart for TickerArgs {
+    fn start_mut(&mut self) -> &mut flotilla::checkpoint::Start {
+        &mut self.start
+    }
 }
 
 /// What a [`Ticker`] answers: its count.
@@ -447,8 +455,8 @@ impl Actor for Ticker {
     ) -> Result<TickerState, ActorProcessingErr> {
         let store = flotilla::checkpoint::CheckpointStore::open(&args.checkpoint, 3)?;
         let key = myself.get_name().unwrap_or_else(|| "ticker".to_owned());
-        let (store, restored) = if args.epoch > 0 {
-            let fenced = store.fence(&key, args.epoch).await?;
+        let (store, restored) = if args.start.is_fenced() {
+            let fenced = store.fence(&key, &args.start).await?;
             let restored = fenced.restore::<Ticks>().await?;
             (Snapshots::Fenced(fenced), restored)
         } else {
@@ -456,7 +464,7 @@ impl Actor for Ticker {
             (Snapshots::Plain(store, key.clone()), restored)
         };
         let n = restored.map_or(0, |(_, Ticks(n))| n);
-        tracing::info!(name = %key, count = n, epoch = args.epoch, "ticker restored");
+        tracing::info!(name = %key, count = n, epoch = args.start.epoch(), issuer = %args.start.issuer(), "ticker restored");
         myself.send_interval(Duration::from_millis(args.tick_ms.max(1)), || {
             TickerMsg::Tick
         });

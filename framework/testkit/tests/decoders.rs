@@ -201,6 +201,7 @@ fn requests() -> Vec<ControlRequest> {
             name: "echo-1".into(),
             args: wire::encode(&resources()),
             message_type: "flotilla_testkit::probe::EchoMsg".into(),
+            epoch: 1_700_000_000_000_000,
         }),
     ]
 }
@@ -326,7 +327,7 @@ fn cases() -> Vec<Case> {
         checkpoint: "s3://bucket/ckpt".into(),
         tick_ms: 20,
         every: 10,
-        epoch: 1_700_000_000_000_000,
+        start: flotilla::checkpoint::Start::new("head", 1_700_000_000_000_000),
     }));
     out.push(of(&flotilla_testkit::probe::LendRequest {
         bytes: vec![1; 200],
@@ -550,6 +551,7 @@ fn the_allocator_counts_what_a_decode_allocates() {
         name: "n".into(),
         args: vec![1; 64 << 10],
         message_type: "m".into(),
+        epoch: 0,
     });
     let bytes = wire::encode(&big);
     let (decoded, peak) = peak_of(|| wire::decode::<ControlRequest>(&bytes));

@@ -54,21 +54,6 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
     for tree in trees {
         let mut children = Vec::new();
         for c in tree.children {
-            // A child that checkpoints gets each start's epoch in its
-            // arguments, to fence its snapshots with.
-            let fenced = c.args.get("checkpoint").is_some();
-            let per_start = {
-                let (node, kind, value) = (Arc::clone(node), c.kind.clone(), c.args.clone());
-                move |epoch: u64| {
-                    let mut value = value.clone();
-                    if let Some(map) = value.as_object_mut() {
-                        map.insert("epoch".into(), epoch.into());
-                    }
-                    node.config_args(&kind, value)
-                        .map(|(bytes, _)| bytes)
-                        .map_err(|e| e.to_string())
-                }
-            };
             let (args, message_type) =
                 node.config_args(&c.kind, c.args)
                     .map_err(|source| TreeError::Args {
@@ -94,15 +79,14 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
                     name: c.spec.id.clone(),
                     args,
                     message_type: message_type.to_owned(),
+                    // Each start's own: a child of a kind that fences its
+                    // checkpoints has it written into its arguments by the
+                    // node that spawns it.
+                    epoch: 0,
                 },
                 place,
                 SPAWN_TIMEOUT,
             );
-            let start = if fenced {
-                start.args_per_start(per_start)
-            } else {
-                start
-            };
             children.push(Child::new(c.spec, start));
         }
         let (events_tx, mut events) = mpsc::unbounded_channel();

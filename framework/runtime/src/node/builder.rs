@@ -51,7 +51,9 @@ use crate::node::router::Router;
 use crate::objects::Objects;
 use crate::placement::reservations::Reservations;
 use crate::placement::{PlacementParts, PlacementService};
-use crate::remote::spawner::{Hosted, Kind, KindOf, Spawner, SpawnerArgs, relay_members};
+use crate::remote::spawner::{
+    Hosted, Kind, KindOf, Spawner, SpawnerArgs, Stamp, relay_members, stamp_of,
+};
 use crate::remote::wire::{Decode, Encode};
 use crate::table::Table;
 use crate::tasks::Tasks;
@@ -156,6 +158,8 @@ pub struct NodeBuilder {
     /// The kinds only the head may spawn.
     head_only: std::collections::HashSet<String>,
     configurable: HashMap<String, ConfigKind>,
+    /// The kinds whose actors fence their checkpoints.
+    stamps: HashMap<String, Stamp>,
     handle: NodeHandle,
     gpus: crate::placement::gpus::GpuSlots,
     head_store_in: Option<std::path::PathBuf>,
@@ -200,6 +204,7 @@ impl Node {
             kinds: HashMap::new(),
             head_only: std::collections::HashSet::new(),
             configurable: HashMap::new(),
+            stamps: HashMap::new(),
             handle: NodeHandle::default(),
             gpus: crate::placement::gpus::GpuSlots::default(),
             head_store_in: None,
@@ -421,6 +426,45 @@ impl NodeBuilder {
         self.register(kind, factory)
     }
 
+    /// Marks the registered `kind`, whose actors are `A`, as one whose
+    /// actors fence their checkpoints
+    /// (`flotilla::checkpoint::CheckpointStore::fence`):
+    /// every spawn of it here has its [`Start`](flotilla_proto::epoch::Start)
+    /// written into its arguments by this node, the epoch from the spawn
+    /// order (a supervisor's `RemoteChild` sets it)
+    /// and the issuer from the certificate that asked, over whatever the
+    /// arguments said. A caller can then fence only the checkpoints of the
+    /// children its own certificate's supervisors start.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let head = flotilla::node::doc_example::head("fences_checkpoints").await?;
+    /// use std::time::Duration;
+    /// use flotilla::checkpoint::Start;
+    /// use flotilla::node::doc_example::{Ask, KEEPER, KeeperArgs, KeeperMsg, StartSeen};
+    /// // `head` registered Keeper with `.fences_checkpoints::<Keeper>(KEEPER)`.
+    /// // Arguments that claim another issuer and the largest epoch...
+    /// let forged = KeeperArgs { start: Start::new("someone-else", u64::MAX) };
+    /// let keeper: flotilla::ractor::ActorRef<KeeperMsg> = head
+    ///     .spawn_on(head.name(), KEEPER, "k", &forged, Duration::from_secs(5))
+    ///     .await?;
+    /// // ...are overwritten: the asker's certificate, and no epoch (no supervisor issued one).
+    /// let seen = flotilla::call::call(&keeper, |r| KeeperMsg::Start(Ask, r), Duration::from_secs(5)).await?;
+    /// assert_eq!(seen, StartSeen { issuer: "head".into(), epoch: 0 });
+    /// # head.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub fn fences_checkpoints<A>(mut self, kind: &str) -> Self
+    where
+        A: Actor,
+        A::Arguments: Decode + Encode + flotilla_proto::epoch::TakesStart,
+    {
+        self.stamps
+            .insert(kind.to_owned(), stamp_of::<A::Arguments>());
+        self
+    }
+
     /// Starts the node: loads certificates, binds the QUIC endpoints,
     /// starts the actor system and, unless this node is the head, joins the
     /// head. Cancel safety: a cancelled start leaves its tasks to be
@@ -477,7 +521,7 @@ impl NodeBuilder {
                 },
             ),
         };
-        let spawner = spawn_spawner(self.kinds, &hosted, &identity).await?;
+        let spawner = spawn_spawner(self.kinds, self.stamps, &hosted, &identity).await?;
         let board = Board::default();
         let jobs = JobsSlot::default();
         let head_store = stored.as_ref().map(|s| Arc::clone(&s.store));
@@ -970,6 +1014,7 @@ fn run_mesh(
 /// The spawner actor, with the node's registered kinds.
 async fn spawn_spawner(
     kinds: HashMap<String, Arc<dyn Kind>>,
+    stamps: HashMap<String, Stamp>,
     hosted: &Hosted,
     identity: &Identity,
 ) -> Result<ActorRef<crate::remote::spawner::SpawnerMsg>, StartError> {
@@ -978,6 +1023,7 @@ async fn spawn_spawner(
         Spawner,
         SpawnerArgs {
             kinds: Arc::new(kinds),
+            stamps: Arc::new(stamps),
             hosted: hosted.clone(),
             node: identity.name.clone(),
         },

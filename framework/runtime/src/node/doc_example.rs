@@ -1,8 +1,9 @@
 //! A real node for the façade's documentation examples: the head of a
 //! cluster of its own, on 127.0.0.1, with a CA made for it in a folder of
 //! the system's temporary directory (removed when the example's
-//! [`DocHead`] is dropped), offering 2 CPUs to placement groups, and one
-//! registered kind, [`COUNTER`].
+//! [`DocHead`] is dropped), offering 2 CPUs to placement groups, and two
+//! registered kinds: [`COUNTER`], and [`KEEPER`], whose actors fence
+//! their checkpoints.
 
 use std::path::PathBuf;
 
@@ -12,6 +13,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::node::Node;
 use crate::node::config::NodeConfig;
+use flotilla_proto::epoch::{Start, TakesStart};
 
 /// The kind name [`head`] registers [`Counter`] under.
 pub const COUNTER: &str = "doc.counter";
@@ -70,6 +72,74 @@ impl Actor for Counter {
     }
 }
 
+/// The kind name [`head`] registers [`Keeper`] under, as a kind whose
+/// actors fence their checkpoints.
+pub const KEEPER: &str = "doc.keeper";
+
+/// A [`Keeper`]'s arguments: only its start, which the node that spawns
+/// it writes.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeeperArgs {
+    /// Its start.
+    pub start: Start,
+}
+
+impl TakesStart for KeeperArgs {
+    fn start_mut(&mut self) -> &mut Start {
+        &mut self.start
+    }
+}
+
+/// A start as a [`Keeper`] tells it: its issuer and epoch.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct StartSeen {
+    /// The certificate whose supervisor issued it.
+    pub issuer: String,
+    /// Its epoch.
+    pub epoch: u64,
+}
+
+crate::remote_type!(KeeperArgs, StartSeen);
+
+/// What a [`Keeper`] takes.
+#[derive(RactorClusterMessage)]
+pub enum KeeperMsg {
+    /// The start it was given.
+    #[rpc]
+    Start(Ask, RpcReplyPort<StartSeen>),
+}
+
+/// An actor that keeps the [`Start`] it was spawned with and tells it.
+pub struct Keeper;
+
+impl Actor for Keeper {
+    type Msg = KeeperMsg;
+    type State = Start;
+    type Arguments = KeeperArgs;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<KeeperMsg>,
+        args: KeeperArgs,
+    ) -> Result<Start, ActorProcessingErr> {
+        Ok(args.start)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<KeeperMsg>,
+        msg: KeeperMsg,
+        start: &mut Start,
+    ) -> Result<(), ActorProcessingErr> {
+        let KeeperMsg::Start(Ask, reply) = msg;
+        let _ = reply.send(StartSeen {
+            issuer: start.issuer().to_owned(),
+            epoch: start.epoch(),
+        });
+        Ok(())
+    }
+}
+
 /// A folder of certificates made for an example (a CA, and the head's
 /// certificate), removed when dropped.
 pub struct DocDir(PathBuf);
@@ -117,11 +187,14 @@ impl std::ops::Deref for DocHead {
 }
 
 /// Starts the head `head` of [`config`], with [`Counter`] registered as
-/// [`COUNTER`] (its arguments also readable from configuration).
+/// [`COUNTER`] (its arguments also readable from configuration) and
+/// [`Keeper`] as [`KEEPER`].
 pub async fn head(tag: &str) -> Result<DocHead, Box<dyn std::error::Error>> {
     let (config, dir) = config(tag)?;
     let node = Node::builder(config)
         .register_configurable(COUNTER, || Counter)
+        .register(KEEPER, || Keeper)
+        .fences_checkpoints::<Keeper>(KEEPER)
         .start()
         .await?;
     Ok(DocHead { node, _dir: dir })

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use flotilla_proto::authority::{Sender, may_stop};
 use flotilla_proto::control::{MAX_ACTORS_PER_PRINCIPAL, SpawnOrder, StopOutcome};
+use flotilla_proto::epoch::{Start, TakesStart};
 use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::role::{Role, principal_of};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -32,7 +33,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 pub use flotilla_proto::control::{SpawnReply, TypeMismatch};
 
-use crate::remote::wire::{Decode, decode};
+use crate::remote::wire::{Decode, Encode, decode};
 
 /// Process group of every actor spawned with message type `M`: how a
 /// lookup tells an actor's message type, on any node.
@@ -246,11 +247,37 @@ impl Hosted {
 /// Registered kinds by name.
 pub(crate) type Kinds = Arc<HashMap<String, Arc<dyn Kind>>>;
 
+/// Writes a [`Start`] into a fenced kind's archived arguments, over
+/// whatever they say; `Err` for arguments that do not decode.
+pub(crate) type Stamp = Arc<dyn Fn(&[u8], &Start) -> Result<Vec<u8>, String> + Send + Sync>;
+
+/// The kinds whose actors fence their checkpoints, by name, with how to
+/// stamp their arguments.
+pub(crate) type Stamps = Arc<HashMap<String, Stamp>>;
+
+/// The stamp of the kind whose arguments are `T`: decodes them, writes
+/// the start in, archives them again.
+pub(crate) fn stamp_of<T: Decode + Encode + TakesStart>() -> Stamp {
+    Arc::new(|bytes: &[u8], start: &Start| {
+        let mut args = decode::<T>(bytes).map_err(|e| e.to_string())?;
+        *args.start_mut() = start.clone();
+        Ok(crate::remote::wire::encode(&args))
+    })
+}
+
+/// The start a spawn by `owner` at `epoch` is given: the epoch its
+/// supervisor issued and the certificate that asked, never what the
+/// arguments claim.
+fn start_of(owner: &MemberRef, epoch: u64) -> Start {
+    Start::new(principal_of(&owner.name), epoch)
+}
+
 /// The spawner actor.
 pub(crate) struct Spawner;
 
 pub(crate) struct SpawnerArgs {
     pub(crate) kinds: Kinds,
+    pub(crate) stamps: Stamps,
     pub(crate) hosted: Hosted,
     /// This node's name: children it owns itself are not fenced.
     pub(crate) node: String,
@@ -258,6 +285,7 @@ pub(crate) struct SpawnerArgs {
 
 pub(crate) struct SpawnerState {
     kinds: Kinds,
+    stamps: Stamps,
     hosted: Hosted,
     node: String,
     children: HashMap<ractor::ActorId, Child>,
@@ -359,6 +387,7 @@ impl Actor for Spawner {
     ) -> Result<SpawnerState, ActorProcessingErr> {
         Ok(SpawnerState {
             kinds: args.kinds,
+            stamps: args.stamps,
             hosted: args.hosted,
             node: args.node,
             children: HashMap::new(),
@@ -397,10 +426,18 @@ impl Actor for Spawner {
                             asked: req.message_type.clone(),
                         }))
                     }
-                    Some(kind) => {
-                        kind.spawn(req.name.clone(), &req.args, myself.get_cell())
-                            .await
-                    }
+                    Some(kind) => match state.stamps.get(&req.kind) {
+                        None => {
+                            kind.spawn(req.name.clone(), &req.args, myself.get_cell())
+                                .await
+                        }
+                        Some(stamp) => match stamp(&req.args, &start_of(&owner, req.epoch)) {
+                            Ok(args) => {
+                                kind.spawn(req.name.clone(), &args, myself.get_cell()).await
+                            }
+                            Err(why) => Err(SpawnReply::BadArgs(why)),
+                        },
+                    },
                 };
                 let answer = match result {
                     Ok(cell) => {

@@ -10,10 +10,11 @@
 //! restore(actor) ──► newest snapshot that reads back whole and valid;
 //!                    a corrupt or truncated one is skipped with a warning
 //!                    (NODE-CKPT-002) and the one before it used; none: fresh start
-//! fence(actor, epoch) ──► PREFIX/ACTOR/EPOCH.epoch announces a start;
-//!                    its saves go to EPOCH-SEQ.ckpt, refused (NODE-CKPT-006)
-//!                    once a newer epoch is announced; its restore takes the
-//!                    newest snapshot of the newest epoch not above its own
+//! fence(actor, start) ──► PREFIX/@ISSUER/ACTOR/EPOCH.epoch announces a
+//!                    start; its saves go to EPOCH-SEQ.ckpt there, refused
+//!                    (NODE-CKPT-006) once a newer epoch is announced; its
+//!                    restore takes the newest snapshot of the newest epoch
+//!                    not above its own
 //! ```
 //!
 //! Epochs fence the copies of one supervised child: its supervisor gives
@@ -22,8 +23,19 @@
 //! moment its replacement has announced itself. A store lists the folder
 //! before each put, so a save that began before the announcement can still
 //! land; it is then older than every snapshot the replacement writes, and
-//! never restored over them. Unfenced saves are epoch 0: refused once any
-//! start has announced an epoch.
+//! never restored over them.
+//!
+//! A [`Start`] is not taken from a peer's word: the node that spawns a
+//! child of a kind registered with
+//! [`NodeBuilder::fences_checkpoints`](crate::NodeBuilder::fences_checkpoints)
+//! writes it into the child's arguments itself, the epoch from the spawn
+//! order and the issuer from the certificate that asked, over whatever
+//! the arguments said. The fenced snapshots of one issuer live under
+//! `@ISSUER/` (no actor name starts with `@`), so another certificate's
+//! spawn of a child of the same name, whatever epoch it claims, neither
+//! locks the child out of its checkpoints nor gets its state restored
+//! into it. Unfenced saves ([`CheckpointStore::save`]) are keyed by the
+//! actor's name alone.
 //!
 //! The store is a local folder, or any URL `object_store` parses
 //! (`file:///…`, `s3://bucket/prefix`, with its settings from the
@@ -35,6 +47,8 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
+
+pub use flotilla_proto::epoch::{Start, TakesStart};
 
 use crate::objects::object_url::{is_url, open_url};
 use crate::remote::wire::{Decode, Encode, decode, encode};
@@ -103,6 +117,14 @@ pub enum CheckpointError {
         /// This node's clock, in microseconds since the Unix epoch.
         now: u64,
     },
+    /// A start without an epoch or an issuer cannot fence: the actor's
+    /// kind was not registered with
+    /// [`NodeBuilder::fences_checkpoints`](crate::NodeBuilder::fences_checkpoints),
+    /// or it was started without a supervisor.
+    #[error(
+        "NODE-CKPT-008: checkpoint of {0} cannot be fenced: its start has no epoch or no issuer"
+    )]
+    Unfenced(String),
 }
 
 /// `Err` when `epoch` (of `actor`) is not one a supervisor issues.
@@ -234,39 +256,62 @@ impl CheckpointStore {
         &self.label
     }
 
+    /// The folder of `actor`'s unfenced snapshots.
     fn folder(&self, actor: &str) -> Result<Path, CheckpointError> {
-        let ok = !actor.is_empty()
-            && actor
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-            && actor != "."
-            && actor != "..";
-        if !ok {
-            return Err(CheckpointError::Name(actor.to_owned()));
-        }
-        Ok(self.prefix.clone().join(actor))
+        Ok(self.prefix.clone().join(object_name(actor)?))
+    }
+
+    /// The folder of `actor`'s snapshots fenced by starts `issuer` issued.
+    fn fenced_folder(&self, issuer: &str, actor: &str) -> Result<Path, CheckpointError> {
+        let issuer = format!("@{}", object_name(issuer)?);
+        Ok(self.prefix.clone().join(issuer).join(object_name(actor)?))
     }
 
     /// Saves `state` as snapshot `seq` of `actor` (one put: the object is
     /// whole or absent), then deletes its snapshots older than the last
-    /// `keep`. Unfenced: refused once a start has announced an epoch
-    /// ([`CheckpointStore::fence`]).
+    /// `keep`. Unfenced: keyed by the actor's name alone, apart from the
+    /// snapshots of fenced starts ([`CheckpointStore::fence`]).
     pub async fn save<T: Encode>(
         &self,
         actor: &str,
         seq: u64,
         state: &T,
     ) -> Result<(), CheckpointError> {
-        self.save_at(actor, 0, seq, state).await
+        let folder = self.folder(actor)?;
+        self.save_at(actor, &folder, 0, seq, state).await
     }
 
-    /// Announces a start of `actor` at `epoch` (from its supervisor) and
-    /// returns its checkpoints under that epoch. Refused as
-    /// [`CheckpointError::Stale`] if a newer epoch has announced itself
-    /// already.
-    pub async fn fence(&self, actor: &str, epoch: u64) -> Result<Fenced, CheckpointError> {
+    /// Announces `start` of `actor` (its supervisor's epoch and issuer)
+    /// and returns its checkpoints under that epoch, kept apart from every
+    /// other issuer's. Refused as [`CheckpointError::Stale`] if a newer
+    /// epoch of the same issuer has announced itself already, as
+    /// [`CheckpointError::FromTheFuture`] for an epoch no supervisor
+    /// issues, and as [`CheckpointError::Unfenced`] for a start without an
+    /// epoch or issuer.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("flotilla-doc-fence-{}", std::process::id()));
+    /// use flotilla::checkpoint::{CheckpointStore, Start};
+    /// let store = CheckpointStore::open(dir.to_str().unwrap(), 3)?;
+    /// let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    /// let first = store.fence("counter", &Start::new("head", now.as_micros() as u64)).await?;
+    /// first.save(1, &7u64).await?;
+    /// // The next start, at a larger epoch, continues from it; the first may no longer save.
+    /// let second = store.fence("counter", &Start::new("head", first.epoch() + 1)).await?;
+    /// assert_eq!(second.restore::<u64>().await?, Some((1, 7)));
+    /// assert!(first.save(2, &8u64).await.is_err());
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn fence(&self, actor: &str, start: &Start) -> Result<Fenced, CheckpointError> {
+        let epoch = start.epoch();
+        if !start.is_fenced() {
+            return Err(CheckpointError::Unfenced(actor.to_owned()));
+        }
         plausible(actor, epoch)?;
-        let folder = self.folder(actor)?;
+        let folder = self.fenced_folder(start.issuer(), actor)?;
         let listed = self.entries(&folder).await?;
         admit(actor, epoch, &listed)?;
         let path = folder.clone().join(Entry::Epoch(epoch).name());
@@ -282,16 +327,18 @@ impl CheckpointStore {
         Ok(Fenced {
             store: self.clone(),
             actor: actor.to_owned(),
+            folder,
             epoch,
         })
     }
 
-    /// Saves `state` as snapshot `seq` of `actor` at `epoch`, unless a
-    /// newer epoch has announced itself, then deletes snapshots older than
-    /// the last `keep`.
+    /// Saves `state` as snapshot `seq` of `actor` at `epoch` in `folder`,
+    /// unless a newer epoch has announced itself there, then deletes
+    /// snapshots older than the last `keep`.
     async fn save_at<T: Encode>(
         &self,
         actor: &str,
+        folder: &Path,
         epoch: u64,
         seq: u64,
         state: &T,
@@ -299,10 +346,9 @@ impl CheckpointStore {
         fail::fail_point!("checkpoint::save", |_| Err(CheckpointError::Injected(
             "checkpoint::save"
         )));
-        let folder = self.folder(actor)?;
         // One listing serves the epoch check and the pruning after the put
         // (a snapshot another writer adds meanwhile is pruned next time).
-        let listed = self.entries(&folder).await?;
+        let listed = self.entries(folder).await?;
         admit(actor, epoch, &listed)?;
         let path = folder.clone().join(Entry::Snapshot(epoch, seq).name());
         let body = encode(state);
@@ -332,21 +378,21 @@ impl CheckpointStore {
         &self,
         actor: &str,
     ) -> Result<Option<(u64, T)>, CheckpointError> {
-        self.restore_at(actor, u64::MAX).await
+        let folder = self.folder(actor)?;
+        self.restore_at(&folder, u64::MAX).await
     }
 
-    /// The newest valid snapshot of `actor` of the newest epoch not above
+    /// The newest valid snapshot in `folder` of the newest epoch not above
     /// `epoch`, and its sequence.
     async fn restore_at<T: Decode>(
         &self,
-        actor: &str,
+        folder: &Path,
         epoch: u64,
     ) -> Result<Option<(u64, T)>, CheckpointError> {
         fail::fail_point!("checkpoint::restore", |_| Err(CheckpointError::Injected(
             "checkpoint::restore"
         )));
-        let folder = self.folder(actor)?;
-        let mut found = snapshots(self.entries(&folder).await?);
+        let mut found = snapshots(self.entries(folder).await?);
         flotilla_proto::epoch::restore_order(epoch, &mut found);
         for ((_, seq), path) in found {
             let bytes = match self.store.get(&path).await {
@@ -389,8 +435,9 @@ impl CheckpointStore {
             })
     }
 
-    /// The objects of the actor in `folder` that are snapshots or epochs.
+    /// The objects right in `folder` that are snapshots or epochs.
     async fn entries(&self, folder: &Path) -> Result<Vec<(Entry, Path)>, CheckpointError> {
+        let depth = folder.parts().count() + 1;
         let listed: Vec<_> =
             self.store
                 .list(Some(folder))
@@ -407,6 +454,9 @@ impl CheckpointStore {
         Ok(listed
             .into_iter()
             .filter_map(|meta| {
+                if meta.location.parts().count() != depth {
+                    return None;
+                }
                 let entry = Entry::parse(meta.location.filename()?)?;
                 if !flotilla_proto::epoch::plausible(entry.epoch(), now) {
                     tracing::warn!(path = %meta.location, "a checkpoint entry's epoch is further ahead of the clock than any supervisor issues; not counted");
@@ -415,6 +465,22 @@ impl CheckpointStore {
                 Some((entry, meta.location))
             })
             .collect())
+    }
+}
+
+/// `name` (an actor's or an issuer's) as one part of an object's path:
+/// letters, digits, '.', '-' and '_' only, and neither `.` nor `..`.
+fn object_name(name: &str) -> Result<&str, CheckpointError> {
+    let ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        && name != "."
+        && name != "..";
+    if ok {
+        Ok(name)
+    } else {
+        Err(CheckpointError::Name(name.to_owned()))
     }
 }
 
@@ -449,6 +515,7 @@ fn admit(actor: &str, epoch: u64, listed: &[(Entry, Path)]) -> Result<(), Checkp
 pub struct Fenced {
     store: CheckpointStore,
     actor: String,
+    folder: Path,
     epoch: u64,
 }
 
@@ -462,14 +529,14 @@ impl Fenced {
     /// itself ([`CheckpointError::Stale`]: this copy should stop).
     pub async fn save<T: Encode>(&self, seq: u64, state: &T) -> Result<(), CheckpointError> {
         self.store
-            .save_at(&self.actor, self.epoch, seq, state)
+            .save_at(&self.actor, &self.folder, self.epoch, seq, state)
             .await
     }
 
     /// The newest valid snapshot of the newest epoch not above this one,
     /// and its sequence.
     pub async fn restore<T: Decode>(&self) -> Result<Option<(u64, T)>, CheckpointError> {
-        self.store.restore_at(&self.actor, self.epoch).await
+        self.store.restore_at(&self.folder, self.epoch).await
     }
 }
 
@@ -670,6 +737,10 @@ mod tests {
         }
     }
 
+    fn by(epoch: u64) -> Start {
+        Start::new("head", epoch)
+    }
+
     /// Clause "partitions: fenced checkpoints": once a newer start has
     /// announced its epoch, the older copy's saves are refused, its
     /// announcement too, and restores take the newest snapshot of the
@@ -678,24 +749,12 @@ mod tests {
     async fn a_stale_epoch_can_neither_save_nor_be_restored_over_a_newer_one() {
         let dir = scratch("epochs");
         let store = CheckpointStore::open(dir.to_str().unwrap(), 4).unwrap();
-        store.save("t", 1, &count(1)).await.unwrap();
-        let old = store.fence("t", 5).await.unwrap();
-        assert_eq!(old.restore::<Count>().await.unwrap(), Some((1, count(1))));
+        let old = store.fence("t", &by(5)).await.unwrap();
+        assert_eq!(old.restore::<Count>().await.unwrap(), None);
         old.save(2, &count(2)).await.unwrap();
         old.save(3, &count(3)).await.unwrap();
-        assert!(
-            matches!(
-                store.save("t", 9, &count(9)).await,
-                Err(CheckpointError::Stale {
-                    epoch: 0,
-                    newer: 5,
-                    ..
-                })
-            ),
-            "an unfenced save after a fenced start"
-        );
 
-        let new = store.fence("t", 7).await.unwrap();
+        let new = store.fence("t", &by(7)).await.unwrap();
         assert_eq!(
             new.restore::<Count>().await.unwrap(),
             Some((3, count(3))),
@@ -715,26 +774,37 @@ mod tests {
         );
         assert!(refused.to_string().starts_with("NODE-CKPT-006"));
         assert!(matches!(
-            store.fence("t", 6).await,
+            store.fence("t", &by(6)).await,
             Err(CheckpointError::Stale { newer: 7, .. })
         ));
         new.save(4, &count(40)).await.unwrap();
         assert_eq!(new.restore::<Count>().await.unwrap(), Some((4, count(40))));
-        assert_eq!(
-            store.restore::<Count>("t").await.unwrap(),
-            Some((4, count(40)))
-        );
         // A stale copy that reads finds only its own epoch and older.
         assert_eq!(old.restore::<Count>().await.unwrap(), Some((3, count(3))));
 
         // A snapshot the old copy wrote after the announcement (its listing
         // came first) is never restored over the newer epoch's.
+        let fenced = dir.join("@head").join("t");
         std::fs::write(
-            dir.join("t").join(Entry::Snapshot(5, 99).name()),
-            std::fs::read(dir.join("t").join(Entry::Snapshot(5, 3).name())).unwrap(),
+            fenced.join(Entry::Snapshot(5, 99).name()),
+            std::fs::read(fenced.join(Entry::Snapshot(5, 3).name())).unwrap(),
         )
         .unwrap();
         assert_eq!(new.restore::<Count>().await.unwrap(), Some((4, count(40))));
+
+        // Unfenced snapshots of the same name are another folder's: they
+        // neither take the fenced ones' place nor are refused by them.
+        store.save("t", 9, &count(9)).await.unwrap();
+        assert_eq!(
+            store.restore::<Count>("t").await.unwrap(),
+            Some((9, count(9)))
+        );
+        assert_eq!(new.restore::<Count>().await.unwrap(), Some((4, count(40))));
+        let unfenced = store.fence("t", &Start::default()).await.unwrap_err();
+        assert!(
+            unfenced.to_string().starts_with("NODE-CKPT-008"),
+            "{unfenced}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -763,7 +833,7 @@ mod tests {
     async fn a_forged_epoch_far_ahead_of_the_clock_locks_no_child_out() {
         let dir = scratch("forged");
         let store = CheckpointStore::open(dir.to_str().unwrap(), 4).unwrap();
-        let refused = store.fence("t", u64::MAX).await.unwrap_err();
+        let refused = store.fence("t", &by(u64::MAX)).await.unwrap_err();
         assert!(
             matches!(
                 refused,
@@ -779,13 +849,49 @@ mod tests {
             "{refused}"
         );
         // As a store a forged start wrote to looks.
-        let folder = dir.join("t");
+        let folder = dir.join("@head").join("t");
         std::fs::create_dir_all(&folder).unwrap();
         std::fs::write(folder.join(Entry::Epoch(u64::MAX).name()), b"forged").unwrap();
         let now = crate::clock::clock_micros();
-        let real = store.fence("t", now).await.unwrap();
+        let real = store.fence("t", &by(now)).await.unwrap();
         real.save(1, &count(1)).await.unwrap();
         assert_eq!(real.restore::<Count>().await.unwrap(), Some((1, count(1))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Another certificate's start of a child of the same name, at an
+    /// epoch its node's clock allows (half a minute ahead), saving state of
+    /// its own: the child's own starts neither are refused nor restore it.
+    #[tokio::test]
+    async fn another_certificates_start_of_a_child_neither_locks_it_out_nor_feeds_it_state() {
+        let dir = scratch("issuers");
+        let store = CheckpointStore::open(dir.to_str().unwrap(), 4).unwrap();
+        let now = crate::clock::clock_micros();
+        let own = store.fence("t", &Start::new("head", now)).await.unwrap();
+        own.save(1, &count(1)).await.unwrap();
+
+        let forged = store
+            .fence("t", &Start::new("mallory", now + 30_000_000))
+            .await
+            .unwrap();
+        forged.save(1_000, &count(666)).await.unwrap();
+
+        own.save(2, &count(2)).await.unwrap();
+        let next = store
+            .fence("t", &Start::new("head", now + 1))
+            .await
+            .unwrap();
+        assert_eq!(next.restore::<Count>().await.unwrap(), Some((2, count(2))));
+        assert!(dir.join("@mallory").join("t").is_dir());
+        for bad in ["..", "a/b", "@head"] {
+            assert!(
+                matches!(
+                    store.fence("t", &Start::new(bad, now)).await,
+                    Err(CheckpointError::Name(_))
+                ),
+                "issuer {bad:?}"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -72,6 +72,7 @@ impl RemoteChild {
                 name: name.into(),
                 args: crate::remote::wire::encode(args),
                 message_type: std::any::type_name::<M>().to_owned(),
+                epoch: 0,
             },
             place,
             timeout,
@@ -79,7 +80,8 @@ impl RemoteChild {
     }
 
     /// [`RemoteChild::new`] with the arguments archived already and the
-    /// message type named (as [`Node::config_args`] gives them).
+    /// message type named (as [`Node::config_args`] gives them). The
+    /// order's epoch is each start's own.
     pub fn raw(
         node: Arc<Node>,
         order: SpawnOrder,
@@ -118,9 +120,11 @@ impl RemoteChild {
         self
     }
 
-    /// Archives the arguments afresh for every start, from its epoch (a
-    /// child that fences its checkpoints takes the epoch in its
-    /// arguments); an `Err` fails that start with its message.
+    /// Archives the arguments afresh for every start, from its epoch; an
+    /// `Err` fails that start with its message. (A child that fences its
+    /// checkpoints needs none of this: the node that spawns it writes its
+    /// start, epoch included, into its arguments,
+    /// [`NodeBuilder::fences_checkpoints`](crate::NodeBuilder::fences_checkpoints).)
     pub fn args_per_start(
         mut self,
         make: impl Fn(u64) -> Result<Vec<u8>, String> + Send + Sync + 'static,
@@ -157,6 +161,7 @@ impl RemoteChild {
             name: self.name.clone(),
             args,
             message_type: self.message_type.clone(),
+            epoch,
             latest: Arc::clone(&self.latest),
         })
     }
@@ -227,6 +232,9 @@ struct Spawn {
     name: String,
     args: Vec<u8>,
     message_type: String,
+    /// The start's epoch, which the target stamps into a fenced kind's
+    /// arguments.
+    epoch: u64,
     latest: Arc<Mutex<Option<MemberRef>>>,
 }
 
@@ -335,6 +343,7 @@ impl Spawn {
                     name: self.name.clone(),
                     args: self.args.clone(),
                     message_type: self.message_type.clone(),
+                    epoch: self.epoch,
                 },
                 timeout,
             )
