@@ -657,9 +657,9 @@ fn a_detached_job_cannot_leave_its_roots_by_encoded_dots_backslashes_or_links() 
 }
 
 /// A stalled TLS handshake: its client verifies the server's certificate
-/// for a minute.
+/// for so long, holding its thread, then fails.
 #[derive(Debug)]
-struct Stall;
+struct Stall(Duration);
 
 impl rustls::client::danger::ServerCertVerifier for Stall {
     fn verify_server_cert(
@@ -670,7 +670,7 @@ impl rustls::client::danger::ServerCertVerifier for Stall {
         _: &[u8],
         _: rustls::pki_types::UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        std::thread::sleep(Duration::from_secs(60));
+        std::thread::sleep(self.0);
         Err(rustls::Error::General("stalled".into()))
     }
 
@@ -699,14 +699,20 @@ impl rustls::client::danger::ServerCertVerifier for Stall {
     }
 }
 
-/// Starts `n` handshakes with `addr` from 127.0.0.2 that never finish:
-/// each client sends its hello and then sits in certificate verification.
+/// Starts `n` handshakes with `addr` from the address `from` that never
+/// finish: each client sends its hello and then sits in certificate
+/// verification for `hold`. Until `keep` has passed, each starts again
+/// once its check gives up, so about `n` stay pending.
 fn stall_handshakes(
     s: &Scratch,
     addr: std::net::SocketAddr,
     n: usize,
+    from: &str,
+    (hold, keep): (Duration, Duration),
 ) -> Vec<std::thread::JoinHandle<()>> {
     let id = identity(s, "staller");
+    let source: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
+    let until = Instant::now() + keep;
     (0..n)
         .map(|_| {
             let id = id.clone();
@@ -722,20 +728,33 @@ fn stall_handshakes(
                     .with_protocol_versions(&[&rustls::version::TLS13])
                     .unwrap()
                     .dangerous()
-                    .with_custom_certificate_verifier(std::sync::Arc::new(Stall))
+                    .with_custom_certificate_verifier(std::sync::Arc::new(Stall(hold)))
                     .with_client_auth_cert(id.chain.clone(), id.key.clone_key())
                     .unwrap();
                     tls.alpn_protocols = vec![flotilla_transport::tls::ALPN.to_vec()];
                     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-                    let mut ep = quinn::Endpoint::client("127.0.0.2:0".parse().unwrap()).unwrap();
-                    ep.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(
-                        crypto,
-                    )));
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(30),
-                        ep.connect(addr, "head").unwrap(),
-                    )
-                    .await;
+                    let config = quinn::ClientConfig::new(std::sync::Arc::new(crypto));
+                    loop {
+                        // A fresh endpoint each time: a source not yet
+                        // validated, as a flood's would be.
+                        let mut ep = quinn::Endpoint::client(source).unwrap();
+                        ep.set_default_client_config(config.clone());
+                        let started = Instant::now();
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(30),
+                            ep.connect(addr, "head").unwrap(),
+                        )
+                        .await;
+                        if Instant::now() >= until {
+                            return;
+                        }
+                        // Not faster than a handshake every 100 ms, should
+                        // the node be gone.
+                        tokio::time::sleep(
+                            Duration::from_millis(100).saturating_sub(started.elapsed()),
+                        )
+                        .await;
+                    }
                 });
             })
         })
@@ -758,7 +777,10 @@ fn join_time(s: &Scratch, head: &Proc, name: &str) -> (Proc, Duration) {
 /// number per source address and in all; a peer that holds handshakes
 /// open holds only its own slots. A join while six handshakes stall takes
 /// no more than a second longer than one without; the stalled ones are
-/// refused at their deadline and counted.
+/// refused at their deadline and counted, and nobody is asked to retry.
+/// Past 32 pending (the default threshold), held there from eight
+/// addresses, new sources are asked to validate their address (QUIC
+/// retry, counted as `reason="retry"`) and a join is still as fast.
 #[test]
 fn a_peer_holding_handshakes_open_does_not_delay_a_join() {
     let s = Scratch::new("stall", NODE);
@@ -768,7 +790,13 @@ fn a_peer_holding_handshakes_open_does_not_delay_a_join() {
         s.status(head.addr).filter(|st| all_up(st, &["head"]))
     });
     let (_w1, baseline) = join_time(&s, &head, "w1");
-    let stallers = stall_handshakes(&s, head.addr, 6);
+    let stallers = stall_handshakes(
+        &s,
+        head.addr,
+        6,
+        "127.0.0.2",
+        (Duration::from_secs(60), Duration::ZERO),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let (_w2, stalled) = join_time(&s, &head, "w2");
     eprintln!("join: {baseline:?} alone, {stalled:?} beside 6 stalled handshakes");
@@ -777,8 +805,43 @@ fn a_peer_holding_handshakes_open_does_not_delay_a_join() {
         "{stalled:?} against {baseline:?}"
     );
     counted(metrics, "flotilla_tls_refused_total{reason=\"timeout\"}", 6);
+    // Six pending is under the threshold: nobody was asked to retry.
+    let retried = scrape(metrics).map(|m| counter(&m, RETRIED));
+    assert_eq!(retried, Some(0));
     drop(stallers);
+
+    // Past the default threshold of 32 pending, and held there: eight (the
+    // cap) from each of eight addresses, each started again as soon as the
+    // node gives up on it. Every new source is asked to prove its address
+    // first, so a flood of spoofed ones would cost nothing, and a real node,
+    // which does, joins as fast.
+    let stallers: Vec<_> = (2..10)
+        .flat_map(|last| {
+            let from = format!("127.0.0.{last}");
+            stall_handshakes(
+                &s,
+                head.addr,
+                8,
+                &from,
+                (Duration::from_millis(5_500), Duration::from_secs(10)),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (_w3, flooded) = join_time(&s, &head, "w3");
+    eprintln!("join: {flooded:?} beside 32 stalled handshakes held open");
+    assert!(
+        flooded <= baseline + Duration::from_secs(1),
+        "{flooded:?} against {baseline:?}"
+    );
+    counted(metrics, RETRIED, 1);
+    for staller in stallers {
+        staller.join().unwrap();
+    }
 }
+
+/// Connections asked to validate their address with a QUIC retry.
+const RETRIED: &str = "flotilla_tls_refused_total{reason=\"retry\"}";
 
 /// Asserts that the node at `addr` refuses `identity` as revoked (after
 /// `what`).
