@@ -497,17 +497,27 @@ pub enum Refused {
     CallTimeout,
 }
 
+/// Which counter a refused frame adds to, and its label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// A per-certificate cap was reached: `flotilla_principal_capped_total{what}`.
+    Cap(&'static str),
+    /// The frame breaks a rule whatever the certificate holds:
+    /// `flotilla_cluster_frames_refused_total{reason}`.
+    Rule(&'static str),
+}
+
 impl Refused {
-    /// The label of the counter a refusal adds to.
-    pub fn what(self) -> &'static str {
+    /// The counter a refusal adds to.
+    pub fn counted(self) -> Counted {
         match self {
-            Self::Malformed(_) => "malformed_frames",
-            Self::Proxies => "proxies",
-            Self::Memberships => "group_memberships",
-            Self::GroupName => "group_names",
-            Self::Calls => "pending_calls",
-            Self::DuplicateCall => "duplicate_calls",
-            Self::CallTimeout => "call_timeouts",
+            Self::Proxies => Counted::Cap("proxies"),
+            Self::Memberships => Counted::Cap("group_memberships"),
+            Self::Calls => Counted::Cap("pending_calls"),
+            Self::Malformed(_) => Counted::Rule("malformed"),
+            Self::GroupName => Counted::Rule("group_name"),
+            Self::DuplicateCall => Counted::Rule("duplicate_call"),
+            Self::CallTimeout => Counted::Rule("call_timeout"),
         }
     }
 }
@@ -720,6 +730,23 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a certificate may hold only so much of is a cap; what no frame
+    /// may do is a broken rule: they are counted in different series.
+    #[test]
+    fn caps_and_broken_rules_are_counted_apart() {
+        for cap in [Refused::Proxies, Refused::Memberships, Refused::Calls] {
+            assert!(matches!(cap.counted(), Counted::Cap(_)), "{cap:?}");
+        }
+        for rule in [
+            Refused::Malformed(Malformed("truncated varint")),
+            Refused::GroupName,
+            Refused::DuplicateCall,
+            Refused::CallTimeout,
+        ] {
+            assert!(matches!(rule.counted(), Counted::Rule(_)), "{rule:?}");
+        }
+    }
     use proptest::prelude::*;
     use prost::Message;
 

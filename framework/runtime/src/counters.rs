@@ -10,6 +10,7 @@
 //! flotilla_tls_refused_total{reason}            connections refused before their first stream
 //! flotilla_membership_refused_total{request,reason}  joins, heartbeats and leaves the head refused
 //! flotilla_principal_capped_total{what}          requests refused at a per-certificate cap
+//! flotilla_cluster_frames_refused_total{reason} ractor_cluster frames dropped for breaking a rule
 //! flotilla_connections_closed_total{reason}     open connections closed: certificate revoked or expired
 //! flotilla_sessions_opened_total                ractor_cluster sessions opened
 //! flotilla_sessions_closed_total                ractor_cluster sessions closed
@@ -68,6 +69,13 @@ pub(crate) fn membership_refused(request: &'static str, reason: &'static str) {
 /// (`jobs`: jobs running at once).
 pub(crate) fn principal_capped(what: &'static str) {
     metrics::counter!("flotilla_principal_capped_total", "what" => what).increment(1);
+}
+
+/// A ractor_cluster frame dropped for breaking a rule whatever its
+/// certificate holds (`malformed`, `group_name`, `duplicate_call`,
+/// `call_timeout`).
+pub(crate) fn cluster_frame_refused(reason: &'static str) {
+    metrics::counter!("flotilla_cluster_frames_refused_total", "reason" => reason).increment(1);
 }
 
 /// An open connection closed because its certificate was withdrawn
@@ -138,6 +146,10 @@ pub(crate) fn register() {
     metrics::describe_counter!(
         "flotilla_principal_capped_total",
         "Requests refused because their certificate is at its cap, by what is capped"
+    );
+    metrics::describe_counter!(
+        "flotilla_cluster_frames_refused_total",
+        "ractor_cluster frames dropped for breaking a rule (malformed, an over-long group name, a repeated call tag, a call without a bounded timeout), by reason"
     );
     metrics::describe_counter!(
         "flotilla_membership_refused_total",

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
-use flotilla_proto::cluster_frames::{Book, ReplySkimmer, SessionId, Splitter};
+use flotilla_proto::cluster_frames::{Book, Counted, ReplySkimmer, SessionId, Splitter};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::clock::now;
@@ -111,7 +111,10 @@ impl Ticket {
         match verdict {
             Ok(()) => true,
             Err(why) => {
-                crate::counters::principal_capped(why.what());
+                match why.counted() {
+                    Counted::Cap(what) => crate::counters::principal_capped(what),
+                    Counted::Rule(reason) => crate::counters::cluster_frame_refused(reason),
+                }
                 tracing::warn!(peer = %open.member, error = %why, "dropped a cluster frame");
                 false
             }
