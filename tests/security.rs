@@ -1410,3 +1410,98 @@ fn a_driver_copy_of_a_supervised_child_with_a_forged_epoch_neither_locks_it_out_
         .collect();
     assert!(mixed.is_empty(), "{mixed:?}");
 }
+
+/// The TCP addresses the process `pid` listens on (from /proc).
+fn tcp_listeners(pid: u32) -> Vec<std::net::SocketAddr> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| {
+            let link = std::fs::read_link(fd.ok()?.path()).ok()?;
+            let link = link.to_str()?;
+            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // Listening sockets (state 0A) of this process only.
+            if cols.get(3) != Some(&"0A") || !inodes.contains(*cols.get(9)?) {
+                return None;
+            }
+            let (ip, port) = cols[1].split_once(':')?;
+            let ip = u32::from_str_radix(ip, 16).ok()?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            Some(std::net::SocketAddr::from((
+                std::net::Ipv4Addr::from(u32::from_be(ip)),
+                port,
+            )))
+        })
+        .collect()
+}
+
+/// Clause "security: the runtime's own listener": ractor_cluster's TCP
+/// listener is the one way into a node that does not pass the QUIC gate.
+/// A process on the same host that finds it (here from /proc) and offers
+/// a valid member certificate, or none, is refused in the TLS handshake
+/// (`NODE-TLS-003` on the node's side), before any byte of ractor's own
+/// protocol is read.
+#[test]
+fn a_process_on_the_host_that_skips_the_quic_gate_is_refused_at_the_ractor_listener() {
+    use std::io::{Read, Write};
+    let s = Scratch::new("ractor-listener", NODE);
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    eventually(Duration::from_secs(20), || {
+        s.status(head.addr).filter(|st| all_up(st, &["head"]))
+    });
+    let listeners = tcp_listeners(head.child.id());
+    assert_eq!(listeners.len(), 1, "ractor's listener alone: {listeners:?}");
+    let listener = listeners[0];
+    assert!(listener.ip().is_loopback(), "{listener}");
+
+    s.issue("w1");
+    let member = identity(&s, "w1");
+    let with_cert = flotilla_transport::tls::client_tls(&member).unwrap();
+    let mut without_cert =
+        rustls::ClientConfig::builder_with_provider(flotilla_transport::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates({
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add_parsable_certificates(member.ca.clone());
+                roots
+            })
+            .with_no_client_auth();
+    without_cert.alpn_protocols = with_cert.alpn_protocols.clone();
+    // A member checks a peer as any member; a plain client, by its name.
+    let tries = [
+        (
+            "a member certificate",
+            with_cert,
+            flotilla_transport::tls::ANY_MEMBER,
+        ),
+        ("no certificate", without_cert, "head"),
+    ];
+    for (what, tls, server) in tries {
+        let name = rustls::pki_types::ServerName::try_from(server).unwrap();
+        let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();
+        let tcp = std::net::TcpStream::connect(listener).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut stream = rustls::StreamOwned::new(conn, tcp);
+        // Whatever ractor's protocol would read first; then its answer.
+        let wrote = stream
+            .write_all(b"\0\0\0\x10hello, ractor")
+            .and_then(|()| stream.flush());
+        let mut answer = [0u8; 64];
+        let read = wrote.and_then(|()| stream.read(&mut answer));
+        match read {
+            Err(e) if e.to_string().contains("alert") => {}
+            other => panic!("{what}: expected the handshake refused, got {other:?}"),
+        }
+    }
+    eventually(Duration::from_secs(5), || {
+        s.log("head").contains("NODE-TLS-003").then_some(())
+    });
+}
