@@ -182,11 +182,11 @@ fn remote_call_between_actors_on_two_workers() {
         let node = join_in_process(&s, "t1", head.addr).await;
         let budget = Duration::from_secs(15);
         let echo: ActorRef<EchoMsg> = node
-            .spawn_on("w2", ECHO, "echo-w2", &NoArgs, budget)
+            .spawn_on("w2", ECHO.named("echo-w2"), &NoArgs, budget)
             .await
             .unwrap();
         let relay: ActorRef<RelayMsg> = node
-            .spawn_on("w1", RELAY, "relay-w1", &NoArgs, budget)
+            .spawn_on("w1", RELAY.named("relay-w1"), &NoArgs, budget)
             .await
             .unwrap();
 
@@ -252,7 +252,7 @@ async fn bulk_round(node: &flotilla::Node, worker: &str, name: &str) {
     use flotilla_testkit::probe::{ECHO, EchoMsg, NoArgs, Payload, Tally};
 
     let echo: ActorRef<EchoMsg> = node
-        .spawn_on(worker, ECHO, name, &NoArgs, Duration::from_secs(15))
+        .spawn_on(worker, ECHO.named(name), &NoArgs, Duration::from_secs(15))
         .await
         .unwrap();
     let sizes = [1 << 20, 300 << 10, 16, (2 << 20) + 7, 100];
@@ -620,7 +620,12 @@ fn no_node_reaches_another_nodes_spawner_nor_captures_its_spawns() {
                 .unwrap();
         flotilla::ractor::pg::join("flotilla.spawner.w2".to_owned(), vec![pose.get_cell()]);
         let echo: ActorRef<EchoMsg> = node
-            .spawn_on("w2", ECHO, "echo-forged", &NoArgs, Duration::from_secs(15))
+            .spawn_on(
+                "w2",
+                ECHO.named("echo-forged"),
+                &NoArgs,
+                Duration::from_secs(15),
+            )
             .await
             .unwrap();
         let on_w2 = node.lookup_on::<EchoMsg>("w2", "echo-forged");
@@ -661,7 +666,12 @@ fn a_nodes_remote_actor_stays_visible_when_another_node_of_its_process_stops() {
     runtime().block_on(async {
         let node = join_in_process(&s, "t3", head.addr).await;
         let echo: ActorRef<EchoMsg> = node
-            .spawn_on("w2", ECHO, "echo-kept", &NoArgs, Duration::from_secs(15))
+            .spawn_on(
+                "w2",
+                ECHO.named("echo-kept"),
+                &NoArgs,
+                Duration::from_secs(15),
+            )
             .await
             .unwrap();
         // Whether the two nodes' references share an id depends on the
@@ -720,7 +730,7 @@ fn only_the_owner_or_the_head_stops_a_remote_actor() {
         let other = join_in_process(&s, "t5", head.addr).await;
         let budget = Duration::from_secs(15);
         let echo: ActorRef<EchoMsg> = owner
-            .spawn_on("w2", ECHO, "echo-owned", &NoArgs, budget)
+            .spawn_on("w2", ECHO.named("echo-owned"), &NoArgs, budget)
             .await
             .unwrap();
         // Clause "lookup: typed": asking for another message type fails
@@ -740,8 +750,11 @@ fn only_the_owner_or_the_head_stops_a_remote_actor() {
             matches!(&wrong, Err(flotilla::LookupError::WrongType { takes, .. }) if takes.ends_with("EchoMsg")),
             "{wrong:?}"
         );
+        // The kind as a program built apart declares it: another message
+        // type under the echo's name.
+        let apart = flotilla::ActorKind::<RelayMsg, NoArgs>::new(ECHO.name());
         let wrong = owner
-            .spawn_on::<RelayMsg, _>("w2", ECHO, "echo-wrong-type", &NoArgs, budget)
+            .spawn_on("w2", apart.named("echo-wrong-type"), &NoArgs, budget)
             .await;
         assert!(
             matches!(
@@ -816,10 +829,9 @@ fn a_supervised_remote_child_whose_link_is_lost_is_stopped_before_its_restart() 
     runtime().block_on(async {
         let node = Arc::new(join_in_process(&s, "t6", head.addr).await);
         let budget = Duration::from_secs(15);
-        let start = RemoteChild::new::<EchoMsg, _>(
+        let start = RemoteChild::new(
             Arc::clone(&node),
-            ECHO,
-            "echo-supervised",
+            ECHO.named("echo-supervised"),
             &NoArgs,
             |_: &flotilla::Table| Some("w1".to_owned()),
             budget,
@@ -1523,7 +1535,7 @@ fn a_detached_job_marked_failed_does_not_leave_its_actor_running() {
                 .filter(|st| all_up(st, &["head", "w1"]))
         });
         let spec = JobSpec {
-            kind: ECHO.into(),
+            kind: ECHO.name().into(),
             args: flotilla::wire::encode(&NoArgs),
             message_type: std::any::type_name::<EchoMsg>().into(),
             resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),

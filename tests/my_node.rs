@@ -28,10 +28,11 @@ fn my_node_runs_a_tree_of_its_own_kind_from_node_toml() {
     let s = Scratch::new("my-node", MY_NODE);
     s.issue("head");
     let config = s.dir.join("head.toml");
+    let kind = TEXT_STATS.name();
     std::fs::write(
         &config,
         format!(
-            "[[supervisor]]\nname = \"stats\"\n\n[[supervisor.child]]\nkind = {TEXT_STATS:?}\nname = \"stats-1\"\n[supervisor.child.args]\nmin_word_len = 3\n"
+            "[[supervisor]]\nname = \"stats\"\n\n[[supervisor.child]]\nkind = {kind:?}\nname = \"stats-1\"\n[supervisor.child.args]\nmin_word_len = 3\n"
         ),
     )
     .unwrap();
@@ -79,10 +80,9 @@ fn my_node_runs_a_tree_of_its_own_kind_from_node_toml() {
 
         // The worker, the same binary, hosts the kind too.
         let more = d1
-            .spawn_on::<TextStatsMsg, _>(
+            .spawn_on(
                 "w1",
-                TEXT_STATS,
-                "stats-w1",
+                TEXT_STATS.named("stats-w1"),
                 &flotilla_examples::text_stats::TextStatsArgs {
                     min_word_len: 0,
                     work_ms: 0,
@@ -156,7 +156,7 @@ fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() 
         let mut actors = Vec::new();
         for name in ["a1", "a2"] {
             let actor = d1
-                .spawn_on::<TextStatsMsg, _>("w1", TEXT_STATS, name, &args, Duration::from_secs(15))
+                .spawn_on("w1", TEXT_STATS.named(name), &args, Duration::from_secs(15))
                 .await
                 .unwrap();
             actors.push(("w1".to_owned(), actor));

@@ -210,7 +210,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
         // An object on w2 lent to d1: d2 may not release it, nor pull it
         // without its token; d1 releases it.
         let lender: flotilla::ractor::ActorRef<LenderMsg> = d1
-            .spawn_on("w2", LENDER, "lender", &NoArgs, Duration::from_secs(15))
+            .spawn_on("w2", LENDER.named("lender"), &NoArgs, Duration::from_secs(15))
             .await
             .unwrap();
         let Lent(lent) = flotilla::call::call(
@@ -257,7 +257,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
         // A certificate that never joined.
         let ghost = || identity(&s, "ghost");
         let order = SpawnOrder {
-            kind: flotilla_testkit::probe::ECHO.into(),
+            kind: flotilla_testkit::probe::ECHO.name().into(),
             name: "ghost-echo".into(),
             args: flotilla::wire::encode(&NoArgs),
             message_type: std::any::type_name::<flotilla_testkit::probe::EchoMsg>().into(),
@@ -1094,7 +1094,12 @@ fn a_member_announcing_actors_past_its_certificates_cap_has_the_rest_refused_and
         let d1 = join(&s, "d1", head.addr).await;
         assert!(d1.wait_session("w1", Duration::from_secs(15)).await);
         let flooder: ActorRef<FlooderMsg> = d1
-            .spawn_on("w1", FLOODER, "flooder", &groups, Duration::from_secs(60))
+            .spawn_on(
+                "w1",
+                FLOODER.named("flooder"),
+                &groups,
+                Duration::from_secs(60),
+            )
             .await
             .unwrap();
         // This process's node holds what came under the cap, nothing past.
@@ -1367,7 +1372,11 @@ fn a_driver_copy_of_a_supervised_child_with_a_forged_epoch_neither_locks_it_out_
         };
         let order = SpawnOrder {
             epoch: ahead,
-            ..SpawnOrder::of::<TickerMsg>(TICKER, "ticker-1", flotilla::wire::encode(&forged))
+            ..SpawnOrder::of::<TickerMsg>(
+                TICKER.name(),
+                "ticker-1",
+                flotilla::wire::encode(&forged),
+            )
         };
         driver
             .spawn_on_raw("w2", order, Duration::from_secs(10))

@@ -11,8 +11,9 @@ use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use flotilla_data::Row;
 
-/// The kind's name.
-pub const TEXT_STATS: &str = "example.text_stats";
+/// The kind.
+pub const TEXT_STATS: flotilla::ActorKind<TextStatsMsg, TextStatsArgs> =
+    flotilla::ActorKind::new("example.text_stats");
 
 /// Its arguments, written in `node.toml` as a child's `args`.
 #[derive(Archive, Serialize, Deserialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]

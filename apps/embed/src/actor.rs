@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use flotilla::ActorKind;
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
@@ -31,8 +32,8 @@ use tokio::sync::oneshot;
 use crate::devices::{DeviceChoice, cuda_devices};
 use crate::{EncodeError, Precision, Prompt, SentenceEncoder, SharedModels, TokenBatch};
 
-/// Kind name under which nodes register [`Embedder`].
-pub const KIND: &str = "flotilla.embedder";
+/// The kind nodes register [`Embedder`] as.
+pub const KIND: ActorKind<EmbedMsg, EmbedderArgs> = ActorKind::new("flotilla.embedder");
 
 /// Texts to embed, identified by the caller's stable batch id.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -123,7 +123,8 @@ enum SleepMsg {
 /// A worker that sleeps instead of computing, one batch at a time.
 struct Sleeper;
 
-const SLEEPER: &str = "flotilla.bench.sleeper";
+const SLEEPER: flotilla::ActorKind<SleepMsg, SleepArgs> =
+    flotilla::ActorKind::new("flotilla.bench.sleeper");
 
 impl Actor for Sleeper {
     type Msg = SleepMsg;
@@ -338,8 +339,7 @@ async fn scaling(args: &Args) -> anyhow::Result<()> {
             let actor: ActorRef<SleepMsg> = node
                 .spawn_on(
                     name,
-                    SLEEPER,
-                    &format!("sleeper-{round}-{i}"),
+                    SLEEPER.named(format!("sleeper-{round}-{i}")),
                     &SleepArgs(sleep.as_micros() as u64),
                     Duration::from_secs(10),
                 )

@@ -64,6 +64,9 @@ enum SinkMsg {
 /// Counts what it receives; answers calls.
 struct Sink;
 
+/// The kind the far node registers [`Sink`] as.
+const SINK: flotilla::ActorKind<SinkMsg, NoArgs> = flotilla::ActorKind::new("sink");
+
 impl Actor for Sink {
     type Msg = SinkMsg;
     type State = u64;
@@ -324,13 +327,17 @@ async fn sender_quic(certs: &Path) -> anyhow::Result<Results> {
         .await
         .context("receiver did not join")?;
     let sink: ActorRef<SinkMsg> = node
-        .spawn_on("receiver", "sink", "sink", &NoArgs, Duration::from_secs(10))
+        .spawn_on(
+            "receiver",
+            SINK.named("sink"),
+            &NoArgs,
+            Duration::from_secs(10),
+        )
         .await?;
     let other: ActorRef<SinkMsg> = node
         .spawn_on(
             "receiver",
-            "sink",
-            "other",
+            SINK.named("other"),
             &NoArgs,
             Duration::from_secs(10),
         )
@@ -343,7 +350,7 @@ async fn sender_quic(certs: &Path) -> anyhow::Result<Results> {
 async fn receiver_quic(head: SocketAddr, certs: PathBuf) -> anyhow::Result<()> {
     let config = NodeConfig::new("receiver", flotilla_testkit::ca::free_addr(), certs).join(head);
     let _node = Node::builder(config)
-        .register("sink", || Sink)
+        .register(SINK, || Sink)
         .start()
         .await?;
     std::future::pending::<()>().await;

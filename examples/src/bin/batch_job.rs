@@ -47,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
     // Two actors of the kind in a SPREAD group of the job's own, supervised.
     let placement = Placement {
         spec: GroupSpec::new(Strategy::Spread, vec![bundle(&[("cpu", 1.0)]); 2]),
-        kind: TEXT_STATS.to_owned(),
+        kind: TEXT_STATS,
         name: "stats".to_owned(),
         args: TextStatsArgs {
             min_word_len: 3,

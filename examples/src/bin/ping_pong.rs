@@ -36,6 +36,9 @@ enum PongMsg {
 
 struct Pong;
 
+/// The kind the worker registers [`Pong`] as.
+const PONG: flotilla::ActorKind<PongMsg, NoArgs> = flotilla::ActorKind::new("pong");
+
 impl Actor for Pong {
     type Msg = PongMsg;
     type State = ();
@@ -62,7 +65,7 @@ impl Actor for Pong {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_logs();
-    if serve_if_worker(|b| b.register("pong", || Pong)).await? {
+    if serve_if_worker(|b| b.register(PONG, || Pong)).await? {
         return Ok(());
     }
 
@@ -78,7 +81,12 @@ async fn main() -> anyhow::Result<()> {
     .ok_or_else(|| anyhow::anyhow!("pong did not join"))?;
 
     let pong: ActorRef<PongMsg> = node
-        .spawn_on("pong", "pong", "pong-1", &NoArgs, Duration::from_secs(10))
+        .spawn_on(
+            "pong",
+            PONG.named("pong-1"),
+            &NoArgs,
+            Duration::from_secs(10),
+        )
         .await?;
     let mut ball = Ball { hits: 0 };
     for _ in 0..5 {

@@ -43,6 +43,9 @@ enum WhereMsg {
 /// Answers with its process id.
 struct Where;
 
+/// The kind the workers register [`Where`] as.
+const WHERE: flotilla::ActorKind<WhereMsg, NoArgs> = flotilla::ActorKind::new("where");
+
 impl Actor for Where {
     type Msg = WhereMsg;
     type State = ();
@@ -85,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
     let two_cpus = |c: &mut NodeConfig| {
         c.declared.insert("cpu".into(), 2.0);
     };
-    if serve_if_worker_with(two_cpus, |b| b.register("where", || Where)).await? {
+    if serve_if_worker_with(two_cpus, |b| b.register(WHERE, || Where)).await? {
         return Ok(());
     }
     let names = ["head", "w1", "w2", "w3"];
@@ -146,8 +149,7 @@ async fn main() -> anyhow::Result<()> {
                     group: &spread,
                     index: i,
                 },
-                "where",
-                &format!("where-{i}"),
+                WHERE.named(format!("where-{i}")),
                 &NoArgs,
                 wait,
             )

@@ -64,6 +64,9 @@ enum CounterMsg {
     Get(RpcReplyPort<Count>),
 }
 
+/// The kind workers register [`Counter`] as.
+const COUNTER: flotilla::ActorKind<CounterMsg, CounterArgs> = flotilla::ActorKind::new("counter");
+
 struct Counter;
 
 struct CounterState {
@@ -144,7 +147,7 @@ async fn started(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_logs();
-    if serve_if_worker(|b| b.register("counter", || Counter)).await? {
+    if serve_if_worker(|b| b.register(COUNTER, || Counter)).await? {
         return Ok(());
     }
 
@@ -175,10 +178,9 @@ async fn main() -> anyhow::Result<()> {
         key: "counter".into(),
         every: 5,
     };
-    let child = RemoteChild::new::<CounterMsg, _>(
+    let child = RemoteChild::new(
         Arc::clone(&node),
-        "counter",
-        "counter",
+        COUNTER.named("counter"),
         &args,
         place,
         Duration::from_secs(10),

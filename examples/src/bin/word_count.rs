@@ -36,6 +36,10 @@ enum CounterMsg {
 
 struct WordCounter;
 
+/// The kind the workers register [`WordCounter`] as.
+const WORD_COUNTER: flotilla::ActorKind<CounterMsg, Start> =
+    flotilla::ActorKind::new("word-counter");
+
 impl Actor for WordCounter {
     type Msg = CounterMsg;
     type State = u64;
@@ -73,7 +77,7 @@ a counter lives on each worker";
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_logs();
-    if serve_if_worker(|b| b.register("word-counter", || WordCounter)).await? {
+    if serve_if_worker(|b| b.register(WORD_COUNTER, || WordCounter)).await? {
         return Ok(());
     }
 
@@ -95,8 +99,13 @@ async fn main() -> anyhow::Result<()> {
     for w in ["w1", "w2"] {
         let name = format!("counter-{w}");
         counters.push(
-            node.spawn_on(w, "word-counter", &name, &Start(0), Duration::from_secs(10))
-                .await?,
+            node.spawn_on(
+                w,
+                WORD_COUNTER.named(&name),
+                &Start(0),
+                Duration::from_secs(10),
+            )
+            .await?,
         );
     }
     for (i, line) in TEXT.lines().enumerate() {

@@ -77,6 +77,7 @@ pub use node::builder::{NodeBuilder, NodeHandle, StartError};
 pub use node::config::NodeConfig;
 pub use node::{LookupError, Node, SpawnError, StopError, StopUnavailable};
 pub use objects::{ArchivedObject, Object, ObjectBytes, ObjectRef, Objects, ObjectsError};
+pub use remote::kind::{ActorKind, Named};
 pub use supervisor::{Supervisor, SupervisorArgs, SupervisorEvent, SupervisorMsg};
 pub use table::Table;
 

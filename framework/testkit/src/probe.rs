@@ -6,21 +6,22 @@
 
 use std::time::Duration;
 
+use flotilla::ActorKind;
 use flotilla::ractor::{self, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use flotilla::ractor_cluster::RactorClusterMessage;
 use flotilla::rkyv::{Archive, Deserialize, Serialize};
 use flotilla::wire::Sealed;
 
-/// Kind name of [`Echo`].
-pub const ECHO: &str = "flotilla.echo";
-/// Kind name of [`Relay`].
-pub const RELAY: &str = "flotilla.relay";
-/// Kind name of [`Ticker`].
-pub const TICKER: &str = "flotilla.ticker";
-/// Kind name of [`Lender`].
-pub const LENDER: &str = "flotilla.lender";
-/// Kind name of [`Flooder`].
-pub const FLOODER: &str = "flotilla.flooder";
+/// The kind of [`Echo`].
+pub const ECHO: ActorKind<EchoMsg, NoArgs> = ActorKind::new("flotilla.echo");
+/// The kind of [`Relay`].
+pub const RELAY: ActorKind<RelayMsg, NoArgs> = ActorKind::new("flotilla.relay");
+/// The kind of [`Ticker`].
+pub const TICKER: ActorKind<TickerMsg, TickerArgs> = ActorKind::new("flotilla.ticker");
+/// The kind of [`Lender`].
+pub const LENDER: ActorKind<LenderMsg, NoArgs> = ActorKind::new("flotilla.lender");
+/// The kind of [`Flooder`].
+pub const FLOODER: ActorKind<FlooderMsg, FloodArgs> = ActorKind::new("flotilla.flooder");
 
 /// An opaque payload.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -372,7 +373,7 @@ pub fn register(builder: flotilla::NodeBuilder) -> flotilla::NodeBuilder {
         .register(RELAY, || Relay)
         .register(LENDER, move || Lender { node: node.clone() })
         .register_configurable(TICKER, || Ticker)
-        .fences_checkpoints::<Ticker>(TICKER)
+        .fences_checkpoints(TICKER)
 }
 
 /// A [`Ticker`]'s arguments, written in `node.toml` as the child's `args`

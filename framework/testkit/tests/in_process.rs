@@ -38,7 +38,12 @@ async fn a_head_and_two_members_in_one_process_see_each_other_and_call_across() 
     // n1 spawns an echo on n2 and calls it; small and large casts through
     // n1's outbound arrive whole (the large ones on the bulk lane).
     let echo: ActorRef<EchoMsg> = n1
-        .spawn_on("n2", ECHO, "echo-n2", &NoArgs, Duration::from_secs(10))
+        .spawn_on(
+            "n2",
+            ECHO.named("echo-n2"),
+            &NoArgs,
+            Duration::from_secs(10),
+        )
         .await
         .unwrap();
     let reply = call_t!(echo, EchoMsg::Echo, 2_000, Payload(b"ping".to_vec())).unwrap();

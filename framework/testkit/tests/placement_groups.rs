@@ -133,8 +133,7 @@ async fn groups_are_placed_as_their_strategy_promises_and_released() {
                 group: &spread,
                 index: 2,
             },
-            ECHO,
-            "echo-in-bundle",
+            ECHO.named("echo-in-bundle"),
             &NoArgs,
             wait,
         )
@@ -148,8 +147,7 @@ async fn groups_are_placed_as_their_strategy_promises_and_released() {
                 group: &spread,
                 index: 9
             },
-            ECHO,
-            "nope",
+            ECHO.named("nope"),
             &NoArgs,
             wait
         )

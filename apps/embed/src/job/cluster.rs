@@ -104,7 +104,7 @@ async fn start_workers(
     }
     let placement = Placement {
         spec: config.job.group_spec(&members),
-        kind: KIND.to_owned(),
+        kind: KIND,
         name: format!("flotilla.embed.{}", node.name()),
         args: embedder_args(config),
         spawn_timeout: SPAWN_TIMEOUT,

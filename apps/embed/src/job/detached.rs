@@ -22,14 +22,15 @@
 //! it is opened, naming the setting. A local path is checked as written
 //! and, where it exists, again with its links resolved.
 
-use flotilla::jobs::JobSpec;
+use flotilla::ActorKind;
+use flotilla::jobs::{JobMsg, JobSpec};
 use flotilla_data::job::detached::{self, Submission};
 use flotilla_proto::roots::AllowedRoots;
 
 use super::JobConfig;
 
 /// The registered kind of the embed job's driver.
-pub const JOB_KIND: &str = "flotilla.embed.job";
+pub const JOB_KIND: ActorKind<JobMsg, Submission> = ActorKind::new("flotilla.embed.job");
 
 /// The paths an embed job opens, by what they are.
 fn paths(config: &JobConfig) -> Vec<(String, String)> {

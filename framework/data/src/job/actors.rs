@@ -24,7 +24,7 @@ use flotilla::supervisor::{
     Supervisor, SupervisorArgs, SupervisorMsg, SupervisorSpec,
 };
 use flotilla::wire::Encode;
-use flotilla::{Node, SpawnError, Table};
+use flotilla::{ActorKind, Node, SpawnError, Table};
 use tokio::sync::{mpsc, watch};
 
 use super::Pool;
@@ -184,12 +184,12 @@ impl Drop for Stopper {
 }
 
 /// Where a job's actors go on a cluster, and what they are.
-#[derive(Debug, Clone)]
-pub struct Placement<A> {
+#[derive(Debug)]
+pub struct Placement<M, A> {
     /// The group: one bundle per actor.
     pub spec: GroupSpec,
     /// The registered kind of the actors.
-    pub kind: String,
+    pub kind: ActorKind<M, A>,
     /// The start of their names: each is `NAME.GROUP.BUNDLE`, unique to
     /// this start of the job, so a driver started again runs beside the
     /// actors of the one before until those stop.
@@ -198,6 +198,18 @@ pub struct Placement<A> {
     pub args: A,
     /// How long one spawn may take (the actor's start included).
     pub spawn_timeout: Duration,
+}
+
+impl<M, A: Clone> Clone for Placement<M, A> {
+    fn clone(&self) -> Self {
+        Self {
+            spec: self.spec.clone(),
+            kind: self.kind,
+            name: self.name.clone(),
+            args: self.args.clone(),
+            spawn_timeout: self.spawn_timeout,
+        }
+    }
 }
 
 /// One actor placed in its bundle.
@@ -230,7 +242,7 @@ pub enum ActorStartError {
 /// A job's actors on a cluster, placed and checked, not yet supervised.
 pub struct Placed<M, A, R> {
     node: Arc<Node>,
-    placement: Placement<A>,
+    placement: Placement<M, A>,
     /// The group's id.
     pub group: GroupId,
     /// Where the bundles were placed (`group G (spread): 0→w1 1→w2 …`).
@@ -255,7 +267,7 @@ where
     /// on a member, members in parallel) and checks each with `ready`.
     pub async fn start<F, Fut>(
         node: &Arc<Node>,
-        placement: Placement<A>,
+        placement: Placement<M, A>,
         wait: Duration,
         announce: Option<&watch::Sender<String>>,
         ready: F,
@@ -304,8 +316,7 @@ where
                         let actor: ActorRef<M> = node
                             .spawn_on(
                                 &member,
-                                &placement.kind,
-                                &name,
+                                placement.kind.named(&name),
                                 &placement.args,
                                 placement.spawn_timeout,
                             )
@@ -399,10 +410,9 @@ where
                 .actor
                 .get_name()
                 .unwrap_or_else(|| format!("{}.{}.{}", self.placement.name, self.group, a.bundle));
-            let start = RemoteChild::new::<M, _>(
+            let start = RemoteChild::new(
                 Arc::clone(&self.node),
-                self.placement.kind.clone(),
-                name.clone(),
+                self.placement.kind.named(&name),
                 &self.placement.args,
                 |_: &Table| None,
                 self.placement.spawn_timeout,

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobSpec, JobState};
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
 use flotilla::wire::{Decode, Encode};
-use flotilla::{Node, NodeBuilder, NodeHandle};
+use flotilla::{ActorKind, Node, NodeBuilder, NodeHandle};
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 use tokio::sync::watch;
 
@@ -158,9 +158,9 @@ where
 /// A detached job of `kind` with `args` to submit: its driver in a bundle
 /// reserving `memory_mb=256` (so it lands on a worker, not on a head that
 /// offers nothing), three restarts a minute.
-pub fn spec<A: Encode>(kind: &str, args: &A, description: String) -> JobSpec {
+pub fn spec<A: Encode>(kind: ActorKind<JobMsg, A>, args: &A, description: String) -> JobSpec {
     JobSpec {
-        kind: kind.to_owned(),
+        kind: kind.name().to_owned(),
         args: flotilla::wire::encode(args),
         message_type: std::any::type_name::<JobMsg>().to_owned(),
         resources: [("memory_mb".to_owned(), 256.0)].into_iter().collect(),
@@ -286,7 +286,7 @@ pub fn real_path(path: &std::path::Path) -> Option<std::path::PathBuf> {
 /// summary or why it failed. Only the head may spawn the kind
 /// ([`NodeBuilder::register_head_only`]): the driver acts with the rights
 /// the head granted the job.
-pub fn register<A, F, Fut>(builder: NodeBuilder, kind: &str, run: F) -> NodeBuilder
+pub fn register<A, F, Fut>(builder: NodeBuilder, kind: ActorKind<JobMsg, A>, run: F) -> NodeBuilder
 where
     A: Decode + Send + Sync + 'static,
     F: Fn(Arc<Node>, A, Report) -> Fut + Send + Sync + 'static,

@@ -226,7 +226,7 @@ impl Node {
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
     /// // A counter run as a job, in a bundle of half a CPU.
     /// let spec = JobSpec {
-    ///     kind: COUNTER.into(),
+    ///     kind: COUNTER.name().into(),
     ///     args: flotilla::wire::encode(&Count(0)),
     ///     message_type: std::any::type_name::<CounterMsg>().into(),
     ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
@@ -336,7 +336,7 @@ impl Node {
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
     /// // A counter run as a job, in a bundle of half a CPU.
     /// let spec = JobSpec {
-    ///     kind: COUNTER.into(),
+    ///     kind: COUNTER.name().into(),
     ///     args: flotilla::wire::encode(&Count(0)),
     ///     message_type: std::any::type_name::<CounterMsg>().into(),
     ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
@@ -370,7 +370,7 @@ impl Node {
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
     /// // A counter run as a job, in a bundle of half a CPU.
     /// let spec = JobSpec {
-    ///     kind: COUNTER.into(),
+    ///     kind: COUNTER.name().into(),
     ///     args: flotilla::wire::encode(&Count(0)),
     ///     message_type: std::any::type_name::<CounterMsg>().into(),
     ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
@@ -406,7 +406,7 @@ impl Node {
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
     /// // A counter run as a job, in a bundle of half a CPU.
     /// let spec = JobSpec {
-    ///     kind: COUNTER.into(),
+    ///     kind: COUNTER.name().into(),
     ///     args: flotilla::wire::encode(&Count(0)),
     ///     message_type: std::any::type_name::<CounterMsg>().into(),
     ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
@@ -442,7 +442,7 @@ impl Node {
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
     /// // A counter run as a job, in a bundle of half a CPU.
     /// let spec = JobSpec {
-    ///     kind: COUNTER.into(),
+    ///     kind: COUNTER.name().into(),
     ///     args: flotilla::wire::encode(&Count(0)),
     ///     message_type: std::any::type_name::<CounterMsg>().into(),
     ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),

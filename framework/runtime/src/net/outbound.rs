@@ -84,7 +84,7 @@ struct Links {
 /// use std::time::Duration;
 /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
 /// let counter = node
-///     .spawn_on::<CounterMsg, _>(node.name(), COUNTER, "c", &Count(0), Duration::from_secs(5))
+///     .spawn_on(node.name(), COUNTER.named("c"), &Count(0), Duration::from_secs(5))
 ///     .await?;
 /// let outbound = node.outbound();
 /// // Waits while the node's backlog is over its limit (a remote actor's

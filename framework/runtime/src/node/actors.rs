@@ -13,6 +13,7 @@ use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
 use ractor::{ActorRef, Message};
 
 use crate::remote::call::{CallError, call};
+use crate::remote::kind::Named;
 use crate::remote::spawner::{
     LocalSpawn, LocalStop, SpawnReply, SpawnerMsg, StopReply, TYPE_GROUP_PREFIX,
 };
@@ -187,8 +188,9 @@ pub enum StopUnavailable {
 }
 
 impl Node {
-    /// Spawns an actor of a kind registered on `node`, named `name`, with
-    /// `args`, and returns a reference usable from this node.
+    /// Spawns `actor` (a kind registered on `node`, and the name it runs
+    /// under there) with `args`, and returns a reference usable from this
+    /// node.
     ///
     /// Delivery: the request is sent once; if the answer is lost the actor
     /// may or may not run (look it up before retrying under the same name).
@@ -203,7 +205,7 @@ impl Node {
     /// use flotilla::ractor::{ActorRef, call_t};
     ///
     /// let counter: ActorRef<CounterMsg> = node
-    ///     .spawn_on(node.name(), COUNTER, "counter", &Count(40), Duration::from_secs(5))
+    ///     .spawn_on(node.name(), COUNTER.named("counter"), &Count(40), Duration::from_secs(5))
     ///     .await?;
     /// counter.cast(CounterMsg::Add(Count(2))).unwrap();
     /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(42));
@@ -214,14 +216,12 @@ impl Node {
     pub async fn spawn_on<M: Message, A: Encode>(
         &self,
         node: &str,
-        kind: &str,
-        name: &str,
+        actor: Named<M, A>,
         args: &A,
         timeout: Duration,
     ) -> Result<ActorRef<M>, SpawnError> {
-        let cell = self
-            .spawn_on_raw(node, SpawnOrder::of::<M>(kind, name, encode(args)), timeout)
-            .await?;
+        let order = SpawnOrder::of::<M>(actor.kind().name(), actor.name(), encode(args));
+        let cell = self.spawn_on_raw(node, order, timeout).await?;
         Ok(cell.into())
     }
 
@@ -240,7 +240,7 @@ impl Node {
     /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
     /// use flotilla::ractor::{ActorRef, call_t};
     ///
-    /// let order = SpawnOrder::of::<CounterMsg>(COUNTER, "raw", flotilla::wire::encode(&Count(7)));
+    /// let order = SpawnOrder::of::<CounterMsg>(COUNTER.name(), "raw", flotilla::wire::encode(&Count(7)));
     /// let cell = node.spawn_on_raw(node.name(), order, Duration::from_secs(5)).await?;
     /// let counter: ActorRef<CounterMsg> = cell.into();
     /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(7));
@@ -333,7 +333,7 @@ impl Node {
     /// use flotilla::ractor::{ActorRef, call_t};
     ///
     /// let counter: ActorRef<CounterMsg> = node
-    ///     .spawn_on(node.name(), COUNTER, "brief", &Count(0), Duration::from_secs(5))
+    ///     .spawn_on(node.name(), COUNTER.named("brief"), &Count(0), Duration::from_secs(5))
     ///     .await?;
     /// node.stop_on(node.name(), "brief", Duration::from_secs(5)).await?;
     /// assert!(call_t!(counter, CounterMsg::Get, 1_000, Ask).is_err());
@@ -432,7 +432,7 @@ impl Node {
     /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
     /// use flotilla::ractor::{ActorRef, call_t};
     ///
-    /// node.spawn_on::<CounterMsg, _>(node.name(), COUNTER, "there", &Count(3), Duration::from_secs(5))
+    /// node.spawn_on(node.name(), COUNTER.named("there"), &Count(3), Duration::from_secs(5))
     ///     .await?;
     /// let counter: ActorRef<CounterMsg> = node.lookup_on(node.name(), "there")?;
     /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(3));
@@ -538,7 +538,7 @@ impl Node {
     /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
     /// use flotilla::ractor::{ActorRef, call_t};
     ///
-    /// node.spawn_on::<CounterMsg, _>(node.name(), COUNTER, "awaited", &Count(5), Duration::from_secs(5))
+    /// node.spawn_on(node.name(), COUNTER.named("awaited"), &Count(5), Duration::from_secs(5))
     ///     .await?;
     /// let counter: ActorRef<CounterMsg> = node.wait_actor("awaited", Duration::from_secs(5)).await?;
     /// assert_eq!(call_t!(counter, CounterMsg::Get, 1_000, Ask).unwrap(), Count(5));

@@ -51,6 +51,7 @@ use crate::node::router::Router;
 use crate::objects::Objects;
 use crate::placement::reservations::Reservations;
 use crate::placement::{PlacementParts, PlacementService};
+use crate::remote::kind::ActorKind;
 use crate::remote::spawner::{
     Hosted, Kind, KindOf, Spawner, SpawnerArgs, Stamp, relay_members, stamp_of,
 };
@@ -326,9 +327,10 @@ impl NodeBuilder {
         Ok(node)
     }
 
-    /// Registers an actor kind that other nodes may spawn here by name.
-    /// `factory` makes the actor value; its `Arguments` travel as an rkyv
-    /// archive and are validated before use.
+    /// Registers an actor kind that other nodes may spawn here by its name.
+    /// `factory` makes the actor value, whose messages and arguments are
+    /// the kind's; its arguments travel as an rkyv archive and are
+    /// validated before use.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -338,21 +340,21 @@ impl NodeBuilder {
     /// use flotilla::node::doc_example::{Ask, COUNTER, Count, Counter, CounterMsg};
     /// let node = flotilla::Node::builder(config).register(COUNTER, || Counter).start().await?;
     /// let counter: flotilla::ractor::ActorRef<CounterMsg> = node
-    ///     .spawn_on(node.name(), COUNTER, "c", &Count(1), Duration::from_secs(5))
+    ///     .spawn_on(node.name(), COUNTER.named("c"), &Count(1), Duration::from_secs(5))
     ///     .await?;
     /// let count = flotilla::call::call(&counter, |r| CounterMsg::Get(Ask, r), Duration::from_secs(5)).await?;
     /// assert_eq!(count, Count(1));
     /// node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub fn register<A, F>(mut self, kind: &str, factory: F) -> Self
+    pub fn register<A, F>(mut self, kind: ActorKind<A::Msg, A::Arguments>, factory: F) -> Self
     where
         A: Actor,
         A::Arguments: Decode,
         F: Fn() -> A + Send + Sync + 'static,
     {
         self.kinds.insert(
-            kind.to_owned(),
+            kind.name().to_owned(),
             Arc::new(KindOf {
                 factory,
                 _actor: PhantomData,
@@ -372,26 +374,30 @@ impl NodeBuilder {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let (config, _dir) = flotilla::node::doc_example::config("register_head_only")?;
     /// use std::time::Duration;
-    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// use flotilla::node::doc_example::{COUNTER, Count, Counter};
     /// let node = flotilla::Node::builder(config)
     ///     .register_head_only(COUNTER, || Counter)
     ///     .start()
     ///     .await?;
     /// // The head itself may spawn it; a member's spawn would be refused.
     /// let spawned = node
-    ///     .spawn_on::<CounterMsg, _>(node.name(), COUNTER, "c", &Count(0), Duration::from_secs(5))
+    ///     .spawn_on(node.name(), COUNTER.named("c"), &Count(0), Duration::from_secs(5))
     ///     .await;
     /// assert!(spawned.is_ok());
     /// node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub fn register_head_only<A, F>(mut self, kind: &str, factory: F) -> Self
+    pub fn register_head_only<A, F>(
+        mut self,
+        kind: ActorKind<A::Msg, A::Arguments>,
+        factory: F,
+    ) -> Self
     where
         A: Actor,
         A::Arguments: Decode,
         F: Fn() -> A + Send + Sync + 'static,
     {
-        self.head_only.insert(kind.to_owned());
+        self.head_only.insert(kind.name().to_owned());
         self.register(kind, factory)
     }
 
@@ -410,24 +416,30 @@ impl NodeBuilder {
     ///     .start()
     ///     .await?;
     /// // Its arguments as configuration writes them: a count is a number.
-    /// assert!(node.config_args(COUNTER, serde_json::json!(5)).is_ok());
-    /// assert!(node.config_args(COUNTER, serde_json::json!("five")).is_err());
+    /// assert!(node.config_args(COUNTER.name(), serde_json::json!(5)).is_ok());
+    /// assert!(node.config_args(COUNTER.name(), serde_json::json!("five")).is_err());
     /// node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub fn register_configurable<A, F>(mut self, kind: &str, factory: F) -> Self
+    pub fn register_configurable<A, F>(
+        mut self,
+        kind: ActorKind<A::Msg, A::Arguments>,
+        factory: F,
+    ) -> Self
     where
         A: Actor,
         A::Arguments: Decode + Encode + serde::de::DeserializeOwned,
         F: Fn() -> A + Send + Sync + 'static,
     {
-        self.configurable
-            .insert(kind.to_owned(), ConfigKind::of::<A::Msg, A::Arguments>());
+        self.configurable.insert(
+            kind.name().to_owned(),
+            ConfigKind::of::<A::Msg, A::Arguments>(),
+        );
         self.register(kind, factory)
     }
 
-    /// Marks the registered `kind`, whose actors are `A`, as one whose
-    /// actors fence their checkpoints
+    /// Marks the registered `kind` as one whose actors fence their
+    /// checkpoints
     /// (`flotilla::checkpoint::CheckpointStore::fence`):
     /// every spawn of it here has its [`Start`](flotilla_proto::epoch::Start)
     /// written into its arguments by this node, the epoch from the spawn
@@ -443,11 +455,11 @@ impl NodeBuilder {
     /// use std::time::Duration;
     /// use flotilla::checkpoint::Start;
     /// use flotilla::node::doc_example::{Ask, KEEPER, KeeperArgs, KeeperMsg, StartSeen};
-    /// // `head` registered Keeper with `.fences_checkpoints::<Keeper>(KEEPER)`.
+    /// // `head` registered Keeper with `.fences_checkpoints(KEEPER)`.
     /// // Arguments that claim another issuer and the largest epoch...
     /// let forged = KeeperArgs { start: Start::new("someone-else", u64::MAX) };
     /// let keeper: flotilla::ractor::ActorRef<KeeperMsg> = head
-    ///     .spawn_on(head.name(), KEEPER, "k", &forged, Duration::from_secs(5))
+    ///     .spawn_on(head.name(), KEEPER.named("k"), &forged, Duration::from_secs(5))
     ///     .await?;
     /// // ...are overwritten: the asker's certificate, and no epoch (no supervisor issued one).
     /// let seen = flotilla::call::call(&keeper, |r| KeeperMsg::Start(Ask, r), Duration::from_secs(5)).await?;
@@ -455,13 +467,11 @@ impl NodeBuilder {
     /// # head.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub fn fences_checkpoints<A>(mut self, kind: &str) -> Self
+    pub fn fences_checkpoints<M, T>(mut self, kind: ActorKind<M, T>) -> Self
     where
-        A: Actor,
-        A::Arguments: Decode + Encode + flotilla_proto::epoch::TakesStart,
+        T: Decode + Encode + flotilla_proto::epoch::TakesStart,
     {
-        self.stamps
-            .insert(kind.to_owned(), stamp_of::<A::Arguments>());
+        self.stamps.insert(kind.name().to_owned(), stamp_of::<T>());
         self
     }
 

@@ -13,10 +13,11 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::node::Node;
 use crate::node::config::NodeConfig;
+use crate::remote::kind::ActorKind;
 use flotilla_proto::epoch::{Start, TakesStart};
 
-/// The kind name [`head`] registers [`Counter`] under.
-pub const COUNTER: &str = "doc.counter";
+/// The kind [`head`] registers [`Counter`] as.
+pub const COUNTER: ActorKind<CounterMsg, Count> = ActorKind::new("doc.counter");
 
 /// A counter's value (its start value, when spawned).
 #[derive(
@@ -72,9 +73,9 @@ impl Actor for Counter {
     }
 }
 
-/// The kind name [`head`] registers [`Keeper`] under, as a kind whose
-/// actors fence their checkpoints.
-pub const KEEPER: &str = "doc.keeper";
+/// The kind [`head`] registers [`Keeper`] as, one whose actors fence
+/// their checkpoints.
+pub const KEEPER: ActorKind<KeeperMsg, KeeperArgs> = ActorKind::new("doc.keeper");
 
 /// A [`Keeper`]'s arguments: only its start, which the node that spawns
 /// it writes.
@@ -194,7 +195,7 @@ pub async fn head(tag: &str) -> Result<DocHead, Box<dyn std::error::Error>> {
     let node = Node::builder(config)
         .register_configurable(COUNTER, || Counter)
         .register(KEEPER, || Keeper)
-        .fences_checkpoints::<Keeper>(KEEPER)
+        .fences_checkpoints(KEEPER)
         .start()
         .await?;
     Ok(DocHead { node, _dir: dir })

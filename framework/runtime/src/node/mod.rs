@@ -214,9 +214,9 @@ impl Node {
     /// use flotilla::node::doc_example::{Ask, COUNTER, Count, CounterMsg};
     /// use flotilla::SpawnOrder;
     /// // A counter whose start value comes from configuration (JSON).
-    /// let (args, message_type) = node.config_args(COUNTER, serde_json::json!(7))?;
+    /// let (args, message_type) = node.config_args(COUNTER.name(), serde_json::json!(7))?;
     /// let order = SpawnOrder {
-    ///     kind: COUNTER.into(),
+    ///     kind: COUNTER.name().into(),
     ///     name: "configured".into(),
     ///     args,
     ///     message_type: message_type.into(),

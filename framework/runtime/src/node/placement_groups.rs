@@ -32,6 +32,7 @@ pub use flotilla_proto::placement::{Resources, Strategy, parse_amount, parse_bun
 
 pub use crate::member::head_client::HeadUnavailable;
 use crate::node::{Node, SpawnError};
+use crate::remote::kind::Named;
 use crate::remote::wire::{Encode, encode};
 
 /// Why a placement-group call failed.
@@ -338,8 +339,8 @@ impl Node {
             })
     }
 
-    /// Spawns an actor of a kind registered on the node of `bundle`
-    /// (waiting for its group to be ready within `timeout`). The actor
+    /// Spawns `actor` (a kind registered on the node of `bundle`, and its
+    /// name there), waiting for its group to be ready within `timeout`. The actor
     /// runs on what the bundle reserved, not on the node's free resources.
     ///
     /// ```
@@ -353,7 +354,7 @@ impl Node {
     ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.5)])]))
     ///     .await?;
     /// let counter: flotilla::ractor::ActorRef<CounterMsg> = node
-    ///     .spawn_in_group(BundleRef { group: &id, index: 0 }, COUNTER, "c", &Count(3), Duration::from_secs(30))
+    ///     .spawn_in_group(BundleRef { group: &id, index: 0 }, COUNTER.named("c"), &Count(3), Duration::from_secs(30))
     ///     .await?;
     /// let count = flotilla::call::call(&counter, |r| CounterMsg::Get(Ask, r), Duration::from_secs(5)).await?;
     /// assert_eq!(count, Count(3));
@@ -362,8 +363,7 @@ impl Node {
     pub async fn spawn_in_group<M: Message, A: Encode>(
         &self,
         bundle: BundleRef<'_>,
-        kind: &str,
-        name: &str,
+        actor: Named<M, A>,
         args: &A,
         timeout: Duration,
     ) -> Result<ActorRef<M>, PlacementError> {
@@ -375,7 +375,11 @@ impl Node {
             .saturating_sub(started.elapsed())
             .max(Duration::from_secs(1));
         let cell = self
-            .spawn_on_raw(&node, SpawnOrder::of::<M>(kind, name, encode(args)), left)
+            .spawn_on_raw(
+                &node,
+                SpawnOrder::of::<M>(actor.kind().name(), actor.name(), encode(args)),
+                left,
+            )
             .await?;
         Ok(cell.into())
     }

@@ -15,6 +15,7 @@ use ractor::ActorCell;
 
 use crate::node::placement_groups::{GroupView, PlacementError};
 use crate::node::{Node, SpawnError, StopError};
+use crate::remote::kind::Named;
 use crate::remote::spawner::SpawnReply;
 use crate::remote::wire::Encode;
 use crate::table::Table;
@@ -54,26 +55,23 @@ pub struct RemoteChild {
 }
 
 impl RemoteChild {
-    /// A child of kind `kind` named `name` with `args`, whose actors take
-    /// `M`, placed by `place`, each spawn given `timeout`. A lost node
+    /// A child `actor` (its kind, and the name it runs under) with `args`,
+    /// placed by `place`, each spawn given `timeout`. A lost node
     /// counts as a failure.
     pub fn new<M: ractor::Message, A: Encode>(
         node: Arc<Node>,
-        kind: impl Into<String>,
-        name: impl Into<String>,
+        actor: Named<M, A>,
         args: &A,
         place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
         timeout: Duration,
     ) -> Self {
         Self::raw(
             node,
-            SpawnOrder {
-                kind: kind.into(),
-                name: name.into(),
-                args: crate::remote::wire::encode(args),
-                message_type: std::any::type_name::<M>().to_owned(),
-                epoch: 0,
-            },
+            SpawnOrder::of::<M>(
+                actor.kind().name(),
+                actor.name(),
+                crate::remote::wire::encode(args),
+            ),
             place,
             timeout,
         )
