@@ -284,6 +284,45 @@ impl NodeBuilder {
     /// store (see [`NodeBuilder::head_store_in`]) is mirrored to `replica`
     /// too before it is answered, for the standby that takes over. Ignored
     /// on a member, and without a store.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, dir) = flotilla::node::doc_example::config("head_replica")?;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use flotilla::head_lease::{Candidate, LeaseStore, acquire};
+    /// use flotilla::head_replica::{HeadReplica, restore, seed};
+    /// use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+    /// // The head set's shared store (an in-memory one here) and its lease.
+    /// let shared: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    /// let prefix = object_store::path::Path::from("heads");
+    /// let me = Candidate { holder: "head".into(), address: "127.0.0.1:1".into(), incarnation: 1 };
+    /// let lease = flotilla_proto::lease::LeaseConfig { duration: Duration::from_secs(4) };
+    /// let stop = tokio_util::sync::CancellationToken::new();
+    /// let held = acquire(LeaseStore::new(Arc::clone(&shared), &prefix), me, lease, stop.clone())
+    ///     .await
+    ///     .ok_or("the lease was not taken")?;
+    /// // The primary seeds its term from its own state, then mirrors each change.
+    /// let state = dir.path().join("state");
+    /// std::fs::create_dir_all(&state)?;
+    /// let replica = HeadReplica::new(Arc::clone(&shared), prefix.clone(), held.guard, held.term)?;
+    /// let replica = tokio::task::block_in_place(|| seed(&state, &replica).map(|_| replica))?;
+    /// let node = flotilla::Node::builder(config)
+    ///     .head_store_in(&state)
+    ///     .head_replica(replica)
+    ///     .start()
+    ///     .await?;
+    /// node.create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.5)])])).await?;
+    /// // What a standby taking over the next term would start from.
+    /// let standby = dir.path().join("standby");
+    /// std::fs::create_dir_all(&standby)?;
+    /// let copied = restore(&shared, &prefix, &standby, held.term + 1).await?;
+    /// assert_eq!(copied.groups, 1);
+    /// node.shutdown().await;
+    /// stop.cancel();
+    /// # Ok(()) }
+    /// ```
     pub fn head_replica(mut self, replica: crate::head::head_replica::HeadReplica) -> Self {
         self.head_replica = Some(replica);
         self
