@@ -261,7 +261,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
             name: "ghost-echo".into(),
             args: flotilla::wire::encode(&NoArgs),
             message_type: std::any::type_name::<flotilla_testkit::probe::EchoMsg>().into(),
-            epoch: 0,
+            epoch: flotilla_proto::epoch::Epoch::NONE,
         };
         let asked = flotilla::query(w2.addr, ghost(), ControlRequest::Spawn(order.clone())).await;
         assert_eq!(denied(asked), Unauthorized::NotMember);
@@ -451,7 +451,7 @@ fn a_member_other_than_the_head_cannot_spawn_a_jobs_driver() {
                         name: format!("forged-driver-{n}"),
                         args: Vec::new(),
                         message_type: "any".into(),
-                        epoch: 0,
+                        epoch: flotilla_proto::epoch::Epoch::NONE,
                     },
                     Duration::from_secs(10),
                 )
@@ -1357,11 +1357,13 @@ fn a_driver_copy_of_a_supervised_child_with_a_forged_epoch_neither_locks_it_out_
     eventually(Duration::from_secs(20), || (ckpts(&own) > 0).then_some(()));
 
     s.issue_role("d1", "driver");
-    let ahead = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-        + 30_000_000;
+    let ahead = flotilla::checkpoint::Epoch::from_micros(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+            + 30_000_000,
+    );
     runtime().block_on(async {
         let driver = join(&s, "d1", head.addr).await;
         let forged = TickerArgs {
@@ -1411,7 +1413,7 @@ fn a_driver_copy_of_a_supervised_child_with_a_forged_epoch_neither_locks_it_out_
         "{st}"
     );
     // No epoch of the driver's copy is among the child's.
-    let theirs = format!("{ahead:020}");
+    let theirs = format!("{:020}", ahead.micros());
     let mixed: Vec<String> = std::fs::read_dir(&own)
         .unwrap()
         .filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_owned()))

@@ -27,6 +27,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::authority::Unauthorized;
+use crate::epoch::Epoch;
 use crate::groups::{GroupSpec, GroupView, NodeAccount};
 use crate::hello::Refusal;
 use crate::jobs::{JobsReply, JobsRequest};
@@ -98,12 +99,13 @@ pub struct SpawnOrder {
     /// The message type the caller will send the actor
     /// (`std::any::type_name`); the kind's must be the same.
     pub message_type: String,
-    /// The epoch the caller's supervisor issued this start (0: none). The
+    /// The epoch the caller's supervisor issued this start
+    /// ([`Epoch::NONE`]: none). The
     /// node that spawns it stamps this epoch, with the certificate of the
     /// member that asked, into the arguments of a kind whose actors fence
     /// their checkpoints, whatever the arguments themselves say: a caller
     /// can fence only its own children's checkpoints.
-    pub epoch: u64,
+    pub epoch: Epoch,
 }
 
 impl SpawnOrder {
@@ -115,7 +117,7 @@ impl SpawnOrder {
             name: name.to_owned(),
             args,
             message_type: std::any::type_name::<M>().to_owned(),
-            epoch: 0,
+            epoch: Epoch::NONE,
         }
     }
 }
@@ -244,8 +246,8 @@ pub struct ChildReport {
     pub running: bool,
     /// Its restarts so far.
     pub restarts: u32,
-    /// The epoch of its latest start (0 before the first).
-    pub epoch: u64,
+    /// The epoch of its latest start ([`Epoch::NONE`] before the first).
+    pub epoch: Epoch,
     /// The node it runs on, when it runs on another one.
     pub node: Option<String>,
 }

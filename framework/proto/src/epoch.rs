@@ -18,6 +18,61 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+/// A supervised child's start as its supervisor numbered it: a clock
+/// reading in microseconds since the Unix epoch (or one more than the
+/// last one issued), larger than every earlier start's. [`Epoch::NONE`]
+/// is a start no supervisor numbered. Archived as the number.
+///
+/// ```
+/// use flotilla_proto::epoch::{Epoch, EpochClock};
+/// let mut clock = EpochClock::new(0);
+/// let first = clock.next(1_700_000_000_000_000);
+/// assert!(clock.next(1_700_000_000_000_000) > first, "the same microsecond");
+/// assert!(Epoch::NONE < first && Epoch::NONE.is_none());
+/// assert_eq!(first.to_string(), "1700000000000000");
+/// ```
+#[derive(
+    Archive,
+    Serialize,
+    Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// A start no supervisor numbered.
+    pub const NONE: Self = Self(0);
+
+    /// The epoch that is the clock reading `micros`.
+    pub const fn from_micros(micros: u64) -> Self {
+        Self(micros)
+    }
+
+    /// The clock reading it is, in microseconds since the Unix epoch.
+    pub const fn micros(self) -> u64 {
+        self.0
+    }
+
+    /// Whether no supervisor numbered it.
+    pub const fn is_none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl std::fmt::Display for Epoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// One start of a supervised child, as the node that runs it knows it:
 /// the epoch its supervisor issued, and the certificate (principal) of
 /// the member whose supervisor issued it. A kind whose actors fence their
@@ -26,7 +81,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 ///
 /// ```
 /// use flotilla_proto::epoch::Start;
-/// let start = Start::new("head", 1_700_000_000_000_000);
+/// use flotilla_proto::epoch::Epoch;
+/// let start = Start::new("head", Epoch::from_micros(1_700_000_000_000_000));
 /// assert!(start.is_fenced());
 /// assert_eq!(start.issuer(), "head");
 /// assert!(!Start::default().is_fenced());
@@ -34,22 +90,22 @@ use rkyv::{Archive, Deserialize, Serialize};
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct Start {
     issuer: String,
-    epoch: u64,
+    epoch: Epoch,
 }
 
 impl Start {
     /// The start at `epoch` of a child whose supervisor runs on a member
     /// holding the certificate `issuer`. A child started by its own node
     /// makes its own; a spawned one is given its node's.
-    pub fn new(issuer: impl Into<String>, epoch: u64) -> Self {
+    pub fn new(issuer: impl Into<String>, epoch: Epoch) -> Self {
         Self {
             issuer: issuer.into(),
             epoch,
         }
     }
 
-    /// The epoch its supervisor issued (0: none).
-    pub fn epoch(&self) -> u64 {
+    /// The epoch its supervisor issued ([`Epoch::NONE`]: none).
+    pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
@@ -60,7 +116,7 @@ impl Start {
 
     /// Whether it fences checkpoints: it has an epoch and an issuer.
     pub fn is_fenced(&self) -> bool {
-        self.epoch > 0 && !self.issuer.is_empty()
+        !self.epoch.is_none() && !self.issuer.is_empty()
     }
 }
 
@@ -88,10 +144,10 @@ impl EpochClock {
     /// The next epoch, from the clock's reading in microseconds since the
     /// Unix epoch: the reading, or one more than the last epoch issued if
     /// the reading is not above it.
-    pub fn next(&mut self, clock_micros: u64) -> u64 {
+    pub fn next(&mut self, clock_micros: u64) -> Epoch {
         let epoch = clock_micros.max(self.last.saturating_add(1));
         self.last = epoch;
-        epoch
+        Epoch(epoch)
     }
 }
 
@@ -105,13 +161,13 @@ pub const MAX_AHEAD_MICROS: u64 = 60_000_000;
 
 /// Whether `epoch` could have been issued by a supervisor whose clock is
 /// within [`MAX_AHEAD_MICROS`] of `now_micros` (this node's clock).
-pub fn plausible(epoch: u64, now_micros: u64) -> bool {
-    epoch <= now_micros.saturating_add(MAX_AHEAD_MICROS)
+pub fn plausible(epoch: Epoch, now_micros: u64) -> bool {
+    epoch.0 <= now_micros.saturating_add(MAX_AHEAD_MICROS)
 }
 
 /// Whether a store that has seen epochs up to `newest` admits an effect of
 /// `epoch` (a store that has seen none admits any).
-pub fn admits(epoch: u64, newest: Option<u64>) -> bool {
+pub fn admits(epoch: Epoch, newest: Option<Epoch>) -> bool {
     newest.is_none_or(|n| epoch >= n)
 }
 
@@ -119,7 +175,7 @@ pub fn admits(epoch: u64, newest: Option<u64>) -> bool {
 /// `(epoch, sequence)`, best first: the newest sequence of the newest epoch
 /// not above its own. A newer epoch's snapshots belong to a copy that
 /// replaced it, and are dropped.
-pub fn restore_order<T>(epoch: u64, snapshots: &mut Vec<((u64, u64), T)>) {
+pub fn restore_order<T>(epoch: Epoch, snapshots: &mut Vec<((Epoch, u64), T)>) {
     snapshots.retain(|(key, _)| key.0 <= epoch);
     snapshots.sort_unstable_by_key(|s| std::cmp::Reverse(s.0));
 }
@@ -129,14 +185,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn e(micros: u64) -> Epoch {
+        Epoch::from_micros(micros)
+    }
+
     #[test]
     fn epochs_follow_the_clock_above_the_floor() {
         let mut c = EpochClock::new(1_000);
-        assert_eq!(c.next(5_000), 5_000);
-        assert_eq!(c.next(5_000), 5_001, "the same microsecond");
-        assert_eq!(c.next(4_000), 5_002, "a clock set back");
+        assert_eq!(c.next(5_000), e(5_000));
+        assert_eq!(c.next(5_000), e(5_001), "the same microsecond");
+        assert_eq!(c.next(4_000), e(5_002), "a clock set back");
         let mut c = EpochClock::new(9_000);
-        assert_eq!(c.next(5_000), 9_001, "never at or below the floor");
+        assert_eq!(c.next(5_000), e(9_001), "never at or below the floor");
     }
 
     #[test]
@@ -145,33 +205,36 @@ mod tests {
         let mut c = EpochClock::new(now - 5);
         assert!(plausible(c.next(now), now));
         assert!(
-            plausible(now + MAX_AHEAD_MICROS, now),
+            plausible(e(now + MAX_AHEAD_MICROS), now),
             "a clock a minute ahead"
         );
-        assert!(!plausible(now + MAX_AHEAD_MICROS + 1, now));
-        assert!(!plausible(u64::MAX, now));
-        assert!(plausible(u64::MAX, u64::MAX - 1), "no overflow");
+        assert!(!plausible(e(now + MAX_AHEAD_MICROS + 1), now));
+        assert!(!plausible(e(u64::MAX), now));
+        assert!(plausible(e(u64::MAX), u64::MAX - 1), "no overflow");
     }
 
     #[test]
     fn a_store_admits_its_newest_epoch_and_later_ones_only() {
-        assert!(admits(3, None));
-        assert!(admits(3, Some(3)));
-        assert!(admits(4, Some(3)));
-        assert!(!admits(2, Some(3)));
+        assert!(admits(e(3), None));
+        assert!(admits(e(3), Some(e(3))));
+        assert!(admits(e(4), Some(e(3))));
+        assert!(!admits(e(2), Some(e(3))));
     }
 
     #[test]
     fn restore_takes_the_newest_sequence_of_the_newest_epoch_not_above_its_own() {
         let mut s: Vec<_> = [(1, 90), (2, 10), (2, 30), (3, 5), (1, 100)]
             .into_iter()
-            .map(|k| (k, ()))
+            .map(|(epoch, seq)| ((e(epoch), seq), ()))
             .collect();
-        restore_order(2, &mut s);
-        let keys: Vec<_> = s.iter().map(|(k, ())| *k).collect();
+        restore_order(e(2), &mut s);
+        let keys: Vec<_> = s
+            .iter()
+            .map(|((epoch, seq), ())| (epoch.micros(), *seq))
+            .collect();
         assert_eq!(keys, [(2, 30), (2, 10), (1, 100), (1, 90)]);
-        let mut s = vec![((5, 1), ())];
-        restore_order(4, &mut s);
+        let mut s = vec![((e(5), 1), ())];
+        restore_order(e(4), &mut s);
         assert!(s.is_empty(), "a newer copy's snapshots are not this one's");
     }
 
@@ -183,10 +246,10 @@ mod tests {
             let mut c = EpochClock::new(floor);
             let mut last = floor;
             for r in readings {
-                let e = c.next(r);
-                prop_assert!(e > last);
-                prop_assert!(e >= r);
-                last = e;
+                let next = c.next(r).micros();
+                prop_assert!(next > last);
+                prop_assert!(next >= r);
+                last = next;
             }
         }
 
@@ -199,7 +262,7 @@ mod tests {
             gap in 1u64..1 << 20,
             turns in proptest::collection::vec(any::<bool>(), 1..40),
         ) {
-            let new = old + gap;
+            let (old, new) = (e(old), e(old + gap));
             let mut newest = Some(old);
             let mut announced = false;
             for newer_acts in turns {

@@ -465,7 +465,7 @@ impl Actor for Ticker {
             (Snapshots::Plain(store, key.clone()), restored)
         };
         let n = restored.map_or(0, |(_, Ticks(n))| n);
-        tracing::info!(name = %key, count = n, epoch = args.start.epoch(), issuer = %args.start.issuer(), "ticker restored");
+        tracing::info!(name = %key, count = n, epoch = args.start.epoch().micros(), issuer = %args.start.issuer(), "ticker restored");
         myself.send_interval(Duration::from_millis(args.tick_ms.max(1)), || {
             TickerMsg::Tick
         });

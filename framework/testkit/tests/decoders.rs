@@ -201,7 +201,7 @@ fn requests() -> Vec<ControlRequest> {
             name: "echo-1".into(),
             args: wire::encode(&resources()),
             message_type: "flotilla_testkit::probe::EchoMsg".into(),
-            epoch: 1_700_000_000_000_000,
+            epoch: flotilla_proto::epoch::Epoch::from_micros(1_700_000_000_000_000),
         }),
     ]
 }
@@ -327,7 +327,10 @@ fn cases() -> Vec<Case> {
         checkpoint: "s3://bucket/ckpt".into(),
         tick_ms: 20,
         every: 10,
-        start: flotilla::checkpoint::Start::new("head", 1_700_000_000_000_000),
+        start: flotilla::checkpoint::Start::new(
+            "head",
+            flotilla::checkpoint::Epoch::from_micros(1_700_000_000_000_000),
+        ),
     }));
     out.push(of(&flotilla_testkit::probe::LendRequest {
         bytes: vec![1; 200],
@@ -551,7 +554,7 @@ fn the_allocator_counts_what_a_decode_allocates() {
         name: "n".into(),
         args: vec![1; 64 << 10],
         message_type: "m".into(),
-        epoch: 0,
+        epoch: flotilla_proto::epoch::Epoch::NONE,
     });
     let bytes = wire::encode(&big);
     let (decoded, peak) = peak_of(|| wire::decode::<ControlRequest>(&bytes));

@@ -82,7 +82,7 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
                     // Each start's own: a child of a kind that fences its
                     // checkpoints has it written into its arguments by the
                     // node that spawns it.
-                    epoch: 0,
+                    epoch: flotilla_proto::epoch::Epoch::NONE,
                 },
                 place,
                 SPAWN_TIMEOUT,

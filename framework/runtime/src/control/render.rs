@@ -255,7 +255,7 @@ impl<'a> From<&'a SupervisorReport> for SupervisorJson<'a> {
                     id: &c.id,
                     running: c.running,
                     restarts: c.restarts,
-                    epoch: c.epoch,
+                    epoch: c.epoch.micros(),
                     node: c.node.as_deref(),
                 })
                 .collect(),

@@ -740,7 +740,7 @@ impl Service {
                 name: actor.clone(),
                 args: spec.args.clone(),
                 message_type: spec.message_type.clone(),
-                epoch: 0,
+                epoch: flotilla_proto::epoch::Epoch::NONE,
             },
             |_: &crate::Table| None,
             START_WITHIN,

@@ -492,11 +492,11 @@ impl NodeBuilder {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let head = flotilla::node::doc_example::head("fences_checkpoints").await?;
     /// use std::time::Duration;
-    /// use flotilla::checkpoint::Start;
+    /// use flotilla::checkpoint::{Epoch, Start};
     /// use flotilla::node::doc_example::{Ask, KEEPER, KeeperArgs, KeeperMsg, StartSeen};
     /// // `head` registered Keeper with `.fences_checkpoints(KEEPER)`.
     /// // Arguments that claim another issuer and the largest epoch...
-    /// let forged = KeeperArgs { start: Start::new("someone-else", u64::MAX) };
+    /// let forged = KeeperArgs { start: Start::new("someone-else", Epoch::from_micros(u64::MAX)) };
     /// let keeper: flotilla::ractor::ActorRef<KeeperMsg> = head
     ///     .spawn_on(head.name(), KEEPER.named("k"), &forged, Duration::from_secs(5))
     ///     .await?;

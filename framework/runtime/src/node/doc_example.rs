@@ -96,7 +96,7 @@ impl TakesStart for KeeperArgs {
 pub struct StartSeen {
     /// The certificate whose supervisor issued it.
     pub issuer: String,
-    /// Its epoch.
+    /// Its epoch, in microseconds (0: none).
     pub epoch: u64,
 }
 
@@ -135,7 +135,7 @@ impl Actor for Keeper {
         let KeeperMsg::Start(Ask, reply) = msg;
         let _ = reply.send(StartSeen {
             issuer: start.issuer().to_owned(),
-            epoch: start.epoch(),
+            epoch: start.epoch().micros(),
         });
         Ok(())
     }

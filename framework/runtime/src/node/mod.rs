@@ -220,7 +220,7 @@ impl Node {
     ///     name: "configured".into(),
     ///     args,
     ///     message_type: message_type.into(),
-    ///     epoch: 0,
+    ///     epoch: flotilla::checkpoint::Epoch::NONE,
     /// };
     /// let cell = node.spawn_on_raw(node.name(), order, Duration::from_secs(5)).await?;
     /// let counter: flotilla::ractor::ActorRef<CounterMsg> = cell.into();

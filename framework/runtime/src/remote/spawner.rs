@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use flotilla_proto::authority::{Sender, may_stop};
 use flotilla_proto::control::{MAX_ACTORS_PER_PRINCIPAL, SpawnOrder, StopOutcome};
-use flotilla_proto::epoch::{Start, TakesStart};
+use flotilla_proto::epoch::{Epoch, Start, TakesStart};
 use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::role::{Role, principal_of};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -268,7 +268,7 @@ pub(crate) fn stamp_of<T: Decode + Encode + TakesStart>() -> Stamp {
 /// The start a spawn by `owner` at `epoch` is given: the epoch its
 /// supervisor issued and the certificate that asked, never what the
 /// arguments claim.
-fn start_of(owner: &MemberRef, epoch: u64) -> Start {
+fn start_of(owner: &MemberRef, epoch: Epoch) -> Start {
     Start::new(principal_of(&owner.name), epoch)
 }
 

@@ -48,7 +48,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
 
-pub use flotilla_proto::epoch::{Start, TakesStart};
+pub use flotilla_proto::epoch::{Epoch, Start, TakesStart};
 
 use crate::objects::object_url::{is_url, open_url};
 use crate::remote::wire::{Decode, Encode, decode, encode};
@@ -99,9 +99,9 @@ pub enum CheckpointError {
         /// The actor.
         actor: String,
         /// This copy's epoch.
-        epoch: u64,
+        epoch: Epoch,
         /// The newest epoch the store has seen.
-        newer: u64,
+        newer: Epoch,
     },
     /// An epoch further ahead of this node's clock than any supervisor
     /// issues ([`flotilla_proto::epoch::MAX_AHEAD_MICROS`]): forged, and
@@ -113,7 +113,7 @@ pub enum CheckpointError {
         /// The actor.
         actor: String,
         /// The epoch given.
-        epoch: u64,
+        epoch: Epoch,
         /// This node's clock, in microseconds since the Unix epoch.
         now: u64,
     },
@@ -128,7 +128,7 @@ pub enum CheckpointError {
 }
 
 /// `Err` when `epoch` (of `actor`) is not one a supervisor issues.
-fn plausible(actor: &str, epoch: u64) -> Result<(), CheckpointError> {
+fn plausible(actor: &str, epoch: Epoch) -> Result<(), CheckpointError> {
     let now = crate::clock::clock_micros();
     if flotilla_proto::epoch::plausible(epoch, now) {
         Ok(())
@@ -144,37 +144,40 @@ fn plausible(actor: &str, epoch: u64) -> Result<(), CheckpointError> {
 /// One object of an actor's checkpoint folder, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Entry {
-    /// A snapshot: epoch (0 when unfenced) and sequence.
-    Snapshot(u64, u64),
+    /// A snapshot: epoch ([`Epoch::NONE`] when unfenced) and sequence.
+    Snapshot(Epoch, u64),
     /// A start's announcement of its epoch.
-    Epoch(u64),
+    Announced(Epoch),
 }
 
 impl Entry {
     /// The entry an object name stands for, if any.
     fn parse(name: &str) -> Option<Self> {
         if let Some(epoch) = name.strip_suffix(".epoch") {
-            return Some(Self::Epoch(epoch.parse().ok()?));
+            return Some(Self::Announced(Epoch::from_micros(epoch.parse().ok()?)));
         }
         let stem = name.strip_suffix(".ckpt")?;
         match stem.split_once('-') {
-            Some((epoch, seq)) => Some(Self::Snapshot(epoch.parse().ok()?, seq.parse().ok()?)),
-            None => Some(Self::Snapshot(0, stem.parse().ok()?)),
+            Some((epoch, seq)) => Some(Self::Snapshot(
+                Epoch::from_micros(epoch.parse().ok()?),
+                seq.parse().ok()?,
+            )),
+            None => Some(Self::Snapshot(Epoch::NONE, stem.parse().ok()?)),
         }
     }
 
     /// The object's name.
     fn name(self) -> String {
         match self {
-            Self::Snapshot(0, seq) => format!("{seq:020}.ckpt"),
-            Self::Snapshot(epoch, seq) => format!("{epoch:020}-{seq:020}.ckpt"),
-            Self::Epoch(epoch) => format!("{epoch:020}.epoch"),
+            Self::Snapshot(epoch, seq) if epoch.is_none() => format!("{seq:020}.ckpt"),
+            Self::Snapshot(epoch, seq) => format!("{:020}-{seq:020}.ckpt", epoch.micros()),
+            Self::Announced(epoch) => format!("{:020}.epoch", epoch.micros()),
         }
     }
 
-    fn epoch(self) -> u64 {
+    fn epoch(self) -> Epoch {
         match self {
-            Self::Snapshot(epoch, _) | Self::Epoch(epoch) => epoch,
+            Self::Snapshot(epoch, _) | Self::Announced(epoch) => epoch,
         }
     }
 }
@@ -278,7 +281,7 @@ impl CheckpointStore {
         state: &T,
     ) -> Result<(), CheckpointError> {
         let folder = self.folder(actor)?;
-        self.save_at(actor, &folder, 0, seq, state).await
+        self.save_at(actor, &folder, Epoch::NONE, seq, state).await
     }
 
     /// Announces `start` of `actor` (its supervisor's epoch and issuer)
@@ -293,13 +296,15 @@ impl CheckpointStore {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let dir = std::env::temp_dir().join(format!("flotilla-doc-fence-{}", std::process::id()));
-    /// use flotilla::checkpoint::{CheckpointStore, Start};
+    /// use flotilla::checkpoint::{CheckpointStore, Epoch, Start};
     /// let store = CheckpointStore::open(dir.to_str().unwrap(), 3)?;
     /// let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
-    /// let first = store.fence("counter", &Start::new("head", now.as_micros() as u64)).await?;
+    /// let now = Epoch::from_micros(now.as_micros() as u64);
+    /// let first = store.fence("counter", &Start::new("head", now)).await?;
     /// first.save(1, &7u64).await?;
     /// // The next start, at a larger epoch, continues from it; the first may no longer save.
-    /// let second = store.fence("counter", &Start::new("head", first.epoch() + 1)).await?;
+    /// let later = Epoch::from_micros(first.epoch().micros() + 1);
+    /// let second = store.fence("counter", &Start::new("head", later)).await?;
     /// assert_eq!(second.restore::<u64>().await?, Some((1, 7)));
     /// assert!(first.save(2, &8u64).await.is_err());
     /// # std::fs::remove_dir_all(&dir)?;
@@ -314,11 +319,11 @@ impl CheckpointStore {
         let folder = self.fenced_folder(start.issuer(), actor)?;
         let listed = self.entries(&folder).await?;
         admit(actor, epoch, &listed)?;
-        let path = folder.clone().join(Entry::Epoch(epoch).name());
+        let path = folder.clone().join(Entry::Announced(epoch).name());
         self.put(&path, epoch.to_string().into_bytes()).await?;
         // Earlier announcements are not needed once this one is there.
         for (entry, old) in listed {
-            if matches!(entry, Entry::Epoch(e) if e < epoch)
+            if matches!(entry, Entry::Announced(e) if e < epoch)
                 && let Err(source) = self.store.delete(&old).await
             {
                 tracing::warn!(path = %old, error = %source, "cannot delete an old epoch");
@@ -339,7 +344,7 @@ impl CheckpointStore {
         &self,
         actor: &str,
         folder: &Path,
-        epoch: u64,
+        epoch: Epoch,
         seq: u64,
         state: &T,
     ) -> Result<(), CheckpointError> {
@@ -363,7 +368,7 @@ impl CheckpointStore {
         let mut snapshots = snapshots(listed);
         snapshots.retain(|(key, _)| *key != (epoch, seq));
         snapshots.push(((epoch, seq), path));
-        flotilla_proto::epoch::restore_order(u64::MAX, &mut snapshots);
+        flotilla_proto::epoch::restore_order(Epoch::from_micros(u64::MAX), &mut snapshots);
         for (_, old) in snapshots.into_iter().skip(self.keep) {
             if let Err(source) = self.store.delete(&old).await {
                 tracing::warn!(path = %old, error = %source, "cannot delete an old checkpoint");
@@ -379,7 +384,7 @@ impl CheckpointStore {
         actor: &str,
     ) -> Result<Option<(u64, T)>, CheckpointError> {
         let folder = self.folder(actor)?;
-        self.restore_at(&folder, u64::MAX).await
+        self.restore_at(&folder, Epoch::from_micros(u64::MAX)).await
     }
 
     /// The newest valid snapshot in `folder` of the newest epoch not above
@@ -387,7 +392,7 @@ impl CheckpointStore {
     async fn restore_at<T: Decode>(
         &self,
         folder: &Path,
-        epoch: u64,
+        epoch: Epoch,
     ) -> Result<Option<(u64, T)>, CheckpointError> {
         fail::fail_point!("checkpoint::restore", |_| Err(CheckpointError::Injected(
             "checkpoint::restore"
@@ -485,19 +490,19 @@ fn object_name(name: &str) -> Result<&str, CheckpointError> {
 }
 
 /// The snapshots among `listed`: (epoch, sequence) and path, unordered.
-fn snapshots(listed: Vec<(Entry, Path)>) -> Vec<((u64, u64), Path)> {
+fn snapshots(listed: Vec<(Entry, Path)>) -> Vec<((Epoch, u64), Path)> {
     listed
         .into_iter()
         .filter_map(|(entry, path)| match entry {
             Entry::Snapshot(e, seq) => Some(((e, seq), path)),
-            Entry::Epoch(_) => None,
+            Entry::Announced(_) => None,
         })
         .collect()
 }
 
 /// Whether a folder holding `listed` admits `actor`'s effect at `epoch`:
 /// refused as [`CheckpointError::Stale`] once it holds a newer epoch.
-fn admit(actor: &str, epoch: u64, listed: &[(Entry, Path)]) -> Result<(), CheckpointError> {
+fn admit(actor: &str, epoch: Epoch, listed: &[(Entry, Path)]) -> Result<(), CheckpointError> {
     let newest = listed.iter().map(|(e, _)| e.epoch()).max();
     if flotilla_proto::epoch::admits(epoch, newest) {
         return Ok(());
@@ -516,12 +521,12 @@ pub struct Fenced {
     store: CheckpointStore,
     actor: String,
     folder: Path,
-    epoch: u64,
+    epoch: Epoch,
 }
 
 impl Fenced {
     /// The epoch of this start.
-    pub fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> Epoch {
         self.epoch
     }
 
@@ -737,8 +742,12 @@ mod tests {
         }
     }
 
+    fn e(micros: u64) -> Epoch {
+        Epoch::from_micros(micros)
+    }
+
     fn by(epoch: u64) -> Start {
-        Start::new("head", epoch)
+        Start::new("head", e(epoch))
     }
 
     /// Clause "partitions: fenced checkpoints": once a newer start has
@@ -764,18 +773,14 @@ mod tests {
         assert!(
             matches!(
                 refused,
-                CheckpointError::Stale {
-                    epoch: 5,
-                    newer: 7,
-                    ..
-                }
+                CheckpointError::Stale { epoch, newer, .. } if epoch == e(5) && newer == e(7)
             ),
             "{refused}"
         );
         assert!(refused.to_string().starts_with("NODE-CKPT-006"));
         assert!(matches!(
             store.fence("t", &by(6)).await,
-            Err(CheckpointError::Stale { newer: 7, .. })
+            Err(CheckpointError::Stale { newer, .. }) if newer == e(7)
         ));
         new.save(4, &count(40)).await.unwrap();
         assert_eq!(new.restore::<Count>().await.unwrap(), Some((4, count(40))));
@@ -786,8 +791,8 @@ mod tests {
         // came first) is never restored over the newer epoch's.
         let fenced = dir.join("@head").join("t");
         std::fs::write(
-            fenced.join(Entry::Snapshot(5, 99).name()),
-            std::fs::read(fenced.join(Entry::Snapshot(5, 3).name())).unwrap(),
+            fenced.join(Entry::Snapshot(e(5), 99).name()),
+            std::fs::read(fenced.join(Entry::Snapshot(e(5), 3).name())).unwrap(),
         )
         .unwrap();
         assert_eq!(new.restore::<Count>().await.unwrap(), Some((4, count(40))));
@@ -810,16 +815,16 @@ mod tests {
 
     #[test]
     fn object_names_round_trip_and_legacy_snapshots_are_epoch_zero() {
-        for e in [
-            Entry::Snapshot(0, 7),
-            Entry::Snapshot(12, 7),
-            Entry::Epoch(12),
+        for entry in [
+            Entry::Snapshot(Epoch::NONE, 7),
+            Entry::Snapshot(e(12), 7),
+            Entry::Announced(e(12)),
         ] {
-            assert_eq!(Entry::parse(&e.name()), Some(e));
+            assert_eq!(Entry::parse(&entry.name()), Some(entry));
         }
         assert_eq!(
             Entry::parse("00000000000000000003.ckpt"),
-            Some(Entry::Snapshot(0, 3))
+            Some(Entry::Snapshot(Epoch::NONE, 3))
         );
         assert_eq!(Entry::parse("notes.txt"), None);
         assert_eq!(Entry::parse("x-1.ckpt"), None);
@@ -837,10 +842,7 @@ mod tests {
         assert!(
             matches!(
                 refused,
-                CheckpointError::FromTheFuture {
-                    epoch: u64::MAX,
-                    ..
-                }
+                CheckpointError::FromTheFuture { epoch, .. } if epoch == e(u64::MAX)
             ),
             "{refused}"
         );
@@ -851,7 +853,7 @@ mod tests {
         // As a store a forged start wrote to looks.
         let folder = dir.join("@head").join("t");
         std::fs::create_dir_all(&folder).unwrap();
-        std::fs::write(folder.join(Entry::Epoch(u64::MAX).name()), b"forged").unwrap();
+        std::fs::write(folder.join(Entry::Announced(e(u64::MAX)).name()), b"forged").unwrap();
         let now = crate::clock::clock_micros();
         let real = store.fence("t", &by(now)).await.unwrap();
         real.save(1, &count(1)).await.unwrap();
@@ -867,18 +869,18 @@ mod tests {
         let dir = scratch("issuers");
         let store = CheckpointStore::open(dir.to_str().unwrap(), 4).unwrap();
         let now = crate::clock::clock_micros();
-        let own = store.fence("t", &Start::new("head", now)).await.unwrap();
+        let own = store.fence("t", &Start::new("head", e(now))).await.unwrap();
         own.save(1, &count(1)).await.unwrap();
 
         let forged = store
-            .fence("t", &Start::new("mallory", now + 30_000_000))
+            .fence("t", &Start::new("mallory", e(now + 30_000_000)))
             .await
             .unwrap();
         forged.save(1_000, &count(666)).await.unwrap();
 
         own.save(2, &count(2)).await.unwrap();
         let next = store
-            .fence("t", &Start::new("head", now + 1))
+            .fence("t", &Start::new("head", e(now + 1)))
             .await
             .unwrap();
         assert_eq!(next.restore::<Count>().await.unwrap(), Some((2, count(2))));
@@ -886,7 +888,7 @@ mod tests {
         for bad in ["..", "a/b", "@head"] {
             assert!(
                 matches!(
-                    store.fence("t", &Start::new(bad, now)).await,
+                    store.fence("t", &Start::new(bad, e(now))).await,
                     Err(CheckpointError::Name(_))
                 ),
                 "issuer {bad:?}"

@@ -35,6 +35,7 @@ mod remote_child;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use flotilla_proto::epoch::Epoch;
 use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::membership::MemberState;
 use flotilla_proto::supervision::{Action, Supervision};
@@ -100,7 +101,7 @@ pub trait ChildStart: Send + Sync + 'static {
     fn start(
         &self,
         supervisor: ActorCell,
-        epoch: u64,
+        epoch: Epoch,
     ) -> BoxFuture<'static, Result<Running, StartChildError>>;
 
     /// Asks the running child to stop.
@@ -162,7 +163,7 @@ where
     fn start(
         &self,
         supervisor: ActorCell,
-        _epoch: u64,
+        _epoch: Epoch,
     ) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(actor) = first {
@@ -283,7 +284,7 @@ pub struct SupervisorState {
     /// Gives each start its epoch.
     epochs: flotilla_proto::epoch::EpochClock,
     /// The epoch of each child's latest start.
-    epoch_of: HashMap<String, u64>,
+    epoch_of: HashMap<String, Epoch>,
 }
 
 impl SupervisorState {
@@ -295,7 +296,7 @@ impl SupervisorState {
                 id: id.to_owned(),
                 running: self.policy.is_running(id),
                 restarts: self.policy.restarts_of(id).unwrap_or(0),
-                epoch: self.epoch_of.get(id).copied().unwrap_or(0),
+                epoch: self.epoch_of.get(id).copied().unwrap_or_default(),
                 node: self
                     .running
                     .get(id)
@@ -778,7 +779,7 @@ mod tests {
                 node: None
             }]
         );
-        assert!(first_epoch > 2, "above the floor (the seed)");
+        assert!(first_epoch.micros() > 2, "above the floor (the seed)");
     }
 
     async fn flotilla_call(sup: &ActorRef<SupervisorMsg>) -> Vec<ChildReport> {

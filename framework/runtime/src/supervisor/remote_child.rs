@@ -15,6 +15,8 @@ use ractor::ActorCell;
 
 use crate::node::placement_groups::{GroupView, PlacementError};
 use crate::node::{Node, SpawnError, StopError};
+use flotilla_proto::epoch::Epoch;
+
 use crate::remote::kind::Named;
 use crate::remote::spawner::SpawnReply;
 use crate::remote::wire::Encode;
@@ -26,7 +28,7 @@ use super::{ChildStart, Exit, Running, StartChildError};
 /// for each from its epoch.
 enum Args {
     Fixed(Vec<u8>),
-    PerStart(Box<dyn Fn(u64) -> Result<Vec<u8>, String> + Send + Sync>),
+    PerStart(Box<dyn Fn(Epoch) -> Result<Vec<u8>, String> + Send + Sync>),
 }
 
 /// Picks the node a remote child starts on from the member table.
@@ -125,7 +127,7 @@ impl RemoteChild {
     /// [`NodeBuilder::fences_checkpoints`](crate::NodeBuilder::fences_checkpoints).)
     pub fn args_per_start(
         mut self,
-        make: impl Fn(u64) -> Result<Vec<u8>, String> + Send + Sync + 'static,
+        make: impl Fn(Epoch) -> Result<Vec<u8>, String> + Send + Sync + 'static,
     ) -> Self {
         self.args = Args::PerStart(Box::new(make));
         self
@@ -148,7 +150,7 @@ const FENCE_RETRY: Duration = Duration::from_millis(250);
 
 impl RemoteChild {
     /// What a spawn of this child's start at `epoch` needs, owned.
-    fn spawn(&self, epoch: u64) -> Result<Spawn, StartChildError> {
+    fn spawn(&self, epoch: Epoch) -> Result<Spawn, StartChildError> {
         let args = match &self.args {
             Args::Fixed(bytes) => bytes.clone(),
             Args::PerStart(make) => make(epoch).map_err(StartChildError::Args)?,
@@ -232,7 +234,7 @@ struct Spawn {
     message_type: String,
     /// The start's epoch, which the target stamps into a fenced kind's
     /// arguments.
-    epoch: u64,
+    epoch: Epoch,
     latest: Arc<Mutex<Option<MemberRef>>>,
 }
 
@@ -363,7 +365,7 @@ impl ChildStart for RemoteChild {
     fn start(
         &self,
         supervisor: ActorCell,
-        epoch: u64,
+        epoch: Epoch,
     ) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let node = Arc::clone(&self.node);
         let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();

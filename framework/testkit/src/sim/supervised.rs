@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use flotilla_proto::epoch::{EpochClock, admits, restore_order};
+use flotilla_proto::epoch::{Epoch, EpochClock, admits, restore_order};
 use flotilla_proto::membership::{MemberState, MemberView, has_ended};
 use flotilla_proto::supervision::{
     Action, ChildSpec, Exit, Intensity, Supervision, SupervisorSpec,
@@ -106,7 +106,7 @@ pub struct Copy {
     /// The supervisor member's incarnation that started it.
     pub owner_incarnation: u64,
     /// Its epoch.
-    pub epoch: u64,
+    pub epoch: Epoch,
     /// Whether it reached its host.
     pub arrived: bool,
     /// Whether it announced its epoch to the store.
@@ -123,17 +123,17 @@ pub struct Copy {
 #[derive(Debug, Default)]
 struct Store {
     /// The newest epoch announced or saved.
-    newest: Option<u64>,
+    newest: Option<Epoch>,
     /// Snapshots that landed: (epoch, sequence).
-    snapshots: Vec<((u64, u64), ())>,
+    snapshots: Vec<((Epoch, u64), ())>,
 }
 
 impl Store {
-    fn see(&mut self, epoch: u64) {
+    fn see(&mut self, epoch: Epoch) {
         self.newest = Some(self.newest.map_or(epoch, |n| n.max(epoch)));
     }
 
-    fn restore(&self, epoch: u64) -> Option<(u64, u64)> {
+    fn restore(&self, epoch: Epoch) -> Option<(Epoch, u64)> {
         let mut order = self.snapshots.clone();
         restore_order(epoch, &mut order);
         order.first().map(|(k, ())| *k)
@@ -146,7 +146,7 @@ pub(super) struct World {
     seed: u64,
     policy: Supervision,
     epochs: EpochClock,
-    last_epoch: u64,
+    last_epoch: Epoch,
     pub(super) copies: Vec<Copy>,
     /// The copy the supervisor counts as its child.
     current: Option<usize>,
@@ -176,7 +176,7 @@ impl World {
             seed,
             policy: Supervision::new(spec, vec![ChildSpec::permanent(CHILD)], seed),
             epochs: EpochClock::new(0),
-            last_epoch: 0,
+            last_epoch: Epoch::NONE,
             copies: Vec::new(),
             current: None,
             store: Store::default(),
@@ -464,7 +464,7 @@ impl World {
         }
         // Only the copy of the newest announced epoch may still save: two
         // copies' effects are never both accepted.
-        let newest = self.store.newest.unwrap_or(0);
+        let newest = self.store.newest.unwrap_or_default();
         let savers: Vec<&Copy> = self
             .copies
             .iter()
