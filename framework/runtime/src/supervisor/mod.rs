@@ -83,9 +83,6 @@ pub enum StartChildError {
     /// Its placement-group bundle is not ready, or does not exist.
     #[error("its placement group: {0}")]
     Placement(String),
-    /// Its arguments for this start could not be made.
-    #[error("its arguments: {0}")]
-    Args(String),
     /// Its earlier copy, on a node still up, could not be stopped within
     /// the start's time: no new copy starts beside it.
     #[error("its earlier copy could not be stopped: {0}")]

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flotilla_proto::control::{SpawnOrder, StopOutcome};
+use flotilla_proto::epoch::Epoch;
 use flotilla_proto::groups::{GroupId, GroupState};
 use flotilla_proto::incarnation::MemberRef;
 use futures::future::BoxFuture;
@@ -15,21 +16,12 @@ use ractor::ActorCell;
 
 use crate::node::placement_groups::{GroupView, PlacementError};
 use crate::node::{Node, SpawnError, StopError};
-use flotilla_proto::epoch::Epoch;
-
 use crate::remote::kind::Named;
 use crate::remote::spawner::SpawnReply;
 use crate::remote::wire::Encode;
 use crate::table::Table;
 
 use super::{ChildStart, Exit, Running, StartChildError};
-
-/// A remote child's archived arguments: the same for every start, or made
-/// for each from its epoch.
-enum Args {
-    Fixed(Vec<u8>),
-    PerStart(Box<dyn Fn(Epoch) -> Result<Vec<u8>, String> + Send + Sync>),
-}
 
 /// Picks the node a remote child starts on from the member table.
 pub type Place = dyn Fn(&Table) -> Option<String> + Send + Sync;
@@ -43,7 +35,10 @@ pub struct RemoteChild {
     node: Arc<Node>,
     kind: String,
     name: String,
-    args: Args,
+    /// Its archived arguments, the same for every start (a kind that
+    /// fences its checkpoints has each start's written in by the node that
+    /// spawns it).
+    args: Vec<u8>,
     message_type: String,
     place: Arc<Place>,
     timeout: Duration,
@@ -92,7 +87,7 @@ impl RemoteChild {
             node,
             kind: order.kind,
             name: order.name,
-            args: Args::Fixed(order.args),
+            args: order.args,
             message_type: order.message_type,
             place: Arc::new(place),
             timeout,
@@ -120,19 +115,6 @@ impl RemoteChild {
         self
     }
 
-    /// Archives the arguments afresh for every start, from its epoch; an
-    /// `Err` fails that start with its message. (A child that fences its
-    /// checkpoints needs none of this: the node that spawns it writes its
-    /// start, epoch included, into its arguments,
-    /// [`NodeBuilder::fences_checkpoints`](crate::NodeBuilder::fences_checkpoints).)
-    pub fn args_per_start(
-        mut self,
-        make: impl Fn(Epoch) -> Result<Vec<u8>, String> + Send + Sync + 'static,
-    ) -> Self {
-        self.args = Args::PerStart(Box::new(make));
-        self
-    }
-
     /// Takes `actor`, already spawned on `on`, as the first start.
     pub fn adopt(self, on: impl Into<String>, actor: ActorCell) -> Self {
         *self.first.lock().unwrap_or_else(|p| p.into_inner()) = Some((on.into(), actor));
@@ -150,20 +132,16 @@ const FENCE_RETRY: Duration = Duration::from_millis(250);
 
 impl RemoteChild {
     /// What a spawn of this child's start at `epoch` needs, owned.
-    fn spawn(&self, epoch: Epoch) -> Result<Spawn, StartChildError> {
-        let args = match &self.args {
-            Args::Fixed(bytes) => bytes.clone(),
-            Args::PerStart(make) => make(epoch).map_err(StartChildError::Args)?,
-        };
-        Ok(Spawn {
+    fn spawn(&self, epoch: Epoch) -> Spawn {
+        Spawn {
             node: Arc::clone(&self.node),
             kind: self.kind.clone(),
             name: self.name.clone(),
-            args,
+            args: self.args.clone(),
             message_type: self.message_type.clone(),
             epoch,
             latest: Arc::clone(&self.latest),
-        })
+        }
     }
 
     fn start_in_bundle(
@@ -369,10 +347,7 @@ impl ChildStart for RemoteChild {
     ) -> BoxFuture<'static, Result<Running, StartChildError>> {
         let node = Arc::clone(&self.node);
         let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let spawn = match self.spawn(epoch) {
-            Ok(spawn) => spawn,
-            Err(e) => return Box::pin(async move { Err(e) }),
-        };
+        let spawn = self.spawn(epoch);
         if let (Some((group, bundle)), None) = (self.bundle.clone(), &first) {
             return self.start_in_bundle(supervisor, spawn, group, bundle);
         }
