@@ -217,22 +217,13 @@ impl Node {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let (config, _dir) = flotilla::node::doc_example::config("serve_jobs")?;
-    /// use flotilla::jobs::JobSpec;
-    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// use flotilla::node::doc_example::{COUNTER, Counter};
     /// let node = flotilla::Node::builder(config)
     ///     .register(COUNTER, || Counter)
     ///     .start_shared()
     ///     .await?;
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
-    /// // A counter run as a job, in a bundle of half a CPU.
-    /// let spec = JobSpec {
-    ///     kind: COUNTER.name().into(),
-    ///     args: flotilla::wire::encode(&Count(0)),
-    ///     message_type: std::any::type_name::<CounterMsg>().into(),
-    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
-    ///     description: "a counter as a job".into(),
-    ///     max_restarts: 3,
-    /// };
+    /// let spec = flotilla::node::doc_example::counter_job();
     /// let id = node.submit_job(spec).await?;
     /// assert_eq!(node.jobs().await?[0].id, id);
     /// node.shutdown().await;
@@ -361,22 +352,13 @@ impl Node {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let (config, _dir) = flotilla::node::doc_example::config("jobs")?;
-    /// use flotilla::jobs::JobSpec;
-    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// use flotilla::node::doc_example::{COUNTER, Counter};
     /// let node = flotilla::Node::builder(config)
     ///     .register(COUNTER, || Counter)
     ///     .start_shared()
     ///     .await?;
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
-    /// // A counter run as a job, in a bundle of half a CPU.
-    /// let spec = JobSpec {
-    ///     kind: COUNTER.name().into(),
-    ///     args: flotilla::wire::encode(&Count(0)),
-    ///     message_type: std::any::type_name::<CounterMsg>().into(),
-    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
-    ///     description: "a counter as a job".into(),
-    ///     max_restarts: 3,
-    /// };
+    /// let spec = flotilla::node::doc_example::counter_job();
     /// let first = node.submit_job(spec.clone()).await?;
     /// let second = node.submit_job(spec).await?;
     /// let ids: Vec<flotilla::jobs::JobId> = node.jobs().await?.into_iter().map(|j| j.id).collect();
@@ -397,22 +379,13 @@ impl Node {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let (config, _dir) = flotilla::node::doc_example::config("job")?;
-    /// use flotilla::jobs::JobSpec;
-    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// use flotilla::node::doc_example::{COUNTER, Counter};
     /// let node = flotilla::Node::builder(config)
     ///     .register(COUNTER, || Counter)
     ///     .start_shared()
     ///     .await?;
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
-    /// // A counter run as a job, in a bundle of half a CPU.
-    /// let spec = JobSpec {
-    ///     kind: COUNTER.name().into(),
-    ///     args: flotilla::wire::encode(&Count(0)),
-    ///     message_type: std::any::type_name::<CounterMsg>().into(),
-    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
-    ///     description: "a counter as a job".into(),
-    ///     max_restarts: 3,
-    /// };
+    /// let spec = flotilla::node::doc_example::counter_job();
     /// let id = node.submit_job(spec).await?;
     /// let job = node.job(&id).await?.expect("known");
     /// assert_eq!(job.description, "a counter as a job");
@@ -433,22 +406,13 @@ impl Node {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let (config, _dir) = flotilla::node::doc_example::config("stop_job")?;
-    /// use flotilla::jobs::JobSpec;
-    /// use flotilla::node::doc_example::{COUNTER, Count, Counter, CounterMsg};
+    /// use flotilla::node::doc_example::{COUNTER, Counter};
     /// let node = flotilla::Node::builder(config)
     ///     .register(COUNTER, || Counter)
     ///     .start_shared()
     ///     .await?;
     /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
-    /// // A counter run as a job, in a bundle of half a CPU.
-    /// let spec = JobSpec {
-    ///     kind: COUNTER.name().into(),
-    ///     args: flotilla::wire::encode(&Count(0)),
-    ///     message_type: std::any::type_name::<CounterMsg>().into(),
-    ///     resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
-    ///     description: "a counter as a job".into(),
-    ///     max_restarts: 3,
-    /// };
+    /// let spec = flotilla::node::doc_example::counter_job();
     /// use flotilla::jobs::JobState;
     /// let id = node.submit_job(spec).await?;
     /// assert!(node.stop_job(&id).await?);

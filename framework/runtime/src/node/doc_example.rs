@@ -174,6 +174,19 @@ pub fn config(tag: &str) -> Result<(NodeConfig, DocDir), Box<dyn std::error::Err
     Ok((config, dir))
 }
 
+/// [`Counter`] as a detached job ([`COUNTER`], from 0, in a bundle of
+/// half a CPU, restarted at most 3 times): what the jobs examples submit.
+pub fn counter_job() -> flotilla_proto::jobs::JobSpec {
+    flotilla_proto::jobs::JobSpec {
+        kind: COUNTER.name().into(),
+        args: crate::remote::wire::encode(&Count(0)),
+        message_type: std::any::type_name::<CounterMsg>().into(),
+        resources: [("cpu".to_owned(), 0.5)].into_iter().collect(),
+        description: "a counter as a job".into(),
+        max_restarts: 3,
+    }
+}
+
 /// A started head and the folder of its certificates.
 pub struct DocHead {
     node: Node,
