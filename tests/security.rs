@@ -1317,18 +1317,7 @@ fn a_driver_copy_of_a_supervised_child_with_a_forged_epoch_neither_locks_it_out_
 {
     use flotilla_testkit::probe::{TICKER, TickerArgs, TickerMsg};
     let s = Scratch::new("forged-start", NODE);
-    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    let _workers: Vec<Proc> = ["w1", "w2"]
-        .into_iter()
-        .map(|w| {
-            s.issue(w);
-            s.spawn("join", w, free_addr(), Some(head.addr), &s.certs())
-        })
-        .collect();
-    eventually(Duration::from_secs(20), || {
-        s.status(head.addr)
-            .filter(|st| all_up(st, &["head", "w1", "w2"]))
-    });
+    let (head, _workers) = cluster(&s, &["w1", "w2"]);
     let config = ticker_tree(&s);
     s.issue("sup");
     let _sup = s.spawn_with(
@@ -1463,10 +1452,7 @@ fn tcp_listeners(pid: u32) -> Vec<std::net::SocketAddr> {
 fn a_process_on_the_host_that_skips_the_quic_gate_is_refused_at_the_ractor_listener() {
     use std::io::{Read, Write};
     let s = Scratch::new("ractor-listener", NODE);
-    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    eventually(Duration::from_secs(20), || {
-        s.status(head.addr).filter(|st| all_up(st, &["head"]))
-    });
+    let (head, _) = cluster(&s, &[]);
     let listeners = tcp_listeners(head.child.id());
     assert_eq!(listeners.len(), 1, "ractor's listener alone: {listeners:?}");
     let listener = listeners[0];
