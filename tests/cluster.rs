@@ -850,7 +850,7 @@ fn a_supervised_remote_child_whose_link_is_lost_is_stopped_before_its_restart() 
             children: vec![Child::new(ChildSpec::permanent("echo"), start)],
             events: Some(tx),
             members: Some(node.watch_members()),
-            seed: node.incarnation(),
+            seed: node.incarnation().get(),
             report: None,
         };
         let (_supervisor, _) = Actor::spawn(None, Supervisor, args).await.unwrap();

@@ -7,6 +7,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use flotilla::Incarnation;
 use flotilla::jobs::{JobSpec, JobsReply, JobsRequest};
 use flotilla_proto::authority::Unauthorized;
 use flotilla_proto::control::{ControlReply, ControlRequest, PlacementRequest, SpawnOrder};
@@ -276,7 +277,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
         let cookie = flotilla_transport::certs::cookie_digest(d1_id().cookie.as_deref().unwrap());
         let ep = flotilla_transport::Endpoint::client(d1_id(), &flotilla_transport::Tuning::default())
             .unwrap();
-        let older = Hello::new(Purpose::Control, d1.name(), d1.incarnation() - 1, cookie);
+        let older = Hello::new(Purpose::Control, d1.name(), Incarnation::new(d1.incarnation().get() - 1), cookie);
         let pc = ep.connect(w2.addr, None).await.unwrap();
         let answered = flotilla_transport::handshake::dial(&pc.connection, &older).await;
         assert!(
@@ -286,7 +287,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
             ),
             "{answered:?}"
         );
-        let made_up = Hello::new(Purpose::Control, d1.name(), d1.incarnation() + 1_000_000, cookie);
+        let made_up = Hello::new(Purpose::Control, d1.name(), Incarnation::new(d1.incarnation().get() + 1_000_000), cookie);
         let pc = ep.connect(w2.addr, None).await.unwrap();
         let (mut send, mut recv, _, _) = flotilla_transport::handshake::dial(&pc.connection, &made_up)
             .await
@@ -381,7 +382,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
             (lane, Purpose::Pull),
         ] {
             let pc = ep.connect(addr, None).await.unwrap();
-            let hello = Hello::new(purpose, "ghost", 1, cookie);
+            let hello = Hello::new(purpose, "ghost", Incarnation::new(1), cookie);
             let answered = flotilla_transport::handshake::dial(&pc.connection, &hello).await;
             assert!(
                 matches!(
@@ -1171,6 +1172,7 @@ fn one_certificate_cannot_run_more_than_its_cap_of_jobs_at_once() {
 /// nothing of it.
 #[test]
 fn a_joining_node_that_claims_a_group_the_head_never_sealed_is_refused_and_counted() {
+    use flotilla::Incarnation;
     use flotilla_proto::ledger::{GroupRecord, Held};
     use flotilla_proto::membership::JoinRequest;
     use flotilla_transport::handshake::{dial, recv_msg, send_msg};
@@ -1187,10 +1189,12 @@ fn a_joining_node_that_claims_a_group_the_head_never_sealed_is_refused_and_count
         let ep = flotilla_transport::Endpoint::client(id, &flotilla_transport::Tuning::default())
             .unwrap();
         let pc = ep.connect(head.addr, None).await.unwrap();
-        let incarnation = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_micros() as u64;
+        let incarnation = Incarnation::new(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_micros() as u64,
+        );
         let hello = Hello::new(Purpose::Control, "w9", incarnation, cookie);
         let (mut send, mut recv, _, _) = dial(&pc.connection, &hello).await.unwrap();
         let forged = Held {

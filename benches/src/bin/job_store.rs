@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
+use flotilla::Incarnation;
 use flotilla::head_store::HeadStore;
 use flotilla::jobs::{JobSpec, StoredJob};
 use flotilla_benches::percentile;
@@ -109,7 +110,7 @@ fn main() -> anyhow::Result<()> {
                 flotilla::head_lease::Candidate {
                     holder: "bench".into(),
                     address: "127.0.0.1:1".into(),
-                    incarnation: 1,
+                    incarnation: Incarnation::new(1),
                 },
                 flotilla_proto::lease::LeaseConfig {
                     duration: std::time::Duration::from_secs(10),

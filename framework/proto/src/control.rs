@@ -30,6 +30,7 @@ use crate::authority::Unauthorized;
 use crate::epoch::Epoch;
 use crate::groups::{GroupSpec, GroupView, NodeAccount};
 use crate::hello::Refusal;
+use crate::incarnation::Incarnation;
 use crate::jobs::{JobsReply, JobsRequest};
 use crate::ledger::{LedgerOp, LedgerReply};
 use crate::membership::{JoinRequest, MemberView, NameHolder};
@@ -45,7 +46,7 @@ pub enum ControlRequest {
         /// The member's name.
         name: String,
         /// Its incarnation.
-        incarnation: u64,
+        incarnation: Incarnation,
         /// Actors running on it.
         actors: u32,
         /// The table version it holds.
@@ -56,7 +57,7 @@ pub enum ControlRequest {
         /// The member's name.
         name: String,
         /// Its incarnation.
-        incarnation: u64,
+        incarnation: Incarnation,
     },
     /// The member table, for tools.
     Status,
@@ -592,7 +593,7 @@ mod tests {
             addr: format!("10.0.{}.{}:7420", i / 250, i % 250),
             bulk_addr: format!("10.0.{}.{}:7430", i / 250, i % 250),
             host: format!("host-{i}"),
-            incarnation: 1_700_000_000_000_000 + i as u64,
+            incarnation: Incarnation::new(1_700_000_000_000_000 + i as u64),
             state: MemberState::Up,
             resources: Resources {
                 cpus: 64,

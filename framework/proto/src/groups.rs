@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use rkyv::{Archive, Deserialize, Serialize};
 
-use crate::incarnation::MemberRef;
+use crate::incarnation::{Incarnation, MemberRef};
 use crate::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
 use crate::membership::{MemberState, MemberView};
 use crate::placement::{self, Candidate, Resources, Strategy};
@@ -359,7 +359,7 @@ impl Entry {
 
 #[derive(Debug, Clone)]
 struct NodeInfo {
-    incarnation: u64,
+    incarnation: Incarnation,
     capacity: Resources,
     labels: BTreeMap<String, String>,
 }
@@ -815,7 +815,7 @@ impl Groups {
         &mut self,
         now: Instant,
         node: &str,
-        incarnation: u64,
+        incarnation: Incarnation,
         held: Vec<Held>,
         out: &mut Vec<Action>,
     ) {
@@ -1309,7 +1309,7 @@ mod tests {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
     }
 
-    fn member(name: &str, incarnation: u64, cpus: u32, up: bool) -> MemberView {
+    fn member(name: &str, incarnation: Incarnation, cpus: u32, up: bool) -> MemberView {
         MemberView {
             name: name.into(),
             addr: String::new(),
@@ -1362,12 +1362,12 @@ mod tests {
                 now: Instant::now(),
             };
             for (n, cpus) in nodes {
-                c.join(n, 1, *cpus);
+                c.join(n, Incarnation::new(1), *cpus);
             }
             c
         }
 
-        fn join(&mut self, name: &str, incarnation: u64, cpus: u32) {
+        fn join(&mut self, name: &str, incarnation: Incarnation, cpus: u32) {
             let m = member(name, incarnation, cpus, true);
             self.ledgers
                 .entry(name.to_owned())
@@ -1417,7 +1417,11 @@ mod tests {
         fn create(&mut self, spec: GroupSpec) -> String {
             let id = self
                 .groups
-                .create(self.now, spec, Some(MemberRef::new("driver", 1)))
+                .create(
+                    self.now,
+                    spec,
+                    Some(MemberRef::new("driver", Incarnation::new(1))),
+                )
                 .unwrap();
             self.run(Vec::new());
             id
@@ -1567,7 +1571,7 @@ mod tests {
             Some(c.now + Duration::from_secs(5))
         );
         c.advance(Duration::from_secs(1));
-        c.join("b", 1, 2);
+        c.join("b", Incarnation::new(1), 2);
         assert_eq!(c.state(&waits), GroupState::Ready);
         assert_eq!(c.state(&fails), GroupState::Pending);
         c.advance(Duration::from_secs(4));
@@ -1575,7 +1579,7 @@ mod tests {
         assert_eq!(v.state, GroupState::Failed);
         assert!(v.why.unwrap().contains("strict-spread group of 3 bundles"));
         // A node joining later does not revive a failed group.
-        c.join("c", 1, 2);
+        c.join("c", Incarnation::new(1), 2);
         assert_eq!(c.state(&fails), GroupState::Failed);
         c.check_accounts();
     }
@@ -1603,7 +1607,7 @@ mod tests {
         // b comes back restarted (an empty ledger): used again.
         c.ledgers
             .insert("b".into(), Ledger::new(res(&[("cpu", 1.0)])));
-        c.join("b", 2, 1);
+        c.join("b", Incarnation::new(2), 1);
         assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "b", "c"]);
         c.check_accounts();
     }
@@ -1629,7 +1633,7 @@ mod tests {
         c.run(out);
         c.check_accounts();
         assert_eq!(c.groups.view(&two).unwrap().state, GroupState::Ready);
-        c.join("driver", 2, 0);
+        c.join("driver", Incarnation::new(2), 0);
         assert!(c.groups.view(&two).is_none(), "its owner restarted");
         c.check_accounts();
         assert!(c.ledgers.values().all(|l| l.held().is_empty()));
@@ -1648,9 +1652,11 @@ mod tests {
         for (n, inc) in [("a", 1), ("b", 1)] {
             let held = c.ledgers.get_mut(n).unwrap().rejoin();
             let mut out = Vec::new();
-            c.groups.report(c.now, n, inc, held.clone(), &mut out);
+            c.groups
+                .report(c.now, n, Incarnation::new(inc), held.clone(), &mut out);
             // A repeated report changes nothing.
-            c.groups.report(c.now, n, inc, held, &mut out);
+            c.groups
+                .report(c.now, n, Incarnation::new(inc), held, &mut out);
             c.run(out);
         }
         let mut out = Vec::new();
@@ -1661,7 +1667,8 @@ mod tests {
         assert_eq!(c.groups.reserved("a"), c.ledgers["a"].reserved());
         let held = c.ledgers.get_mut("c").unwrap().rejoin();
         let mut out = Vec::new();
-        c.groups.report(c.now, "c", 1, held, &mut out);
+        c.groups
+            .report(c.now, "c", Incarnation::new(1), held, &mut out);
         c.run(out);
         c.sync();
         let v = c.groups.view(&id).unwrap();
@@ -1677,13 +1684,14 @@ mod tests {
     fn a_rebuilt_groups_unreported_bundles_are_placed_again_after_the_grace() {
         let mut c = Cluster::new(&[("a", 1), ("b", 1), ("c", 1)]);
         // The groups' owner, up throughout.
-        c.join("driver", 1, 0);
+        c.join("driver", Incarnation::new(1), 0);
         let id = c.create(spec("strict-spread", 2, 1.0, 1000));
         assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "b"]);
         c.groups = Groups::new("h2", GroupsConfig::default());
         let held = c.ledgers.get_mut("a").unwrap().rejoin();
         let mut out = Vec::new();
-        c.groups.report(c.now, "a", 1, held, &mut out);
+        c.groups
+            .report(c.now, "a", Incarnation::new(1), held, &mut out);
         c.members.retain(|m| m.name != "b");
         c.ledgers.remove("b");
         c.groups.set_members(&c.members, &mut out);
@@ -1703,9 +1711,10 @@ mod tests {
         // b was only partitioned: it rejoins with its ledger and reports.
         let held = c.ledgers.get_mut("b").unwrap().rejoin();
         let mut out = Vec::new();
-        c.groups.report(c.now, "b", 1, held, &mut out);
+        c.groups
+            .report(c.now, "b", Incarnation::new(1), held, &mut out);
         c.run(out);
-        c.join("b", 1, 1);
+        c.join("b", Incarnation::new(1), 1);
         assert_eq!(c.state(&id), GroupState::Ready);
         c.check_accounts();
         // A group removed while b was away is released when b reports it.
@@ -1716,7 +1725,8 @@ mod tests {
         assert_eq!(c.ledgers["b"].held().len(), 1, "b could not be told");
         let held = c.ledgers.get_mut("b").unwrap().rejoin();
         let mut out = Vec::new();
-        c.groups.report(c.now, "b", 1, held, &mut out);
+        c.groups
+            .report(c.now, "b", Incarnation::new(1), held, &mut out);
         c.run(out);
         assert!(c.ledgers["b"].held().is_empty());
         assert!(c.groups.is_empty());
@@ -1729,7 +1739,7 @@ mod tests {
     #[test]
     fn a_report_claiming_bundles_the_heads_record_does_not_give_is_refused() {
         let mut c = Cluster::new(&[("a", 1), ("b", 1)]);
-        c.join("driver", 1, 0);
+        c.join("driver", Incarnation::new(1), 0);
         // Two bundles of 1 CPU on one node: it waits, nothing assigned.
         let waiting = c.create(spec("strict-pack", 2, 1.0, 60_000));
         assert_eq!(c.state(&waiting), GroupState::Pending);
@@ -1741,7 +1751,7 @@ mod tests {
                 bundles: vec![res(&[("cpu", 1.0)]); 2],
                 nodes: vec!["b".into(), "b".into()],
                 selector: BTreeMap::new(),
-                owner: Some(MemberRef::new("driver", 1)),
+                owner: Some(MemberRef::new("driver", Incarnation::new(1))),
                 seal: Vec::new(),
             },
             bundles,
@@ -1750,7 +1760,7 @@ mod tests {
         c.groups.report(
             c.now,
             "b",
-            1,
+            Incarnation::new(1),
             vec![claim(&waiting, vec![0, 1, 7])],
             &mut out,
         );
@@ -1840,7 +1850,7 @@ mod tests {
                         let i = n as usize;
                         incarnations[i] += 1;
                         c.ledgers.insert(names[i].into(), Ledger::new(res(&[("cpu", 2.0)])));
-                        c.join(names[i], incarnations[i], 2);
+                        c.join(names[i], Incarnation::new(incarnations[i]), 2);
                     }
                     Op::Advance(ms) => c.advance(Duration::from_millis(u64::from(ms))),
                 }
@@ -1887,7 +1897,8 @@ mod tests {
         for n in names {
             let held = c.ledgers.get_mut(&n).unwrap().rejoin();
             let mut out = Vec::new();
-            c.groups.report(c.now, &n, 1, held, &mut out);
+            c.groups
+                .report(c.now, &n, Incarnation::new(1), held, &mut out);
             c.run(out);
         }
     }
@@ -1895,7 +1906,7 @@ mod tests {
     #[test]
     fn a_pending_group_taken_back_stays_pending_until_resources_appear_or_its_time_is_up() {
         let mut c = Cluster::new(&[("a", 1)]);
-        c.join("driver", 1, 0);
+        c.join("driver", Incarnation::new(1), 0);
         let waits = c.create(spec("pack", 1, 4.0, 600_000));
         let expires = c.create(spec("pack", 1, 8.0, 600_000));
         assert_eq!(c.state(&waits), GroupState::Pending);
@@ -1914,7 +1925,7 @@ mod tests {
             "what was left of its timeout"
         );
         assert_eq!(c.state(&waits), GroupState::Pending);
-        c.join("b", 1, 4);
+        c.join("b", Incarnation::new(1), 4);
         let v = c.groups.view(&waits).unwrap();
         assert_eq!(
             (v.state, v.nodes),
@@ -1926,7 +1937,7 @@ mod tests {
     #[test]
     fn a_ready_group_taken_back_keeps_its_bundles_where_they_are() {
         let mut c = Cluster::new(&[("a", 2), ("b", 2)]);
-        c.join("driver", 1, 0);
+        c.join("driver", Incarnation::new(1), 0);
         let id = c.create(spec("spread", 2, 1.0, 1000));
         let before = c.groups.view(&id).unwrap();
         assert_eq!(before.state, GroupState::Ready);
@@ -1959,7 +1970,7 @@ mod tests {
     #[test]
     fn groups_taken_back_whose_owner_is_not_seen_are_removed_and_released() {
         let mut c = Cluster::new(&[("a", 4)]);
-        c.join("driver", 1, 0);
+        c.join("driver", Incarnation::new(1), 0);
         let stored = c.create(spec("pack", 1, 1.0, 1000));
         let reported = c.create(spec("pack", 1, 1.0, 1000));
         let detached = c.create(GroupSpec {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::{ControlReply, ControlRequest};
 use crate::hello::Refusal;
-use crate::incarnation::MemberRef;
+use crate::incarnation::{Incarnation, MemberRef};
 use crate::membership::{HeartbeatOutcome, JoinRefused, Membership, NameHolder, check_join};
 use crate::role::Role;
 
@@ -50,7 +50,7 @@ pub struct HeadSession {
     /// The member name the peer's hello proved.
     peer: String,
     /// The incarnation the peer's hello named.
-    peer_incarnation: u64,
+    peer_incarnation: Incarnation,
     /// The peer's certificate role.
     role: Role,
     /// The member this stream joined, once it has.
@@ -86,7 +86,7 @@ impl HeadSession {
     pub fn new(
         head: impl Into<String>,
         peer: impl Into<String>,
-        incarnation: u64,
+        incarnation: Incarnation,
         role: Role,
     ) -> Self {
         Self {
@@ -242,7 +242,7 @@ mod tests {
     use crate::membership::{DetectorConfig, JoinRequest, MemberState};
     use crate::resources::Resources;
 
-    fn join(name: &str, incarnation: u64) -> ControlRequest {
+    fn join(name: &str, incarnation: Incarnation) -> ControlRequest {
         ControlRequest::Join(JoinRequest {
             name: name.into(),
             addr: "127.0.0.1:1".into(),
@@ -254,7 +254,7 @@ mod tests {
         })
     }
 
-    fn heartbeat(name: &str, incarnation: u64, version: u64) -> ControlRequest {
+    fn heartbeat(name: &str, incarnation: Incarnation, version: u64) -> ControlRequest {
         ControlRequest::Heartbeat {
             name: name.into(),
             incarnation,
@@ -267,22 +267,33 @@ mod tests {
     fn a_member_joins_heartbeats_gets_pushes_and_leaves() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        let mut s = HeadSession::new("head", "n1", 3, Role::Worker);
+        let mut s = HeadSession::new("head", "n1", Incarnation::new(3), Role::Worker);
         assert_eq!(s.poll_push(t0, &m), None, "not joined: no push");
-        let (reply, noted) = s.handle_request(t0, join("n1", 3), &mut m);
+        let (reply, noted) = s.handle_request(t0, join("n1", Incarnation::new(3)), &mut m);
         assert!(matches!(reply, Some(ControlReply::Members { .. })));
-        assert_eq!(noted, Noted::Joined(MemberRef::new("n1", 3)));
+        assert_eq!(
+            noted,
+            Noted::Joined(MemberRef::new("n1", Incarnation::new(3)))
+        );
         assert_eq!(
             s.poll_push(t0, &m),
             None,
             "the join reply carried this version"
         );
         let v = m.version();
-        assert_eq!(s.handle_request(t0, heartbeat("n1", 3, v), &mut m).0, None);
+        assert_eq!(
+            s.handle_request(t0, heartbeat("n1", Incarnation::new(3), v), &mut m)
+                .0,
+            None
+        );
 
-        let mut other = HeadSession::new("head", "n2", 1, Role::Worker);
-        other.handle_request(t0, join("n2", 1), &mut m);
-        HeadSession::new("head", "n3", 1, Role::Worker).handle_request(t0, join("n3", 1), &mut m);
+        let mut other = HeadSession::new("head", "n2", Incarnation::new(1), Role::Worker);
+        other.handle_request(t0, join("n2", Incarnation::new(1)), &mut m);
+        HeadSession::new("head", "n3", Incarnation::new(1), Role::Worker).handle_request(
+            t0,
+            join("n3", Incarnation::new(1)),
+            &mut m,
+        );
         assert_eq!(s.poll_push(t0, &m), None, "within the push gap");
         let due = s.poll_timeout(&m).unwrap();
         assert_eq!(due, t0 + DEFAULT_PUSH_GAP);
@@ -300,7 +311,7 @@ mod tests {
 
         // A heartbeat from behind (a push was lost) brings the changes
         // since its version again.
-        s.handle_request(due, heartbeat("n1", 3, v), &mut m);
+        s.handle_request(due, heartbeat("n1", Incarnation::new(3), v), &mut m);
         assert!(matches!(
             s.poll_push(due + DEFAULT_PUSH_GAP, &m),
             Some(ControlReply::Changes { changed, .. }) if changed.len() == 2
@@ -310,7 +321,7 @@ mod tests {
             t0,
             ControlRequest::Leave {
                 name: "n1".into(),
-                incarnation: 3,
+                incarnation: Incarnation::new(3),
             },
             &mut m,
         );
@@ -325,14 +336,14 @@ mod tests {
     fn requests_for_another_name_are_refused() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        let mut s = HeadSession::new("head", "n1", 3, Role::Worker);
-        let (reply, _) = s.handle_request(t0, join("n2", 1), &mut m);
+        let mut s = HeadSession::new("head", "n1", Incarnation::new(3), Role::Worker);
+        let (reply, _) = s.handle_request(t0, join("n2", Incarnation::new(1)), &mut m);
         assert_eq!(
             reply,
             Some(ControlReply::Refused(Refusal::IdentityMismatch))
         );
         assert!(m.get("n2").is_none());
-        let (reply, _) = s.handle_request(t0, heartbeat("n2", 1, 0), &mut m);
+        let (reply, _) = s.handle_request(t0, heartbeat("n2", Incarnation::new(1), 0), &mut m);
         assert_eq!(
             reply,
             Some(ControlReply::Refused(Refusal::IdentityMismatch))
@@ -343,7 +354,7 @@ mod tests {
             t0,
             ControlRequest::Leave {
                 name: "n2".into(),
-                incarnation: 1,
+                incarnation: Incarnation::new(1),
             },
             &mut m,
         );
@@ -358,7 +369,11 @@ mod tests {
     }
 
     fn other_joins(m: &mut Membership, t0: Instant) {
-        HeadSession::new("head", "n2", 1, Role::Worker).handle_request(t0, join("n2", 1), m);
+        HeadSession::new("head", "n2", Incarnation::new(1), Role::Worker).handle_request(
+            t0,
+            join("n2", Incarnation::new(1)),
+            m,
+        );
     }
 
     #[test]
@@ -366,22 +381,23 @@ mod tests {
         let t0 = Instant::now();
         let config = DetectorConfig::default();
         let mut m = Membership::new(config);
-        let mut s = HeadSession::new("head", "n1", 1, Role::Worker);
-        s.handle_request(t0, join("n1", 1), &mut m);
+        let mut s = HeadSession::new("head", "n1", Incarnation::new(1), Role::Worker);
+        s.handle_request(t0, join("n1", Incarnation::new(1)), &mut m);
         let later = t0 + config.down_after * 2;
         m.poll_down(later);
-        let (reply, noted) = s.handle_request(later, heartbeat("n1", 1, 0), &mut m);
+        let (reply, noted) =
+            s.handle_request(later, heartbeat("n1", Incarnation::new(1), 0), &mut m);
         assert_eq!(reply, Some(ControlReply::Rejoin));
         assert_eq!(noted, Noted::NotUp("n1".into(), HeartbeatOutcome::NotUp));
         // The same incarnation may not join again; a newer one may.
-        let (reply, _) = s.handle_request(later, join("n1", 1), &mut m);
+        let (reply, _) = s.handle_request(later, join("n1", Incarnation::new(1)), &mut m);
         assert_eq!(
             reply,
             Some(ControlReply::Refused(Refusal::StaleIncarnation))
         );
         // A newer incarnation opens a stream of its own.
-        let mut s = HeadSession::new("head", "n1", 2, Role::Worker);
-        let (reply, _) = s.handle_request(later, join("n1", 2), &mut m);
+        let mut s = HeadSession::new("head", "n1", Incarnation::new(2), Role::Worker);
+        let (reply, _) = s.handle_request(later, join("n1", Incarnation::new(2)), &mut m);
         assert!(matches!(reply, Some(ControlReply::Members { .. })));
     }
 
@@ -389,26 +405,30 @@ mod tests {
     fn a_second_live_process_is_told_the_name_is_taken_and_the_first_stays() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        HeadSession::new("head", "w1", 1, Role::Worker).handle_request(t0, join("w1", 1), &mut m);
-        let mut second = HeadSession::new("head", "w1", 2, Role::Worker);
-        let (reply, noted) = second.handle_request(t0, join("w1", 2), &mut m);
+        HeadSession::new("head", "w1", Incarnation::new(1), Role::Worker).handle_request(
+            t0,
+            join("w1", Incarnation::new(1)),
+            &mut m,
+        );
+        let mut second = HeadSession::new("head", "w1", Incarnation::new(2), Role::Worker);
+        let (reply, noted) = second.handle_request(t0, join("w1", Incarnation::new(2)), &mut m);
         assert!(
-            matches!(&reply, Some(ControlReply::NameTaken(h)) if h.incarnation == 1),
+            matches!(&reply, Some(ControlReply::NameTaken(h)) if h.incarnation == Incarnation::new(1)),
             "{reply:?}"
         );
         assert!(matches!(noted, Noted::NameTaken(_)));
         assert_eq!(second.joined(), None);
-        assert_eq!(m.get("w1").unwrap().incarnation, 1);
+        assert_eq!(m.get("w1").unwrap().incarnation, Incarnation::new(1));
     }
 
     #[test]
     fn an_observer_may_ask_for_status_but_not_join() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        let mut s = HeadSession::new("head", "ops~0a", 1, Role::Observer);
+        let mut s = HeadSession::new("head", "ops~0a", Incarnation::new(1), Role::Observer);
         let (reply, _) = s.handle_request(t0, ControlRequest::Status, &mut m);
         assert!(matches!(reply, Some(ControlReply::Members { .. })));
-        let (reply, _) = s.handle_request(t0, join("ops~0a", 1), &mut m);
+        let (reply, _) = s.handle_request(t0, join("ops~0a", Incarnation::new(1)), &mut m);
         assert_eq!(reply, Some(ControlReply::Refused(Refusal::RoleCannotJoin)));
     }
 }

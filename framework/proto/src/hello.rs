@@ -19,6 +19,7 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::incarnation::Incarnation;
 use crate::role::{Role, may_speak_as};
 
 /// Version of the hello exchange and of the control messages.
@@ -65,7 +66,7 @@ pub struct Hello {
     pub node: String,
     /// The dialer's incarnation (0 for tools, which open control streams
     /// only).
-    pub incarnation: u64,
+    pub incarnation: Incarnation,
     /// Digest of the dialer's cluster cookie; must equal the acceptor's.
     pub cookie: CookieDigest,
 }
@@ -75,7 +76,7 @@ impl Hello {
     pub fn new(
         purpose: Purpose,
         node: impl Into<String>,
-        incarnation: u64,
+        incarnation: Incarnation,
         cookie: CookieDigest,
     ) -> Self {
         Self {
@@ -199,7 +200,7 @@ pub use reply::HelloReply;
 // struct variants; the type itself is documented.
 #[allow(missing_docs)]
 mod reply {
-    use super::Refusal;
+    use super::{Incarnation, Refusal};
     use rkyv::{Archive, Deserialize, Serialize};
 
     /// The acceptor's answer.
@@ -210,7 +211,7 @@ mod reply {
             /// The acceptor's node name.
             node: String,
             /// The acceptor's incarnation.
-            incarnation: u64,
+            incarnation: Incarnation,
         },
         /// The connection will be closed.
         Refused(Refusal),
@@ -243,7 +244,7 @@ pub fn check_hello(
     {
         return Err(Refusal::Cookie);
     }
-    if hello.incarnation == 0 && hello.purpose != Purpose::Control {
+    if hello.incarnation.is_tool() && hello.purpose != Purpose::Control {
         return Err(Refusal::ToolIncarnation);
     }
     Ok(())
@@ -256,9 +257,12 @@ pub fn check_hello(
 /// refused. An incarnation the table does not hold yet (a node that has
 /// just joined or rejoined, whose entry is still on its way) is let in, and
 /// so are tools (incarnation 0, control streams only).
-pub fn check_incarnation(incarnation: u64, known: Option<(u64, bool)>) -> Result<(), Refusal> {
+pub fn check_incarnation(
+    incarnation: Incarnation,
+    known: Option<(Incarnation, bool)>,
+) -> Result<(), Refusal> {
     match known {
-        _ if incarnation == 0 => Ok(()),
+        _ if incarnation.is_tool() => Ok(()),
         Some((current, _)) if incarnation < current => Err(Refusal::OldIncarnation),
         Some((current, false)) if incarnation == current => Err(Refusal::OldIncarnation),
         _ => Ok(()),
@@ -292,7 +296,7 @@ mod tests {
     }
 
     fn hello(node: &str, purpose: Purpose) -> Hello {
-        Hello::new(purpose, node, 7, COOKIE)
+        Hello::new(purpose, node, Incarnation::new(7), COOKIE)
     }
 
     #[test]
@@ -333,7 +337,7 @@ mod tests {
 
     #[test]
     fn incarnation_zero_opens_control_streams_only() {
-        let tool = |purpose| Hello::new(purpose, "admin~0a", 0, COOKIE);
+        let tool = |purpose| Hello::new(purpose, "admin~0a", Incarnation::new(0), COOKIE);
         assert_eq!(
             check_hello(&tool(Purpose::Control), "admin", A, &COOKIE),
             Ok(())
@@ -349,28 +353,40 @@ mod tests {
     #[test]
     fn streams_are_fenced_on_the_known_incarnation() {
         // Unknown yet: a node that has just joined.
-        assert_eq!(check_incarnation(5, None), Ok(()));
+        assert_eq!(check_incarnation(Incarnation::new(5), None), Ok(()));
         // The current, up incarnation.
-        assert_eq!(check_incarnation(5, Some((5, true))), Ok(()));
+        assert_eq!(
+            check_incarnation(Incarnation::new(5), Some((Incarnation::new(5), true))),
+            Ok(())
+        );
         // Newer than the table: its rejoin is on its way.
-        assert_eq!(check_incarnation(6, Some((5, false))), Ok(()));
-        assert_eq!(check_incarnation(6, Some((5, true))), Ok(()));
+        assert_eq!(
+            check_incarnation(Incarnation::new(6), Some((Incarnation::new(5), false))),
+            Ok(())
+        );
+        assert_eq!(
+            check_incarnation(Incarnation::new(6), Some((Incarnation::new(5), true))),
+            Ok(())
+        );
         // The known incarnation, marked down or left.
         assert_eq!(
-            check_incarnation(5, Some((5, false))),
+            check_incarnation(Incarnation::new(5), Some((Incarnation::new(5), false))),
             Err(Refusal::OldIncarnation)
         );
         // Older than the known one, whatever its state.
         assert_eq!(
-            check_incarnation(4, Some((5, true))),
+            check_incarnation(Incarnation::new(4), Some((Incarnation::new(5), true))),
             Err(Refusal::OldIncarnation)
         );
         assert_eq!(
-            check_incarnation(4, Some((5, false))),
+            check_incarnation(Incarnation::new(4), Some((Incarnation::new(5), false))),
             Err(Refusal::OldIncarnation)
         );
         // Tools.
-        assert_eq!(check_incarnation(0, Some((5, true))), Ok(()));
+        assert_eq!(
+            check_incarnation(Incarnation::new(0), Some((Incarnation::new(5), true))),
+            Ok(())
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@
 //! goes to [`HeadLease::handle_read`] or [`HeadLease::handle_written`],
 //! and [`HeadLease::handle_timeout`] runs at [`HeadLease::poll_timeout`].
 
+use crate::incarnation::Incarnation;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -48,7 +49,7 @@ pub struct LeaseRecord {
     /// The address the holder serves the cluster on.
     pub address: String,
     /// The holder's incarnation: a head that takes over runs above it.
-    pub incarnation: u64,
+    pub incarnation: Incarnation,
     /// Renewals within this term (so every write changes the bytes).
     pub renewal: u64,
 }
@@ -98,7 +99,7 @@ impl LeaseRecord {
             term: number("term", term)?,
             holder,
             address,
-            incarnation: number("incarnation", incarnation)?,
+            incarnation: Incarnation::new(number("incarnation", incarnation)?),
             renewal: number("renewal", renewal)?,
         })
     }
@@ -235,7 +236,7 @@ impl HeadLease {
         now: Instant,
         holder: impl Into<String>,
         address: impl Into<String>,
-        incarnation: u64,
+        incarnation: Incarnation,
         config: LeaseConfig,
     ) -> Self {
         Self {
@@ -260,7 +261,7 @@ impl HeadLease {
 
     /// The incarnation written from the next write on (a head learns its
     /// own once it has started, after taking the lease).
-    pub fn set_incarnation(&mut self, incarnation: u64) {
+    pub fn set_incarnation(&mut self, incarnation: Incarnation) {
         self.me.incarnation = incarnation;
         if let State::Primary { record, .. } = &mut self.state {
             record.incarnation = incarnation;
@@ -495,7 +496,13 @@ mod tests {
     const D: Duration = Duration::from_secs(4);
 
     fn lease(t: Instant, name: &str) -> HeadLease {
-        HeadLease::new(t, name, "127.0.0.1:7000", 10, LeaseConfig { duration: D })
+        HeadLease::new(
+            t,
+            name,
+            "127.0.0.1:7000",
+            Incarnation::new(10),
+            LeaseConfig { duration: D },
+        )
     }
 
     fn record(term: u64, holder: &str, renewal: u64) -> LeaseRecord {
@@ -503,7 +510,7 @@ mod tests {
             term,
             holder: holder.into(),
             address: "127.0.0.1:7000".into(),
-            incarnation: 10,
+            incarnation: Incarnation::new(10),
             renewal,
         }
     }

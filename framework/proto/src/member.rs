@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::{ControlReply, ControlRequest, Pages};
 use crate::hello::Refusal;
+use crate::incarnation::Incarnation;
 use crate::membership::{JoinRequest, MemberView, NameHolder};
 
 /// Timing of a member's control link.
@@ -147,12 +148,12 @@ impl MemberLink {
     }
 
     /// The incarnation the member joins and heartbeats with.
-    pub fn incarnation(&self) -> u64 {
+    pub fn incarnation(&self) -> Incarnation {
         self.join.incarnation
     }
 
     /// Sets a new incarnation (after [`MemberEvent::Reincarnate`]).
-    pub fn set_incarnation(&mut self, incarnation: u64) {
+    pub fn set_incarnation(&mut self, incarnation: Incarnation) {
         self.join.incarnation = incarnation;
     }
 
@@ -406,7 +407,7 @@ mod tests {
     use super::*;
     use crate::resources::Resources;
 
-    fn join(incarnation: u64) -> JoinRequest {
+    fn join(incarnation: Incarnation) -> JoinRequest {
         JoinRequest {
             name: "n1".into(),
             addr: "127.0.0.1:1".into(),
@@ -436,7 +437,7 @@ mod tests {
     }
 
     fn joined(t0: Instant) -> MemberLink {
-        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(Incarnation::new(1)));
         link.handle_timeout(t0);
         link.handle_connected(t0);
         link.handle_reply(t0, table(1));
@@ -447,13 +448,15 @@ mod tests {
     #[test]
     fn joins_then_heartbeats_every_interval() {
         let t0 = Instant::now();
-        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(Incarnation::new(1)));
         assert_eq!(link.poll_timeout(), Some(t0));
         link.handle_timeout(t0);
         assert_eq!(drain(&mut link), (vec![], vec![MemberEvent::Connect]));
         link.handle_connected(t0);
         let (sent, _) = drain(&mut link);
-        assert!(matches!(&sent[..], [ControlRequest::Join(j)] if j.incarnation == 1));
+        assert!(
+            matches!(&sent[..], [ControlRequest::Join(j)] if j.incarnation == Incarnation::new(1))
+        );
         link.handle_reply(t0, table(4));
         assert!(link.is_joined());
         let second = t0 + Duration::from_secs(1);
@@ -465,7 +468,7 @@ mod tests {
             sent,
             [ControlRequest::Heartbeat {
                 name: "n1".into(),
-                incarnation: 1,
+                incarnation: Incarnation::new(1),
                 actors: 3,
                 version: 4
             }]
@@ -525,18 +528,20 @@ mod tests {
         let mut link = joined(t0);
         link.handle_reply(t0, ControlReply::Rejoin);
         assert_eq!(drain(&mut link).1, [MemberEvent::Reincarnate]);
-        link.set_incarnation(9);
+        link.set_incarnation(Incarnation::new(9));
         link.handle_timeout(t0 + Duration::from_secs(1));
         link.handle_connected(t0 + Duration::from_secs(1));
         let (sent, _) = drain(&mut link);
-        assert!(matches!(&sent[..], [ControlRequest::Join(j)] if j.incarnation == 9));
+        assert!(
+            matches!(&sent[..], [ControlRequest::Join(j)] if j.incarnation == Incarnation::new(9))
+        );
     }
 
     #[test]
     fn an_unanswered_join_opens_the_stream_again() {
         let t0 = Instant::now();
         let config = MemberConfig::default();
-        let mut link = MemberLink::new(t0, config, join(1));
+        let mut link = MemberLink::new(t0, config, join(Incarnation::new(1)));
         link.handle_timeout(t0);
         link.handle_connected(t0);
         drain(&mut link);
@@ -551,7 +556,7 @@ mod tests {
     fn a_retried_join_refused_as_stale_comes_back_as_a_new_incarnation() {
         let t0 = Instant::now();
         let config = MemberConfig::default();
-        let mut link = MemberLink::new(t0, config, join(1));
+        let mut link = MemberLink::new(t0, config, join(Incarnation::new(1)));
         link.handle_timeout(t0);
         link.handle_connected(t0);
         // The answer was lost; meanwhile the head marked the join down.
@@ -567,7 +572,7 @@ mod tests {
     #[test]
     fn a_refused_join_is_final() {
         let t0 = Instant::now();
-        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(Incarnation::new(1)));
         link.handle_timeout(t0);
         link.handle_connected(t0);
         link.handle_reply(t0, ControlReply::Refused(Refusal::StaleIncarnation));
@@ -590,7 +595,7 @@ mod tests {
         link.handle_shutdown(t0);
         assert!(matches!(
             &drain(&mut link).0[..],
-            [ControlRequest::Leave { incarnation: 1, .. }]
+            [ControlRequest::Leave { incarnation, .. }] if *incarnation == Incarnation::new(1)
         ));
         link.handle_reply(t0, ControlReply::Ack);
         assert_eq!(drain(&mut link).1, [MemberEvent::Left]);
@@ -601,7 +606,7 @@ mod tests {
         link.handle_timeout(t0 + Duration::from_secs(2));
         assert_eq!(drain(&mut link).1, [MemberEvent::Left], "grace ran out");
 
-        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(Incarnation::new(1)));
         link.handle_shutdown(t0);
         assert_eq!(drain(&mut link).1, [MemberEvent::Left], "never joined");
     }
@@ -610,11 +615,11 @@ mod tests {
     fn a_taken_name_is_tried_again_until_its_grace_then_refused_naming_the_holder() {
         let t0 = Instant::now();
         let config = MemberConfig::default();
-        let mut link = MemberLink::new(t0, config, join(2));
+        let mut link = MemberLink::new(t0, config, join(Incarnation::new(2)));
         let holder = NameHolder {
             name: "n1".into(),
             addr: "127.0.0.1:9".into(),
-            incarnation: 1,
+            incarnation: Incarnation::new(1),
             silent_ms: 100,
         };
         let mut now = t0;
@@ -633,7 +638,7 @@ mod tests {
         assert_eq!(drain(&mut link).1, [MemberEvent::NameTaken(holder.clone())]);
 
         // The holder fell silent (it had crashed): the next try gets in.
-        let mut link = MemberLink::new(t0, config, join(2));
+        let mut link = MemberLink::new(t0, config, join(Incarnation::new(2)));
         link.handle_timeout(t0);
         link.handle_connected(t0);
         link.handle_reply(t0, ControlReply::NameTaken(holder));
@@ -647,7 +652,7 @@ mod tests {
     #[test]
     fn a_table_in_pages_is_applied_once_whole() {
         let t0 = Instant::now();
-        let mut link = MemberLink::new(t0, MemberConfig::default(), join(1));
+        let mut link = MemberLink::new(t0, MemberConfig::default(), join(Incarnation::new(1)));
         link.handle_timeout(t0);
         link.handle_connected(t0);
         drain(&mut link);
@@ -656,7 +661,7 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
             host: "h".into(),
-            incarnation: 1,
+            incarnation: Incarnation::new(1),
             state: crate::membership::MemberState::Up,
             resources: Resources::default(),
             actors: 0,

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::hello::Refusal;
+use crate::incarnation::Incarnation;
 use crate::ledger::Held;
 use crate::resources::Resources;
 use crate::role::{MAX_MEMBERS_PER_PRINCIPAL, Role, principal_of};
@@ -63,7 +64,7 @@ impl Default for DetectorConfig {
 /// a table holds of that member (`known`: its incarnation there and whether
 /// it is up): a newer one is there, or this one is down or left. A member
 /// the table does not hold has not ended (it may have just joined).
-pub fn has_ended(known: Option<(u64, bool)>, incarnation: u64) -> bool {
+pub fn has_ended(known: Option<(Incarnation, bool)>, incarnation: Incarnation) -> bool {
     known.is_some_and(|(i, up)| i > incarnation || (i == incarnation && !up))
 }
 
@@ -103,7 +104,7 @@ pub struct MemberView {
     /// the runtime's `objects` module).
     pub host: String,
     /// Start counter of this node; larger is newer.
-    pub incarnation: u64,
+    pub incarnation: Incarnation,
     /// Current state.
     pub state: MemberState,
     /// What the node offers.
@@ -127,7 +128,7 @@ pub struct JoinRequest {
     /// The node's host id.
     pub host: String,
     /// Start counter of this node.
-    pub incarnation: u64,
+    pub incarnation: Incarnation,
     /// What the node offers.
     pub resources: Resources,
     /// The placement-group bundles it holds (see [`crate::groups`]).
@@ -158,13 +159,13 @@ pub const MAX_JOIN_HELD: usize = 4096;
 pub fn check_join(
     req: &JoinRequest,
     member: &str,
-    incarnation: u64,
+    incarnation: Incarnation,
     role: Role,
 ) -> Result<(), Refusal> {
     if req.name != member {
         return Err(Refusal::IdentityMismatch);
     }
-    if req.incarnation == 0 {
+    if req.incarnation.is_tool() {
         return Err(Refusal::ToolIncarnation);
     }
     if req.incarnation != incarnation {
@@ -200,7 +201,7 @@ pub struct NameHolder {
     /// The address it was joined from.
     pub addr: String,
     /// Its incarnation.
-    pub incarnation: u64,
+    pub incarnation: Incarnation,
     /// How long ago it was last heard, in milliseconds.
     pub silent_ms: u64,
 }
@@ -488,7 +489,7 @@ impl Membership {
         &mut self,
         now: Instant,
         name: &str,
-        incarnation: u64,
+        incarnation: Incarnation,
         actors: u32,
     ) -> HeartbeatOutcome {
         let Some(entry) = self.members.get_mut(name) else {
@@ -529,7 +530,7 @@ impl Membership {
 
     /// Marks `name` as having left cleanly at `now`. Returns whether
     /// anything changed.
-    pub fn leave(&mut self, now: Instant, name: &str, incarnation: u64) -> bool {
+    pub fn leave(&mut self, now: Instant, name: &str, incarnation: Incarnation) -> bool {
         match self.members.get_mut(name) {
             Some(entry)
                 if entry.view.incarnation == incarnation && entry.view.state == MemberState::Up =>
@@ -629,11 +630,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn req(name: &str, incarnation: u64) -> JoinRequest {
+    fn req(name: &str, incarnation: Incarnation) -> JoinRequest {
         JoinRequest {
             name: name.into(),
-            addr: format!("127.0.0.1:{}", 7000 + incarnation),
-            bulk_addr: format!("127.0.0.1:{}", 8000 + incarnation),
+            addr: format!("127.0.0.1:{}", 7000 + incarnation.get()),
+            bulk_addr: format!("127.0.0.1:{}", 8000 + incarnation.get()),
             host: "h".into(),
             incarnation,
             resources: Resources::default(),
@@ -656,7 +657,7 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
             host: "h".into(),
-            incarnation: 1,
+            incarnation: Incarnation::new(1),
             resources: Resources {
                 cpus,
                 ..Resources::default()
@@ -664,35 +665,44 @@ mod tests {
             held: Vec::new(),
         };
         let d = "admin~0a";
-        assert_eq!(check_join(&join(d, 0), d, 1, Role::Admin), Ok(()));
         assert_eq!(
-            check_join(&join(d, 4), d, 1, Role::Admin),
+            check_join(&join(d, 0), d, Incarnation::new(1), Role::Admin),
+            Ok(())
+        );
+        assert_eq!(
+            check_join(&join(d, 4), d, Incarnation::new(1), Role::Admin),
             Err(Refusal::AdminCannotJoin)
         );
         assert_eq!(
-            check_join(&join(d, 4), d, 1, Role::Driver),
+            check_join(&join(d, 4), d, Incarnation::new(1), Role::Driver),
             Err(Refusal::AdminCannotJoin)
         );
         assert_eq!(
-            check_join(&join(d, 0), d, 1, Role::Observer),
+            check_join(&join(d, 0), d, Incarnation::new(1), Role::Observer),
             Err(Refusal::RoleCannotJoin)
         );
-        assert_eq!(check_join(&join("n1", 4), "n1", 1, Role::Worker), Ok(()));
         assert_eq!(
-            check_join(&join("n1", 4), "n2", 1, Role::Worker),
+            check_join(&join("n1", 4), "n1", Incarnation::new(1), Role::Worker),
+            Ok(())
+        );
+        assert_eq!(
+            check_join(&join("n1", 4), "n2", Incarnation::new(1), Role::Worker),
             Err(Refusal::IdentityMismatch)
         );
         // The stream's hello named incarnation 2; the body may not say 1.
         assert_eq!(
-            check_join(&join("n1", 4), "n1", 2, Role::Worker),
+            check_join(&join("n1", 4), "n1", Incarnation::new(2), Role::Worker),
             Err(Refusal::IncarnationMismatch)
         );
     }
 
     #[test]
     fn a_join_past_its_bounds_is_refused_at_each_bound() {
-        let ok = req("n1", 1);
-        assert_eq!(check_join(&ok, "n1", 1, Role::Worker), Ok(()));
+        let ok = req("n1", Incarnation::new(1));
+        assert_eq!(
+            check_join(&ok, "n1", Incarnation::new(1), Role::Worker),
+            Ok(())
+        );
         let mut at = ok.clone();
         for i in 0..MAX_JOIN_ENTRIES {
             at.resources.labels.insert(
@@ -702,7 +712,7 @@ mod tests {
         }
         at.addr = "a".repeat(MAX_JOIN_ADDR);
         assert_eq!(
-            check_join(&at, "n1", 1, Role::Worker),
+            check_join(&at, "n1", Incarnation::new(1), Role::Worker),
             Ok(()),
             "at the bounds"
         );
@@ -732,7 +742,7 @@ mod tests {
             let mut j = at.clone();
             f(&mut j);
             assert_eq!(
-                check_join(&j, "n1", 1, Role::Worker),
+                check_join(&j, "n1", Incarnation::new(1), Role::Worker),
                 Err(Refusal::TooLarge),
                 "case {i}"
             );
@@ -744,12 +754,15 @@ mod tests {
         let t0 = Instant::now();
         let config = DetectorConfig::default();
         let mut m = Membership::new(config);
-        m.join(t0, req("w1", 1), Role::Worker).unwrap();
-        m.join(t0, req("admin~0a", 1), Role::Admin).unwrap();
-        m.join(t0, req("alice~0b", 1), Role::Driver).unwrap();
+        m.join(t0, req("w1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
+        m.join(t0, req("admin~0a", Incarnation::new(1)), Role::Admin)
+            .unwrap();
+        m.join(t0, req("alice~0b", Incarnation::new(1)), Role::Driver)
+            .unwrap();
         let v = m.version();
-        assert!(m.leave(t0, "admin~0a", 1));
-        assert!(m.leave(t0, "w1", 1));
+        assert!(m.leave(t0, "admin~0a", Incarnation::new(1)));
+        assert!(m.leave(t0, "w1", Incarnation::new(1)));
         // alice falls silent: down, then forgotten too.
         let down = t0 + config.down_after * 2;
         assert_eq!(m.poll_down(down), vec!["alice~0b".to_owned()]);
@@ -777,29 +790,42 @@ mod tests {
         let t0 = Instant::now();
         let config = DetectorConfig::default();
         let mut m = Membership::new(config);
-        m.join(t0, req("w1", 1), Role::Worker).unwrap();
+        m.join(t0, req("w1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
         // Heard a moment ago: a second process is refused, the first kept.
         let t1 = t0 + config.heartbeat_interval;
-        assert_eq!(m.heartbeat(t1, "w1", 1, 0), HeartbeatOutcome::Alive);
-        let refused = m.join(t1 + Duration::from_millis(300), req("w1", 2), Role::Worker);
+        assert_eq!(
+            m.heartbeat(t1, "w1", Incarnation::new(1), 0),
+            HeartbeatOutcome::Alive
+        );
+        let refused = m.join(
+            t1 + Duration::from_millis(300),
+            req("w1", Incarnation::new(2)),
+            Role::Worker,
+        );
         assert_eq!(
             refused,
             Err(JoinRefused::NameTaken(NameHolder {
                 name: "w1".into(),
                 addr: "127.0.0.1:7001".into(),
-                incarnation: 1,
+                incarnation: Incarnation::new(1),
                 silent_ms: 300,
             }))
         );
-        assert_eq!(m.get("w1").unwrap().incarnation, 1);
+        assert_eq!(m.get("w1").unwrap().incarnation, Incarnation::new(1));
         // Silent for the live window (it crashed): the restart gets in.
         let later = t1 + config.live_window();
-        m.join(later, req("w1", 2), Role::Worker).unwrap();
-        assert_eq!(m.get("w1").unwrap().incarnation, 2);
+        m.join(later, req("w1", Incarnation::new(2)), Role::Worker)
+            .unwrap();
+        assert_eq!(m.get("w1").unwrap().incarnation, Incarnation::new(2));
         // The head's own name is never taken over.
-        m.add_local(t0, req("head", 1));
+        m.add_local(t0, req("head", Incarnation::new(1)));
         assert!(matches!(
-            m.join(later + secs(60), req("head", 9), Role::Worker),
+            m.join(
+                later + secs(60),
+                req("head", Incarnation::new(9)),
+                Role::Worker
+            ),
             Err(JoinRefused::NameTaken(_))
         ));
     }
@@ -808,7 +834,8 @@ mod tests {
     fn silent_member_is_marked_down_after_the_threshold() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1), Role::Worker).unwrap();
+        m.join(t0, req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
         assert!(
             m.poll_down(t0 + secs(5)).is_empty(),
             "exactly 5 s is not yet down"
@@ -829,10 +856,11 @@ mod tests {
     fn heartbeats_keep_a_member_up() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1), Role::Worker).unwrap();
+        m.join(t0, req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
         for s in 1..=30 {
             assert_eq!(
-                m.heartbeat(t0 + secs(s), "n1", 1, 3),
+                m.heartbeat(t0 + secs(s), "n1", Incarnation::new(1), 3),
                 HeartbeatOutcome::Alive
             );
             assert!(m.poll_down(t0 + secs(s)).is_empty());
@@ -844,7 +872,7 @@ mod tests {
     fn local_node_is_never_marked_down() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.add_local(t0, req("head", 1));
+        m.add_local(t0, req("head", Incarnation::new(1)));
         assert!(m.poll_down(t0 + secs(3600)).is_empty());
         assert_eq!(m.poll_timeout(), None);
     }
@@ -854,7 +882,7 @@ mod tests {
         let t0 = Instant::now();
         let config = DetectorConfig::default();
         let mut m = Membership::new(config);
-        let driver = |i: usize| req(&format!("ops~{i:016x}"), 1);
+        let driver = |i: usize| req(&format!("ops~{i:016x}"), Incarnation::new(1));
         for i in 0..MAX_MEMBERS_PER_PRINCIPAL {
             m.join(t0, driver(i), Role::Driver).unwrap();
         }
@@ -863,11 +891,13 @@ mod tests {
             Err(Refusal::TooManyMembers.into())
         );
         // Another certificate is not held back, nor a member already in.
-        m.join(t0, req("other~01", 1), Role::Driver).unwrap();
-        m.join(t0, req("n1", 1), Role::Worker).unwrap();
+        m.join(t0, req("other~01", Incarnation::new(1)), Role::Driver)
+            .unwrap();
+        m.join(t0, req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
         m.join(t0, driver(0), Role::Driver).unwrap();
         // A member that left still counts until it is forgotten.
-        assert!(m.leave(t0, &format!("ops~{:016x}", 1), 1));
+        assert!(m.leave(t0, &format!("ops~{:016x}", 1), Incarnation::new(1)));
         assert_eq!(
             m.join(t0, driver(MAX_MEMBERS_PER_PRINCIPAL), Role::Driver),
             Err(Refusal::TooManyMembers.into())
@@ -882,12 +912,13 @@ mod tests {
     fn clean_stop_is_left_not_down() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1), Role::Worker).unwrap();
-        assert!(m.leave(t0, "n1", 1));
+        m.join(t0, req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
+        assert!(m.leave(t0, "n1", Incarnation::new(1)));
         assert!(m.poll_down(t0 + secs(60)).is_empty());
         assert_eq!(state(&m, "n1"), MemberState::Left);
         assert_eq!(
-            m.heartbeat(t0 + secs(61), "n1", 1, 0),
+            m.heartbeat(t0 + secs(61), "n1", Incarnation::new(1), 0),
             HeartbeatOutcome::NotUp
         );
     }
@@ -896,20 +927,22 @@ mod tests {
     fn down_member_returns_only_with_a_new_incarnation() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 1), Role::Worker).unwrap();
+        m.join(t0, req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
         m.poll_down(t0 + secs(6));
         assert_eq!(
-            m.heartbeat(t0 + secs(7), "n1", 1, 0),
+            m.heartbeat(t0 + secs(7), "n1", Incarnation::new(1), 0),
             HeartbeatOutcome::NotUp
         );
         assert_eq!(
-            m.join(t0 + secs(7), req("n1", 1), Role::Worker),
+            m.join(t0 + secs(7), req("n1", Incarnation::new(1)), Role::Worker),
             Err(Refusal::StaleIncarnation.into())
         );
-        m.join(t0 + secs(8), req("n1", 2), Role::Worker).unwrap();
+        m.join(t0 + secs(8), req("n1", Incarnation::new(2)), Role::Worker)
+            .unwrap();
         assert_eq!(state(&m, "n1"), MemberState::Up);
         assert_eq!(
-            m.heartbeat(t0 + secs(8), "n1", 1, 0),
+            m.heartbeat(t0 + secs(8), "n1", Incarnation::new(1), 0),
             HeartbeatOutcome::Stale
         );
     }
@@ -918,13 +951,15 @@ mod tests {
     fn older_incarnation_cannot_replace_a_newer_one() {
         let t0 = Instant::now();
         let mut m = Membership::new(DetectorConfig::default());
-        m.join(t0, req("n1", 5), Role::Worker).unwrap();
+        m.join(t0, req("n1", Incarnation::new(5)), Role::Worker)
+            .unwrap();
         assert_eq!(
-            m.join(t0, req("n1", 4), Role::Worker),
+            m.join(t0, req("n1", Incarnation::new(4)), Role::Worker),
             Err(Refusal::StaleIncarnation.into())
         );
-        m.join(t0, req("n1", 5), Role::Worker).unwrap();
-        assert_eq!(m.get("n1").unwrap().incarnation, 5);
+        m.join(t0, req("n1", Incarnation::new(5)), Role::Worker)
+            .unwrap();
+        assert_eq!(m.get("n1").unwrap().incarnation, Incarnation::new(5));
     }
 
     #[derive(Debug, Clone)]
@@ -968,14 +1003,14 @@ mod tests {
                                     || (i == inc && up)
                             }
                         };
-                        prop_assert_eq!(m.join(now, req(&name, i), Role::Worker).is_ok(), allowed);
+                        prop_assert_eq!(m.join(now, req(&name, Incarnation::new(i)), Role::Worker).is_ok(), allowed);
                         if allowed {
                             model.insert(name, (i, true, now));
                         }
                     }
                     Op::Heartbeat(n, i) => {
                         let name = format!("n{n}");
-                        let out = m.heartbeat(now, &name, i, 0);
+                        let out = m.heartbeat(now, &name, Incarnation::new(i), 0);
                         if let Some(e) = model.get_mut(&name) {
                             if e.0 == i && e.1 {
                                 prop_assert_eq!(out, HeartbeatOutcome::Alive);
@@ -990,7 +1025,7 @@ mod tests {
                     Op::Leave(n, i) => {
                         let name = format!("n{n}");
                         let expect = matches!(model.get(&name), Some(&(inc, true, _)) if inc == i);
-                        prop_assert_eq!(m.leave(now, &name, i), expect);
+                        prop_assert_eq!(m.leave(now, &name, Incarnation::new(i)), expect);
                         if expect {
                             model.get_mut(&name).unwrap().1 = false;
                         }
@@ -1011,7 +1046,7 @@ mod tests {
                 }
                 for (name, e) in &model {
                     prop_assert_eq!(m.get(name).unwrap().state == MemberState::Up, e.1);
-                    prop_assert_eq!(m.get(name).unwrap().incarnation, e.0);
+                    prop_assert_eq!(m.get(name).unwrap().incarnation, Incarnation::new(e.0));
                 }
                 // The changes since any earlier version, applied to the
                 // table of that version, give the table of now.

@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use crate::incarnation::Incarnation;
 use crate::membership::{MemberState, MemberView};
 
 /// Timing of the dial policy.
@@ -52,7 +53,7 @@ pub enum MeshAction {
         /// The address it listens on.
         addr: String,
         /// The incarnation the session is for.
-        incarnation: u64,
+        incarnation: Incarnation,
     },
     /// Close every session and bulk stream with `peer`: it is not up.
     Close {
@@ -64,7 +65,7 @@ pub enum MeshAction {
 /// A session this node dialled.
 #[derive(Debug, Clone, Copy)]
 struct Dialled {
-    incarnation: u64,
+    incarnation: Incarnation,
     opened: Instant,
     was_ready: bool,
 }
@@ -75,12 +76,12 @@ pub struct Mesh {
     me: String,
     config: MeshConfig,
     /// Members by name: `(addr, incarnation, state)`.
-    members: BTreeMap<String, (String, u64, MemberState)>,
+    members: BTreeMap<String, (String, Incarnation, MemberState)>,
     /// Peers whose session is ready.
     ready: BTreeSet<String>,
     dialled: BTreeMap<String, Dialled>,
     /// Dials in progress: peer → incarnation.
-    pending: BTreeMap<String, u64>,
+    pending: BTreeMap<String, Incarnation>,
     actions: VecDeque<MeshAction>,
 }
 
@@ -134,7 +135,7 @@ impl Mesh {
     }
 
     /// A dial asked for by [`MeshAction::Dial`] finished.
-    pub fn handle_dialled(&mut self, now: Instant, peer: &str, incarnation: u64, ok: bool) {
+    pub fn handle_dialled(&mut self, now: Instant, peer: &str, incarnation: Incarnation, ok: bool) {
         if self.pending.get(peer) == Some(&incarnation) {
             self.pending.remove(peer);
         }
@@ -153,7 +154,7 @@ impl Mesh {
 
     /// The connection of the session dialled to `peer` for `incarnation`
     /// closed.
-    pub fn handle_closed(&mut self, now: Instant, peer: &str, incarnation: u64) {
+    pub fn handle_closed(&mut self, now: Instant, peer: &str, incarnation: Incarnation) {
         if self
             .dialled
             .get(peer)
@@ -243,7 +244,7 @@ mod tests {
     use super::*;
     use crate::resources::Resources;
 
-    fn member(name: &str, incarnation: u64, state: MemberState) -> MemberView {
+    fn member(name: &str, incarnation: Incarnation, state: MemberState) -> MemberView {
         MemberView {
             name: name.into(),
             addr: format!("{name}:1"),
@@ -261,7 +262,7 @@ mod tests {
         std::iter::from_fn(|| m.poll_action()).collect()
     }
 
-    fn dial(peer: &str, incarnation: u64) -> MeshAction {
+    fn dial(peer: &str, incarnation: Incarnation) -> MeshAction {
         MeshAction::Dial {
             peer: peer.into(),
             addr: format!("{peer}:1"),
@@ -274,12 +275,16 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Mesh::new("b", MeshConfig::default());
         let table = [
-            member("a", 1, MemberState::Up),
-            member("b", 1, MemberState::Up),
-            member("c", 1, MemberState::Up),
+            member("a", Incarnation::new(1), MemberState::Up),
+            member("b", Incarnation::new(1), MemberState::Up),
+            member("c", Incarnation::new(1), MemberState::Up),
         ];
         m.handle_members(t0, &table);
-        assert_eq!(actions(&mut m), [dial("c", 1)], "a dials b; b dials c");
+        assert_eq!(
+            actions(&mut m),
+            [dial("c", Incarnation::new(1))],
+            "a dials b; b dials c"
+        );
         m.handle_members(t0, &table);
         m.handle_tick(t0 + Duration::from_secs(1));
         assert_eq!(actions(&mut m), [], "the dial is in progress");
@@ -289,11 +294,15 @@ mod tests {
     fn a_failed_dial_is_retried_and_a_ready_session_is_kept() {
         let t0 = Instant::now();
         let mut m = Mesh::new("a", MeshConfig::default());
-        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
-        assert_eq!(actions(&mut m), [dial("b", 1)]);
-        m.handle_dialled(t0, "b", 1, false);
-        assert_eq!(actions(&mut m), [dial("b", 1)], "failed: dialled again");
-        m.handle_dialled(t0, "b", 1, true);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Up)]);
+        assert_eq!(actions(&mut m), [dial("b", Incarnation::new(1))]);
+        m.handle_dialled(t0, "b", Incarnation::new(1), false);
+        assert_eq!(
+            actions(&mut m),
+            [dial("b", Incarnation::new(1))],
+            "failed: dialled again"
+        );
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
         m.handle_ready(t0, "b", true);
         m.handle_tick(t0 + Duration::from_secs(60));
         assert_eq!(actions(&mut m), []);
@@ -307,35 +316,47 @@ mod tests {
             ready_within: Duration::from_secs(5),
         };
         let mut m = Mesh::new("a", config);
-        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Up)]);
         actions(&mut m);
-        m.handle_dialled(t0, "b", 1, true);
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
         assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(5)));
         m.handle_tick(t0 + Duration::from_secs(4));
         assert_eq!(actions(&mut m), []);
         m.handle_tick(t0 + Duration::from_secs(5));
-        assert_eq!(actions(&mut m), [dial("b", 1)]);
+        assert_eq!(actions(&mut m), [dial("b", Incarnation::new(1))]);
     }
 
     #[test]
     fn lost_readiness_a_closed_connection_or_a_new_incarnation_redial() {
         let t0 = Instant::now();
         let mut m = Mesh::new("a", MeshConfig::default());
-        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Up)]);
         actions(&mut m);
-        m.handle_dialled(t0, "b", 1, true);
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
         m.handle_ready(t0, "b", true);
         m.handle_ready(t0, "b", false);
-        assert_eq!(actions(&mut m), [dial("b", 1)], "ready lost");
-        m.handle_dialled(t0, "b", 1, true);
+        assert_eq!(
+            actions(&mut m),
+            [dial("b", Incarnation::new(1))],
+            "ready lost"
+        );
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
         m.handle_ready(t0, "b", true);
-        m.handle_closed(t0, "b", 0);
+        m.handle_closed(t0, "b", Incarnation::new(0));
         assert_eq!(actions(&mut m), [], "another incarnation's connection");
-        m.handle_closed(t0, "b", 1);
-        assert_eq!(actions(&mut m), [dial("b", 1)], "connection closed");
-        m.handle_dialled(t0, "b", 1, true);
-        m.handle_members(t0, &[member("b", 2, MemberState::Up)]);
-        assert_eq!(actions(&mut m), [dial("b", 2)], "restarted");
+        m.handle_closed(t0, "b", Incarnation::new(1));
+        assert_eq!(
+            actions(&mut m),
+            [dial("b", Incarnation::new(1))],
+            "connection closed"
+        );
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
+        m.handle_members(t0, &[member("b", Incarnation::new(2), MemberState::Up)]);
+        assert_eq!(
+            actions(&mut m),
+            [dial("b", Incarnation::new(2))],
+            "restarted"
+        );
     }
 
     /// A restarted head's first table lacks the members that have not
@@ -346,10 +367,10 @@ mod tests {
     fn a_member_missing_from_a_table_keeps_its_ready_session() {
         let t0 = Instant::now();
         let mut m = Mesh::new("a", MeshConfig::default());
-        let b = member("b", 1, MemberState::Up);
+        let b = member("b", Incarnation::new(1), MemberState::Up);
         m.handle_members(t0, std::slice::from_ref(&b));
         actions(&mut m);
-        m.handle_dialled(t0, "b", 1, true);
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
         m.handle_ready(t0, "b", true);
         m.handle_members(t0, &[]);
         m.handle_tick(t0 + Duration::from_secs(30));
@@ -368,18 +389,18 @@ mod tests {
             0,
             "absent and no longer ready: forgotten"
         );
-        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
-        assert_eq!(actions(&mut m), [dial("b", 1)]);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Up)]);
+        assert_eq!(actions(&mut m), [dial("b", Incarnation::new(1))]);
     }
 
     #[test]
     fn a_dialled_session_of_an_absent_member_that_never_becomes_ready_is_forgotten() {
         let t0 = Instant::now();
         let mut m = Mesh::new("a", MeshConfig::default());
-        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Up)]);
         actions(&mut m);
         m.handle_members(t0, &[]);
-        m.handle_dialled(t0, "b", 1, true);
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
         assert_eq!(m.poll_timeout(), Some(t0 + Duration::from_secs(5)));
         m.handle_tick(t0 + Duration::from_secs(5));
         assert_eq!(m.poll_timeout(), None, "no timeout left to spin on");
@@ -390,18 +411,18 @@ mod tests {
     fn members_that_are_not_up_are_closed_at_once_and_on_every_tick() {
         let t0 = Instant::now();
         let mut m = Mesh::new("a", MeshConfig::default());
-        m.handle_members(t0, &[member("b", 1, MemberState::Up)]);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Up)]);
         actions(&mut m);
-        m.handle_dialled(t0, "b", 1, true);
-        m.handle_members(t0, &[member("b", 1, MemberState::Down)]);
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Down)]);
         assert_eq!(actions(&mut m), [MeshAction::Close { peer: "b".into() }]);
         assert_eq!(m.dialled().count(), 0);
-        m.handle_members(t0, &[member("b", 1, MemberState::Down)]);
+        m.handle_members(t0, &[member("b", Incarnation::new(1), MemberState::Down)]);
         assert_eq!(actions(&mut m), [], "no change, no action");
         m.handle_tick(t0);
         assert_eq!(actions(&mut m), [MeshAction::Close { peer: "b".into() }]);
         // A late dial result of the old incarnation is not kept.
-        m.handle_dialled(t0, "b", 1, true);
+        m.handle_dialled(t0, "b", Incarnation::new(1), true);
         assert_eq!(m.dialled().count(), 0);
     }
 }

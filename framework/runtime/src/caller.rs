@@ -3,6 +3,7 @@
 //! judges a request by this, never by names written in the request.
 
 use flotilla_proto::authority::Sender;
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::role::Role;
 
 /// Who sent the requests of a control stream, as its hello proved.
@@ -13,7 +14,7 @@ pub(crate) struct Caller {
     /// The certificate's role.
     pub(crate) role: Role,
     /// The incarnation the hello named (0: a tool, not a member).
-    pub(crate) incarnation: u64,
+    pub(crate) incarnation: Incarnation,
 }
 
 impl Caller {
@@ -38,7 +39,7 @@ mod tests {
         let c = Caller {
             member: "alice~0a".into(),
             role: Role::Driver,
-            incarnation: 5,
+            incarnation: Incarnation::new(5),
         };
         assert_eq!(c.sender(), Sender::peer("alice~0a", Role::Driver));
         assert!(authority::may_submit_job(c.sender()).is_ok());

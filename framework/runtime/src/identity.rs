@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use flotilla_proto::hello::{CookieDigest, Hello, Purpose};
-use flotilla_proto::incarnation::{next_incarnation, parse_recorded};
+use flotilla_proto::incarnation::{Incarnation, next_incarnation, parse_recorded};
 use flotilla_proto::membership::JoinRequest;
 use flotilla_proto::resources::Resources;
 use flotilla_proto::role::Role;
@@ -37,7 +37,7 @@ pub(crate) struct IncarnationRecord {
     path: PathBuf,
     /// A number every incarnation taken is above (a head taking over
     /// from another of its set runs above the former's).
-    floor: u64,
+    floor: Option<Incarnation>,
 }
 
 impl IncarnationRecord {
@@ -45,13 +45,13 @@ impl IncarnationRecord {
     pub(crate) fn new(dir: &Path, name: &str) -> Self {
         Self {
             path: dir.join(format!("{name}.incarnation")),
-            floor: 0,
+            floor: None,
         }
     }
 
     /// The record, with every incarnation taken above `floor`.
-    pub(crate) fn above(mut self, floor: u64) -> Self {
-        self.floor = floor;
+    pub(crate) fn above(mut self, floor: Incarnation) -> Self {
+        self.floor = Some(floor);
         self
     }
 
@@ -59,7 +59,7 @@ impl IncarnationRecord {
     /// before returning it. An unreadable record is an error; a record
     /// that does not parse is replaced (the clock's reading is then the
     /// floor).
-    pub(crate) fn take_next(&self) -> Result<u64, RecordError> {
+    pub(crate) fn take_next(&self) -> Result<Incarnation, RecordError> {
         let err = |source| RecordError {
             path: self.path.clone(),
             source,
@@ -78,10 +78,7 @@ impl IncarnationRecord {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(err(e)),
         };
-        let recorded = match (recorded, self.floor) {
-            (recorded, 0) => recorded,
-            (recorded, floor) => Some(recorded.unwrap_or(0).max(floor)),
-        };
+        let recorded = recorded.max(self.floor);
         let next = next_incarnation(clock_micros(), recorded);
         let tmp = self.path.with_extension("incarnation.tmp");
         {
@@ -114,7 +111,7 @@ pub(crate) struct Identity {
     pub(crate) role: Role,
     /// The current incarnation and where it is recorded (nowhere for an
     /// instance name).
-    incarnation: Mutex<(u64, Option<IncarnationRecord>)>,
+    incarnation: Mutex<(Incarnation, Option<IncarnationRecord>)>,
     /// Digest of the cluster cookie.
     pub(crate) cookie: CookieDigest,
     /// The address members dial.
@@ -162,7 +159,7 @@ impl Identity {
     }
 
     /// The current incarnation.
-    pub(crate) fn incarnation(&self) -> u64 {
+    pub(crate) fn incarnation(&self) -> Incarnation {
         self.incarnation.lock().unwrap_or_else(|e| e.into_inner()).0
     }
 
@@ -170,10 +167,10 @@ impl Identity {
     /// fail, the node still moves on (in memory the incarnation grows
     /// anyway) and the failure is logged: only a restart that also meets a
     /// clock stepped back could then reuse a number.
-    pub(crate) fn reincarnate(&self) -> u64 {
+    pub(crate) fn reincarnate(&self) -> Incarnation {
         let mut current = self.incarnation.lock().unwrap_or_else(|e| e.into_inner());
         let next = match current.1.as_ref().map(IncarnationRecord::take_next) {
-            Some(Ok(next)) => next.max(current.0 + 1),
+            Some(Ok(next)) => next.max(current.0.next()),
             Some(Err(e)) => {
                 tracing::error!(error = %e, "cannot record the new incarnation");
                 next_incarnation(clock_micros(), Some(current.0))
@@ -249,11 +246,11 @@ mod tests {
         let ahead = clock_micros() + 3_600_000_000;
         std::fs::write(&record.path, format!("{ahead}\n")).unwrap();
         let id = identity(&dir);
-        assert_eq!(id.incarnation(), ahead + 1);
+        assert_eq!(id.incarnation(), Incarnation::new(ahead + 1));
         let again = id.reincarnate();
-        assert_eq!(again, ahead + 2);
+        assert_eq!(again, Incarnation::new(ahead + 2));
         // The record holds what the node runs as; a restart goes past it.
-        assert_eq!(identity(&dir).incarnation(), ahead + 3);
+        assert_eq!(identity(&dir).incarnation(), Incarnation::new(ahead + 3));
     }
 
     #[test]
@@ -272,7 +269,7 @@ mod tests {
         )
         .unwrap();
         let first = id.incarnation();
-        assert!(first > 0);
+        assert!(first > Incarnation::new(0));
         assert!(id.reincarnate() > first);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no record");
     }

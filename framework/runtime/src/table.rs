@@ -1,5 +1,6 @@
 //! The member table as a node knows it.
 
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::membership::{MemberState, MemberView};
 
 /// The member table as last known by a node: authoritative on the head,
@@ -50,7 +51,7 @@ impl Table {
 
     /// What the table holds of `name`: its incarnation and whether it is
     /// up (see [`flotilla_proto::hello::check_incarnation`]).
-    pub fn known(&self, name: &str) -> Option<(u64, bool)> {
+    pub fn known(&self, name: &str) -> Option<(Incarnation, bool)> {
         self.get(name)
             .map(|m| (m.incarnation, m.state == MemberState::Up))
     }
@@ -92,7 +93,7 @@ mod tests {
             addr: String::new(),
             bulk_addr: String::new(),
             host: String::new(),
-            incarnation: 1,
+            incarnation: Incarnation::new(1),
             state,
             resources: Resources::default(),
             actors: 0,

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use flotilla_proto::incarnation::Incarnation;
 use serde_json::Value;
 
 /// The folders of the models tests load: the repository's `models/`
@@ -527,8 +528,10 @@ pub fn node_of<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 /// The incarnation of `name` in a status document.
-pub fn incarnation_of(status: &Value, name: &str) -> Option<u64> {
-    node_of(status, name)?["incarnation"].as_u64()
+pub fn incarnation_of(status: &Value, name: &str) -> Option<Incarnation> {
+    node_of(status, name)?["incarnation"]
+        .as_u64()
+        .map(Incarnation::new)
 }
 
 /// The state (`up`, `down`, `left`) of `name` in a status document.

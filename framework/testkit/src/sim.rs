@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_proto::control::{ControlReply, ControlRequest};
 use flotilla_proto::head::HeadSession;
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::member::{MemberConfig, MemberEvent, MemberLink};
 use flotilla_proto::membership::{
     DetectorConfig, JoinRequest, MemberState, MemberView, Membership,
@@ -161,7 +162,7 @@ struct Member {
     /// When its timer is set for.
     timer: Option<Instant>,
     /// The latest Up incarnation seen per name in this member's view.
-    seen_up: HashMap<String, u64>,
+    seen_up: HashMap<String, Incarnation>,
 }
 
 /// A cluster of proto machines on a virtual clock.
@@ -183,7 +184,7 @@ pub struct SimCluster {
     /// Last arrival time per (member, link, direction), for FIFO links.
     arrivals: HashMap<(usize, u64, bool), Instant>,
     /// The latest Up incarnation seen per name in the head's table.
-    head_seen_up: HashMap<String, u64>,
+    head_seen_up: HashMap<String, Incarnation>,
     /// When the head's timer is set for.
     head_timer: Option<Instant>,
     /// The table version the sessions were last looked at for.
@@ -216,7 +217,7 @@ impl SimCluster {
     pub fn new(config: SimConfig) -> Self {
         let base = Instant::now();
         let mut membership = Membership::new(config.detector);
-        membership.add_local(base, join_request(HEAD, 1));
+        membership.add_local(base, join_request(HEAD, Incarnation::new(1)));
         let mut sim = Self {
             config,
             rng: Rng(config.seed),
@@ -250,7 +251,11 @@ impl SimCluster {
             sim.index.insert(name.clone(), i);
             let start = base + sim.rng.upto(config.start_within);
             sim.members.push(Member {
-                link: MemberLink::new(start, config.member, join_request(&name, 1)),
+                link: MemberLink::new(
+                    start,
+                    config.member,
+                    join_request(&name, Incarnation::new(1)),
+                ),
                 name,
                 open: None,
                 view: BTreeMap::new(),
@@ -358,7 +363,7 @@ impl SimCluster {
     }
 
     /// The incarnation a member joins with now.
-    pub fn incarnation(&self, member: usize) -> u64 {
+    pub fn incarnation(&self, member: usize) -> Incarnation {
         self.members[member].link.incarnation()
     }
 
@@ -776,7 +781,7 @@ impl SimCluster {
                     // In every view, the up incarnation of a name never
                     // goes back.
                     if m.state == MemberState::Up {
-                        let seen = member.seen_up.entry(m.name.clone()).or_insert(0);
+                        let seen = member.seen_up.entry(m.name.clone()).or_default();
                         assert!(
                             m.incarnation >= *seen,
                             "seed {seed}: {} sees {} up as incarnation {} after {}",
@@ -802,7 +807,7 @@ impl SimCluster {
                 }
             }
             MemberEvent::Reincarnate => {
-                let next = self.members[i].link.incarnation() + 1;
+                let next = self.members[i].link.incarnation().next();
                 self.members[i].link.set_incarnation(next);
                 if let Some(w) = self.child.as_mut() {
                     let outs = w.on_reincarnate(now, i, &self.members);
@@ -872,7 +877,7 @@ impl SimCluster {
         self.checked = self.membership.version();
         for m in &changed {
             if m.state == MemberState::Up {
-                let seen = self.head_seen_up.entry(m.name.clone()).or_insert(0);
+                let seen = self.head_seen_up.entry(m.name.clone()).or_default();
                 assert!(
                     m.incarnation >= *seen,
                     "seed {seed}: head has {} up as incarnation {} after {}",
@@ -909,7 +914,7 @@ impl SimCluster {
     }
 }
 
-fn join_request(name: &str, incarnation: u64) -> JoinRequest {
+fn join_request(name: &str, incarnation: Incarnation) -> JoinRequest {
     JoinRequest {
         name: name.into(),
         addr: format!("{name}:7420"),

@@ -18,6 +18,7 @@ use flotilla_proto::bulk::BulkHeader;
 use flotilla_proto::control::{ControlReply, ControlRequest, PlacementRequest, SpawnOrder};
 use flotilla_proto::groups::GroupSpec;
 use flotilla_proto::hello::{Hello, HelloReply, Purpose, Refusal};
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::jobs::{JobSpec, JobsRequest};
 use flotilla_proto::ledger::{GroupRecord, Held, LedgerOp};
 use flotilla_proto::membership::JoinRequest;
@@ -126,7 +127,7 @@ fn record() -> GroupRecord {
         selector: [("zone".to_owned(), "a".to_owned())].into(),
         owner: Some(flotilla_proto::incarnation::MemberRef::new(
             "admin~00aa",
-            42,
+            Incarnation::new(42),
         )),
         seal: vec![9; 32],
     }
@@ -147,7 +148,7 @@ fn requests() -> Vec<ControlRequest> {
             addr: "10.0.0.1:7420".into(),
             bulk_addr: "10.0.0.1:7421".into(),
             host: "boot-id-digest".into(),
-            incarnation: 1_700_000_000_000_000,
+            incarnation: Incarnation::new(1_700_000_000_000_000),
             resources: resources(),
             held: vec![Held {
                 record: record(),
@@ -156,13 +157,13 @@ fn requests() -> Vec<ControlRequest> {
         }),
         ControlRequest::Heartbeat {
             name: "w1".into(),
-            incarnation: 7,
+            incarnation: Incarnation::new(7),
             actors: 12,
             version: 99,
         },
         ControlRequest::Leave {
             name: "w1".into(),
-            incarnation: 7,
+            incarnation: Incarnation::new(7),
         },
         ControlRequest::Status,
         ControlRequest::Stop {
@@ -214,7 +215,14 @@ fn hellos() -> Vec<Hello> {
         Purpose::Pull,
     ]
     .into_iter()
-    .map(|p| Hello::new(p, "admin~0123456789abcdef", 1_700_000_000_000_000, [7; 32]))
+    .map(|p| {
+        Hello::new(
+            p,
+            "admin~0123456789abcdef",
+            Incarnation::new(1_700_000_000_000_000),
+            [7; 32],
+        )
+    })
     .collect()
 }
 
@@ -245,6 +253,7 @@ fn replies() -> Vec<ControlReply> {
     use flotilla_proto::authority::Unauthorized;
     use flotilla_proto::control::{PlacementReply, SpawnReply};
     use flotilla_proto::groups::{GroupState, GroupView};
+    use flotilla_proto::incarnation::Incarnation;
     use flotilla_proto::jobs::{JobRecord, JobsReply};
     use flotilla_proto::membership::{MemberState, MemberView};
     let member = MemberView {
@@ -252,7 +261,7 @@ fn replies() -> Vec<ControlReply> {
         addr: "10.0.0.1:7420".into(),
         bulk_addr: "10.0.0.1:7421".into(),
         host: "boot-id-digest".into(),
-        incarnation: 1_700_000_000_000_000,
+        incarnation: Incarnation::new(1_700_000_000_000_000),
         state: MemberState::Up,
         resources: resources(),
         actors: 3,

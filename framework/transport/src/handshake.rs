@@ -9,6 +9,7 @@ use flotilla_proto::frame::{self, FrameError, PREFIX_LEN};
 use flotilla_proto::hello::{
     CookieDigest, Hello, HelloReply, Purpose, Refusal, check_hello, check_incarnation,
 };
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::role::Role;
 use flotilla_proto::wire::{self, Decode, Encode, WireError};
 use quinn::{RecvStream, SendStream};
@@ -289,7 +290,7 @@ impl<T: Decode + Send + 'static> Frames<T> {
 pub async fn dial(
     connection: &quinn::Connection,
     hello: &Hello,
-) -> Result<(SendStream, RecvStream, String, u64), StreamError> {
+) -> Result<(SendStream, RecvStream, String, Incarnation), StreamError> {
     let (mut send, mut recv) = connection.open_bi().await.map_err(io)?;
     send_msg(&mut send, hello, frame::DEFAULT_MAX_FRAME).await?;
     match recv_msg::<HelloReply>(&mut recv, frame::DEFAULT_MAX_FRAME).await? {
@@ -306,7 +307,7 @@ pub struct Gate<'a> {
     /// The acceptor's node name, sent back in the reply.
     pub name: &'a str,
     /// The acceptor's incarnation, sent back in the reply.
-    pub incarnation: u64,
+    pub incarnation: Incarnation,
     /// The acceptor's cookie digest; the hello's must equal it.
     pub cookie: CookieDigest,
     /// The purposes this endpoint serves.
@@ -314,7 +315,7 @@ pub struct Gate<'a> {
     /// What the acceptor's member table holds for a node name: its
     /// incarnation and whether it is up (see
     /// [`flotilla_proto::hello::check_incarnation`]).
-    pub known: &'a (dyn Fn(&str) -> Option<(u64, bool)> + Sync),
+    pub known: &'a (dyn Fn(&str) -> Option<(Incarnation, bool)> + Sync),
     /// Whether a certificate serial number is revoked.
     pub revoked: &'a (dyn Fn(&[u8]) -> bool + Sync),
     /// The member name an earlier stream of this connection proved: every
@@ -372,7 +373,7 @@ pub async fn answer(
     send: &mut SendStream,
     verdict: Result<(), Refusal>,
     name: &str,
-    incarnation: u64,
+    incarnation: Incarnation,
 ) -> Result<(), StreamError> {
     if let Err(refusal) = verdict {
         let _ = send_msg(

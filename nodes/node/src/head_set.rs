@@ -16,6 +16,7 @@ use std::time::Duration;
 use flotilla::head_lease::{Candidate, LeaseGuard, LeaseStore};
 use flotilla::head_replica::HeadReplica;
 use flotilla::{NodeBuilder, NodeConfig};
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::lease::LeaseConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +47,7 @@ pub struct Leased {
     /// Whether the lease is still held.
     pub guard: LeaseGuard,
     mirror: HeadReplica,
-    floor: u64,
+    floor: Incarnation,
 }
 
 impl Leased {
@@ -79,7 +80,7 @@ pub async fn take_lease(
     let me = Candidate {
         holder: config.name.clone(),
         address,
-        incarnation: 0,
+        incarnation: Incarnation::new(0),
     };
     let lease_config = LeaseConfig {
         duration: lease.duration,
@@ -143,7 +144,9 @@ pub async fn take_lease(
         Err(e) => tracing::warn!(error = %e, "the state of the former terms stays beside this one"),
     }
     Ok(Some(Leased {
-        floor: held.former.map_or(0, |f| f.incarnation),
+        floor: held
+            .former
+            .map_or(Incarnation::default(), |f| f.incarnation),
         guard: held.guard,
         mirror,
     }))

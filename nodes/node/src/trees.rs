@@ -95,7 +95,7 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
             children,
             events: Some(events_tx),
             members: Some(node.watch_members()),
-            seed: node.incarnation(),
+            seed: node.incarnation().get(),
             report: Some((tree.name.clone(), node.board())),
         };
         let (root, _) = Actor::spawn(None, Supervisor, args)

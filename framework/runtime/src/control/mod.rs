@@ -310,7 +310,7 @@ impl ControlService {
         if let Err(why) = authority::may_spawn(caller.sender()) {
             return Ok(denied("spawn", caller, why));
         }
-        if caller.incarnation == 0 {
+        if caller.incarnation.is_tool() {
             // A tool is no member: nothing would stop its actors.
             return Ok(denied("spawn", caller, Unauthorized::NotMember));
         }
@@ -345,7 +345,7 @@ fn log(noted: &Noted) {
     match noted {
         Noted::Nothing => {}
         Noted::Joined(member) => {
-            tracing::info!(node = %member.name, incarnation = member.incarnation, "member joined");
+            tracing::info!(node = %member.name, incarnation = %member.incarnation, "member joined");
         }
         Noted::JoinRefused(node, refusal) => {
             tracing::warn!(%node, %refusal, "join refused");

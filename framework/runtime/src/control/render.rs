@@ -176,7 +176,7 @@ impl StatusReport {
             }),
             state: m.state.as_str(),
             role: m.role.as_str(),
-            incarnation: m.incarnation,
+            incarnation: m.incarnation.get(),
             resources: ResourcesJson {
                 cpus: m.resources.cpus,
                 memory_bytes: m.resources.memory_bytes,

@@ -9,6 +9,7 @@ use flotilla_proto::control::{
 };
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::hello::{Hello, Purpose};
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::jobs::{JobsReply, JobsRequest};
 use flotilla_proto::objects::ObjectStats;
 use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
@@ -257,7 +258,7 @@ async fn ask(
             .connect(addr, None)
             .await
             .map_err(|source| StatusError::Connect { addr, source })?;
-        let hello = Hello::new(Purpose::Control, name, 0, cookie);
+        let hello = Hello::new(Purpose::Control, name, Incarnation::TOOL, cookie);
         let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello)
             .await
             .map_err(stream)?;

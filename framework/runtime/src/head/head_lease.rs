@@ -18,6 +18,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::lease::{
     HeadLease, LeaseConfig, LeaseEvent, LeaseOp, LeaseRecord, LostWhy, Seen, Written,
 };
@@ -196,9 +197,9 @@ impl LeaseGuard {
 
     /// Writes `incarnation` (the head's, once started) into the lease
     /// from its next renewal on: a head that takes over runs above it.
-    pub fn set_incarnation(&self, incarnation: u64) {
+    pub fn set_incarnation(&self, incarnation: Incarnation) {
         self.incarnation
-            .store(incarnation, std::sync::atomic::Ordering::Relaxed);
+            .store(incarnation.get(), std::sync::atomic::Ordering::Relaxed);
     }
 
     fn set(&self, until: Option<Instant>) {
@@ -225,7 +226,7 @@ pub struct Candidate {
     /// The address it serves the cluster on.
     pub address: String,
     /// A number below the incarnation it will run under.
-    pub incarnation: u64,
+    pub incarnation: Incarnation,
 }
 
 /// Waits as a standby until this head holds the lease in `store`, then
@@ -304,7 +305,7 @@ async fn renew(
         }
         let incarnation = guard.incarnation.load(std::sync::atomic::Ordering::Relaxed);
         if incarnation != 0 {
-            lease.set_incarnation(incarnation);
+            lease.set_incarnation(Incarnation::new(incarnation));
         }
         if let Some(op) = lease.poll_op(now) {
             let answer = tokio::select! {
@@ -338,7 +339,7 @@ mod tests {
         Candidate {
             holder: name.into(),
             address: "127.0.0.1:1".into(),
-            incarnation: 5,
+            incarnation: Incarnation::new(5),
         }
     }
 
@@ -387,7 +388,7 @@ mod tests {
             term: 7,
             holder: "z".into(),
             address: "x".into(),
-            incarnation: 1,
+            incarnation: Incarnation::new(1),
             renewal: 0,
         };
         mem.put(

@@ -383,6 +383,7 @@ mod tests {
     use super::*;
     use crate::head::head_lease::{Candidate, LeaseStore, acquire};
     use crate::head::head_store::tests::job;
+    use flotilla_proto::incarnation::Incarnation;
     use flotilla_proto::lease::LeaseConfig;
     use tokio_util::sync::CancellationToken;
 
@@ -406,7 +407,7 @@ mod tests {
             Candidate {
                 holder: "head".into(),
                 address: "127.0.0.1:1".into(),
-                incarnation: 1,
+                incarnation: Incarnation::new(1),
             },
             LeaseConfig {
                 duration: Duration::from_secs(4),

@@ -464,6 +464,7 @@ pub(crate) mod tests {
     use flotilla_proto::placement::Resources;
 
     use super::*;
+    use flotilla_proto::incarnation::Incarnation;
 
     /// A stored job of submission place `seq`.
     pub(crate) fn job(seq: u64) -> StoredJob {
@@ -608,7 +609,10 @@ pub(crate) mod tests {
                 flotilla_proto::placement::Strategy::Spread,
                 vec![flotilla_proto::groups::bundle(&[("cpu", 1.0)]); 2],
             ),
-            owner: Some(flotilla_proto::incarnation::MemberRef::new("d1", 7)),
+            owner: Some(flotilla_proto::incarnation::MemberRef::new(
+                "d1",
+                Incarnation::new(7),
+            )),
             was_ready,
             nodes: if was_ready {
                 vec!["w1".into(), "w2".into()]

@@ -203,6 +203,7 @@ impl HeadService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flotilla_proto::incarnation::Incarnation;
     use flotilla_proto::membership::MemberState;
     use flotilla_proto::resources::Resources;
 
@@ -212,7 +213,7 @@ mod tests {
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
             host: "h".into(),
-            incarnation: 1,
+            incarnation: Incarnation::new(1),
             resources: Resources::default(),
             held: Vec::new(),
         }

@@ -285,7 +285,7 @@ impl Member {
                         let incarnation = self.identity.reincarnate();
                         self.link.set_incarnation(incarnation);
                         tracing::warn!(
-                            incarnation,
+                            %incarnation,
                             "NODE-JOIN-006: the head marked this node down; rejoining with a new incarnation"
                         );
                     }

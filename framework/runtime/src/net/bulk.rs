@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flotilla_proto::hello::Purpose;
-use flotilla_proto::incarnation::MemberRef;
+use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use flotilla_proto::role::principal_of;
 use flotilla_transport::{BindError, ConnectError, Endpoint, PeerConnection, Tuning, handshake};
 use tokio::sync::watch;
@@ -40,13 +40,13 @@ use crate::{counters, net::gate};
 const THREADS: usize = 2;
 
 /// An open send stream and the incarnation of the peer it was opened to.
-type Open = Option<(u64, quinn::SendStream)>;
+type Open = Option<(Incarnation, quinn::SendStream)>;
 
 /// One send stream per peer, opened on first use.
 type Streams = HashMap<String, Arc<tokio::sync::Mutex<Open>>>;
 
 /// A connection per peer for pulls, and the peer incarnation it is to.
-type Connections = HashMap<String, (u64, quinn::Connection)>;
+type Connections = HashMap<String, (Incarnation, quinn::Connection)>;
 
 /// A node's bulk lane: its endpoint, the runtime that drives it and the
 /// open send streams.

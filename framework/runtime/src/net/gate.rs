@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use flotilla_proto::hello::{Hello, Purpose, Refusal};
-use flotilla_proto::incarnation::MemberRef;
+use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use flotilla_transport::PeerConnection;
 use flotilla_transport::handshake::{self, Gate, StreamError, needs_membership};
 use quinn::{RecvStream, SendStream};
@@ -88,7 +88,11 @@ async fn member_up(view: &watch::Receiver<Table>, hello: &Hello) -> Result<(), R
 
 /// Whether the table shows `member` up at `incarnation`, waiting up to
 /// [`MEMBER_WAIT`] for it to (a member that has just joined).
-pub(crate) async fn is_up(view: &watch::Receiver<Table>, member: &str, incarnation: u64) -> bool {
+pub(crate) async fn is_up(
+    view: &watch::Receiver<Table>,
+    member: &str,
+    incarnation: Incarnation,
+) -> bool {
     let mut view = view.clone();
     let up = |t: &Table| t.known(member) == Some((incarnation, true));
     matches!(
@@ -102,9 +106,9 @@ pub(crate) async fn is_up(view: &watch::Receiver<Table>, member: &str, incarnati
 /// incarnation are fenced. Never while the table does not hold the member
 /// (it has just joined), never for incarnation 0 (a tool's), and never
 /// once the table's sender is gone.
-pub(crate) async fn fenced(view: &watch::Receiver<Table>, member: &str, incarnation: u64) {
+pub(crate) async fn fenced(view: &watch::Receiver<Table>, member: &str, incarnation: Incarnation) {
     // Incarnation 0 is a tool's, which is no member: nothing to fence.
-    if incarnation == 0 {
+    if incarnation.is_tool() {
         return std::future::pending().await;
     }
     let mut view = view.clone();

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::mesh::{Mesh, MeshAction};
 use flotilla_transport::ConnectError;
 use flotilla_transport::handshake::{self, StreamError};
@@ -61,8 +62,8 @@ pub(crate) struct MeshShell {
 }
 
 enum Done {
-    Dialled(String, u64, Result<quinn::Connection, DialError>),
-    Closed(String, u64),
+    Dialled(String, Incarnation, Result<quinn::Connection, DialError>),
+    Closed(String, Incarnation),
 }
 
 impl MeshShell {

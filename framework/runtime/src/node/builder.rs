@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use flotilla_objects::{Store, StoreConfig};
 use flotilla_proto::groups::GroupsConfig;
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::member::MemberConfig;
 use flotilla_proto::mesh::{Mesh, MeshConfig};
 use flotilla_proto::resources::Resources;
@@ -165,7 +166,7 @@ pub struct NodeBuilder {
     gpus: crate::placement::gpus::GpuSlots,
     head_store_in: Option<std::path::PathBuf>,
     head_replica: Option<crate::head::head_replica::HeadReplica>,
-    incarnation_above: u64,
+    incarnation_above: Incarnation,
 }
 
 /// The node an actor runs on, for actors that use the node's API (place
@@ -210,7 +211,7 @@ impl Node {
             gpus: crate::placement::gpus::GpuSlots::default(),
             head_store_in: None,
             head_replica: None,
-            incarnation_above: 0,
+            incarnation_above: Incarnation::default(),
         }
     }
 }
@@ -297,7 +298,7 @@ impl NodeBuilder {
     /// // The head set's shared store (an in-memory one here) and its lease.
     /// let shared: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     /// let prefix = object_store::path::Path::from("heads");
-    /// let me = Candidate { holder: "head".into(), address: "127.0.0.1:1".into(), incarnation: 1 };
+    /// let me = Candidate { holder: "head".into(), address: "127.0.0.1:1".into(), incarnation: flotilla::Incarnation::new(1) };
     /// let lease = flotilla_proto::lease::LeaseConfig { duration: Duration::from_secs(4) };
     /// let stop = tokio_util::sync::CancellationToken::new();
     /// let held = acquire(LeaseStore::new(Arc::clone(&shared), &prefix), me, lease, stop.clone())
@@ -337,13 +338,13 @@ impl NodeBuilder {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let (config, _dir) = flotilla::node::doc_example::config("incarnation_above")?;
-    /// let floor = u64::MAX / 2;
+    /// let floor = flotilla::Incarnation::new(u64::MAX / 2);
     /// let node = flotilla::Node::builder(config).incarnation_above(floor).start().await?;
     /// assert!(node.incarnation() > floor);
     /// node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub fn incarnation_above(mut self, floor: u64) -> Self {
+    pub fn incarnation_above(mut self, floor: Incarnation) -> Self {
         self.incarnation_above = floor;
         self
     }
@@ -678,7 +679,7 @@ impl NodeBuilder {
             backlog,
             config.detector.heartbeat_interval,
         );
-        tracing::info!(node = %identity.name, addr = %network.advertise, incarnation = identity.incarnation(), head = config.is_head(), "node started");
+        tracing::info!(node = %identity.name, addr = %network.advertise, incarnation = %identity.incarnation(), head = config.is_head(), "node started");
         Ok(node)
     }
 }
@@ -843,7 +844,7 @@ fn identity_of(
     creds: &Credentials,
     network: &Network,
     gpus: &crate::placement::gpus::GpuSlots,
-    incarnation_above: u64,
+    incarnation_above: Incarnation,
 ) -> Result<Arc<Identity>, StartError> {
     let mut resources = config.resources.clone().unwrap_or_else(|| {
         if config.is_head() {

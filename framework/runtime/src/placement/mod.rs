@@ -52,7 +52,7 @@ use flotilla_proto::groups::{
     Action, GroupState, GroupView, Groups, GroupsConfig, StoredGroup, Tag,
 };
 use flotilla_proto::hello::Purpose;
-use flotilla_proto::incarnation::MemberRef;
+use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use flotilla_proto::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
 use flotilla_proto::role::principal_of;
 use flotilla_transport::handshake::{self, Frames, send_msg};
@@ -81,7 +81,7 @@ enum Command {
     },
     Report {
         node: String,
-        incarnation: u64,
+        incarnation: Incarnation,
         held: Vec<Held>,
     },
     Replied {
@@ -141,7 +141,7 @@ impl PlacementHandle {
     }
 
     /// What a member that just joined holds.
-    pub(crate) fn report(&self, node: String, incarnation: u64, held: Vec<Held>) {
+    pub(crate) fn report(&self, node: String, incarnation: Incarnation, held: Vec<Held>) {
         let _ = self.tx.send(Command::Report {
             node,
             incarnation,
@@ -169,7 +169,7 @@ impl Waiter {
 
 /// A member's ledger link.
 struct Link {
-    incarnation: u64,
+    incarnation: Incarnation,
     ops: mpsc::UnboundedSender<(LedgerOp, Tag)>,
 }
 
@@ -371,7 +371,7 @@ impl PlacementService {
                 let owner = match &caller {
                     None => MemberRef::new(self.identity.name.clone(), self.identity.incarnation()),
                     // A tool is no member: nothing would remove its group.
-                    Some(c) if c.incarnation == 0 => {
+                    Some(c) if c.incarnation.is_tool() => {
                         let _ = reply.send(Err(Unauthorized::NotMember));
                         return;
                     }
@@ -806,7 +806,7 @@ mod tests {
             bundles: vec![[("cpu".to_owned(), 1.0)].into()],
             nodes: vec!["w1".into()],
             selector: Default::default(),
-            owner: Some(MemberRef::new(owner, 7)),
+            owner: Some(MemberRef::new(owner, Incarnation::new(7))),
             seal: Vec::new(),
         }
     }
@@ -828,7 +828,7 @@ mod tests {
         assert!(seal_checks(&key, &moved));
         // Another owner, or a larger bundle, is a forgery.
         let mut other = r.clone();
-        other.owner = Some(MemberRef::new("mallory", 7));
+        other.owner = Some(MemberRef::new("mallory", Incarnation::new(7)));
         assert!(!seal_checks(&key, &other));
         let mut bigger = r;
         bigger.bundles = vec![[("cpu".to_owned(), 64.0)].into()];

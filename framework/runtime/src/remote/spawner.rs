@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use flotilla_proto::authority::{Sender, may_stop};
 use flotilla_proto::control::{MAX_ACTORS_PER_PRINCIPAL, SpawnOrder, StopOutcome};
 use flotilla_proto::epoch::{Epoch, Start, TakesStart};
-use flotilla_proto::incarnation::MemberRef;
+use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use flotilla_proto::role::{Role, principal_of};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use rkyv::{Archive, Deserialize, Serialize};
@@ -49,11 +49,11 @@ pub(crate) const TYPE_GROUP_PREFIX: &str = "flotilla.msg.";
 /// incarnation; an owner not yet in the table (it has just joined) keeps
 /// its children.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
-pub struct MemberStates(pub Vec<(String, u64, bool)>);
+pub struct MemberStates(pub Vec<(String, Incarnation, bool)>);
 
 impl MemberStates {
     /// Whether the node `owner` at `incarnation` is known to be gone.
-    pub fn is_gone(&self, owner: &str, incarnation: u64) -> bool {
+    pub fn is_gone(&self, owner: &str, incarnation: Incarnation) -> bool {
         let known = self
             .0
             .iter()
@@ -162,7 +162,7 @@ pub(crate) async fn relay_members(
 ) {
     let mut last = Vec::new();
     loop {
-        let states: Vec<(String, u64, bool)> = {
+        let states: Vec<(String, Incarnation, bool)> = {
             let t = view.borrow_and_update();
             t.members
                 .iter()
@@ -526,6 +526,7 @@ fn at_cap<'a>(owners: impl Iterator<Item = &'a str>, owner: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{MAX_ACTORS_PER_PRINCIPAL, MemberStates, at_cap};
+    use flotilla_proto::incarnation::Incarnation;
 
     #[test]
     fn one_certificate_cannot_own_more_than_its_cap_of_actors_on_a_node() {
@@ -541,14 +542,23 @@ mod tests {
 
     #[test]
     fn an_owner_is_gone_when_down_left_or_restarted_not_when_unknown() {
-        let t = MemberStates(vec![("d".into(), 5, true), ("x".into(), 3, false)]);
-        assert!(!t.is_gone("d", 5));
-        assert!(t.is_gone("d", 4), "restarted with a newer incarnation");
+        let t = MemberStates(vec![
+            ("d".into(), Incarnation::new(5), true),
+            ("x".into(), Incarnation::new(3), false),
+        ]);
+        assert!(!t.is_gone("d", Incarnation::new(5)));
         assert!(
-            !t.is_gone("d", 6),
+            t.is_gone("d", Incarnation::new(4)),
+            "restarted with a newer incarnation"
+        );
+        assert!(
+            !t.is_gone("d", Incarnation::new(6)),
             "the table has not seen the new start yet"
         );
-        assert!(t.is_gone("x", 3));
-        assert!(!t.is_gone("new", 1), "just joined, not in the table yet");
+        assert!(t.is_gone("x", Incarnation::new(3)));
+        assert!(
+            !t.is_gone("new", Incarnation::new(1)),
+            "just joined, not in the table yet"
+        );
     }
 }

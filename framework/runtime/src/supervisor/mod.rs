@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use flotilla_proto::epoch::Epoch;
-use flotilla_proto::incarnation::MemberRef;
+use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use flotilla_proto::membership::MemberState;
 use flotilla_proto::supervision::{Action, Supervision};
 use futures::future::BoxFuture;
@@ -545,7 +545,7 @@ impl Actor for Supervisor {
                     let Some(m) = table.get(&on.name) else {
                         continue;
                     };
-                    if on.incarnation == 0 && m.state == MemberState::Up {
+                    if on.incarnation == Incarnation::default() && m.state == MemberState::Up {
                         // Not in the table when the child started.
                         on.incarnation = m.incarnation;
                     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use flotilla_proto::control::{SpawnOrder, StopOutcome};
 use flotilla_proto::epoch::Epoch;
 use flotilla_proto::groups::{GroupId, GroupState};
-use flotilla_proto::incarnation::MemberRef;
+use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use futures::future::BoxFuture;
 use ractor::ActorCell;
 
@@ -233,7 +233,12 @@ impl Spawn {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some(on) = latest {
-            self.fence(&on.name, on.incarnation, deadline).await?;
+            self.fence(
+                &on.name,
+                Some(on.incarnation).filter(|i| !i.is_tool()),
+                deadline,
+            )
+            .await?;
         }
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -243,7 +248,7 @@ impl Spawn {
                     ..
                 }) if !left.is_zero() => {
                     tracing::info!(child = %self.name, node = %target, "the child's name is still taken there: stopping that copy first");
-                    self.fence(target, 0, deadline).await?;
+                    self.fence(target, None, deadline).await?;
                 }
                 Err(e) => return Err(e.into()),
                 Ok(cell) => {
@@ -256,7 +261,7 @@ impl Spawn {
         }
     }
 
-    /// Stops the copy of the child that `on` (at `incarnation`; 0: any)
+    /// Stops the copy of the child that `on` (at `incarnation`; `None`: any)
     /// may still run, and returns once it has ended or cannot run: `on`
     /// holds no such actor, or is no longer up under that incarnation (a
     /// member the head counted out stops every actor it hosts for others
@@ -265,7 +270,7 @@ impl Spawn {
     async fn fence(
         &self,
         on: &str,
-        incarnation: u64,
+        incarnation: Option<Incarnation>,
         deadline: tokio::time::Instant,
     ) -> Result<(), StartChildError> {
         loop {
@@ -273,7 +278,7 @@ impl Spawn {
                 .node
                 .members()
                 .up()
-                .any(|m| m.name == on && (incarnation == 0 || m.incarnation == incarnation));
+                .any(|m| m.name == on && incarnation.is_none_or(|i| m.incarnation == i));
             if !hosts {
                 return Ok(());
             }
@@ -306,9 +311,13 @@ impl Spawn {
         }
     }
 
-    /// The incarnation the member table gives `target` (0: not in it).
-    fn incarnation_of(&self, target: &str) -> u64 {
-        self.node.members().get(target).map_or(0, |m| m.incarnation)
+    /// The incarnation the member table gives `target` (the default, 0:
+    /// not in it).
+    fn incarnation_of(&self, target: &str) -> Incarnation {
+        self.node
+            .members()
+            .get(target)
+            .map_or(Incarnation::default(), |m| m.incarnation)
     }
 
     /// Spawns the child on `target`.
@@ -331,7 +340,10 @@ impl Spawn {
 
 /// A remote child running as `cell` on `target`, monitored by `supervisor`.
 fn monitored(node: &Node, supervisor: &ActorCell, target: String, cell: ActorCell) -> Running {
-    let incarnation = node.members().get(&target).map_or(0, |m| m.incarnation);
+    let incarnation = node
+        .members()
+        .get(&target)
+        .map_or(Incarnation::default(), |m| m.incarnation);
     supervisor.monitor(cell.clone());
     Running {
         cell,

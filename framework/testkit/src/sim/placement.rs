@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use flotilla_proto::groups::{Action, GroupSpec, GroupState, Groups, GroupsConfig, Tag, bundle};
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::ledger::{Held, Ledger, LedgerOp, LedgerReply};
 use flotilla_proto::membership::{MemberState, MemberView};
 use flotilla_proto::placement::{Resources, Strategy};
@@ -163,7 +164,7 @@ impl Placement {
         &mut self,
         now: Instant,
         member: usize,
-        incarnation: u64,
+        incarnation: Incarnation,
         held: Vec<Held>,
     ) -> Vec<Send> {
         let mut out = Vec::new();

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use flotilla_proto::epoch::{Epoch, EpochClock, admits, restore_order};
+use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::membership::{MemberState, MemberView, has_ended};
 use flotilla_proto::supervision::{
     Action, ChildSpec, Exit, Intensity, Supervision, SupervisorSpec,
@@ -91,7 +92,7 @@ pub(super) enum ChildEvent {
 }
 
 /// What `view` holds of `name`: its incarnation and whether it is up.
-fn known(view: &BTreeMap<String, MemberView>, name: &str) -> Option<(u64, bool)> {
+fn known(view: &BTreeMap<String, MemberView>, name: &str) -> Option<(Incarnation, bool)> {
     view.get(name)
         .map(|m| (m.incarnation, m.state == MemberState::Up))
 }
@@ -102,9 +103,9 @@ pub struct Copy {
     /// The member hosting it.
     pub host: usize,
     /// The host's incarnation it was started on.
-    pub host_incarnation: u64,
+    pub host_incarnation: Incarnation,
     /// The supervisor member's incarnation that started it.
-    pub owner_incarnation: u64,
+    pub owner_incarnation: Incarnation,
     /// Its epoch.
     pub epoch: Epoch,
     /// Whether it reached its host.
@@ -296,7 +297,7 @@ impl World {
     /// Member `i`'s view changed.
     pub(super) fn on_view(&mut self, now: Instant, i: usize, members: &[Member]) -> Vec<Out> {
         let view = &members[i].view;
-        let gone = |name: &str, incarnation: u64, view: &BTreeMap<String, MemberView>| {
+        let gone = |name: &str, incarnation: Incarnation, view: &BTreeMap<String, MemberView>| {
             has_ended(known(view, name), incarnation)
         };
         // A host stops the copies whose owner is gone (the spawner's reap).
