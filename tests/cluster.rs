@@ -9,6 +9,7 @@ use std::process::Command;
 use flotilla_proto::hello::Purpose;
 use std::time::{Duration, Instant};
 
+use flotilla_proto::ids::GroupId;
 use flotilla_testkit::cluster::*;
 
 const NODE: &str = env!("CARGO_BIN_EXE_test-node");
@@ -1318,7 +1319,7 @@ async fn driver_in_process(s: &Scratch, name: &str, head: std::net::SocketAddr) 
 /// (through the head's absence) for up to `budget`.
 async fn group_when(
     node: &flotilla::Node,
-    id: &str,
+    id: &GroupId,
     budget: Duration,
     done: impl Fn(&Option<flotilla::placement_groups::GroupView>) -> bool,
 ) -> Option<flotilla::placement_groups::GroupView> {

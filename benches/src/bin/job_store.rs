@@ -28,6 +28,7 @@ use flotilla::Incarnation;
 use flotilla::head_store::HeadStore;
 use flotilla::jobs::{JobSpec, StoredJob};
 use flotilla_benches::percentile;
+use flotilla_proto::ids::GroupId;
 use flotilla_proto::jobs::JobRecord;
 
 #[derive(Parser)]
@@ -57,7 +58,7 @@ fn job(seq: u64, done: u64) -> StoredJob {
         done,
         total: 1_000_000,
         detail: String::new(),
-        groups: vec![format!("pg19a2b3c4-{seq}")],
+        groups: vec![GroupId::new(format!("pg19a2b3c4-{seq}"))],
     });
     StoredJob {
         seq,

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
 use flotilla::{MemberState, Node, NodeConfig};
+use flotilla_proto::ids::GroupId;
 use flotilla_testkit::ca::{free_addr, scratch_certs};
 
 #[derive(Parser)]
@@ -85,11 +86,11 @@ async fn main() -> anyhow::Result<()> {
 
     // Warm the streams.
     rate(200, args.concurrency, &caller, |n| async move {
-        n.group("none").await.expect("get");
+        n.group(&GroupId::from("none")).await.expect("get");
     })
     .await;
     let floor = rate(args.groups, args.concurrency, &caller, |n| async move {
-        n.group("none").await.expect("get");
+        n.group(&GroupId::from("none")).await.expect("get");
     })
     .await;
     let lifecycle = rate(args.groups, args.concurrency, &caller, move |n| {

@@ -112,7 +112,7 @@ pub struct GroupView {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct StoredGroup {
     /// Its id.
-    pub id: String,
+    pub id: GroupId,
     /// What was asked.
     pub spec: GroupSpec,
     /// The member that owns it and that member's incarnation (`None`:
@@ -240,9 +240,9 @@ pub enum Action {
         tag: Tag,
     },
     /// The view of this group changed (wake whoever waits on it).
-    Changed(String),
+    Changed(GroupId),
     /// The group was removed (its owner is gone, or it was asked to).
-    Removed(String),
+    Removed(GroupId),
     /// `node` reported holding `bundles` of `group` that no record of the
     /// head gives it (unassigned, or no such bundle): refused, released
     /// on the node, and counted.
@@ -250,7 +250,7 @@ pub enum Action {
         /// The node that reported them.
         node: String,
         /// The group.
-        group: String,
+        group: GroupId,
         /// The bundles it claimed.
         bundles: Vec<u32>,
     },
@@ -260,9 +260,9 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tag {
     /// A prepare of this attempt of the group.
-    Prepare(String, u64),
+    Prepare(GroupId, u64),
     /// A commit of this attempt of the group.
-    Commit(String, u64),
+    Commit(GroupId, u64),
     /// A release: its reply changes nothing.
     Release,
 }
@@ -372,7 +372,7 @@ pub struct Groups {
     prefix: String,
     next_id: u64,
     next_attempt: u64,
-    groups: BTreeMap<String, Entry>,
+    groups: BTreeMap<GroupId, Entry>,
     /// Up nodes.
     nodes: BTreeMap<String, NodeInfo>,
     /// What each node has reserved (confirmed and in flight).
@@ -380,10 +380,10 @@ pub struct Groups {
     /// Whether resources appeared since the last placement pass.
     dirty: bool,
     /// Groups created since the last pass.
-    fresh: Vec<String>,
+    fresh: Vec<GroupId>,
     /// Removed groups of earlier heads (rebuilt here, then removed), so
     /// that a late report does not bring them back.
-    removed: BTreeSet<String>,
+    removed: BTreeSet<GroupId>,
 }
 
 fn add(into: &mut Resources, r: &Resources) {
@@ -444,9 +444,9 @@ impl Groups {
         now: Instant,
         spec: GroupSpec,
         owner: Option<MemberRef>,
-    ) -> Result<String, BadSpec> {
+    ) -> Result<GroupId, BadSpec> {
         let strategy = check_spec(&spec)?;
-        let id = format!("{}-{}", self.prefix, self.next_id);
+        let id = GroupId::new(format!("{}-{}", self.prefix, self.next_id));
         self.next_id += 1;
         let owner = if spec.detached { None } else { owner };
         let entry = Entry {
@@ -523,16 +523,16 @@ impl Groups {
             spec: stored.spec,
         };
         self.groups.insert(stored.id.clone(), entry);
-        self.fresh.push(stored.id);
+        self.fresh.push(stored.id.clone());
         Ok(())
     }
 
     /// The group `id` as the head keeps it on disk, with the wall-clock
     /// time it fails at if still pending.
-    pub fn to_store(&self, id: &str, deadline_unix_ms: u64) -> Option<StoredGroup> {
+    pub fn to_store(&self, id: &GroupId, deadline_unix_ms: u64) -> Option<StoredGroup> {
         let e = self.groups.get(id)?;
         Some(StoredGroup {
-            id: id.to_owned(),
+            id: id.clone(),
             spec: e.spec.clone(),
             owner: e.owner.clone(),
             was_ready: e.was_ready,
@@ -562,7 +562,7 @@ impl Groups {
     }
 
     /// The group `id` as its users see it.
-    pub fn view(&self, id: &str) -> Option<GroupView> {
+    pub fn view(&self, id: &GroupId) -> Option<GroupView> {
         let e = self.groups.get(id)?;
         let mut nodes: Vec<String> = e
             .nodes
@@ -575,7 +575,7 @@ impl Groups {
             }
         }
         Some(GroupView {
-            id: GroupId::from(id),
+            id: id.clone(),
             state: e.state(),
             revision: e.revision,
             strategy: e.strategy.as_str().to_owned(),
@@ -592,7 +592,7 @@ impl Groups {
 
     /// Every group, in creation order.
     pub fn views(&self) -> Vec<GroupView> {
-        let mut ids: Vec<(&u64, &String)> =
+        let mut ids: Vec<(&u64, &GroupId)> =
             self.groups.iter().map(|(id, e)| (&e.seq, id)).collect();
         ids.sort();
         ids.into_iter()
@@ -628,7 +628,7 @@ impl Groups {
     }
 
     /// Whether `id` was made by this head (not rebuilt from a report).
-    fn is_ours(&self, id: &str) -> bool {
+    fn is_ours(&self, id: &GroupId) -> bool {
         id.strip_prefix(self.prefix.as_str())
             .is_some_and(|rest| rest.starts_with('-'))
     }
@@ -648,12 +648,12 @@ impl Groups {
     }
 
     /// Removes the group `id`, releasing every bundle; false if unknown.
-    pub fn remove(&mut self, id: &str, out: &mut Vec<Action>) -> bool {
+    pub fn remove(&mut self, id: &GroupId, out: &mut Vec<Action>) -> bool {
         let Some(e) = self.groups.remove(id) else {
             return false;
         };
         if !self.is_ours(id) {
-            self.removed.insert(id.to_owned());
+            self.removed.insert(id.clone());
         }
         let held = e
             .nodes
@@ -672,7 +672,7 @@ impl Groups {
     /// it reports them on rejoining).
     fn release(
         &mut self,
-        id: &str,
+        id: &GroupId,
         bundles: &[Resources],
         held: BTreeMap<String, Vec<u32>>,
         out: &mut Vec<Action>,
@@ -685,7 +685,7 @@ impl Groups {
                 out.push(Action::Send {
                     node,
                     op: LedgerOp::Release {
-                        group: id.to_owned(),
+                        group: id.clone(),
                         bundles: bs,
                     },
                     tag: Tag::Release,
@@ -721,7 +721,7 @@ impl Groups {
                 }
             }
         }
-        let seen: Vec<String> = self
+        let seen: Vec<GroupId> = self
             .groups
             .iter()
             .filter(|(_, e)| {
@@ -734,7 +734,7 @@ impl Groups {
                 e.owner_by = None;
             }
         }
-        let gone: Vec<String> = self
+        let gone: Vec<GroupId> = self
             .groups
             .iter()
             .filter(|(_, e)| {
@@ -803,7 +803,7 @@ impl Groups {
             }
         }
         // Phases whose last awaited reply was the lost node's.
-        let ids: Vec<String> = self.groups.keys().cloned().collect();
+        let ids: Vec<GroupId> = self.groups.keys().cloned().collect();
         for id in ids {
             self.settle(&id, None, out);
         }
@@ -1023,7 +1023,7 @@ impl Groups {
     }
 
     /// Moves a group on once every reply of its phase is in.
-    fn settle(&mut self, id: &str, now: Option<Instant>, out: &mut Vec<Action>) {
+    fn settle(&mut self, id: &GroupId, now: Option<Instant>, out: &mut Vec<Action>) {
         let Some(e) = self.groups.get_mut(id) else {
             return;
         };
@@ -1047,17 +1047,17 @@ impl Groups {
                         by_node(plan.iter().map(|(b, n)| (*b, n))),
                         out,
                     );
-                    out.push(Action::Changed(id.to_owned()));
+                    out.push(Action::Changed(id.clone()));
                 } else {
                     let nodes: BTreeSet<String> = plan.iter().map(|(_, n)| n.clone()).collect();
                     for node in &nodes {
                         out.push(Action::Send {
                             node: node.clone(),
                             op: LedgerOp::Commit {
-                                group: id.to_owned(),
+                                group: id.clone(),
                                 revision: e.revision,
                             },
-                            tag: Tag::Commit(id.to_owned(), attempt),
+                            tag: Tag::Commit(id.clone(), attempt),
                         });
                     }
                     e.phase = Phase::Committing {
@@ -1098,7 +1098,7 @@ impl Groups {
                 for (b, n) in lost {
                     self.unreserve(&n, &bundles[b as usize]);
                 }
-                out.push(Action::Changed(id.to_owned()));
+                out.push(Action::Changed(id.clone()));
             }
             _ => {}
         }
@@ -1108,7 +1108,7 @@ impl Groups {
     /// timeout, and places again the unconfirmed bundles of rebuilt
     /// groups past their grace.
     pub fn step(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let orphans: Vec<String> = self
+        let orphans: Vec<GroupId> = self
             .groups
             .iter()
             .filter(|(_, e)| e.owner_by.is_some_and(|t| now >= t))
@@ -1117,8 +1117,8 @@ impl Groups {
         for id in orphans {
             self.remove(&id, out);
         }
-        let ids: Vec<String> = if self.dirty || self.groups.values().any(|e| due(e, now)) {
-            let mut all: Vec<(u64, String)> = self
+        let ids: Vec<GroupId> = if self.dirty || self.groups.values().any(|e| due(e, now)) {
+            let mut all: Vec<(u64, GroupId)> = self
                 .groups
                 .iter()
                 .map(|(id, e)| (e.seq, id.clone()))
@@ -1135,7 +1135,7 @@ impl Groups {
         }
     }
 
-    fn try_place(&mut self, now: Instant, id: &str, out: &mut Vec<Action>) {
+    fn try_place(&mut self, now: Instant, id: &GroupId, out: &mut Vec<Action>) {
         let Some(e) = self.groups.get_mut(id) else {
             return;
         };
@@ -1158,7 +1158,7 @@ impl Groups {
         if missing.is_empty() {
             e.phase = Phase::Ready;
             e.was_ready = true;
-            out.push(Action::Changed(id.to_owned()));
+            out.push(Action::Changed(id.clone()));
             return;
         }
         let kept: BTreeSet<&str> = e.nodes.iter().flatten().map(String::as_str).collect();
@@ -1204,9 +1204,9 @@ impl Groups {
                 e.why = Some(why);
                 if !e.was_ready && now >= e.deadline {
                     e.phase = Phase::Failed;
-                    out.push(Action::Changed(id.to_owned()));
+                    out.push(Action::Changed(id.clone()));
                 } else if changed {
-                    out.push(Action::Changed(id.to_owned()));
+                    out.push(Action::Changed(id.clone()));
                 }
             }
             Ok(to) => {
@@ -1223,7 +1223,7 @@ impl Groups {
                     nodes[*b as usize] = n.clone();
                 }
                 let record = GroupRecord {
-                    id: id.to_owned(),
+                    id: id.clone(),
                     revision: e.revision,
                     strategy: e.strategy.as_str().to_owned(),
                     bundles: e.spec.bundles.clone(),
@@ -1250,10 +1250,10 @@ impl Groups {
                             record: record.clone(),
                             bundles: bs,
                         },
-                        tag: Tag::Prepare(id.to_owned(), attempt),
+                        tag: Tag::Prepare(id.clone(), attempt),
                     });
                 }
-                out.push(Action::Changed(id.to_owned()));
+                out.push(Action::Changed(id.clone()));
             }
         }
     }
@@ -1347,7 +1347,7 @@ mod tests {
         ledgers: BTreeMap<String, Ledger>,
         members: Vec<MemberView>,
         unreachable: BTreeSet<String>,
-        changed: Vec<String>,
+        changed: Vec<GroupId>,
         now: Instant,
     }
 
@@ -1414,7 +1414,7 @@ mod tests {
             }
         }
 
-        fn create(&mut self, spec: GroupSpec) -> String {
+        fn create(&mut self, spec: GroupSpec) -> GroupId {
             let id = self
                 .groups
                 .create(
@@ -1432,7 +1432,7 @@ mod tests {
             self.run(Vec::new());
         }
 
-        fn state(&self, id: &str) -> GroupState {
+        fn state(&self, id: &GroupId) -> GroupState {
             self.groups.view(id).unwrap().state
         }
 
@@ -1743,9 +1743,9 @@ mod tests {
         // Two bundles of 1 CPU on one node: it waits, nothing assigned.
         let waiting = c.create(spec("strict-pack", 2, 1.0, 60_000));
         assert_eq!(c.state(&waiting), GroupState::Pending);
-        let claim = |id: &str, bundles: Vec<u32>| Held {
+        let claim = |id: &GroupId, bundles: Vec<u32>| Held {
             record: GroupRecord {
-                id: id.to_owned(),
+                id: id.clone(),
                 revision: 99,
                 strategy: "strict-pack".into(),
                 bundles: vec![res(&[("cpu", 1.0)]); 2],
@@ -1880,7 +1880,7 @@ mod tests {
 
     /// The head restarts: a fresh machine takes back `ids` as the old one
     /// would have kept them on disk, each with `remaining` of its timeout.
-    fn restart_from_store(c: &mut Cluster, ids: &[&str], remaining: Duration) {
+    fn restart_from_store(c: &mut Cluster, ids: &[&GroupId], remaining: Duration) {
         let stored: Vec<StoredGroup> = ids
             .iter()
             .map(|id| c.groups.to_store(id, 0).unwrap())

@@ -21,7 +21,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::groups::GroupView;
-use crate::ids::JobId;
+use crate::ids::{GroupId, JobId};
 use crate::placement::Resources;
 
 /// Where a job is.
@@ -67,7 +67,7 @@ pub struct JobProgress {
     pub detail: String,
     /// The placement groups the job's own work runs in (the embed job's
     /// actors), by id.
-    pub groups: Vec<String>,
+    pub groups: Vec<GroupId>,
 }
 
 /// A job to submit.
@@ -146,7 +146,7 @@ pub struct JobView {
     /// The group of its own bundle (where its actor runs).
     pub group: Option<GroupView>,
     /// The groups its work runs in (ids; see [`JobView::work`]).
-    pub work_groups: Vec<String>,
+    pub work_groups: Vec<GroupId>,
     /// Those groups, with the node of each bundle, as the head has them.
     pub work: Vec<GroupView>,
     /// Its end's summary, or why it failed.

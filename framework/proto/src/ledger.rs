@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::ids::GroupId;
 use crate::incarnation::MemberRef;
 use crate::placement::Resources;
 
@@ -35,7 +36,7 @@ const EPS: f64 = 1e-9;
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct GroupRecord {
     /// The group's id.
-    pub id: String,
+    pub id: GroupId,
     /// Its revision: it grows each time a bundle moves.
     pub revision: u64,
     /// The strategy (`pack`, `spread`, `strict-pack`, `strict-spread`).
@@ -70,14 +71,14 @@ pub enum LedgerOp {
     /// Make the prepared bundles of the group at this revision held.
     Commit {
         /// The group's id.
-        group: String,
+        group: GroupId,
         /// Its revision.
         revision: u64,
     },
     /// Give back these bundles of the group (every one when empty).
     Release {
         /// The group's id.
-        group: String,
+        group: GroupId,
         /// The bundles; empty means all.
         bundles: Vec<u32>,
     },
@@ -131,9 +132,9 @@ struct Entry {
 pub struct Ledger {
     capacity: Resources,
     /// Entries by (group, bundle).
-    entries: BTreeMap<(String, u32), Entry>,
+    entries: BTreeMap<(GroupId, u32), Entry>,
     /// The latest record of each group with an entry here.
-    records: BTreeMap<String, GroupRecord>,
+    records: BTreeMap<GroupId, GroupRecord>,
 }
 
 impl Ledger {
@@ -253,7 +254,7 @@ impl Ledger {
     /// node holds: each group's latest record with the bundles held here.
     pub fn rejoin(&mut self) -> Vec<Held> {
         self.entries.retain(|_, e| e.phase == Phase::Committed);
-        let groups: Vec<String> = self.records.keys().cloned().collect();
+        let groups: Vec<GroupId> = self.records.keys().cloned().collect();
         for g in groups {
             if !self.entries.keys().any(|(eg, _)| *eg == g) {
                 self.records.remove(&g);

@@ -74,7 +74,8 @@ pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla
             job.check_allowed(&allow).map_err(|why| why.to_string())?;
             let mut config = config_of(&job)?;
             let (progress, progress_rx) = tokio::sync::watch::channel((0, 0));
-            let (group, group_rx) = tokio::sync::watch::channel(String::new());
+            let (group, group_rx) =
+                tokio::sync::watch::channel(flotilla::placement_groups::GroupId::default());
             config.job.progress_to = Some(progress);
             config.job.group_to = Some(group);
             config.job.confined_to = Some(allow.clone());

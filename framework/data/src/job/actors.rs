@@ -269,7 +269,7 @@ where
         node: &Arc<Node>,
         placement: Placement<M, A>,
         wait: Duration,
-        announce: Option<&watch::Sender<String>>,
+        announce: Option<&watch::Sender<GroupId>>,
         ready: F,
     ) -> Result<Self, PlacementError>
     where
@@ -286,7 +286,7 @@ where
             }),
         };
         if let Some(to) = announce {
-            let _ = to.send(group.to_string());
+            let _ = to.send(group.clone());
         }
         let view = node.wait_group(&group, wait).await?;
         tracing::info!(%group, strategy = %view.strategy, nodes = ?view.nodes, "actors placed");

@@ -19,6 +19,7 @@ use flotilla::jobs::{JobMsg, JobProgress, JobReport, JobSpec, JobState};
 use flotilla::ractor::{Actor, ActorProcessingErr, ActorRef};
 use flotilla::wire::{Decode, Encode};
 use flotilla::{ActorKind, Node, NodeBuilder, NodeHandle};
+use flotilla_proto::ids::GroupId;
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 use tokio::sync::watch;
 
@@ -47,7 +48,7 @@ impl Report {
     }
 
     /// The placement group the job's own work runs in.
-    pub fn group(&self, id: String) {
+    pub fn group(&self, id: GroupId) {
         self.with(|r| r.groups = vec![id]);
     }
 
@@ -55,7 +56,7 @@ impl Report {
     pub async fn follow(
         &self,
         mut progress: watch::Receiver<(u64, u64)>,
-        mut group: watch::Receiver<String>,
+        mut group: watch::Receiver<GroupId>,
     ) {
         let (mut counting, mut grouping) = (true, true);
         while counting || grouping {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use flotilla::MemberView;
 use flotilla::pipeline::PipelineConfig;
-use flotilla::placement_groups::{GroupSpec, Resources, Strategy, bundle, parse_bundle};
+use flotilla::placement_groups::{GroupId, GroupSpec, Resources, Strategy, bundle, parse_bundle};
 use flotilla::supervisor::Intensity;
 use serde::{Deserialize, Serialize};
 
@@ -137,7 +137,7 @@ pub struct Settings {
     /// run in, once created (on a cluster).
     #[arg(skip)]
     #[serde(skip)]
-    pub group_to: Option<tokio::sync::watch::Sender<String>>,
+    pub group_to: Option<tokio::sync::watch::Sender<GroupId>>,
     /// The roots the job's input shards must lie under where they really
     /// are (links resolved): a detached job's, its node's allowed roots.
     /// `None`: any.

@@ -144,7 +144,7 @@ fn job_key(job: &StoredJob) -> String {
 
 /// A group's key: its id.
 fn group_key(group: &StoredGroup) -> String {
-    group.id.clone()
+    group.id.to_string()
 }
 
 /// An archive read from aligned memory.

@@ -560,7 +560,7 @@ impl Service {
     /// Releases the bundle a job held before the head restarted (its group
     /// came back from the store; the node holding the bundle is told when
     /// it reports it).
-    async fn release_former(&self, group: &str) {
+    async fn release_former(&self, group: &GroupId) {
         match self.node.remove_group(group).await {
             Ok(true) => {
                 tracing::info!(%group, "released the bundle a job held before the head's restart")

@@ -47,7 +47,7 @@ pub enum PlacementError {
     #[error("NODE-PG-002: placement group {id} failed: {why}")]
     Failed {
         /// The group.
-        id: String,
+        id: GroupId,
         /// Which resource is short on which nodes.
         why: String,
     },
@@ -55,7 +55,7 @@ pub enum PlacementError {
     #[error("NODE-PG-003: placement group {id} is not ready after {waited:?} ({}): {why}", state.as_str())]
     NotReady {
         /// The group.
-        id: String,
+        id: GroupId,
         /// Its state.
         state: GroupState,
         /// Why it is not ready.
@@ -65,12 +65,12 @@ pub enum PlacementError {
     },
     /// No group of that id (never created, or removed).
     #[error("NODE-PG-004: no placement group {0}")]
-    NoSuchGroup(String),
+    NoSuchGroup(GroupId),
     /// The group has fewer bundles.
     #[error("NODE-PG-005: placement group {id} has no bundle {bundle}")]
     NoSuchBundle {
         /// The group.
-        id: String,
+        id: GroupId,
         /// The bundle asked for.
         bundle: usize,
     },
@@ -97,7 +97,7 @@ const ASK: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BundleRef<'a> {
     /// The group's id.
-    pub group: &'a str,
+    pub group: &'a GroupId,
     /// The bundle's index in the group.
     pub index: usize,
 }
@@ -184,7 +184,7 @@ impl Node {
     /// ```
     pub async fn watch_group(
         &self,
-        id: &str,
+        id: &GroupId,
         after_revision: Option<u64>,
         timeout: Duration,
     ) -> Result<Option<GroupView>, PlacementError> {
@@ -220,21 +220,21 @@ impl Node {
     /// ```
     pub async fn wait_group(
         &self,
-        id: &str,
+        id: &GroupId,
         timeout: Duration,
     ) -> Result<GroupView, PlacementError> {
         let view = self
             .watch_group(id, None, timeout)
             .await?
-            .ok_or_else(|| PlacementError::NoSuchGroup(id.to_owned()))?;
+            .ok_or_else(|| PlacementError::NoSuchGroup(id.clone()))?;
         match view.state {
             GroupState::Ready => Ok(view),
             GroupState::Failed => Err(PlacementError::Failed {
-                id: id.to_owned(),
+                id: id.clone(),
                 why: view.why.unwrap_or_default(),
             }),
             state => Err(PlacementError::NotReady {
-                id: id.to_owned(),
+                id: id.clone(),
                 state,
                 why: view.why.unwrap_or_else(|| "being reserved".into()),
                 waited: timeout,
@@ -248,10 +248,11 @@ impl Node {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let node = flotilla::node::doc_example::head("group").await?;
-    /// assert!(node.group("pg-none").await?.is_none());
+    /// use flotilla::placement_groups::GroupId;
+    /// assert!(node.group(&GroupId::from("pg-none")).await?.is_none());
     /// # Ok(()) }
     /// ```
-    pub async fn group(&self, id: &str) -> Result<Option<GroupView>, PlacementError> {
+    pub async fn group(&self, id: &GroupId) -> Result<Option<GroupView>, PlacementError> {
         match self
             .placement(PlacementRequest::Get { id: id.into() }, ASK)
             .await?
@@ -297,7 +298,7 @@ impl Node {
     /// assert!(!node.remove_group(&id).await?, "gone already");
     /// # Ok(()) }
     /// ```
-    pub async fn remove_group(&self, id: &str) -> Result<bool, PlacementError> {
+    pub async fn remove_group(&self, id: &GroupId) -> Result<bool, PlacementError> {
         match self
             .placement(PlacementRequest::Remove { id: id.into() }, ASK)
             .await?
@@ -325,7 +326,7 @@ impl Node {
     /// ```
     pub async fn bundle_node(
         &self,
-        id: &str,
+        id: &GroupId,
         bundle: usize,
         timeout: Duration,
     ) -> Result<String, PlacementError> {
@@ -334,7 +335,7 @@ impl Node {
             .get(bundle)
             .cloned()
             .ok_or_else(|| PlacementError::NoSuchBundle {
-                id: id.to_owned(),
+                id: id.clone(),
                 bundle,
             })
     }

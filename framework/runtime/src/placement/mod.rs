@@ -66,6 +66,7 @@ use crate::identity::Identity;
 use crate::net::pool::Pool;
 use crate::placement::reservations::Reservations;
 use crate::table::Table;
+use flotilla_proto::ids::GroupId;
 
 /// How long dialling a member for its ledger may take.
 const DIAL: Duration = Duration::from_secs(2);
@@ -195,7 +196,7 @@ pub(crate) struct PlacementService {
     rx: mpsc::UnboundedReceiver<Command>,
     tx: mpsc::UnboundedSender<Command>,
     links: HashMap<String, Link>,
-    waiters: HashMap<String, Vec<Waiter>>,
+    waiters: HashMap<GroupId, Vec<Waiter>>,
     /// The key records are sealed with.
     seal_key: [u8; 32],
     /// Where groups are kept across restarts of the head.
@@ -380,7 +381,7 @@ impl PlacementService {
                 let deadline = clock_millis().saturating_add(spec.timeout_ms);
                 match self.groups.create(now(), spec, Some(owner)) {
                     Ok(id) => match self.record(&id, deadline) {
-                        Ok(()) => PlacementReply::Created(id.into()),
+                        Ok(()) => PlacementReply::Created(id),
                         Err(e) => {
                             // Not answered as created: nothing of it stays.
                             self.groups.remove(&id, out);
@@ -427,7 +428,7 @@ impl PlacementService {
                             ))));
                             return;
                         }
-                        self.waiters.entry(id.into()).or_default().push(waiter);
+                        self.waiters.entry(id).or_default().push(waiter);
                     }
                     v => {
                         let _ = waiter.reply.send(Ok(PlacementReply::Group(v)));
@@ -506,7 +507,7 @@ impl PlacementService {
     /// (`deadline_unix_ms`: when it fails if pending; unused once ready).
     fn record(
         &self,
-        id: &str,
+        id: &GroupId,
         deadline_unix_ms: u64,
     ) -> Result<(), crate::head::head_store::HeadStoreError> {
         match (&self.store, self.groups.to_store(id, deadline_unix_ms)) {
@@ -521,7 +522,7 @@ impl PlacementService {
         at_waiter_cap(&mut self.waiters, principal)
     }
 
-    fn wake(&mut self, id: &str, removed: bool) {
+    fn wake(&mut self, id: &GroupId, removed: bool) {
         let view = if removed { None } else { self.groups.view(id) };
         let Some(waiting) = self.waiters.remove(id) else {
             return;
@@ -540,7 +541,7 @@ impl PlacementService {
             }
         }
         if !keep.is_empty() {
-            self.waiters.insert(id.to_owned(), keep);
+            self.waiters.insert(id.clone(), keep);
         }
     }
 
@@ -750,7 +751,7 @@ async fn dial(
 /// Whether the certificate `principal` already has
 /// [`MAX_WAITERS_PER_PRINCIPAL`] of `waiters` open (those whose asker is
 /// gone are dropped first); this node's own (`None`) are never capped.
-fn at_waiter_cap(waiters: &mut HashMap<String, Vec<Waiter>>, principal: Option<&str>) -> bool {
+fn at_waiter_cap(waiters: &mut HashMap<GroupId, Vec<Waiter>>, principal: Option<&str>) -> bool {
     let Some(principal) = principal else {
         return false;
     };
@@ -772,13 +773,13 @@ mod tests {
 
     #[test]
     fn one_certificate_cannot_hold_more_than_its_cap_of_group_waits_at_the_head() {
-        let mut waiters: HashMap<String, Vec<Waiter>> = HashMap::new();
+        let mut waiters: HashMap<GroupId, Vec<Waiter>> = HashMap::new();
         let mut askers = Vec::new();
         for i in 0..MAX_WAITERS_PER_PRINCIPAL {
             let (reply, rx) = oneshot::channel();
             askers.push(rx);
             waiters
-                .entry(format!("pg{}", i % 8))
+                .entry(GroupId::new(format!("pg{}", i % 8)))
                 .or_default()
                 .push(Waiter {
                     after: None,

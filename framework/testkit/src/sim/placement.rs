@@ -28,6 +28,7 @@ use flotilla_proto::membership::{MemberState, MemberView};
 use flotilla_proto::placement::{Resources, Strategy};
 
 use crate::rng::SplitMix as Rng;
+use flotilla_proto::ids::GroupId;
 
 /// CPUs each member offers.
 pub const CPUS: u32 = 2;
@@ -70,7 +71,7 @@ pub(super) struct Placement {
     /// Member index by name.
     names: Vec<String>,
     /// The ids of the groups made.
-    ids: Vec<String>,
+    ids: Vec<GroupId>,
     /// When the groups' timer is set for.
     pub(super) timer: Option<Instant>,
     /// Ledger operations sent, and how many failed (cut off).
