@@ -163,8 +163,8 @@ impl ServeJobs for JobsHandle {
 
 enum Command {
     Request(Option<Caller>, JobsRequest, oneshot::Sender<Answer>),
-    Event(String, SupervisorEvent),
-    Progress(String, JobProgress),
+    Event(JobId, SupervisorEvent),
+    Progress(JobId, JobProgress),
 }
 
 /// The head's jobs service, running until [`Jobs::stop`].
@@ -389,11 +389,11 @@ impl Node {
     /// let id = node.submit_job(spec).await?;
     /// let job = node.job(&id).await?.expect("known");
     /// assert_eq!(job.description, "a counter as a job");
-    /// assert!(node.job("job-none").await?.is_none());
+    /// assert!(node.job(&flotilla::jobs::JobId::from("job-none")).await?.is_none());
     /// node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub async fn job(&self, id: &str) -> Result<Option<JobView>, JobsError> {
+    pub async fn job(&self, id: &JobId) -> Result<Option<JobView>, JobsError> {
         match self.jobs_request(JobsRequest::Get(id.into())).await? {
             JobsReply::Job(j) => Ok(j.map(|j| *j)),
             other => Err(JobsError::Unexpected(format!("{other:?}"))),
@@ -421,7 +421,7 @@ impl Node {
     /// node.shutdown().await;
     /// # Ok(()) }
     /// ```
-    pub async fn stop_job(&self, id: &str) -> Result<bool, JobsError> {
+    pub async fn stop_job(&self, id: &JobId) -> Result<bool, JobsError> {
         match self.jobs_request(JobsRequest::Stop(id.into())).await? {
             JobsReply::Stopped(b) => Ok(b),
             other => Err(JobsError::Unexpected(format!("{other:?}"))),
@@ -467,8 +467,8 @@ impl Service {
         }
     }
 
-    fn find(&mut self, id: &str) -> Option<&mut Entry> {
-        self.jobs.values_mut().find(|e| e.record.id == id)
+    fn find(&mut self, id: &JobId) -> Option<&mut Entry> {
+        self.jobs.values_mut().find(|e| e.record.id == *id)
     }
 
     /// Writes the job at `key` to the store, if there is one.
@@ -500,8 +500,8 @@ impl Service {
     }
 
     /// [`Service::save_logged`] of the job `id`.
-    fn save_id(&mut self, id: &str) {
-        if let Some((&key, _)) = self.jobs.iter().find(|(_, e)| e.record.id == id) {
+    fn save_id(&mut self, id: &JobId) {
+        if let Some((&key, _)) = self.jobs.iter().find(|(_, e)| e.record.id == *id) {
             self.save_logged(key);
         }
     }
@@ -606,7 +606,7 @@ impl Service {
             }
             JobsRequest::Get(id) => {
                 authority::may_read(sender)?;
-                let e = self.jobs.values().find(|e| e.record.id == id);
+                let e = self.jobs.values().find(|e| e.record.id == *id);
                 match e {
                     Some(e) => JobsReply::Job(Some(Box::new(self.view(e).await))),
                     None => JobsReply::Job(None),
@@ -647,7 +647,7 @@ impl Service {
         }
         let n = self.next;
         self.next += 1;
-        let id = format!("job-{:x}-{n}", self.node.incarnation());
+        let id = JobId::new(format!("job-{:x}-{n}", self.node.incarnation()));
         let (actor, group, supervisor) = match self.launch(n, &id, &spec).await {
             Ok(started) => started,
             Err(why) => return JobsReply::Invalid(why),
@@ -676,7 +676,7 @@ impl Service {
             self.jobs.remove(&n);
             return JobsReply::Invalid(format!("the head cannot record the job: {e}"));
         }
-        JobsReply::Submitted(id.into())
+        JobsReply::Submitted(id)
     }
 
     /// Starts job `id` (its place `n`): a detached group of one bundle and
@@ -685,7 +685,7 @@ impl Service {
     async fn launch(
         &self,
         n: u64,
-        id: &str,
+        id: &JobId,
         spec: &JobSpec,
     ) -> Result<(String, GroupId, ActorRef<SupervisorMsg>), String> {
         let actor = format!("{id}.{:016x}", crate::nonce::nonce());
@@ -723,7 +723,7 @@ impl Service {
             },
             children: vec![Child::new(
                 ChildSpec {
-                    id: id.to_owned(),
+                    id: id.to_string(),
                     restart: RestartType::Transient,
                     shutdown: Duration::from_secs(10),
                 },
@@ -742,7 +742,7 @@ impl Service {
             }
         };
         let tx = self.tx.clone();
-        let job = id.to_owned();
+        let job = id.clone();
         tokio::spawn(async move {
             while let Some(e) = events_rx.recv().await {
                 if tx.send(Command::Event(job.clone(), e)).is_err() {
@@ -753,7 +753,7 @@ impl Service {
         Ok((actor, group, supervisor))
     }
 
-    async fn event(&mut self, id: &str, e: SupervisorEvent) {
+    async fn event(&mut self, id: &JobId, e: SupervisorEvent) {
         let Some(entry) = self.find(id) else { return };
         match e {
             SupervisorEvent::Started {
@@ -779,8 +779,8 @@ impl Service {
         self.save_id(id);
     }
 
-    async fn progress(&mut self, id: &str, p: JobProgress) {
-        let Some((&key, entry)) = self.jobs.iter_mut().find(|(_, e)| e.record.id == id) else {
+    async fn progress(&mut self, id: &JobId, p: JobProgress) {
+        let Some((&key, entry)) = self.jobs.iter_mut().find(|(_, e)| e.record.id == *id) else {
             return;
         };
         let before = entry.record.clone();
@@ -823,7 +823,7 @@ impl Service {
     }
 
     /// Stops an ended job's actor and releases its bundle.
-    async fn finish(&mut self, id: &str) {
+    async fn finish(&mut self, id: &JobId) {
         let Some(entry) = self.find(id) else { return };
         entry.ended_at.get_or_insert_with(std::time::Instant::now);
         let (supervisor, group) = (entry.supervisor.take(), entry.group.clone());
@@ -834,7 +834,7 @@ impl Service {
             s.stop(None);
         }
         if let Some((on, actor)) = left {
-            stop_left_copy(Arc::clone(&self.node), on, actor, id.to_owned());
+            stop_left_copy(Arc::clone(&self.node), on, actor, id.clone());
         }
         if let Some(g) = group {
             match self.node.remove_group(&g).await {
@@ -874,7 +874,7 @@ impl Service {
                 )
                 .await;
                 if let Ok(JobReport(p)) = asked {
-                    let _ = tx.send(Command::Progress(id.into(), p));
+                    let _ = tx.send(Command::Progress(id, p));
                 }
             });
         }
@@ -886,7 +886,7 @@ impl Service {
 /// for a job marked ended. Asked until the node has stopped it or hosts no
 /// such actor, or that incarnation of the node has ended (its spawner then
 /// stops what it hosted for others); given up after [`LEFT_COPY_WITHIN`].
-fn stop_left_copy(node: Arc<Node>, on: MemberRef, actor: String, job: String) {
+fn stop_left_copy(node: Arc<Node>, on: MemberRef, actor: String, job: JobId) {
     // On the node's tasks: a head that shuts down stops asking.
     let tasks = node.tasks.clone();
     tasks.spawn(async move {
