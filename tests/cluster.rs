@@ -9,7 +9,7 @@ use std::process::Command;
 use flotilla_proto::hello::Purpose;
 use std::time::{Duration, Instant};
 
-use flotilla_proto::ids::GroupId;
+use flotilla_proto::ids::{GroupId, MemberName};
 use flotilla_testkit::cluster::*;
 
 const NODE: &str = env!("CARGO_BIN_EXE_test-node");
@@ -834,7 +834,7 @@ fn a_supervised_remote_child_whose_link_is_lost_is_stopped_before_its_restart() 
             Arc::clone(&node),
             ECHO.named("echo-supervised"),
             &NoArgs,
-            |_: &flotilla::Table| Some("w1".to_owned()),
+            |_: &flotilla::Table| Some(MemberName::from("w1".to_owned())),
             budget,
         );
         let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();

@@ -159,7 +159,7 @@ fn a_batch_job_goes_on_without_a_stopped_actor_and_fails_typed_with_none_left() 
                 .spawn_on("w1", TEXT_STATS.named(name), &args, Duration::from_secs(15))
                 .await
                 .unwrap();
-            actors.push(("w1".to_owned(), actor));
+            actors.push(("w1".into(), actor));
         }
         let last = actors[1].clone();
         let (parts_dir, stopper) = (s.dir.join("out-1/parts"), std::sync::Arc::clone(&d1));

@@ -220,7 +220,7 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
                 LenderMsg::Lend(
                     LendRequest {
                         bytes: vec![7; 4096],
-                        borrower: d1.name().to_owned(),
+                        borrower: d1.name().to_string(),
                     },
                     port,
                 )

@@ -23,7 +23,7 @@ struct Args {
 fn cluster(nodes: usize) -> Vec<Candidate> {
     (0..nodes)
         .map(|i| Candidate {
-            name: format!("n{i:05}"),
+            name: format!("n{i:05}").into(),
             available: [("cpu".to_owned(), 4.0), ("memory_mb".to_owned(), 16_384.0)]
                 .into_iter()
                 .collect(),
@@ -76,7 +76,8 @@ fn main() -> anyhow::Result<()> {
                 solver.push(t.elapsed());
                 outcome = match placed {
                     Ok(p) => {
-                        let used: std::collections::BTreeSet<&String> = p.iter().collect();
+                        let used: std::collections::BTreeSet<&flotilla::MemberName> =
+                            p.iter().collect();
                         format!("{} nodes", used.len())
                     }
                     Err(e) => format!("infeasible: {e}"),

@@ -68,7 +68,7 @@ impl Actor for Where {
 }
 
 fn show(what: &str, g: &GroupView) {
-    let used: BTreeSet<&String> = g.nodes.iter().collect();
+    let used: BTreeSet<&flotilla::MemberName> = g.nodes.iter().collect();
     println!(
         "{what}: {} bundles on {} node(s): {}",
         g.nodes.len(),
@@ -113,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let g = head.wait_group(&pack, wait).await?;
     show("PACK", &g);
-    let used: BTreeSet<&String> = g.nodes.iter().collect();
+    let used: BTreeSet<&flotilla::MemberName> = g.nodes.iter().collect();
     anyhow::ensure!(
         used.len() == 2,
         "4 one-cpu bundles pack onto 2 two-cpu nodes"
@@ -125,7 +125,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let g = head.wait_group(&spread, wait).await?;
     show("SPREAD", &g);
-    let used: BTreeSet<&String> = g.nodes.iter().collect();
+    let used: BTreeSet<&flotilla::MemberName> = g.nodes.iter().collect();
     anyhow::ensure!(used.len() == 3, "3 bundles spread over 3 nodes");
 
     let wide = head
@@ -155,13 +155,16 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
         let Pid(pid) = call_t!(actor, WhereMsg::Pid, 5_000, NoArgs)?;
-        anyhow::ensure!(pid == workers[node].pid(), "bundle {i} runs on {node}");
+        anyhow::ensure!(
+            pid == workers[node.as_str()].pid(),
+            "bundle {i} runs on {node}"
+        );
         println!("bundle {i}: actor runs in {node}'s process (pid {pid})");
     }
 
     // Kill the node of bundle 0: the head places that bundle again.
     let victim = g.nodes[0].clone();
-    drop(workers.remove(&victim));
+    drop(workers.remove(victim.as_str()));
     println!("killed {victim} (SIGKILL)");
     let moved = head
         .watch_group(&spread, Some(g.revision), Duration::from_secs(30))

@@ -133,7 +133,7 @@ async fn started(
                 running, restarts, ..
             }) => {
                 let node = running.node.map(|n| n.name).unwrap_or_default();
-                return Ok((node, running.cell.into(), restarts));
+                return Ok((node.to_string(), running.cell.into(), restarts));
             }
             Some(SupervisorEvent::Exited { exit, .. }) => {
                 println!("supervisor: the counter exited ({exit:?})");

@@ -30,6 +30,7 @@ use crate::authority::Unauthorized;
 use crate::epoch::Epoch;
 use crate::groups::{GroupSpec, GroupView, NodeAccount};
 use crate::hello::Refusal;
+use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::jobs::{JobsReply, JobsRequest};
 use crate::ledger::{LedgerOp, LedgerReply};
@@ -44,7 +45,7 @@ pub enum ControlRequest {
     /// Still alive; `version` is the table version the member last saw.
     Heartbeat {
         /// The member's name.
-        name: String,
+        name: MemberName,
         /// Its incarnation.
         incarnation: Incarnation,
         /// Actors running on it.
@@ -55,7 +56,7 @@ pub enum ControlRequest {
     /// Stopping cleanly.
     Leave {
         /// The member's name.
-        name: String,
+        name: MemberName,
         /// Its incarnation.
         incarnation: Incarnation,
     },
@@ -250,7 +251,7 @@ pub struct ChildReport {
     /// The epoch of its latest start ([`Epoch::NONE`] before the first).
     pub epoch: Epoch,
     /// The node it runs on, when it runs on another one.
-    pub node: Option<String>,
+    pub node: Option<MemberName>,
 }
 
 /// What became of a stop request.
@@ -283,7 +284,7 @@ pub enum ControlReply {
         /// Table version.
         version: u64,
         /// Name of the node answering (the head).
-        head: String,
+        head: MemberName,
         /// Every member (of this page).
         members: Vec<MemberView>,
         /// Serial numbers of revoked certificates (on the first page).
@@ -299,11 +300,11 @@ pub enum ControlReply {
         /// Table version after the changes.
         version: u64,
         /// Name of the node answering (the head).
-        head: String,
+        head: MemberName,
         /// The members that changed, each as it is now (of this page).
         changed: Vec<MemberView>,
         /// The members forgotten (on the first page): drop them.
-        removed: Vec<String>,
+        removed: Vec<MemberName>,
         /// The revoked serials, when they changed (on the first page).
         revoked: Option<Vec<Vec<u8>>>,
         /// Whether more pages of these changes follow.
@@ -589,7 +590,7 @@ mod tests {
 
     fn member(i: usize) -> MemberView {
         MemberView {
-            name: format!("w{i:05}"),
+            name: format!("w{i:05}").into(),
             addr: format!("10.0.{}.{}:7420", i / 250, i % 250),
             bulk_addr: format!("10.0.{}.{}:7430", i / 250, i % 250),
             host: format!("host-{i}"),

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::ids::MemberName;
 use crate::incarnation::{Incarnation, MemberRef};
 use crate::ledger::{GroupRecord, Held, LedgerOp, LedgerReply};
 use crate::membership::{MemberState, MemberView};
@@ -100,9 +101,9 @@ pub struct GroupView {
     /// What each bundle holds.
     pub bundles: Vec<Resources>,
     /// The node of each bundle (empty while it has none).
-    pub nodes: Vec<String>,
+    pub nodes: Vec<MemberName>,
     /// The node that created it, if it dies with it.
-    pub owner: Option<String>,
+    pub owner: Option<MemberName>,
     /// Why it is not ready (the solver's or a node's reason), if it is not.
     pub why: Option<String>,
 }
@@ -122,7 +123,7 @@ pub struct StoredGroup {
     pub was_ready: bool,
     /// The node of each bundle when it was last ready (empty strings
     /// where a bundle had none).
-    pub nodes: Vec<String>,
+    pub nodes: Vec<MemberName>,
     /// The revision of that placement.
     pub revision: u64,
     /// When it fails if it is still pending, in milliseconds since the
@@ -134,7 +135,7 @@ pub struct StoredGroup {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct NodeAccount {
     /// The node.
-    pub name: String,
+    pub name: MemberName,
     /// What it offers.
     pub capacity: Resources,
     /// What placement groups hold of it.
@@ -233,7 +234,7 @@ pub enum Action {
     /// failure to deliver it) to [`Groups::replied`] with `tag`.
     Send {
         /// The node.
-        node: String,
+        node: MemberName,
         /// The operation.
         op: LedgerOp,
         /// What the reply answers.
@@ -248,7 +249,7 @@ pub enum Action {
     /// on the node, and counted.
     Refused {
         /// The node that reported them.
-        node: String,
+        node: MemberName,
         /// The group.
         group: GroupId,
         /// The bundles it claimed.
@@ -293,16 +294,16 @@ enum Phase {
     /// Prepares sent; `waiting` for their replies.
     Preparing {
         attempt: u64,
-        plan: Vec<(u32, String)>,
-        waiting: BTreeSet<String>,
+        plan: Vec<(u32, MemberName)>,
+        waiting: BTreeSet<MemberName>,
         refused: Option<String>,
     },
     /// Commits sent.
     Committing {
         attempt: u64,
-        plan: Vec<(u32, String)>,
-        waiting: BTreeSet<String>,
-        failed: BTreeSet<String>,
+        plan: Vec<(u32, MemberName)>,
+        waiting: BTreeSet<MemberName>,
+        failed: BTreeSet<MemberName>,
     },
     /// Every bundle has a node.
     Ready,
@@ -317,14 +318,14 @@ struct Entry {
     owner: Option<MemberRef>,
     revision: u64,
     /// The confirmed node of each bundle.
-    nodes: Vec<Option<String>>,
+    nodes: Vec<Option<MemberName>>,
     /// Where a rebuilt group's unconfirmed bundles were, and until when
     /// their nodes may report them.
-    unconfirmed: BTreeMap<u32, String>,
+    unconfirmed: BTreeMap<u32, MemberName>,
     /// The node each bundle was taken from when that node was lost: the
     /// head's record of who may report holding it still (a node that was
     /// only cut off).
-    lost_from: BTreeMap<u32, String>,
+    lost_from: BTreeMap<u32, MemberName>,
     confirm_by: Option<Instant>,
     phase: Phase,
     /// Whether it was ever ready (no timeout applies then).
@@ -339,7 +340,7 @@ struct Entry {
 }
 
 impl Entry {
-    fn in_flight(&self) -> Option<&[(u32, String)]> {
+    fn in_flight(&self) -> Option<&[(u32, MemberName)]> {
         match &self.phase {
             Phase::Preparing { plan, .. } | Phase::Committing { plan, .. } => Some(plan),
             _ => None,
@@ -374,9 +375,9 @@ pub struct Groups {
     next_attempt: u64,
     groups: BTreeMap<GroupId, Entry>,
     /// Up nodes.
-    nodes: BTreeMap<String, NodeInfo>,
+    nodes: BTreeMap<MemberName, NodeInfo>,
     /// What each node has reserved (confirmed and in flight).
-    reserved: BTreeMap<String, Resources>,
+    reserved: BTreeMap<MemberName, Resources>,
     /// Whether resources appeared since the last placement pass.
     dirty: bool,
     /// Groups created since the last pass.
@@ -488,7 +489,7 @@ impl Groups {
             return Ok(());
         }
         let bundles = stored.spec.bundles.len();
-        let unconfirmed: BTreeMap<u32, String> = if stored.was_ready {
+        let unconfirmed: BTreeMap<u32, MemberName> = if stored.was_ready {
             stored
                 .nodes
                 .iter()
@@ -564,7 +565,7 @@ impl Groups {
     /// The group `id` as its users see it.
     pub fn view(&self, id: &GroupId) -> Option<GroupView> {
         let e = self.groups.get(id)?;
-        let mut nodes: Vec<String> = e
+        let mut nodes: Vec<MemberName> = e
             .nodes
             .iter()
             .map(|n| n.clone().unwrap_or_default())
@@ -634,7 +635,7 @@ impl Groups {
     }
 
     fn reserve(&mut self, node: &str, r: &Resources) {
-        add(self.reserved.entry(node.to_owned()).or_default(), r);
+        add(self.reserved.entry(MemberName::from(node)).or_default(), r);
     }
 
     fn unreserve(&mut self, node: &str, r: &Resources) {
@@ -674,7 +675,7 @@ impl Groups {
         &mut self,
         id: &GroupId,
         bundles: &[Resources],
-        held: BTreeMap<String, Vec<u32>>,
+        held: BTreeMap<MemberName, Vec<u32>>,
         out: &mut Vec<Action>,
     ) {
         for (node, bs) in held {
@@ -772,7 +773,7 @@ impl Groups {
             for (b, n) in e.nodes.iter_mut().enumerate() {
                 if n.as_deref() == Some(node) {
                     *n = None;
-                    e.lost_from.insert(b as u32, node.to_owned());
+                    e.lost_from.insert(b as u32, MemberName::from(node));
                     touched = true;
                 }
             }
@@ -788,7 +789,7 @@ impl Groups {
                     waiting, failed, ..
                 } if waiting.contains(node) => {
                     waiting.remove(node);
-                    failed.insert(node.to_owned());
+                    failed.insert(MemberName::from(node));
                 }
                 Phase::Preparing { plan, .. } | Phase::Committing { plan, .. }
                     if plan.iter().any(|(_, n)| n == node) =>
@@ -831,7 +832,7 @@ impl Groups {
             if !self.groups.contains_key(&id) && (self.is_ours(&id) || self.removed.contains(&id)) {
                 // Removed while the node could not be told.
                 out.push(Action::Send {
-                    node: node.to_owned(),
+                    node: MemberName::from(node),
                     op: LedgerOp::Release {
                         group: id,
                         bundles: Vec::new(),
@@ -927,13 +928,13 @@ impl Groups {
             }
             if !claimed.is_empty() {
                 out.push(Action::Refused {
-                    node: node.to_owned(),
+                    node: MemberName::from(node),
                     group: id.clone(),
                     bundles: claimed,
                 });
             }
             for b in &adopt {
-                e.nodes[*b as usize] = Some(node.to_owned());
+                e.nodes[*b as usize] = Some(MemberName::from(node));
                 e.unconfirmed.remove(b);
                 e.lost_from.remove(b);
             }
@@ -954,7 +955,7 @@ impl Groups {
             }
             if !release.is_empty() {
                 out.push(Action::Send {
-                    node: node.to_owned(),
+                    node: MemberName::from(node),
                     op: LedgerOp::Release {
                         group: id.clone(),
                         bundles: release,
@@ -1014,7 +1015,7 @@ impl Groups {
             ) if *attempt == want && waiting.contains(node) => {
                 waiting.remove(node);
                 if reply != Ok(LedgerReply::Done) {
-                    failed.insert(node.to_owned());
+                    failed.insert(MemberName::from(node));
                 }
             }
             _ => return,
@@ -1049,7 +1050,7 @@ impl Groups {
                     );
                     out.push(Action::Changed(id.clone()));
                 } else {
-                    let nodes: BTreeSet<String> = plan.iter().map(|(_, n)| n.clone()).collect();
+                    let nodes: BTreeSet<MemberName> = plan.iter().map(|(_, n)| n.clone()).collect();
                     for node in &nodes {
                         out.push(Action::Send {
                             node: node.clone(),
@@ -1161,7 +1162,7 @@ impl Groups {
             out.push(Action::Changed(id.clone()));
             return;
         }
-        let kept: BTreeSet<&str> = e.nodes.iter().flatten().map(String::as_str).collect();
+        let kept: BTreeSet<&str> = e.nodes.iter().flatten().map(MemberName::as_str).collect();
         let candidates: Vec<Candidate> = self
             .nodes
             .iter()
@@ -1213,8 +1214,8 @@ impl Groups {
                 let attempt = self.next_attempt;
                 self.next_attempt += 1;
                 e.revision += 1;
-                let plan: Vec<(u32, String)> = missing.into_iter().zip(to).collect();
-                let mut nodes: Vec<String> = e
+                let plan: Vec<(u32, MemberName)> = missing.into_iter().zip(to).collect();
+                let mut nodes: Vec<MemberName> = e
                     .nodes
                     .iter()
                     .map(|n| n.clone().unwrap_or_default())
@@ -1281,8 +1282,10 @@ impl Groups {
 }
 
 /// Bundles grouped by their node.
-fn by_node<'a>(bundles: impl Iterator<Item = (u32, &'a String)>) -> BTreeMap<String, Vec<u32>> {
-    let mut per: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+fn by_node<'a>(
+    bundles: impl Iterator<Item = (u32, &'a MemberName)>,
+) -> BTreeMap<MemberName, Vec<u32>> {
+    let mut per: BTreeMap<MemberName, Vec<u32>> = BTreeMap::new();
     for (b, n) in bundles {
         per.entry(n.clone()).or_default().push(b);
     }
@@ -1344,9 +1347,9 @@ mod tests {
     /// once (or losing those to nodes in `unreachable`).
     struct Cluster {
         groups: Groups,
-        ledgers: BTreeMap<String, Ledger>,
+        ledgers: BTreeMap<MemberName, Ledger>,
         members: Vec<MemberView>,
-        unreachable: BTreeSet<String>,
+        unreachable: BTreeSet<MemberName>,
         changed: Vec<GroupId>,
         now: Instant,
     }
@@ -1370,7 +1373,7 @@ mod tests {
         fn join(&mut self, name: &str, incarnation: Incarnation, cpus: u32) {
             let m = member(name, incarnation, cpus, true);
             self.ledgers
-                .entry(name.to_owned())
+                .entry(MemberName::from(name))
                 .or_insert_with(|| Ledger::new(m.resources.amounts()));
             self.members.retain(|x| x.name != name);
             self.members.push(m);
@@ -1862,7 +1865,7 @@ mod tests {
                     if v.state != GroupState::Ready {
                         continue;
                     }
-                    let distinct: BTreeSet<&String> = v.nodes.iter().collect();
+                    let distinct: BTreeSet<&MemberName> = v.nodes.iter().collect();
                     prop_assert!(v.nodes.iter().all(|n| !n.is_empty()));
                     match v.strategy.as_str() {
                         "strict-pack" => prop_assert_eq!(distinct.len(), 1),
@@ -1893,7 +1896,7 @@ mod tests {
 
     /// Each node reports what its ledger holds, as on rejoining.
     fn report_all(c: &mut Cluster) {
-        let names: Vec<String> = c.ledgers.keys().cloned().collect();
+        let names: Vec<MemberName> = c.ledgers.keys().cloned().collect();
         for n in names {
             let held = c.ledgers.get_mut(&n).unwrap().rejoin();
             let mut out = Vec::new();
@@ -1929,7 +1932,7 @@ mod tests {
         let v = c.groups.view(&waits).unwrap();
         assert_eq!(
             (v.state, v.nodes),
-            (GroupState::Ready, vec!["b".to_owned()])
+            (GroupState::Ready, vec![MemberName::from("b")])
         );
         c.check_accounts();
     }

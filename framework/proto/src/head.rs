@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::{ControlReply, ControlRequest};
 use crate::hello::Refusal;
+use crate::ids::MemberName;
 use crate::incarnation::{Incarnation, MemberRef};
 use crate::membership::{HeartbeatOutcome, JoinRefused, Membership, NameHolder, check_join};
 use crate::role::Role;
@@ -33,7 +34,7 @@ use crate::role::Role;
 pub fn members_reply(head: &str, m: &Membership) -> ControlReply {
     ControlReply::Members {
         version: m.version(),
-        head: head.to_owned(),
+        head: MemberName::from(head),
         members: m.view(),
         revoked: m.revoked().to_vec(),
         more: false,
@@ -46,9 +47,9 @@ pub const DEFAULT_PUSH_GAP: Duration = Duration::from_millis(100);
 /// One control stream accepted by the head.
 #[derive(Debug, Clone)]
 pub struct HeadSession {
-    head: String,
+    head: MemberName,
     /// The member name the peer's hello proved.
-    peer: String,
+    peer: MemberName,
     /// The incarnation the peer's hello named.
     peer_incarnation: Incarnation,
     /// The peer's certificate role.
@@ -70,13 +71,13 @@ pub enum Noted {
     /// A member joined.
     Joined(MemberRef),
     /// A join was refused.
-    JoinRefused(String, Refusal),
+    JoinRefused(MemberName, Refusal),
     /// A join was refused: the name is a live member's.
     NameTaken(NameHolder),
     /// A heartbeat from a member that is not up for its incarnation.
-    NotUp(String, HeartbeatOutcome),
+    NotUp(MemberName, HeartbeatOutcome),
     /// A member left.
-    Left(String),
+    Left(MemberName),
 }
 
 impl HeadSession {
@@ -84,8 +85,8 @@ impl HeadSession {
     /// proved the member name `peer` at `incarnation`, with a certificate
     /// of `role`.
     pub fn new(
-        head: impl Into<String>,
-        peer: impl Into<String>,
+        head: impl Into<MemberName>,
+        peer: impl Into<MemberName>,
         incarnation: Incarnation,
         role: Role,
     ) -> Self {
@@ -145,7 +146,7 @@ impl HeadSession {
                     }
                     Err(JoinRefused::Refused(r)) => (
                         Some(ControlReply::Refused(r)),
-                        Noted::JoinRefused(member.name, r),
+                        Noted::JoinRefused(member.name.clone(), r),
                     ),
                     Err(JoinRefused::NameTaken(holder)) => (
                         Some(ControlReply::NameTaken(holder.clone())),

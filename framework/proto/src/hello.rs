@@ -19,6 +19,7 @@
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::role::{Role, may_speak_as};
 
@@ -63,7 +64,7 @@ pub struct Hello {
     /// The member name the dialer speaks as: its certificate's name, with
     /// an instance tag for roles that run many processes (see
     /// [`crate::role`]).
-    pub node: String,
+    pub node: MemberName,
     /// The dialer's incarnation (0 for tools, which open control streams
     /// only).
     pub incarnation: Incarnation,
@@ -75,7 +76,7 @@ impl Hello {
     /// A hello of this protocol version.
     pub fn new(
         purpose: Purpose,
-        node: impl Into<String>,
+        node: impl Into<MemberName>,
         incarnation: Incarnation,
         cookie: CookieDigest,
     ) -> Self {
@@ -201,6 +202,7 @@ pub use reply::HelloReply;
 #[allow(missing_docs)]
 mod reply {
     use super::{Incarnation, Refusal};
+    use crate::ids::MemberName;
     use rkyv::{Archive, Deserialize, Serialize};
 
     /// The acceptor's answer.
@@ -209,7 +211,7 @@ mod reply {
         /// The stream may carry `purpose` traffic.
         Accepted {
             /// The acceptor's node name.
-            node: String,
+            node: MemberName,
             /// The acceptor's incarnation.
             incarnation: Incarnation,
         },

@@ -1,4 +1,4 @@
-//! Ids with types: a placement group's, a job's. Each reads as the text
+//! Ids with types: a member's name, a placement group's, a job's. Each reads as the text
 //! it is (`&id` where a `&str` is asked, `{id}` in a message), and is
 //! archived as that text, so a type cannot be passed where another is
 //! meant.
@@ -87,8 +87,32 @@ macro_rules! text_id {
                 &self.0 == other
             }
         }
+
+        impl PartialEq<$name> for str {
+            fn eq(&self, other: &$name) -> bool {
+                self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for &str {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
     };
 }
+
+text_id!(
+    /// A member's name: the name its certificate carries, under which the
+    /// head keeps it in the member table (`head`, `w1`, `d1`).
+    MemberName
+);
 
 text_id!(
     /// A placement group's id, as the head names it (`PREFIX-N`, the

@@ -10,6 +10,7 @@
 //! than the recorded one. The node records each incarnation before it uses
 //! it (the runtime keeps the record in a file next to its certificates).
 
+use crate::ids::MemberName;
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// The generation number one process of a node runs under: a clock
@@ -102,14 +103,14 @@ impl ArchivedIncarnation {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MemberRef {
     /// The member's name.
-    pub name: String,
+    pub name: MemberName,
     /// The incarnation of its process.
     pub incarnation: Incarnation,
 }
 
 impl MemberRef {
     /// The process of `name` running under `incarnation`.
-    pub fn new(name: impl Into<String>, incarnation: Incarnation) -> Self {
+    pub fn new(name: impl Into<MemberName>, incarnation: Incarnation) -> Self {
         Self {
             name: name.into(),
             incarnation,

@@ -21,7 +21,7 @@
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::groups::GroupView;
-use crate::ids::{GroupId, JobId};
+use crate::ids::{GroupId, JobId, MemberName};
 use crate::placement::Resources;
 
 /// Where a job is.
@@ -140,7 +140,7 @@ pub struct JobView {
     /// Units in all (0: not known yet).
     pub total: u64,
     /// The node its actor runs on, while it runs.
-    pub node: Option<String>,
+    pub node: Option<MemberName>,
     /// Its actor's restarts.
     pub restarts: u32,
     /// The group of its own bundle (where its actor runs).
@@ -250,7 +250,7 @@ impl JobRecord {
         let j = &mut self.0;
         if !j.state.is_end() {
             j.state = JobState::Running;
-            j.node = Some(node.to_owned());
+            j.node = Some(MemberName::from(node));
             j.restarts = restarts;
         }
     }

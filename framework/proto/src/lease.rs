@@ -35,6 +35,7 @@
 //! goes to [`HeadLease::handle_read`] or [`HeadLease::handle_written`],
 //! and [`HeadLease::handle_timeout`] runs at [`HeadLease::poll_timeout`].
 
+use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -45,7 +46,7 @@ pub struct LeaseRecord {
     /// Grows by one at each takeover.
     pub term: u64,
     /// The holder's member name.
-    pub holder: String,
+    pub holder: MemberName,
     /// The address the holder serves the cluster on.
     pub address: String,
     /// The holder's incarnation: a head that takes over runs above it.
@@ -97,7 +98,7 @@ impl LeaseRecord {
         let renewal = field("renewal")?;
         Ok(Self {
             term: number("term", term)?,
-            holder,
+            holder: MemberName::from(holder),
             address,
             incarnation: Incarnation::new(number("incarnation", incarnation)?),
             renewal: number("renewal", renewal)?,
@@ -234,7 +235,7 @@ impl HeadLease {
     /// `incarnation` are what it writes when it takes the lease.
     pub fn new(
         now: Instant,
-        holder: impl Into<String>,
+        holder: impl Into<MemberName>,
         address: impl Into<String>,
         incarnation: Incarnation,
         config: LeaseConfig,
@@ -643,7 +644,7 @@ mod tests {
             b.handle_timeout(t);
             store.ask(&mut b, t);
             if let Some(LeaseEvent::Acquired { former }) = b.poll_event() {
-                assert_eq!(former.map(|f| f.holder), Some("a".to_owned()));
+                assert_eq!(former.map(|f| f.holder), Some(MemberName::from("a")));
                 took = Some(t);
             }
             assert!(

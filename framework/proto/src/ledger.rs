@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
-use crate::ids::GroupId;
+use crate::ids::{GroupId, MemberName};
 use crate::incarnation::MemberRef;
 use crate::placement::Resources;
 
@@ -44,7 +44,7 @@ pub struct GroupRecord {
     /// Every bundle of the group.
     pub bundles: Vec<Resources>,
     /// The node of each bundle at this revision (empty: not placed).
-    pub nodes: Vec<String>,
+    pub nodes: Vec<MemberName>,
     /// Labels a node must have.
     pub selector: BTreeMap<String, String>,
     /// The node that created it and its incarnation; `None` for a group

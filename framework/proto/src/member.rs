@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::control::{ControlReply, ControlRequest, Pages};
 use crate::hello::Refusal;
+use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::membership::{JoinRequest, MemberView, NameHolder};
 
@@ -63,13 +64,13 @@ pub struct TableUpdate {
     /// The head's table version.
     pub version: u64,
     /// The head's name.
-    pub head: String,
+    pub head: MemberName,
     /// Whether `members` is the whole table (else: only what changed).
     pub whole: bool,
     /// Every member, or the members that changed.
     pub members: Vec<MemberView>,
     /// Members forgotten: drop them (with changes only).
-    pub removed: Vec<String>,
+    pub removed: Vec<MemberName>,
     /// The serials of revoked certificates, when they changed (always with
     /// a whole table).
     pub revoked: Option<Vec<Vec<u8>>>,
@@ -657,7 +658,7 @@ mod tests {
         link.handle_connected(t0);
         drain(&mut link);
         let member = |i: u32| MemberView {
-            name: format!("m{i:05}"),
+            name: format!("m{i:05}").into(),
             addr: "127.0.0.1:1".into(),
             bulk_addr: "127.0.0.1:2".into(),
             host: "h".into(),

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::hello::Refusal;
+use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::ledger::Held;
 use crate::resources::Resources;
@@ -94,7 +95,7 @@ impl MemberState {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct MemberView {
     /// Node name (its certificate's name).
-    pub name: String,
+    pub name: MemberName,
     /// Address other members dial.
     pub addr: String,
     /// Address of the node's bulk lane: its second endpoint, which carries
@@ -120,7 +121,7 @@ pub struct MemberView {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct JoinRequest {
     /// Node name (its certificate's name).
-    pub name: String,
+    pub name: MemberName,
     /// Address other members dial.
     pub addr: String,
     /// Address of the node's bulk lane.
@@ -197,7 +198,7 @@ pub fn check_join(
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct NameHolder {
     /// The name.
-    pub name: String,
+    pub name: MemberName,
     /// The address it was joined from.
     pub addr: String,
     /// Its incarnation.
@@ -265,19 +266,19 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct Membership {
     config: DetectorConfig,
-    members: BTreeMap<String, Entry>,
+    members: BTreeMap<MemberName, Entry>,
     version: u64,
     /// `(last heard, name)` of every up member silence may mark down.
-    silence: BTreeSet<(Instant, String)>,
+    silence: BTreeSet<(Instant, MemberName)>,
     /// `(version of last change, name)` of every member.
-    changes: BTreeSet<(u64, String)>,
+    changes: BTreeSet<(u64, MemberName)>,
     /// `(when it ended, name)` of every member of a role that runs many
     /// processes that left or is down: forgotten after `forget_after`.
-    ended: BTreeSet<(Instant, String)>,
+    ended: BTreeSet<(Instant, MemberName)>,
     /// `version → name` of the members forgotten lately, so that changes
     /// since a version can say which to drop (the last
     /// [`REMOVALS_KEPT`]).
-    removed: BTreeMap<u64, String>,
+    removed: BTreeMap<u64, MemberName>,
     /// Serial numbers of revoked certificates (normalised, sorted), handed
     /// to every member with the table.
     revoked: Vec<Vec<u8>>,
@@ -309,14 +310,14 @@ impl Membership {
             .get(name)
             .is_some_and(|e| !e.view.role.is_singular())
         {
-            self.ended.insert((now, name.to_owned()));
+            self.ended.insert((now, MemberName::from(name)));
         }
     }
 
     /// Forgets the members of roles that run many processes that left or
     /// went down `forget_after` ago or more; returns their names. Members
     /// hear of it with the next changes ([`Membership::removed_since`]).
-    pub fn poll_forget(&mut self, now: Instant) -> Vec<String> {
+    pub fn poll_forget(&mut self, now: Instant) -> Vec<MemberName> {
         let mut forgotten = Vec::new();
         while let Some((at, name)) = self.ended.first().cloned() {
             if now.saturating_duration_since(at) < self.config.forget_after {
@@ -342,7 +343,7 @@ impl Membership {
     }
 
     /// The members forgotten after `version`.
-    pub fn removed_since(&self, version: u64) -> Vec<String> {
+    pub fn removed_since(&self, version: u64) -> Vec<MemberName> {
         self.removed
             .range(version + 1..)
             .map(|(_, n)| n.clone())
@@ -438,9 +439,10 @@ impl Membership {
     /// version once per operation, then stamp every entry it changed).
     fn stamp(&mut self, name: &str) {
         if let Some(entry) = self.members.get_mut(name) {
-            self.changes.remove(&(entry.changed, name.to_owned()));
+            self.changes
+                .remove(&(entry.changed, MemberName::from(name)));
             entry.changed = self.version;
-            self.changes.insert((self.version, name.to_owned()));
+            self.changes.insert((self.version, MemberName::from(name)));
         }
     }
 
@@ -505,8 +507,9 @@ impl Membership {
             return HeartbeatOutcome::NotUp;
         }
         if !entry.local {
-            self.silence.remove(&(entry.last_heard, name.to_owned()));
-            self.silence.insert((now, name.to_owned()));
+            self.silence
+                .remove(&(entry.last_heard, MemberName::from(name)));
+            self.silence.insert((now, MemberName::from(name)));
         }
         entry.last_heard = now;
         if entry.view.actors != actors {
@@ -538,7 +541,8 @@ impl Membership {
                 entry.view.state = MemberState::Left;
                 entry.view.actors = 0;
                 if !entry.local {
-                    self.silence.remove(&(entry.last_heard, name.to_owned()));
+                    self.silence
+                        .remove(&(entry.last_heard, MemberName::from(name)));
                 }
                 self.version += 1;
                 self.stamp(name);
@@ -551,7 +555,7 @@ impl Membership {
 
     /// Marks every member silent for longer than `down_after` as down and
     /// returns their names.
-    pub fn poll_down(&mut self, now: Instant) -> Vec<String> {
+    pub fn poll_down(&mut self, now: Instant) -> Vec<MemberName> {
         let mut downed = Vec::new();
         while let Some((heard, name)) = self.silence.first().cloned() {
             if now.saturating_duration_since(heard) <= self.config.down_after {
@@ -599,7 +603,7 @@ impl Membership {
     /// applied to a table of `version`, they give this one.
     pub fn changes_since(&self, version: u64) -> Vec<MemberView> {
         self.changes
-            .range((version + 1, String::new())..)
+            .range((version + 1, MemberName::default())..)
             .filter_map(|(_, name)| self.members.get(name).map(|e| e.view.clone()))
             .collect()
     }
@@ -1051,7 +1055,7 @@ mod tests {
                 // The changes since any earlier version, applied to the
                 // table of that version, give the table of now.
                 for (version, old) in &snapshots {
-                    let mut table: BTreeMap<String, MemberView> =
+                    let mut table: BTreeMap<MemberName, MemberView> =
                         old.iter().map(|v| (v.name.clone(), v.clone())).collect();
                     for v in m.changes_since(*version) {
                         table.insert(v.name.clone(), v);

@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::membership::{MemberState, MemberView};
 
@@ -49,7 +50,7 @@ pub enum MeshAction {
     /// report the result with [`Mesh::handle_dialled`].
     Dial {
         /// The peer's name.
-        peer: String,
+        peer: MemberName,
         /// The address it listens on.
         addr: String,
         /// The incarnation the session is for.
@@ -58,7 +59,7 @@ pub enum MeshAction {
     /// Close every session and bulk stream with `peer`: it is not up.
     Close {
         /// The peer's name.
-        peer: String,
+        peer: MemberName,
     },
 }
 
@@ -73,21 +74,21 @@ struct Dialled {
 /// The dial policy of one node.
 #[derive(Debug, Clone)]
 pub struct Mesh {
-    me: String,
+    me: MemberName,
     config: MeshConfig,
     /// Members by name: `(addr, incarnation, state)`.
-    members: BTreeMap<String, (String, Incarnation, MemberState)>,
+    members: BTreeMap<MemberName, (String, Incarnation, MemberState)>,
     /// Peers whose session is ready.
-    ready: BTreeSet<String>,
-    dialled: BTreeMap<String, Dialled>,
+    ready: BTreeSet<MemberName>,
+    dialled: BTreeMap<MemberName, Dialled>,
     /// Dials in progress: peer → incarnation.
-    pending: BTreeMap<String, Incarnation>,
+    pending: BTreeMap<MemberName, Incarnation>,
     actions: VecDeque<MeshAction>,
 }
 
 impl Mesh {
     /// The policy of the node named `me`, with no members yet.
-    pub fn new(me: impl Into<String>, config: MeshConfig) -> Self {
+    pub fn new(me: impl Into<MemberName>, config: MeshConfig) -> Self {
         Self {
             me: me.into(),
             config,
@@ -127,7 +128,7 @@ impl Mesh {
     /// The session with `peer` became ready (`true`) or stopped being so.
     pub fn handle_ready(&mut self, now: Instant, peer: &str, ready: bool) {
         if ready {
-            self.ready.insert(peer.to_owned());
+            self.ready.insert(MemberName::from(peer));
         } else {
             self.ready.remove(peer);
         }
@@ -141,7 +142,7 @@ impl Mesh {
         }
         if ok {
             self.dialled.insert(
-                peer.to_owned(),
+                MemberName::from(peer),
                 Dialled {
                     incarnation,
                     opened: now,
@@ -194,7 +195,7 @@ impl Mesh {
 
     /// Peers with a dialled session held for them.
     pub fn dialled(&self) -> impl Iterator<Item = &str> {
-        self.dialled.keys().map(String::as_str)
+        self.dialled.keys().map(MemberName::as_str)
     }
 
     fn evaluate(&mut self, now: Instant) {

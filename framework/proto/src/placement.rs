@@ -18,6 +18,7 @@
 //! (exact at any size). The result depends only on the inputs: the same
 //! table gives the same placement.
 
+use crate::ids::MemberName;
 use std::collections::BTreeMap;
 
 /// Amounts of named resources (`cpu`, `gpu`, `memory_mb`, custom ones).
@@ -106,7 +107,7 @@ pub fn parse_bundle(s: &str) -> Result<Resources, String> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     /// Its name.
-    pub name: String,
+    pub name: MemberName,
     /// What it has available (capacity less what is reserved).
     pub available: Resources,
     /// Its labels.
@@ -205,7 +206,7 @@ fn weight(b: &Resources) -> f64 {
 
 /// Where each bundle of `group` goes (a node name per bundle, in bundle
 /// order), among `nodes`.
-pub fn place(nodes: &[Candidate], group: &Group) -> Result<Vec<String>, Infeasible> {
+pub fn place(nodes: &[Candidate], group: &Group) -> Result<Vec<MemberName>, Infeasible> {
     if group.bundles.is_empty() {
         return Err(Infeasible::Empty);
     }
@@ -582,7 +583,7 @@ mod tests {
         }
     }
 
-    fn distinct(p: &[String]) -> usize {
+    fn distinct(p: &[MemberName]) -> usize {
         p.iter().collect::<std::collections::BTreeSet<_>>().len()
     }
 
@@ -672,7 +673,7 @@ mod tests {
         let g = group(Strategy::Spread, &[1.0; 300]);
         let p = place(&nodes, &g).unwrap();
         assert_eq!(distinct(&p), 200);
-        let mut per: BTreeMap<&String, usize> = BTreeMap::new();
+        let mut per: BTreeMap<&MemberName, usize> = BTreeMap::new();
         for n in &p {
             *per.entry(n).or_default() += 1;
         }
@@ -737,7 +738,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, (cpu, gpu))| Candidate {
-                    name: format!("n{}", (i + seed as usize) % 7),
+                    name: format!("n{}", (i + seed as usize) % 7).into(),
                     available: res(&[("cpu", f64::from(*cpu) / 2.0), ("gpu", f64::from(*gpu))]),
                     labels: BTreeMap::new(),
                 })

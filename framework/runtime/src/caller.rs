@@ -3,6 +3,7 @@
 //! judges a request by this, never by names written in the request.
 
 use flotilla_proto::authority::Sender;
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::role::Role;
 
@@ -10,7 +11,7 @@ use flotilla_proto::role::Role;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Caller {
     /// The member name (checked against the certificate at the gate).
-    pub(crate) member: String,
+    pub(crate) member: MemberName,
     /// The certificate's role.
     pub(crate) role: Role,
     /// The incarnation the hello named (0: a tool, not a member).

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use flotilla_proto::hello::{CookieDigest, Hello, Purpose};
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::{Incarnation, next_incarnation, parse_recorded};
 use flotilla_proto::membership::JoinRequest;
 use flotilla_proto::resources::Resources;
@@ -106,7 +107,7 @@ pub(crate) struct Addresses {
 #[derive(Debug)]
 pub(crate) struct Identity {
     /// The node's member name.
-    pub(crate) name: String,
+    pub(crate) name: MemberName,
     /// Its certificate's role.
     pub(crate) role: Role,
     /// The current incarnation and where it is recorded (nowhere for an
@@ -129,7 +130,7 @@ impl Identity {
     /// taken from `record` (the clock's, for an instance name that keeps
     /// none).
     pub(crate) fn new(
-        name: String,
+        name: MemberName,
         role: Role,
         addresses: Addresses,
         resources: Resources,

@@ -68,6 +68,7 @@ pub use control::status::{
     query, query_gpus, query_jobs, query_objects, query_placement, query_status, query_supervisors,
 };
 pub use flotilla_proto::control::SpawnOrder;
+pub use flotilla_proto::ids::MemberName;
 pub use flotilla_proto::incarnation::{Incarnation, MemberRef};
 pub use flotilla_proto::membership::{MemberState, MemberView};
 pub use flotilla_proto::resources::Resources;

@@ -1,5 +1,6 @@
 //! The member table as a node knows it.
 
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::membership::{MemberState, MemberView};
 
@@ -10,7 +11,7 @@ pub struct Table {
     /// Version of the head's table.
     pub version: u64,
     /// Name of the head.
-    pub head: String,
+    pub head: MemberName,
     /// Every member, sorted by name.
     pub members: Vec<MemberView>,
     /// Serial numbers of revoked certificates (normalised, sorted), as the

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_proto::control::{ControlReply, ControlRequest};
 use flotilla_proto::head::HeadSession;
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::member::{MemberConfig, MemberEvent, MemberLink};
 use flotilla_proto::membership::{
@@ -153,16 +154,16 @@ enum Event {
 }
 
 struct Member {
-    name: String,
+    name: MemberName,
     link: MemberLink,
     /// The current link's id, when one is open or opening.
     open: Option<u64>,
     /// The member table as this member knows it.
-    view: BTreeMap<String, MemberView>,
+    view: BTreeMap<MemberName, MemberView>,
     /// When its timer is set for.
     timer: Option<Instant>,
     /// The latest Up incarnation seen per name in this member's view.
-    seen_up: HashMap<String, Incarnation>,
+    seen_up: HashMap<MemberName, Incarnation>,
 }
 
 /// A cluster of proto machines on a virtual clock.
@@ -184,7 +185,7 @@ pub struct SimCluster {
     /// Last arrival time per (member, link, direction), for FIFO links.
     arrivals: HashMap<(usize, u64, bool), Instant>,
     /// The latest Up incarnation seen per name in the head's table.
-    head_seen_up: HashMap<String, Incarnation>,
+    head_seen_up: HashMap<MemberName, Incarnation>,
     /// When the head's timer is set for.
     head_timer: Option<Instant>,
     /// The table version the sessions were last looked at for.
@@ -194,7 +195,7 @@ pub struct SimCluster {
     /// Members an event touched since the last check.
     touched: Vec<usize>,
     /// Member index by name.
-    index: HashMap<String, usize>,
+    index: HashMap<MemberName, usize>,
     stats: HeadStats,
     /// The supervised child, once its supervisor's member has joined.
     child: Option<World>,
@@ -248,7 +249,7 @@ impl SimCluster {
         };
         for i in 0..config.members {
             let name = format!("m{i:04}");
-            sim.index.insert(name.clone(), i);
+            sim.index.insert(MemberName::from(name.clone()), i);
             let start = base + sim.rng.upto(config.start_within);
             sim.members.push(Member {
                 link: MemberLink::new(
@@ -256,7 +257,7 @@ impl SimCluster {
                     config.member,
                     join_request(&name, Incarnation::new(1)),
                 ),
-                name,
+                name: MemberName::from(name),
                 open: None,
                 view: BTreeMap::new(),
                 timer: Some(start),
@@ -265,7 +266,7 @@ impl SimCluster {
             sim.schedule(start, Event::MemberTimer(i));
         }
         if config.groups > 0 {
-            let names: Vec<String> = sim.members.iter().map(|m| m.name.clone()).collect();
+            let names: Vec<MemberName> = sim.members.iter().map(|m| m.name.clone()).collect();
             sim.placement = Some(Placement::new(config.seed, &names, config.groups, base));
         }
         if let Some(child) = config.child {

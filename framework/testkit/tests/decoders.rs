@@ -18,6 +18,7 @@ use flotilla_proto::bulk::BulkHeader;
 use flotilla_proto::control::{ControlReply, ControlRequest, PlacementRequest, SpawnOrder};
 use flotilla_proto::groups::GroupSpec;
 use flotilla_proto::hello::{Hello, HelloReply, Purpose, Refusal};
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::jobs::{JobSpec, JobsRequest};
 use flotilla_proto::ledger::{GroupRecord, Held, LedgerOp};
@@ -123,7 +124,7 @@ fn record() -> GroupRecord {
         revision: 3,
         strategy: "strict-spread".into(),
         bundles: vec![BTreeMap::from([("cpu".to_owned(), 1.0)]); 3],
-        nodes: vec!["w1".into(), "w2".into(), String::new()],
+        nodes: vec!["w1".into(), "w2".into(), MemberName::from(String::new())],
         selector: [("zone".to_owned(), "a".to_owned())].into(),
         owner: Some(flotilla_proto::incarnation::MemberRef::new(
             "admin~00aa",

@@ -9,6 +9,7 @@ use flotilla_proto::frame::{self, FrameError, PREFIX_LEN};
 use flotilla_proto::hello::{
     CookieDigest, Hello, HelloReply, Purpose, Refusal, check_hello, check_incarnation,
 };
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::role::Role;
 use flotilla_proto::wire::{self, Decode, Encode, WireError};
@@ -290,7 +291,7 @@ impl<T: Decode + Send + 'static> Frames<T> {
 pub async fn dial(
     connection: &quinn::Connection,
     hello: &Hello,
-) -> Result<(SendStream, RecvStream, String, Incarnation), StreamError> {
+) -> Result<(SendStream, RecvStream, MemberName, Incarnation), StreamError> {
     let (mut send, mut recv) = connection.open_bi().await.map_err(io)?;
     send_msg(&mut send, hello, frame::DEFAULT_MAX_FRAME).await?;
     match recv_msg::<HelloReply>(&mut recv, frame::DEFAULT_MAX_FRAME).await? {
@@ -387,7 +388,7 @@ pub async fn answer(
         return Err(StreamError::RefusedPeer(refusal));
     }
     let reply = HelloReply::Accepted {
-        node: name.to_owned(),
+        node: MemberName::from(name),
         incarnation,
     };
     send_msg(send, &reply, frame::DEFAULT_MAX_FRAME).await

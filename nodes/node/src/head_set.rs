@@ -16,6 +16,7 @@ use std::time::Duration;
 use flotilla::head_lease::{Candidate, LeaseGuard, LeaseStore};
 use flotilla::head_replica::HeadReplica;
 use flotilla::{NodeBuilder, NodeConfig};
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::lease::LeaseConfig;
 use tokio_util::sync::CancellationToken;
@@ -78,7 +79,7 @@ pub async fn take_lease(
     let address = config.advertise.unwrap_or(config.listen).to_string();
     tracing::info!(lease = %lease.url, duration = ?lease.duration, "standby: waiting for the head lease");
     let me = Candidate {
-        holder: config.name.clone(),
+        holder: MemberName::from(config.name.clone()),
         address,
         incarnation: Incarnation::new(0),
     };

@@ -452,7 +452,7 @@ async fn answers_of<T, F, Fut, E>(
     identity: &flotilla_transport::Identity,
     asks: impl Fn(&flotilla::MemberView) -> bool,
     query: F,
-) -> std::collections::BTreeMap<String, T>
+) -> std::collections::BTreeMap<flotilla::MemberName, T>
 where
     F: Fn(std::net::SocketAddr, flotilla_transport::Identity) -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,

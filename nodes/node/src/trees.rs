@@ -62,7 +62,7 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
                         source,
                     })?;
             let nodes = if c.nodes.is_empty() {
-                vec![node.name().to_owned()]
+                vec![node.name().to_string()]
             } else {
                 c.nodes
             };
@@ -70,7 +70,7 @@ pub async fn start(node: &Arc<Node>, trees: Vec<Tree>) -> Result<Trees, TreeErro
                 nodes
                     .iter()
                     .find(|n| t.get(n).is_some_and(|m| m.state == MemberState::Up))
-                    .cloned()
+                    .map(|n| n.as_str().into())
             };
             let start = RemoteChild::raw(
                 Arc::clone(node),

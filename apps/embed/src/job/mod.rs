@@ -102,7 +102,7 @@ pub enum ClusterError {
     NoWorkerUp,
     /// No embedding actor started anywhere.
     #[error("cluster: no embedding actor started on any worker: {}", list(.0))]
-    NoActorStarted(Vec<(String, ActorStartError)>),
+    NoActorStarted(Vec<(flotilla::MemberName, ActorStartError)>),
     /// No worker has the job's model revision.
     #[error("cluster: no worker has model revision {0}")]
     NoMatchingRevision(String),
@@ -111,7 +111,7 @@ pub enum ClusterError {
     Placement(Box<flotilla::placement_groups::PlacementError>),
 }
 
-fn list(failures: &[(String, ActorStartError)]) -> String {
+fn list(failures: &[(flotilla::MemberName, ActorStartError)]) -> String {
     failures
         .iter()
         .map(|(node, why)| format!("{node}: {why}"))

@@ -17,6 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla::MemberName;
 use flotilla::placement_groups::{GroupId, GroupSpec, PlacementError};
 use flotilla::ractor::{Actor, ActorRef, Message, SpawnErr};
 use flotilla::supervisor::{
@@ -39,7 +40,7 @@ impl<M: Message> Pool<M> {
     /// 10 s before each restart; with `members`, remote children follow
     /// the member table. Returns the pool and what stops it.
     pub async fn supervise(
-        actors: Vec<(String, ActorRef<M>)>,
+        actors: Vec<(MemberName, ActorRef<M>)>,
         children: Vec<Child>,
         intensity: Intensity,
         members: Option<watch::Receiver<Table>>,
@@ -90,7 +91,7 @@ impl<M: Message> Pool<M> {
         C: Fn(ActorRef<M>) -> Fut,
         Fut: Future<Output = Result<R, String>>,
     {
-        let mut actors: Vec<(String, ActorRef<M>)> = Vec::with_capacity(count);
+        let mut actors: Vec<(MemberName, ActorRef<M>)> = Vec::with_capacity(count);
         let mut found = Vec::with_capacity(count);
         let started = async {
             for _ in 0..count {
@@ -98,7 +99,7 @@ impl<M: Message> Pool<M> {
                 let (actor, _) = Actor::spawn(None, actor, args)
                     .await
                     .map_err(ActorStartError::Start)?;
-                actors.push(("local".to_owned(), actor.clone()));
+                actors.push((MemberName::from("local"), actor.clone()));
                 found.push(ready(actor).await.map_err(ActorStartError::NotReady)?);
             }
             Ok(())
@@ -217,7 +218,7 @@ pub struct PlacedActor<M, R> {
     /// Its bundle.
     pub bundle: usize,
     /// The member it runs on.
-    pub member: String,
+    pub member: MemberName,
     /// The actor.
     pub actor: ActorRef<M>,
     /// What the application's check of it found.
@@ -251,7 +252,7 @@ pub struct Placed<M, A, R> {
     pub actors: Vec<PlacedActor<M, R>>,
     /// The members whose actors did not start, and why (a member stops
     /// at its first failure).
-    pub failures: Vec<(String, ActorStartError)>,
+    pub failures: Vec<(MemberName, ActorStartError)>,
     /// Removes the group if the job goes no further.
     stopper: Stopper,
 }
@@ -300,7 +301,7 @@ where
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        let mut per_member: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut per_member: BTreeMap<MemberName, Vec<usize>> = BTreeMap::new();
         for (b, n) in view.nodes.iter().enumerate() {
             per_member.entry(n.clone()).or_default().push(b);
         }
@@ -349,7 +350,7 @@ where
                         if let (Some(placed), Some(name)) =
                             (stopper.placed.as_mut(), actor.get_name())
                         {
-                            placed.named.push((member.clone(), name));
+                            placed.named.push((member.to_string(), name));
                         }
                         actors.push(PlacedActor {
                             bundle,

@@ -37,6 +37,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flotilla::MemberName;
 use flotilla::pipeline::{
     BatchId, Event, Pipeline, PipelineConfig, PipelineError, Stage, WorkerKey,
 };
@@ -228,7 +229,7 @@ impl Links {
 /// The actors a job runs on, each with the member it runs on, and the
 /// supervisor over them if any.
 pub struct Pool<M: flotilla::ractor::Message> {
-    actors: Vec<(String, ActorRef<M>)>,
+    actors: Vec<(MemberName, ActorRef<M>)>,
     /// Each actor's child id under the supervisor, in the same order.
     ids: Vec<String>,
     events: Option<mpsc::UnboundedReceiver<SupervisorEvent>>,
@@ -236,7 +237,7 @@ pub struct Pool<M: flotilla::ractor::Message> {
 
 impl<M: flotilla::ractor::Message> Pool<M> {
     /// `actors`, unsupervised: one that stops leaves the pool.
-    pub fn new(actors: Vec<(String, ActorRef<M>)>) -> Self {
+    pub fn new(actors: Vec<(MemberName, ActorRef<M>)>) -> Self {
         Self {
             actors,
             ids: Vec::new(),
@@ -248,7 +249,7 @@ impl<M: flotilla::ractor::Message> Pool<M> {
     /// one that exits leaves the pool, comes back when restarted, and an
     /// escalation ends the job.
     pub fn supervised(
-        actors: Vec<(String, ActorRef<M>)>,
+        actors: Vec<(MemberName, ActorRef<M>)>,
         ids: Vec<String>,
         events: mpsc::UnboundedReceiver<SupervisorEvent>,
     ) -> Self {
@@ -383,7 +384,7 @@ impl<M: flotilla::ractor::Message> Members<M> {
     /// as a worker; `ids`: their child ids under the supervisor, in the
     /// same order.
     fn join<S: Stage<Msg = M>>(
-        actors: Vec<(String, ActorRef<M>)>,
+        actors: Vec<(MemberName, ActorRef<M>)>,
         ids: &[String],
         pipeline: &mut Pipeline<S>,
     ) -> Self {
@@ -453,7 +454,7 @@ impl<M: flotilla::ractor::Message> Members<M> {
                     let node = running
                         .node
                         .as_ref()
-                        .map_or_else(|| "local".to_owned(), |n| n.name.clone());
+                        .map_or_else(|| "local".to_owned(), |n| n.name.to_string());
                     let actor = ActorRef::<M>::from(running.cell);
                     let key = pipeline.add_worker(&node, actor.clone());
                     self.keys.insert(child, key);
@@ -558,11 +559,11 @@ async fn open_input<M>(job: &BatchJob<M>) -> Result<(Arc<Input>, Source), BatchJ
 ///     let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
 ///     Ok(parts::parquet_part(&ids, &[("len", lengths.into_iter().map(Cell::Int).collect())])?)
 /// };
-/// let pool = Pool::new(vec![("local".to_owned(), actor.clone())]);
+/// let pool = Pool::new(vec![("local".into(), actor.clone())]);
 /// let done = flotilla_data::job::run(Links::local(), job.clone(), Measuring, pool, Encode(encode)).await?;
 /// assert_eq!((done.written, done.rows), (3, 10));
 /// // Run again on the same output: every batch is found done.
-/// let pool = Pool::new(vec![("local".to_owned(), actor.clone())]);
+/// let pool = Pool::new(vec![("local".into(), actor.clone())]);
 /// let again = flotilla_data::job::run(Links::local(), job, Measuring, pool, Encode(encode)).await?;
 /// assert_eq!((again.written, again.skipped), (0, 3));
 /// assert_eq!(parts::parquet_ids(&dir.join("out/parts"))?.len(), 10);
@@ -855,7 +856,7 @@ mod tests {
         let job = counting_job(&dir, 5);
         let (actor, _) = Actor::spawn(None, Count, ()).await.unwrap();
         let mut parts = Unreadable::default();
-        let pool = Pool::new(vec![("local".to_owned(), actor.clone())]);
+        let pool = Pool::new(vec![(MemberName::from("local"), actor.clone())]);
         let result = tokio::time::timeout(
             Duration::from_secs(20),
             run(Links::local(), job, Counting, pool, &mut parts),

@@ -287,7 +287,7 @@ impl ControlService {
     async fn stop(&self, caller: &Caller, name: String) -> Option<ControlReply> {
         let req = LocalStop {
             name,
-            sender: Some((caller.member.clone(), caller.role)),
+            sender: Some((caller.member.to_string(), caller.role)),
             head: self.view.borrow().head.clone(),
         };
         call(

@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 
 use flotilla_proto::control::{GpuReport, SupervisorReport};
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::membership::MemberView;
 use flotilla_proto::objects::ObjectStats;
 use serde::Serialize;
@@ -24,15 +25,15 @@ use crate::table::Table;
 
 /// Each node's supervisors as `node status` asked them: the reports, or
 /// why the node did not answer.
-pub type Supervisors = BTreeMap<String, Result<Vec<SupervisorReport>, String>>;
+pub type Supervisors = BTreeMap<MemberName, Result<Vec<SupervisorReport>, String>>;
 
 /// Each node's object-store counters, by node name, for the nodes that
 /// answered.
-pub type ObjectCounts = BTreeMap<String, ObjectStats>;
+pub type ObjectCounts = BTreeMap<MemberName, ObjectStats>;
 
 /// Each node's GPUs and the actors holding them, by node name, for the
 /// nodes that answered.
-pub type GpuHolders = BTreeMap<String, Vec<GpuReport>>;
+pub type GpuHolders = BTreeMap<MemberName, Vec<GpuReport>>;
 
 /// Amounts of resources by name.
 type Amounts = BTreeMap<String, f64>;

@@ -18,6 +18,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::lease::{
     HeadLease, LeaseConfig, LeaseEvent, LeaseOp, LeaseRecord, LostWhy, Seen, Written,
@@ -222,7 +223,7 @@ pub struct Acquired {
 #[derive(Debug, Clone)]
 pub struct Candidate {
     /// Its member name.
-    pub holder: String,
+    pub holder: MemberName,
     /// The address it serves the cluster on.
     pub address: String,
     /// A number below the incarnation it will run under.

@@ -464,6 +464,7 @@ pub(crate) mod tests {
     use flotilla_proto::placement::Resources;
 
     use super::*;
+    use flotilla_proto::ids::MemberName;
     use flotilla_proto::incarnation::Incarnation;
 
     /// A stored job of submission place `seq`.
@@ -617,7 +618,7 @@ pub(crate) mod tests {
             nodes: if was_ready {
                 vec!["w1".into(), "w2".into()]
             } else {
-                vec![String::new(); 2]
+                vec![MemberName::default(); 2]
             },
             revision: u64::from(was_ready),
             deadline_unix_ms: 1_700_000_030_000,

@@ -27,6 +27,7 @@ pub mod head_store;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::membership::{DetectorConfig, JoinRequest, Membership};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -37,7 +38,7 @@ use crate::table::Table;
 
 /// The head's member table.
 pub(crate) struct HeadService {
-    name: String,
+    name: MemberName,
     membership: Mutex<Membership>,
     view: watch::Sender<Table>,
 }

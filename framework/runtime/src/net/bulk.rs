@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use flotilla_proto::role::principal_of;
 use flotilla_transport::{BindError, ConnectError, Endpoint, PeerConnection, Tuning, handshake};
@@ -43,10 +44,10 @@ const THREADS: usize = 2;
 type Open = Option<(Incarnation, quinn::SendStream)>;
 
 /// One send stream per peer, opened on first use.
-type Streams = HashMap<String, Arc<tokio::sync::Mutex<Open>>>;
+type Streams = HashMap<MemberName, Arc<tokio::sync::Mutex<Open>>>;
 
 /// A connection per peer for pulls, and the peer incarnation it is to.
-type Connections = HashMap<String, (Incarnation, quinn::Connection)>;
+type Connections = HashMap<MemberName, (Incarnation, quinn::Connection)>;
 
 /// A node's bulk lane: its endpoint, the runtime that drives it and the
 /// open send streams.
@@ -200,7 +201,7 @@ impl Lane {
             self.streams
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .entry(peer.to_owned())
+                .entry(MemberName::from(peer))
                 .or_default(),
         );
         let mut stream = stream.lock().await;
@@ -290,7 +291,7 @@ impl Lane {
         self.pulls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(peer.to_owned(), (incarnation, pc.connection.clone()));
+            .insert(MemberName::from(peer), (incarnation, pc.connection.clone()));
         Ok((send, recv))
     }
 
@@ -344,7 +345,7 @@ async fn serve_connection(
             Ok((send, recv, hello)) if hello.purpose == Purpose::Pull => {
                 tasks.spawn(crate::net::pull_server::serve_pull(
                     store.clone(),
-                    hello.node,
+                    hello.node.clone(),
                     send,
                     recv,
                 ));

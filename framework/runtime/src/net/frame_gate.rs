@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use flotilla_proto::cluster_frames::{Book, Counted, ReplySkimmer, SessionId, Splitter};
+use flotilla_proto::ids::MemberName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::clock::now;
@@ -56,7 +57,7 @@ impl FrameGate {
         Ticket(Arc::new(Open {
             gate: self.clone(),
             id,
-            member: member.to_owned(),
+            member: MemberName::from(member),
         }))
     }
 
@@ -70,7 +71,7 @@ impl FrameGate {
 struct Open {
     gate: FrameGate,
     id: SessionId,
-    member: String,
+    member: MemberName,
 }
 
 impl Drop for Open {

@@ -72,7 +72,7 @@ pub(crate) async fn accept(
         counters::hello_refused(*refusal);
     }
     answered?;
-    bound.get_or_insert_with(|| hello.node.clone());
+    bound.get_or_insert_with(|| hello.node.to_string());
     Ok((send, recv, hello))
 }
 

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flotilla_proto::hello::Purpose;
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::mesh::{Mesh, MeshAction};
 use flotilla_transport::ConnectError;
@@ -62,8 +63,12 @@ pub(crate) struct MeshShell {
 }
 
 enum Done {
-    Dialled(String, Incarnation, Result<quinn::Connection, DialError>),
-    Closed(String, Incarnation),
+    Dialled(
+        MemberName,
+        Incarnation,
+        Result<quinn::Connection, DialError>,
+    ),
+    Closed(MemberName, Incarnation),
 }
 
 impl MeshShell {
@@ -189,7 +194,7 @@ impl Dialer {
             Stream {
                 send,
                 recv,
-                member: peer.to_owned(),
+                member: MemberName::from(peer),
                 principal: pc.peer.clone(),
             },
             Arc::clone(&self.backlog),

@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::role::{Role, principal_of};
 use flotilla_transport::{ConnectError, Endpoint, PeerConnection};
 use tokio::sync::{Mutex, mpsc};
@@ -25,7 +26,7 @@ use tokio::sync::{Mutex, mpsc};
 /// Live connections by member name.
 pub(crate) struct Pool {
     endpoint: Endpoint,
-    connections: Mutex<HashMap<String, quinn::Connection>>,
+    connections: Mutex<HashMap<MemberName, quinn::Connection>>,
     /// Where every connection goes, with whether it was accepted.
     router: mpsc::UnboundedSender<(PeerConnection, bool)>,
 }
@@ -61,7 +62,7 @@ impl Pool {
     pub(crate) async fn record(&self, member: &str, connection: &quinn::Connection) {
         let mut map = self.connections.lock().await;
         prune_closed(&mut map);
-        map.insert(member.to_owned(), connection.clone());
+        map.insert(MemberName::from(member), connection.clone());
     }
 
     /// The live connection to `member`, dialling `addr` if there is none;
@@ -114,7 +115,7 @@ impl Pool {
         {
             let mut map = self.connections.lock().await;
             prune_closed(&mut map);
-            map.insert(member.to_owned(), pc.connection.clone());
+            map.insert(MemberName::from(member), pc.connection.clone());
         }
         let _ = self.router.send((pc.clone(), false));
         Ok(pc)
@@ -123,6 +124,6 @@ impl Pool {
 
 /// Forgets the closed connections of `map`: members that left (a driver's
 /// many processes, a tool's one-off names) do not stay in it.
-fn prune_closed(map: &mut HashMap<String, quinn::Connection>) {
+fn prune_closed(map: &mut HashMap<MemberName, quinn::Connection>) {
     map.retain(|_, c| c.close_reason().is_none());
 }

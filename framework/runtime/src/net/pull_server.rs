@@ -10,6 +10,7 @@
 use flotilla_objects::{ObjectId, Release, Store};
 use flotilla_proto::authority::Unauthorized;
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::objects::{ObjectRequest, PullReply, ReleaseReply};
 use flotilla_transport::handshake::{self, StreamError};
 
@@ -17,7 +18,7 @@ use flotilla_transport::handshake::{self, StreamError};
 /// straight from its mapping, or why not.
 pub(crate) async fn serve_pull(
     store: Store,
-    peer: String,
+    peer: MemberName,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {

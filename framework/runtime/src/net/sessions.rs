@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use crate::net::backlog::{Backlog, CountingWrite};
 use crate::net::frame_gate::{FrameGate, Ticket};
+use flotilla_proto::ids::MemberName;
 
 /// The name ractor_cluster gives a node: `NAME@NAME` (the hostname part is
 /// the node name too, so names are unique per node).
@@ -44,7 +45,7 @@ pub(crate) struct QuicClusterStream {
     recv: quinn::RecvStream,
     /// The member name the stream's hello proved (checked against the
     /// peer's certificate at the gate).
-    peer: String,
+    peer: MemberName,
     /// The backlog the written bytes are counted against.
     backlog: Arc<Backlog>,
     /// The session's place in the node's frame book.
@@ -93,7 +94,7 @@ pub(crate) struct Stream {
     /// Its receiving half.
     pub(crate) recv: quinn::RecvStream,
     /// The member name its hello proved.
-    pub(crate) member: String,
+    pub(crate) member: MemberName,
     /// The name in the peer's certificate.
     pub(crate) principal: String,
 }

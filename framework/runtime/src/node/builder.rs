@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use flotilla_objects::{Store, StoreConfig};
 use flotilla_proto::groups::GroupsConfig;
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::member::MemberConfig;
 use flotilla_proto::mesh::{Mesh, MeshConfig};
@@ -866,7 +867,7 @@ fn identity_of(
         IncarnationRecord::new(config.state_folder(), &config.name).above(incarnation_above)
     });
     let identity = Identity::new(
-        creds.member_name.clone(),
+        MemberName::from(creds.member_name.clone()),
         creds.role,
         Addresses {
             advertise: network.advertise,
@@ -909,7 +910,7 @@ impl StoredHead {
 fn open_objects(config: &NodeConfig, identity: &Identity) -> Store {
     let (store, swept) = Store::open(StoreConfig {
         scope: crate::objects::scope_of(&identity.cookie),
-        owner: identity.name.clone(),
+        owner: identity.name.to_string(),
         host: identity.host.clone(),
         capacity: config
             .object_store_bytes

@@ -55,6 +55,7 @@ use crate::placement::reservations::Reservations;
 use crate::remote::spawner::{Hosted, SpawnerMsg};
 use crate::table::Table;
 use crate::tasks::Tasks;
+use flotilla_proto::ids::MemberName;
 
 /// A running node of a Flotilla cluster.
 ///
@@ -107,7 +108,7 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// This node's name.
+    /// This node's member name.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -118,7 +119,7 @@ impl Node {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> &MemberName {
         &self.identity.name
     }
 

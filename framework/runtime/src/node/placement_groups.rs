@@ -24,6 +24,7 @@ use std::time::Duration;
 use flotilla_proto::control::{
     ControlReply, ControlRequest, PlacementReply, PlacementRequest, SpawnOrder,
 };
+use flotilla_proto::ids::MemberName;
 use ractor::{ActorRef, Message};
 
 pub use flotilla_proto::groups::NodeAccount;
@@ -329,7 +330,7 @@ impl Node {
         id: &GroupId,
         bundle: usize,
         timeout: Duration,
-    ) -> Result<String, PlacementError> {
+    ) -> Result<MemberName, PlacementError> {
         let view = self.wait_group(id, timeout).await?;
         view.nodes
             .get(bundle)

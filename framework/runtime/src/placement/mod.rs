@@ -66,7 +66,7 @@ use crate::identity::Identity;
 use crate::net::pool::Pool;
 use crate::placement::reservations::Reservations;
 use crate::table::Table;
-use flotilla_proto::ids::GroupId;
+use flotilla_proto::ids::{GroupId, MemberName};
 
 /// How long dialling a member for its ledger may take.
 const DIAL: Duration = Duration::from_secs(2);
@@ -81,12 +81,12 @@ enum Command {
         reply: oneshot::Sender<Answer>,
     },
     Report {
-        node: String,
+        node: MemberName,
         incarnation: Incarnation,
         held: Vec<Held>,
     },
     Replied {
-        node: String,
+        node: MemberName,
         tag: Tag,
         reply: Result<LedgerReply, String>,
     },
@@ -142,7 +142,7 @@ impl PlacementHandle {
     }
 
     /// What a member that just joined holds.
-    pub(crate) fn report(&self, node: String, incarnation: Incarnation, held: Vec<Held>) {
+    pub(crate) fn report(&self, node: MemberName, incarnation: Incarnation, held: Vec<Held>) {
         let _ = self.tx.send(Command::Report {
             node,
             incarnation,
@@ -195,7 +195,7 @@ pub(crate) struct PlacementService {
     ledger: Reservations,
     rx: mpsc::UnboundedReceiver<Command>,
     tx: mpsc::UnboundedSender<Command>,
-    links: HashMap<String, Link>,
+    links: HashMap<MemberName, Link>,
     waiters: HashMap<GroupId, Vec<Waiter>>,
     /// The key records are sealed with.
     seal_key: [u8; 32],
@@ -338,7 +338,7 @@ impl PlacementService {
             crate::counters::authority_refused("placement", why.code());
             tracing::warn!(%node, group = %h.record.id, error = %why, "a reported group's seal does not check; not adopted");
             self.send(
-                node.to_owned(),
+                MemberName::from(node),
                 LedgerOp::Release {
                     group: h.record.id,
                     bundles: Vec::new(),
@@ -545,7 +545,7 @@ impl PlacementService {
         }
     }
 
-    fn send(&mut self, node: String, op: LedgerOp, tag: Tag) {
+    fn send(&mut self, node: MemberName, op: LedgerOp, tag: Tag) {
         let member = self
             .view
             .borrow()
@@ -632,7 +632,7 @@ fn seal_checks(key: &[u8; 32], record: &GroupRecord) -> bool {
 /// One member's ledger link: operations in order on one control stream,
 /// replies matched in order.
 async fn run_link(
-    node: String,
+    node: MemberName,
     addr: SocketAddr,
     pool: Arc<Pool>,
     identity: Arc<Identity>,

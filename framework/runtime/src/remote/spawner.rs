@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use flotilla_proto::authority::{Sender, may_stop};
 use flotilla_proto::control::{MAX_ACTORS_PER_PRINCIPAL, SpawnOrder, StopOutcome};
 use flotilla_proto::epoch::{Epoch, Start, TakesStart};
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use flotilla_proto::role::{Role, principal_of};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -49,7 +50,7 @@ pub(crate) const TYPE_GROUP_PREFIX: &str = "flotilla.msg.";
 /// incarnation; an owner not yet in the table (it has just joined) keeps
 /// its children.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
-pub struct MemberStates(pub Vec<(String, Incarnation, bool)>);
+pub struct MemberStates(pub Vec<(MemberName, Incarnation, bool)>);
 
 impl MemberStates {
     /// Whether the node `owner` at `incarnation` is known to be gone.
@@ -85,7 +86,7 @@ pub struct LocalStop {
     /// Who asked; `None` is this node.
     pub sender: Option<(String, Role)>,
     /// The head's name as this node's table has it.
-    pub head: String,
+    pub head: MemberName,
 }
 
 /// The answer to a [`LocalStop`].
@@ -162,7 +163,7 @@ pub(crate) async fn relay_members(
 ) {
     let mut last = Vec::new();
     loop {
-        let states: Vec<(String, Incarnation, bool)> = {
+        let states: Vec<(MemberName, Incarnation, bool)> = {
             let t = view.borrow_and_update();
             t.members
                 .iter()
@@ -280,14 +281,14 @@ pub(crate) struct SpawnerArgs {
     pub(crate) stamps: Stamps,
     pub(crate) hosted: Hosted,
     /// This node's name: children it owns itself are not fenced.
-    pub(crate) node: String,
+    pub(crate) node: MemberName,
 }
 
 pub(crate) struct SpawnerState {
     kinds: Kinds,
     stamps: Stamps,
     hosted: Hosted,
-    node: String,
+    node: MemberName,
     children: HashMap<ractor::ActorId, Child>,
     /// The last member table.
     members: MemberStates,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use flotilla_proto::control::{SpawnOrder, StopOutcome};
 use flotilla_proto::epoch::Epoch;
 use flotilla_proto::groups::{GroupId, GroupState};
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::{Incarnation, MemberRef};
 use futures::future::BoxFuture;
 use ractor::ActorCell;
@@ -24,7 +25,7 @@ use crate::table::Table;
 use super::{ChildStart, Exit, Running, StartChildError};
 
 /// Picks the node a remote child starts on from the member table.
-pub type Place = dyn Fn(&Table) -> Option<String> + Send + Sync;
+pub type Place = dyn Fn(&Table) -> Option<MemberName> + Send + Sync;
 
 /// An actor of a registered kind, spawned with [`Node::spawn_on`] on the
 /// node `place` picks from the member table (`None`: no node can host it
@@ -43,7 +44,7 @@ pub struct RemoteChild {
     place: Arc<Place>,
     timeout: Duration,
     on_node_lost: Exit,
-    first: Mutex<Option<(String, ActorCell)>>,
+    first: Mutex<Option<(MemberName, ActorCell)>>,
     /// The placement-group bundle it runs in, instead of `place`.
     bundle: Option<(GroupId, usize)>,
     /// The node (and its incarnation) its latest copy was started on: a
@@ -59,7 +60,7 @@ impl RemoteChild {
         node: Arc<Node>,
         actor: Named<M, A>,
         args: &A,
-        place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
+        place: impl Fn(&Table) -> Option<MemberName> + Send + Sync + 'static,
         timeout: Duration,
     ) -> Self {
         Self::raw(
@@ -80,7 +81,7 @@ impl RemoteChild {
     pub fn raw(
         node: Arc<Node>,
         order: SpawnOrder,
-        place: impl Fn(&Table) -> Option<String> + Send + Sync + 'static,
+        place: impl Fn(&Table) -> Option<MemberName> + Send + Sync + 'static,
         timeout: Duration,
     ) -> Self {
         Self {
@@ -116,7 +117,7 @@ impl RemoteChild {
     }
 
     /// Takes `actor`, already spawned on `on`, as the first start.
-    pub fn adopt(self, on: impl Into<String>, actor: ActorCell) -> Self {
+    pub fn adopt(self, on: impl Into<MemberName>, actor: ActorCell) -> Self {
         *self.first.lock().unwrap_or_else(|p| p.into_inner()) = Some((on.into(), actor));
         self
     }
@@ -339,7 +340,7 @@ impl Spawn {
 }
 
 /// A remote child running as `cell` on `target`, monitored by `supervisor`.
-fn monitored(node: &Node, supervisor: &ActorCell, target: String, cell: ActorCell) -> Running {
+fn monitored(node: &Node, supervisor: &ActorCell, target: MemberName, cell: ActorCell) -> Running {
     let incarnation = node
         .members()
         .get(&target)

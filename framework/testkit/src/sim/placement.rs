@@ -28,7 +28,7 @@ use flotilla_proto::membership::{MemberState, MemberView};
 use flotilla_proto::placement::{Resources, Strategy};
 
 use crate::rng::SplitMix as Rng;
-use flotilla_proto::ids::GroupId;
+use flotilla_proto::ids::{GroupId, MemberName};
 
 /// CPUs each member offers.
 pub const CPUS: u32 = 2;
@@ -69,7 +69,7 @@ pub(super) struct Placement {
     groups: Groups,
     pub(super) ledgers: Vec<Ledger>,
     /// Member index by name.
-    names: Vec<String>,
+    names: Vec<MemberName>,
     /// The ids of the groups made.
     ids: Vec<GroupId>,
     /// When the groups' timer is set for.
@@ -84,7 +84,7 @@ pub(super) struct Placement {
 impl Placement {
     /// Ledgers for `names`, and `groups` groups of one or two bundles of
     /// one CPU each under random strategies, drawn from `seed`.
-    pub(super) fn new(seed: u64, names: &[String], groups: usize, now: Instant) -> Self {
+    pub(super) fn new(seed: u64, names: &[MemberName], groups: usize, now: Instant) -> Self {
         let capacity = bundle(&[("cpu", f64::from(CPUS))]);
         let mut p = Self {
             seed,
@@ -226,7 +226,7 @@ impl Placement {
             if v.state != GroupState::Ready {
                 continue;
             }
-            let distinct: BTreeSet<&String> = v.nodes.iter().collect();
+            let distinct: BTreeSet<&MemberName> = v.nodes.iter().collect();
             match v.strategy.as_str() {
                 "strict-pack" => assert_eq!(distinct.len(), 1, "seed {seed}: {v:?}"),
                 "strict-spread" => assert_eq!(distinct.len(), v.nodes.len(), "seed {seed}: {v:?}"),

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use flotilla_proto::epoch::{Epoch, EpochClock, admits, restore_order};
+use flotilla_proto::ids::MemberName;
 use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::membership::{MemberState, MemberView, has_ended};
 use flotilla_proto::supervision::{
@@ -92,7 +93,7 @@ pub(super) enum ChildEvent {
 }
 
 /// What `view` holds of `name`: its incarnation and whether it is up.
-fn known(view: &BTreeMap<String, MemberView>, name: &str) -> Option<(Incarnation, bool)> {
+fn known(view: &BTreeMap<MemberName, MemberView>, name: &str) -> Option<(Incarnation, bool)> {
     view.get(name)
         .map(|m| (m.incarnation, m.state == MemberState::Up))
 }
@@ -297,9 +298,10 @@ impl World {
     /// Member `i`'s view changed.
     pub(super) fn on_view(&mut self, now: Instant, i: usize, members: &[Member]) -> Vec<Out> {
         let view = &members[i].view;
-        let gone = |name: &str, incarnation: Incarnation, view: &BTreeMap<String, MemberView>| {
-            has_ended(known(view, name), incarnation)
-        };
+        let gone =
+            |name: &str, incarnation: Incarnation, view: &BTreeMap<MemberName, MemberView>| {
+                has_ended(known(view, name), incarnation)
+            };
         // A host stops the copies whose owner is gone (the spawner's reap).
         let s = self.config.supervisor;
         for c in 0..self.copies.len() {
