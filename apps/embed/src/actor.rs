@@ -215,7 +215,13 @@ enum Texts {
     Object(flotilla::ObjectBytes),
 }
 
-type Job = (u64, Texts, oneshot::Sender<EmbedReply>);
+/// A batch for the model's thread: its id, its texts, and where its
+/// reply goes.
+struct Job {
+    batch_id: u64,
+    texts: Texts,
+    reply: oneshot::Sender<EmbedReply>,
+}
 
 /// A resident embedding model.
 #[derive(Clone, Default)]
@@ -468,7 +474,12 @@ fn model_thread(
     micro_batch: usize,
     jobs: mpsc::Receiver<Job>,
 ) {
-    while let Ok((batch_id, texts, reply)) = jobs.recv() {
+    while let Ok(Job {
+        batch_id,
+        texts,
+        reply,
+    }) = jobs.recv()
+    {
         let mut reply = Some(reply);
         pool.install(|| {
             if let Some(prepared) = prepare_job(
@@ -509,7 +520,12 @@ fn pipelined_threads(
         tracing::error!(error = %e, "cannot start the forward-pass thread");
         return;
     }
-    while let Ok((batch_id, texts, reply)) = jobs.recv() {
+    while let Ok(Job {
+        batch_id,
+        texts,
+        reply,
+    }) = jobs.recv()
+    {
         let mut reply = Some(reply);
         // A batch is one forward pass on a GPU.
         let prepared = pool.install(|| {
@@ -795,7 +811,15 @@ impl Actor for Embedder {
                     },
                 };
                 let (tx, rx) = oneshot::channel();
-                if state.jobs.send((batch_id, texts, tx)).is_err() {
+                if state
+                    .jobs
+                    .send(Job {
+                        batch_id,
+                        texts,
+                        reply: tx,
+                    })
+                    .is_err()
+                {
                     return Err("model thread is gone".into());
                 }
                 if state.pipelined {

@@ -21,9 +21,14 @@ use burn::tensor::Device;
 
 use crate::{LoadError, Precision, SentenceEncoder};
 
-/// A model's folder, the device it is loaded on (as `Debug` prints it) and
-/// its precision.
-type Key = (PathBuf, String, Precision);
+/// One loaded model: its folder, the device it is loaded on (as `Debug`
+/// prints it) and its precision.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    folder: PathBuf,
+    device: String,
+    precision: Precision,
+}
 
 /// The models loaded on one node, by folder and device. Cloning shares the
 /// set; [`SharedModels::default`] starts an empty one.
@@ -49,7 +54,11 @@ impl SharedModels {
         device: &Device,
         precision: Precision,
     ) -> Result<Arc<SentenceEncoder>, LoadError> {
-        let key = (dir.to_path_buf(), format!("{device:?}"), precision);
+        let key = Key {
+            folder: dir.to_path_buf(),
+            device: format!("{device:?}"),
+            precision,
+        };
         // A poisoned lock only means a load panicked: the map is intact.
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(model) = loaded.get(&key).and_then(Weak::upgrade) {

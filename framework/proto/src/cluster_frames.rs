@@ -205,8 +205,16 @@ fn reply_head(head: &[u8]) -> Option<(Pid, u64)> {
 /// An actor a peer names: its id on the peer.
 pub type Pid = u64;
 
-/// A process-group membership: scope, group, actor.
-pub type Membership = (String, String, Pid);
+/// A process-group membership: an actor in a group of a scope.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Membership {
+    /// The group's scope.
+    pub scope: String,
+    /// The group.
+    pub group: String,
+    /// The actor.
+    pub pid: Pid,
+}
 
 /// What a frame asks of the node that receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -389,7 +397,11 @@ fn memberships(bytes: &[u8]) -> Result<Vec<Membership>, Malformed> {
     let (group, scope) = (text(group)?, text(scope)?);
     Ok(actor_pids(bytes, 2)?
         .into_iter()
-        .map(|pid| (scope.clone(), group.clone(), pid))
+        .map(|pid| Membership {
+            scope: scope.clone(),
+            group: group.clone(),
+            pid,
+        })
         .collect())
 }
 
@@ -657,7 +669,7 @@ impl Book {
             Seen::Join(members) => {
                 if members
                     .iter()
-                    .any(|(s, g, _)| s.len() > MAX_GROUP_NAME || g.len() > MAX_GROUP_NAME)
+                    .any(|m| m.scope.len() > MAX_GROUP_NAME || m.group.len() > MAX_GROUP_NAME)
                 {
                     return Err(Refused::GroupName);
                 }
@@ -670,7 +682,7 @@ impl Book {
                 {
                     return Err(Refused::Memberships);
                 }
-                self.add_proxies(held, new.iter().map(|(_, _, p)| *p).collect())?;
+                self.add_proxies(held, new.iter().map(|m| m.pid).collect())?;
                 self.total(&held.principal).memberships += new.len();
                 held.memberships.extend(new);
             }
@@ -686,7 +698,7 @@ impl Book {
                 for pid in &pids {
                     held.proxies.remove(pid);
                 }
-                held.memberships.retain(|(_, _, pid)| !pids.contains(pid));
+                held.memberships.retain(|m| !pids.contains(&m.pid));
                 let t = self.total(&held.principal);
                 t.proxies -= p - held.proxies.len();
                 t.memberships -= m - held.memberships.len();
@@ -930,7 +942,11 @@ mod tests {
         assert_eq!(read(&spawn([1, 2])), Ok(Seen::Spawn(vec![1, 2])));
         assert_eq!(
             read(&join("g", [4])),
-            Ok(Seen::Join(vec![("default".into(), "g".into(), 4)]))
+            Ok(Seen::Join(vec![Membership {
+                scope: "default".into(),
+                group: "g".into(),
+                pid: 4
+            }]))
         );
         assert_eq!(
             read(&control(ControlMsg::Terminate(Terminate {

@@ -272,7 +272,7 @@ impl TextTokenizer {
         let mut start = 0;
         for (r, &end) in ends.iter().enumerate() {
             let at = r * seq_len;
-            for (j, &(id, type_id)) in tokens[start..end].iter().enumerate() {
+            for (j, &Token { id, type_id }) in tokens[start..end].iter().enumerate() {
                 ids[at + j] = i64::from(id);
                 type_ids[at + j] = i64::from(type_id);
                 mask[at + j] = 1;

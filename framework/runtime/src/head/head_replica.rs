@@ -33,7 +33,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::head::head_lease::LeaseGuard;
-use crate::head::head_store::{Entries, HeadStore, HeadStoreError, Mirror, TABLES};
+use crate::head::head_store::{Entries, HeadStore, HeadStoreError, Mirror, Row, TABLES};
 
 /// How long one replica write may take before the change is refused.
 const WRITE_WITHIN: Duration = Duration::from_secs(5);
@@ -276,7 +276,7 @@ pub fn seed(dir: &std::path::Path, replica: &HeadReplica) -> Result<Restored, Re
         reason: format!("{what} not written: {reason}"),
     };
     for (table, entries) in entries.tables() {
-        for (key, bytes) in entries {
+        for Row { key, bytes } in entries {
             replica
                 .put(table, key, bytes)
                 .map_err(|reason| write_err(format!("{table} entry {key}"), reason))?;
@@ -321,7 +321,10 @@ pub async fn restore(
                     .await
                     .map_err(read_err)?;
                 if let Some(listed) = entries.table_mut(table) {
-                    listed.push((key, bytes.to_vec()));
+                    listed.push(Row {
+                        key,
+                        bytes: bytes.to_vec(),
+                    });
                 }
             }
         }

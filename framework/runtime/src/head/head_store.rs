@@ -33,10 +33,19 @@ const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked");
 /// The tables, by name, in the order [`Entries`] holds them.
 pub(crate) const TABLES: [&str; 3] = ["jobs", "groups", "revoked"];
 
-/// One table's entries as `(key, archive)`, in key order.
-pub(crate) type Rows = Vec<(String, Vec<u8>)>;
+/// One entry of a table: its key and its archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    /// The key it is filed under.
+    pub(crate) key: String,
+    /// The archive (for revocations, the serial itself).
+    pub(crate) bytes: Vec<u8>,
+}
 
-/// Every entry of the store as `(key, archive)` per table: the form a
+/// One table's entries, in key order.
+pub(crate) type Rows = Vec<Row>;
+
+/// Every entry of the store, per table: the form a
 /// replica holds.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Entries {
@@ -201,19 +210,19 @@ impl HeadStore {
         let tx = self.db.begin_write().map_err(|e| self.io(e))?;
         {
             let mut table = tx.open_table(JOBS).map_err(|e| self.io(e))?;
-            for (job, (_, bytes)) in jobs.iter().zip(&entries.jobs) {
+            for (job, Row { bytes, .. }) in jobs.iter().zip(&entries.jobs) {
                 table
                     .insert(job.seq, bytes.as_slice())
                     .map_err(|e| self.io(e))?;
             }
             let mut table = tx.open_table(GROUPS).map_err(|e| self.io(e))?;
-            for (group, (_, bytes)) in groups.iter().zip(&entries.groups) {
+            for (group, Row { bytes, .. }) in groups.iter().zip(&entries.groups) {
                 table
                     .insert(group.id.as_str(), bytes.as_slice())
                     .map_err(|e| self.io(e))?;
             }
             let mut table = tx.open_table(REVOKED).map_err(|e| self.io(e))?;
-            for (key, serial) in &entries.revoked {
+            for Row { key, bytes: serial } in &entries.revoked {
                 table
                     .insert(key.as_str(), serial.as_slice())
                     .map_err(|e| self.io(e))?;
@@ -277,7 +286,7 @@ impl HeadStore {
     fn entries<K: Key + 'static>(
         &self,
         table: TableDefinition<K, &[u8]>,
-    ) -> Result<Vec<(String, Vec<u8>)>, HeadStoreError>
+    ) -> Result<Rows, HeadStoreError>
     where
         for<'a> K::SelfType<'a>: std::fmt::Display,
     {
@@ -286,7 +295,10 @@ impl HeadStore {
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| self.io(e))? {
             let (key, value) = entry.map_err(|e| self.io(e))?;
-            out.push((key.value().to_string(), value.value().to_vec()));
+            out.push(Row {
+                key: key.value().to_string(),
+                bytes: value.value().to_vec(),
+            });
         }
         Ok(out)
     }
@@ -346,7 +358,7 @@ impl HeadStore {
     fn checked<T>(
         &self,
         name: &'static str,
-        entries: &[(String, Vec<u8>)],
+        entries: &[Row],
         key_of: impl Fn(&T) -> String,
     ) -> Result<Vec<T>, HeadStoreError>
     where
@@ -357,7 +369,7 @@ impl HeadStore {
     {
         entries
             .iter()
-            .map(|(key, bytes)| {
+            .map(|Row { key, bytes }| {
                 let value: T =
                     read_archive(bytes).map_err(|why| self.corrupt(name, key.clone(), why))?;
                 let own = key_of(&value);
@@ -370,13 +382,10 @@ impl HeadStore {
     }
 
     /// The serials of revocation entries, each filed under its own key.
-    fn checked_serials(
-        &self,
-        entries: &[(String, Vec<u8>)],
-    ) -> Result<Vec<Vec<u8>>, HeadStoreError> {
+    fn checked_serials(&self, entries: &[Row]) -> Result<Vec<Vec<u8>>, HeadStoreError> {
         entries
             .iter()
-            .map(|(key, serial)| {
+            .map(|Row { key, bytes: serial }| {
                 if serial.is_empty() || serial_key(serial) != *key {
                     return Err(self.corrupt(
                         "revoked",
@@ -538,14 +547,23 @@ pub(crate) mod tests {
             vec![vec![0x0a], vec![0x0b, 0x01]]
         );
         let entries = store.export().unwrap();
-        assert_eq!(entries.revoked[0], ("0a".to_owned(), vec![0x0a]));
+        assert_eq!(
+            entries.revoked[0],
+            Row {
+                key: "0a".to_owned(),
+                bytes: vec![0x0a]
+            }
+        );
         let copy = scratch("revoked-copy");
         let other = HeadStore::open_in(&copy).unwrap();
         other.import(&entries).unwrap();
         assert_eq!(other.load_revoked().unwrap(), store.load_revoked().unwrap());
         // An entry filed under another serial's key is refused.
         let mut forged = Entries::default();
-        forged.revoked.push(("0a".into(), vec![0x0c]));
+        forged.revoked.push(Row {
+            key: "0a".into(),
+            bytes: vec![0x0c],
+        });
         let err = other.import(&forged).unwrap_err();
         assert!(
             matches!(

@@ -41,13 +41,20 @@ use crate::{counters, net::gate};
 const THREADS: usize = 2;
 
 /// An open send stream and the incarnation of the peer it was opened to.
-type Open = Option<(Incarnation, quinn::SendStream)>;
+type Open = Option<ToIncarnation<quinn::SendStream>>;
 
 /// One send stream per peer, opened on first use.
 type Streams = HashMap<MemberName, Arc<tokio::sync::Mutex<Open>>>;
 
 /// A connection per peer for pulls, and the peer incarnation it is to.
-type Connections = HashMap<MemberName, (Incarnation, quinn::Connection)>;
+type Connections = HashMap<MemberName, ToIncarnation<quinn::Connection>>;
+
+/// A stream or connection to one incarnation of a peer: it leads nowhere
+/// once the peer restarts under a new one.
+struct ToIncarnation<T> {
+    incarnation: Incarnation,
+    link: T,
+}
 
 /// A node's bulk lane: its endpoint, the runtime that drives it and the
 /// open send streams.
@@ -211,7 +218,10 @@ impl Lane {
             .and_then(|m| Some((m.incarnation, m.bulk_addr.parse::<SocketAddr>().ok()?)))
             .ok_or_else(|| LaneSendError::NoLane(peer.to_owned()))?;
         // A stream to an earlier start of the peer leads nowhere.
-        if stream.as_ref().is_some_and(|(i, _)| *i != incarnation) {
+        if stream
+            .as_ref()
+            .is_some_and(|s| s.incarnation != incarnation)
+        {
             *stream = None;
         }
         if stream.is_none() {
@@ -221,9 +231,12 @@ impl Lane {
                 .await?;
             let hello = identity.hello(Purpose::Bulk);
             let (send, _recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
-            *stream = Some((incarnation, send));
+            *stream = Some(ToIncarnation {
+                incarnation,
+                link: send,
+            });
         }
-        let (_, send) = stream.as_mut().expect("opened above");
+        let send = &mut stream.as_mut().expect("opened above").link;
         let sent = async {
             handshake::send_msg(send, &header, flotilla_proto::frame::DEFAULT_MAX_FRAME).await?;
             handshake::write_all(send, &(args.len() as u32).to_be_bytes()).await?;
@@ -275,8 +288,8 @@ impl Lane {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(peer)
-            .filter(|(i, c)| *i == incarnation && c.close_reason().is_none())
-            .map(|(_, c)| c.clone());
+            .filter(|c| c.incarnation == incarnation && c.link.close_reason().is_none())
+            .map(|c| c.link.clone());
         let hello = identity.hello(Purpose::Pull);
         if let Some(connection) = cached
             && let Ok((send, recv, _, _)) = handshake::dial(&connection, &hello).await
@@ -288,10 +301,13 @@ impl Lane {
             .connect(addr, Some(principal_of(peer)))
             .await?;
         let (send, recv, _, _) = handshake::dial(&pc.connection, &hello).await?;
-        self.pulls
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(MemberName::from(peer), (incarnation, pc.connection.clone()));
+        self.pulls.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            MemberName::from(peer),
+            ToIncarnation {
+                incarnation,
+                link: pc.connection.clone(),
+            },
+        );
         Ok((send, recv))
     }
 

@@ -36,8 +36,8 @@ pub struct FastWordPiece {
     /// Whether a byte starts an added token.
     added_first: [bool; 256],
     /// Special tokens before the text and after it, with their type ids.
-    before: Vec<(u32, u32)>,
-    after: Vec<(u32, u32)>,
+    before: Vec<Token>,
+    after: Vec<Token>,
     /// The text's type id.
     type_id: u32,
     /// Tokens at most, special tokens included.
@@ -45,7 +45,13 @@ pub struct FastWordPiece {
 }
 
 /// One token of a text: its id and type id.
-pub type Token = (u32, u32);
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    /// Its id in the vocabulary.
+    pub id: u32,
+    /// Its token type id.
+    pub type_id: u32,
+}
 
 impl FastWordPiece {
     /// The tokenizer `tokenizer` describes, truncating to `max_len` tokens
@@ -113,8 +119,13 @@ impl FastWordPiece {
         if special[at + 1..].contains(&0) {
             return None;
         }
-        let around = |range: std::ops::Range<usize>| -> Vec<(u32, u32)> {
-            range.map(|i| (ids[i], types[i])).collect()
+        let around = |range: std::ops::Range<usize>| -> Vec<Token> {
+            range
+                .map(|i| Token {
+                    id: ids[i],
+                    type_id: types[i],
+                })
+                .collect()
         };
         Some(Self {
             normalizer,
@@ -157,7 +168,10 @@ impl FastWordPiece {
         }
         ids.truncate(room);
         out.extend_from_slice(&self.before);
-        out.extend(ids.iter().map(|&id| (id, self.type_id)));
+        out.extend(ids.iter().map(|&id| Token {
+            id,
+            type_id: self.type_id,
+        }));
         out.extend_from_slice(&self.after);
     }
 
