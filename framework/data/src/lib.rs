@@ -73,4 +73,4 @@ pub use job::{
     ProgressConfig, Row,
 };
 pub use output::{ErrorLog, Output, OutputError, RowError};
-pub use source::{Cell, CellType, Fields, Item, RowAt, Source, SourceError};
+pub use source::{Cell, CellType, Column, Fields, Item, RowAt, Source, SourceError};

@@ -13,7 +13,7 @@ use parquet::errors::ParquetError;
 
 use serde::{Deserialize, Serialize};
 
-use crate::source::{Cell, CellType, Row};
+use crate::source::{Cell, CellType, Column, Row};
 
 /// The Arrow type of cells of `kind`.
 pub fn arrow_type(kind: CellType) -> DataType {
@@ -138,7 +138,7 @@ pub struct Vectors<'a> {
 pub fn vector_schema(
     vectors: &str,
     dim: usize,
-    columns: &[(String, CellType)],
+    columns: &[Column],
     metadata: &[(&str, &str)],
 ) -> Schema {
     let item = Arc::new(Field::new("item", DataType::Float32, false));
@@ -149,7 +149,7 @@ pub fn vector_schema(
     fields.extend(
         columns
             .iter()
-            .map(|(name, kind)| Field::new(name, arrow_type(*kind), true)),
+            .map(|c| Field::new(&c.name, arrow_type(c.cells), true)),
     );
     let metadata = metadata
         .iter()
@@ -167,7 +167,7 @@ pub fn vector_part(
     format: Format,
     rows: &[Row],
     vectors: Vectors<'_>,
-    columns: &[(String, CellType)],
+    columns: &[Column],
     metadata: &[(&str, &str)],
 ) -> Result<Vec<u8>, ParquetError> {
     if vectors.values.len() != rows.len() * vectors.dim {
@@ -187,7 +187,7 @@ pub fn vector_part(
 fn parquet_vector_part(
     rows: &[Row],
     vectors: Vectors<'_>,
-    columns: &[(String, CellType)],
+    columns: &[Column],
     metadata: &[(&str, &str)],
 ) -> Result<Vec<u8>, ParquetError> {
     use arrow_array::{FixedSizeListArray, Float32Array};
@@ -206,8 +206,11 @@ fn parquet_vector_part(
         )) as ArrayRef,
         Arc::new(FixedSizeListArray::try_new(item, dim, values, None)?) as ArrayRef,
     ];
-    for (c, (_, kind)) in columns.iter().enumerate() {
-        arrays.push(cells_array(rows.iter().map(|row| &row.extra[c]), *kind));
+    for (c, column) in columns.iter().enumerate() {
+        arrays.push(cells_array(
+            rows.iter().map(|row| &row.extra[c]),
+            column.cells,
+        ));
     }
     let batch = RecordBatch::try_new(schema.clone(), arrays)?;
     let values = ColumnPath::new(vec![vectors.name.to_owned(), "list".into(), "item".into()]);
@@ -231,11 +234,7 @@ fn parquet_vector_part(
 
 /// JSON lines with the keys in column order: `id`, the vectors, then the
 /// kept columns.
-fn jsonl_vector_part(
-    rows: &[Row],
-    vectors: Vectors<'_>,
-    columns: &[(String, CellType)],
-) -> Vec<u8> {
+fn jsonl_vector_part(rows: &[Row], vectors: Vectors<'_>, columns: &[Column]) -> Vec<u8> {
     fn put<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
         serde_json::to_writer(&mut *out, value).expect("values serialize");
     }
@@ -248,9 +247,9 @@ fn jsonl_vector_part(
         put(&mut out, vectors.name);
         out.push(b':');
         put(&mut out, &vectors.values[i * dim..(i + 1) * dim]);
-        for ((name, _), cell) in columns.iter().zip(&row.extra) {
+        for (column, cell) in columns.iter().zip(&row.extra) {
             out.push(b',');
-            put(&mut out, name);
+            put(&mut out, &column.name);
             out.push(b':');
             write_json_cell(&mut out, cell);
         }
@@ -341,7 +340,7 @@ mod tests {
     fn vector_parts_skip_dictionaries_and_value_statistics_but_keep_metadata() {
         use parquet::basic::Encoding;
         use parquet::file::reader::FileReader;
-        let columns = vec![("lang".to_owned(), CellType::Utf8)];
+        let columns = vec![Column::new("lang", CellType::Utf8)];
         let rows: Vec<Row> = (0..50)
             .map(|i| row(&format!("id-{i}"), vec![Cell::Str("en".into())]))
             .collect();
@@ -392,7 +391,7 @@ mod tests {
 
     #[test]
     fn jsonl_parts_keep_the_column_order_and_write_nulls() {
-        let columns = vec![("n".to_owned(), CellType::Int64)];
+        let columns = vec![Column::new("n", CellType::Int64)];
         let rows = [row("a", vec![Cell::Int(3)]), row("b", vec![Cell::Null])];
         let vectors = Vectors {
             name: "v",

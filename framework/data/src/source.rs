@@ -61,6 +61,25 @@ pub enum Cell {
     Bool(bool),
 }
 
+/// An extra output column: its name and the type of its cells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    /// Its name (the input column it keeps).
+    pub name: String,
+    /// The type of its cells.
+    pub cells: CellType,
+}
+
+impl Column {
+    /// The column `name` of cells of type `cells`.
+    pub fn new(name: impl Into<String>, cells: CellType) -> Self {
+        Self {
+            name: name.into(),
+            cells,
+        }
+    }
+}
+
 /// The type of an extra output column: a JSONL field is written as text
 /// (strings as they are, other values as their JSON); a Parquet column
 /// keeps its kind.

@@ -168,8 +168,8 @@ impl Parts<EmbedStage> for EmbedParts {
         let columns = self.columns.get_or_insert_with(|| {
             self.names
                 .iter()
-                .cloned()
                 .zip(of.types.iter().copied())
+                .map(|(name, cells)| Column::new(name, cells))
                 .collect()
         });
         let encoded = match output {

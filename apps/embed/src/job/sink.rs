@@ -21,11 +21,11 @@
 //! data layer's [`Output`]; this module is what the embed job writes
 //! there: its manifest and the encoding of its parts.
 
+use flotilla_data::Row;
 use flotilla_data::output::OutputError;
 pub use flotilla_data::output::{ErrorLog, RowError};
 pub use flotilla_data::parts::Format;
 use flotilla_data::parts::{self, Vectors};
-use flotilla_data::{CellType, Row};
 use serde::{Deserialize, Serialize};
 
 /// Output column names the job writes itself.
@@ -94,7 +94,7 @@ fn jsonl() -> Format {
 pub type SinkError = OutputError;
 
 /// An output column beside `id` and `embedding`: its name and type.
-pub type Column = (String, CellType);
+pub use flotilla_data::Column;
 
 /// The part of a completed batch in the manifest's format: its `rows`
 /// (their output columns in `columns`' order) and their `values`, `dim`
@@ -142,6 +142,7 @@ mod tests {
     use flotilla_data::{Cell, Output, RowAt};
 
     use super::*;
+    use flotilla_data::CellType;
 
     fn manifest(job: &str) -> Manifest {
         Manifest {
@@ -206,8 +207,8 @@ mod tests {
         let mut m = manifest("j");
         m.format = Format::Parquet;
         let columns = vec![
-            ("n".to_owned(), CellType::Int64),
-            ("ok".to_owned(), CellType::Boolean),
+            Column::new("n", CellType::Int64),
+            Column::new("ok", CellType::Boolean),
         ];
         let row = Row {
             at: RowAt { shard: 0, line: 1 },
