@@ -607,6 +607,82 @@ fn a_job_with_panicking_actors_completes_exactly_once_and_counts_restarts() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A row that panics the actor on every attempt (failpoint
+/// `embedder::poison`, set to a mark one text holds): its batch is split
+/// until the row is isolated; it goes to errors.jsonl with the reason and
+/// every other id is written exactly once; the crashes it causes cost the
+/// actors' restart limit once, so a limit of 2 restarts holds the dozen
+/// crashes; a rerun sends only that row again, writes no row twice and
+/// refuses it again.
+#[test]
+fn a_row_that_panics_the_actor_is_isolated_and_the_rest_embedded_once() {
+    let dir = scratch("poison");
+    let (clean, ids) = common::corpus(&dir, 320);
+    let poison = &ids[101];
+    let corpus = dir.join("poisoned.jsonl");
+    let lines: Vec<String> = std::fs::read_to_string(&clean)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut row: serde_json::Value = serde_json::from_str(l).unwrap();
+            if row["id"] == poison.as_str() {
+                let text = format!("{} POISON-ROW", row["text"].as_str().unwrap());
+                row["text"] = text.into();
+            }
+            row.to_string()
+        })
+        .collect();
+    std::fs::write(&corpus, lines.join("\n")).unwrap();
+    let output = dir.join("out");
+    let args = [
+        "--actors-per-node",
+        "2",
+        "--format",
+        "jsonl",
+        "--batch-size",
+        "32",
+        "--max-restarts",
+        "2",
+    ];
+    let points = (
+        "FLOTILLA_FAILPOINTS",
+        "embedder::poison=return(POISON-ROW)".to_owned(),
+    );
+    let others: Vec<String> = ids.iter().filter(|id| *id != poison).cloned().collect();
+    for run in ["first", "rerun"] {
+        let (ok, stdout, stderr) = embed_at(
+            corpus.to_str().unwrap(),
+            output.to_str().unwrap(),
+            &args,
+            std::slice::from_ref(&points),
+        );
+        assert!(ok, "{run}: {stderr}");
+        assert!(
+            stdout.contains(", 1 failing rows isolated ("),
+            "{run}: {stdout}"
+        );
+        // Past the limit of 2 on the first run: forgiven after the first.
+        let least = if run == "first" { 4 } else { 2 };
+        assert!(restarts_in(&stdout) >= least, "{run}: {stdout}");
+        assert_exactly_once(&output, &others);
+        let errors = std::fs::read_to_string(output.join("errors.jsonl")).unwrap();
+        let refused: Vec<serde_json::Value> = errors
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(refused.len(), 1, "{run}: {errors}");
+        assert_eq!(refused[0]["id"], poison.as_str());
+        assert!(
+            refused[0]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("failed on every attempt"),
+            "{errors}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Clause "supervision: restart limit": an actor that panics on every
 /// batch is restarted up to --max-restarts times, then the job stops with
 /// an error naming the actor and the limit, and exits non-zero; the same

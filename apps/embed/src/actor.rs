@@ -340,6 +340,14 @@ fn prepare<S: AsRef<str>>(
     texts: &[S],
     micro_batch: usize,
 ) -> Result<Prepared, crate::TokenizeError> {
+    // Fault injection: `embedder::poison=return(MARK)` panics the model
+    // thread, and with it the actor, on any batch holding a text that
+    // contains MARK: a row the model cannot take.
+    if let Some(Some(mark)) = flotilla::fail::eval("embedder::poison", |mark| mark)
+        && texts.iter().any(|t| t.as_ref().contains(mark.as_str()))
+    {
+        panic!("embedder::poison: a text holds {mark:?}");
+    }
     let mut order: Vec<usize> = (0..texts.len()).collect();
     order.sort_by_key(|&i| texts[i].as_ref().len());
     let parts = order

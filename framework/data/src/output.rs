@@ -5,21 +5,26 @@
 //! ```text
 //! OUT/manifest.json             what the job is (the application's manifest, written first)
 //! OUT/parts/batch-00000042.EXT  one part per completed batch, encoded by the application
+//! OUT/parts/batch-00000042-rows-0-128.EXT
+//!                               a piece of a batch split to isolate rows that fail it:
+//!                               its rows 0 to 127, in the batch's order
 //! OUT/errors.jsonl              rows not processed: {"shard": …, "line": …, "id": …, "reason": …}
 //! ```
 //!
 //! A part is written with one atomic put (locally: a staged file, fsync,
 //! rename), so it exists whole or not at all; writing the same batch again
 //! replaces it with the same content. The parts present are the completed
-//! batches a resumed job skips. An output that holds another job's
-//! manifest is refused, naming both.
+//! batches a resumed job skips, and the pieces present the rows of a
+//! split batch it skips. An output that holds another job's manifest is
+//! refused, naming both.
 //!
 //! Object stores are configured from the environment as `object_store`
 //! reads it: for S3, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_REGION`, `AWS_ENDPOINT` (an S3-compatible server) and the other
 //! `AWS_*` settings.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -167,6 +172,9 @@ pub struct Output {
     prefix: object_store::path::Path,
     url: String,
     extension: &'static str,
+    /// The pieces found written when it was opened: per batch, the row
+    /// ranges written, in order.
+    pieces: BTreeMap<u64, Vec<Range<usize>>>,
 }
 
 /// The folder under an output's root that holds its parts.
@@ -211,16 +219,45 @@ fn local_store(root: &Path) -> Result<Arc<dyn object_store::ObjectStore>, Output
     Ok(Arc::new(store))
 }
 
-/// Batch ids of the part names in `names` with `extension`.
-fn completed<'a>(names: impl Iterator<Item = &'a str>, extension: &str) -> HashSet<u64> {
+/// What the part names in `names` with `extension` hold: the ids of
+/// whole batches, and per split batch the row ranges of its pieces
+/// (sorted).
+fn completed<'a>(
+    names: impl Iterator<Item = &'a str>,
+    extension: &str,
+) -> (HashSet<u64>, BTreeMap<u64, Vec<Range<usize>>>) {
     let suffix = format!(".{extension}");
-    names
-        .filter_map(|name| {
-            name.strip_prefix("batch-")
-                .and_then(|s| s.strip_suffix(suffix.as_str()))
-                .and_then(|s| s.parse::<u64>().ok())
-        })
-        .collect()
+    let mut whole = HashSet::new();
+    let mut pieces: BTreeMap<u64, Vec<Range<usize>>> = BTreeMap::new();
+    for stem in names.filter_map(|name| {
+        name.strip_prefix("batch-")
+            .and_then(|s| s.strip_suffix(suffix.as_str()))
+    }) {
+        match stem.split_once("-rows-") {
+            None => {
+                if let Ok(id) = stem.parse::<u64>() {
+                    whole.insert(id);
+                }
+            }
+            Some((id, rows)) => {
+                let parsed =
+                    id.parse::<u64>()
+                        .ok()
+                        .zip(rows.split_once('-').and_then(|(start, end)| {
+                            Some(start.parse::<usize>().ok()?..end.parse::<usize>().ok()?)
+                        }));
+                if let Some((id, rows)) = parsed
+                    && rows.start < rows.end
+                {
+                    pieces.entry(id).or_default().push(rows);
+                }
+            }
+        }
+    }
+    for ranges in pieces.values_mut() {
+        ranges.sort_by_key(|r| r.start);
+    }
+    (whole, pieces)
 }
 
 impl Output {
@@ -288,6 +325,7 @@ impl Output {
             prefix,
             url: output.trim_end_matches('/').to_owned(),
             extension,
+            pieces: BTreeMap::new(),
         };
         let at = this.prefix.clone().join("manifest.json");
         match this.store.get(&at).await {
@@ -325,11 +363,11 @@ impl Output {
             .list_with_delimiter(Some(&parts))
             .await
             .map_err(|e| this.fail(&parts, e))?;
-        let done = completed(
+        let (done, pieces) = completed(
             listed.objects.iter().filter_map(|o| o.location.filename()),
             extension,
         );
-        Ok((this, done))
+        Ok((Self { pieces, ..this }, done))
     }
 
     fn part(&self, batch_id: u64) -> object_store::path::Path {
@@ -353,6 +391,36 @@ impl Output {
     /// Where the part of `batch_id` goes, for messages.
     pub fn part_location(&self, batch_id: u64) -> String {
         self.location(&self.part(batch_id))
+    }
+
+    fn piece(&self, batch_id: u64, rows: &Range<usize>) -> object_store::path::Path {
+        self.prefix.clone().join(PARTS).join(format!(
+            "batch-{batch_id:08}-rows-{}-{}.{}",
+            rows.start, rows.end, self.extension
+        ))
+    }
+
+    /// The row ranges of batch `batch_id` found written as pieces when
+    /// the output was opened (sorted; empty for a batch never split).
+    pub fn pieces_of(&self, batch_id: u64) -> &[Range<usize>] {
+        self.pieces.get(&batch_id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Writes a piece of batch `batch_id`, its rows `rows` (in the batch's
+    /// order), with one put: a batch split to isolate the rows that fail
+    /// it is written as the pieces that succeed.
+    pub async fn write_piece(
+        &self,
+        batch_id: u64,
+        rows: &Range<usize>,
+        bytes: Vec<u8>,
+    ) -> Result<(), OutputError> {
+        let at = self.piece(batch_id, rows);
+        self.store
+            .put(&at, bytes.into())
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(&at, e))
     }
 
     /// Writes the part of a completed batch with one put.
@@ -430,6 +498,50 @@ mod tests {
             matches!(&err, OutputError::OtherJob { found, expected }
                 if found == "job a (width 3)" && expected == "job b (width 3)"),
             "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Pieces of split batches are found again by batch, their row ranges
+    /// sorted, apart from the whole batches; names that only look like
+    /// pieces are not pieces.
+    #[tokio::test]
+    #[allow(
+        clippy::single_range_in_vec_init,
+        reason = "lists of row ranges, not ranges to collect"
+    )]
+    async fn pieces_written_are_found_again_by_batch() {
+        let dir =
+            std::env::temp_dir().join(format!("flotilla-output-pieces-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = dir.to_string_lossy().into_owned();
+        let (output, _) = Output::open(&out, &job("a"), "bin").await.unwrap();
+        assert!(output.pieces_of(4).is_empty());
+        output
+            .write_piece(4, &(64..128), b"b".to_vec())
+            .await
+            .unwrap();
+        output
+            .write_piece(4, &(0..32), b"a".to_vec())
+            .await
+            .unwrap();
+        output.write_piece(5, &(1..2), b"c".to_vec()).await.unwrap();
+        output.write_part(6, b"d".to_vec()).await.unwrap();
+        for junk in [
+            "batch-00000007-rows-3-3.bin",
+            "batch-00000007-rows-x-4.bin",
+            "batch-00000007-rows-4.bin",
+        ] {
+            std::fs::write(dir.join("parts").join(junk), b"x").unwrap();
+        }
+        let (reopened, done) = Output::open(&out, &job("a"), "bin").await.unwrap();
+        assert_eq!(done, HashSet::from([6]));
+        assert_eq!(reopened.pieces_of(4), [0..32, 64..128]);
+        assert_eq!(reopened.pieces_of(5), [1..2]);
+        assert!(reopened.pieces_of(7).is_empty());
+        assert_eq!(
+            std::fs::read(dir.join("parts/batch-00000004-rows-64-128.bin")).unwrap(),
+            b"b"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

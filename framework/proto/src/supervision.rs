@@ -409,6 +409,28 @@ impl Supervision {
         }
     }
 
+    /// The last restart of the child `id` was not its own fault (the work
+    /// it was given crashed it, and the caller has already been charged
+    /// once for that work): it leaves the restart intensity's window and
+    /// the backoff's streak, so one bad input does not use up the
+    /// restarts a child is allowed. Returns whether there was a restart to
+    /// forgive.
+    pub fn pardon(&mut self, id: &str) -> bool {
+        let Some(i) = self.index(id) else {
+            return false;
+        };
+        let recent = if self.spec.per_child {
+            &mut self.children[i].recent
+        } else {
+            &mut self.restarts
+        };
+        if recent.pop_back().is_none() {
+            return false;
+        }
+        self.streak = self.streak.saturating_sub(1);
+        true
+    }
+
     /// Stop every child, the last started first, then report
     /// [`Action::Stopped`].
     pub fn handle_shutdown(&mut self, now: Instant) {
@@ -936,6 +958,26 @@ mod tests {
         sim.exit("a", Failure);
         sim.advance(Duration::from_secs(59));
         sim.exit("a", Failure);
+        assert!(matches!(
+            sim.exit("a", Failure).last(),
+            Some(Action::Escalate(_))
+        ));
+    }
+
+    /// Restarts forgiven one by one never add up to an escalation; the
+    /// same number unforgiven do.
+    #[test]
+    fn pardoned_restarts_do_not_count_against_the_intensity() {
+        let mut sim = Sim::new(Strategy::OneForOne, 2, &[("a", Permanent)]);
+        assert_eq!(sim.exit("a", Failure), [start("a")]);
+        for _ in 0..10 {
+            assert_eq!(sim.exit("a", Failure), [start("a")]);
+            assert!(sim.s.pardon("a"));
+            sim.advance(Duration::from_secs(1));
+        }
+        assert!(!sim.s.is_finished());
+        assert!(!sim.s.pardon("b"), "no such child");
+        assert_eq!(sim.exit("a", Failure), [start("a")]);
         assert!(matches!(
             sim.exit("a", Failure).last(),
             Some(Action::Escalate(_))

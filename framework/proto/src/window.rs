@@ -22,6 +22,14 @@
 //! a worker that crashes takes its queued batches with it, and they were
 //! not the cause.
 //!
+//! A worker that crashes (its actor panicked, say) was most likely
+//! working on the oldest batch it held, since an actor takes its messages
+//! in order: [`Window::charge_crash`] counts that send as a failed attempt
+//! of that batch, so a batch that crashes every worker it is given is
+//! given up after its attempts instead of crashing workers on. A batch may
+//! be given fewer attempts than the configured ones ([`Window::limit`]):
+//! the pieces of a batch split to find a row that fails it.
+//!
 //! The window does not own the batches: callers keep them by [`BatchId`]
 //! and feed results back. Results are accepted once per batch, from the
 //! worker the batch was last sent to; anything else is reported stale.
@@ -113,6 +121,18 @@ struct Flight<W> {
     /// Earlier sends lost with their worker.
     lost: u32,
     deadline: Instant,
+    /// Its place in the order of all sends.
+    seq: u64,
+}
+
+/// The batch a worker was most likely working on when it stopped
+/// answering well.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    batch: BatchId,
+    /// Whether that send already counted as a failed attempt (the worker
+    /// answered it with a failure, or its deadline passed).
+    charged: bool,
 }
 
 /// The credit window over workers identified by `W`.
@@ -124,6 +144,13 @@ pub struct Window<W: Ord + Clone> {
     /// Batches to send again, oldest first.
     retry: VecDeque<Retry<W>>,
     abandoned: Vec<Abandoned>,
+    /// Batches allowed fewer sends than `config.max_attempts`.
+    limits: HashMap<BatchId, u32>,
+    /// Per worker, the batch it was most likely working on when it last
+    /// answered with a failure or lost its sends.
+    held: BTreeMap<W, Held>,
+    /// Sends made, numbering them in order.
+    sends: u64,
 }
 
 impl<W: Ord + Clone> Window<W> {
@@ -135,7 +162,92 @@ impl<W: Ord + Clone> Window<W> {
             flights: HashMap::new(),
             retry: VecDeque::new(),
             abandoned: Vec::new(),
+            limits: HashMap::new(),
+            held: BTreeMap::new(),
+            sends: 0,
         }
+    }
+
+    /// Allows `batch` at most `max_attempts` sends (at least 1, at most the
+    /// configured attempts) from now on, until it is done or abandoned.
+    pub fn limit(&mut self, batch: BatchId, max_attempts: u32) {
+        let max = max_attempts.clamp(1, self.config.max_attempts);
+        if max < self.config.max_attempts {
+            self.limits.insert(batch, max);
+        }
+    }
+
+    /// The sends `batch` is allowed.
+    fn max_attempts_of(&self, batch: BatchId) -> u32 {
+        self.limits
+            .get(&batch)
+            .copied()
+            .unwrap_or(self.config.max_attempts)
+    }
+
+    /// The batch of `worker`'s oldest send in flight: the first it
+    /// takes from its mailbox.
+    fn oldest_on(&self, worker: &W) -> Option<BatchId> {
+        self.flights
+            .iter()
+            .filter(|(_, f)| &f.worker == worker)
+            .min_by_key(|(_, f)| f.seq)
+            .map(|(b, _)| *b)
+    }
+
+    /// Notes `worker`'s oldest send as the one it held when its sends were
+    /// lost, unless one is noted already since its last answer.
+    fn note_lost_oldest(&mut self, worker: &W) {
+        if !self.held.contains_key(worker)
+            && let Some(batch) = self.oldest_on(worker)
+        {
+            let held = Held {
+                batch,
+                charged: false,
+            };
+            self.held.insert(worker.clone(), held);
+        }
+    }
+
+    /// `worker` crashed at `now` (it did not just go away with its node):
+    /// the send it was most likely working on, its oldest one not
+    /// answered, counts as a failed attempt of that batch. That is its
+    /// oldest send in flight, failed here; or, once its sends were lost
+    /// ([`Window::remove_worker`], or [`Window::lose`] for each), the
+    /// oldest of those, wherever its batch is now (waiting, or sent
+    /// again); or the batch its last answer failed (a worker that reports
+    /// its failure, then stops), counted already. Returns that batch.
+    pub fn charge_crash(&mut self, now: Instant, worker: &W) -> Option<BatchId> {
+        let Some(held) = self.held.remove(worker) else {
+            let batch = self.oldest_on(worker)?;
+            self.fail(now, batch, worker);
+            self.held.remove(worker);
+            return Some(batch);
+        };
+        let batch = held.batch;
+        if held.charged {
+            return Some(batch);
+        }
+        let max = self.max_attempts_of(batch);
+        if let Some(f) = self.flights.get_mut(&batch) {
+            if f.lost == 0 {
+                return None;
+            }
+            f.lost -= 1;
+            return Some(batch);
+        }
+        let at = self.retry.iter().position(|r| r.batch == batch)?;
+        let r = &mut self.retry[at];
+        if r.lost == 0 {
+            return None;
+        }
+        r.lost -= 1;
+        if r.attempts - r.lost >= max {
+            self.retry.remove(at);
+            self.limits.remove(&batch);
+            self.abandoned.push(Abandoned::GaveUp(batch));
+        }
+        Some(batch)
     }
 
     /// Adds a worker (no effect if present).
@@ -145,9 +257,11 @@ impl<W: Ord + Clone> Window<W> {
 
     /// Removes a worker; its batches in flight are queued for another one.
     pub fn remove_worker(&mut self, worker: &W) {
-        if self.load.remove(worker).is_none() {
+        if !self.load.contains_key(worker) {
             return;
         }
+        self.note_lost_oldest(worker);
+        self.load.remove(worker);
         let mut lost: Vec<(BatchId, u32, u32)> = self
             .flights
             .iter()
@@ -168,8 +282,9 @@ impl<W: Ord + Clone> Window<W> {
     }
 
     fn requeue(&mut self, retry: Retry<W>) {
-        let max = self.config.max_attempts;
+        let max = self.max_attempts_of(retry.batch);
         if retry.attempts - retry.lost >= max || retry.lost > max * LOST_SENDS_PER_ATTEMPT {
+            self.limits.remove(&retry.batch);
             self.abandoned.push(Abandoned::GaveUp(retry.batch));
         } else {
             self.retry.push_back(retry);
@@ -222,6 +337,7 @@ impl<W: Ord + Clone> Window<W> {
         worker: W,
     ) -> Dispatch<W> {
         *self.load.get_mut(&worker).expect("picked from load") += 1;
+        self.sends += 1;
         self.flights.insert(
             batch,
             Flight {
@@ -229,6 +345,7 @@ impl<W: Ord + Clone> Window<W> {
                 attempt,
                 lost,
                 deadline: now + self.config.deadline,
+                seq: self.sends,
             },
         );
         Dispatch {
@@ -300,15 +417,26 @@ impl<W: Ord + Clone> Window<W> {
     /// A worker answered `batch` successfully.
     pub fn complete(&mut self, batch: BatchId, from: &W) -> Outcome {
         match self.land(batch, from) {
-            Some(_) => Outcome::Accepted,
+            Some(_) => {
+                self.answered(batch, from);
+                Outcome::Accepted
+            }
             None => Outcome::Stale,
         }
+    }
+
+    /// `batch` left the window with an answer from `worker`, which is
+    /// alive after all: no lost send of its is a crash's.
+    fn answered(&mut self, batch: BatchId, worker: &W) {
+        self.limits.remove(&batch);
+        self.held.remove(worker);
     }
 
     /// A worker refused `batch` as bad input: it is abandoned, not retried.
     pub fn reject(&mut self, batch: BatchId, from: &W) -> Outcome {
         match self.land(batch, from) {
             Some(_) => {
+                self.answered(batch, from);
                 self.abandoned.push(Abandoned::Rejected(batch));
                 Outcome::Accepted
             }
@@ -330,6 +458,17 @@ impl<W: Ord + Clone> Window<W> {
     }
 
     fn fail_or_lose(&mut self, now: Instant, batch: BatchId, from: &W, lost: bool) -> Outcome {
+        if self.flight_of(batch).is_some_and(|(w, _)| w == from) {
+            if lost {
+                self.note_lost_oldest(from);
+            } else {
+                let held = Held {
+                    batch,
+                    charged: true,
+                };
+                self.held.insert(from.clone(), held);
+            }
+        }
         match self.land(batch, from) {
             Some(f) => {
                 let counted = f.attempt - f.lost - u32::from(lost);
@@ -467,6 +606,160 @@ mod tests {
         }
         assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(1))]);
         assert!(w.is_idle());
+    }
+
+    /// A batch that crashes each worker it is sent to (the oldest each
+    /// crashed worker held) is charged an attempt per crash and given up
+    /// after its attempts; the batches queued behind it on the same
+    /// workers are lost with them, not charged, and go on.
+    #[test]
+    fn a_batch_that_crashes_every_worker_is_given_up_and_those_queued_behind_it_are_not() {
+        let t = Instant::now();
+        let mut w = Window::new(WindowConfig {
+            max_in_flight: 2,
+            ..config()
+        });
+        w.add_worker(0u32);
+        assert_eq!(w.dispatch_new(t, BatchId(7)).unwrap().worker, 0);
+        let later = t + Duration::from_millis(1);
+        assert_eq!(w.dispatch_new(later, BatchId(8)).unwrap().worker, 0);
+        let mut t = later;
+        for crash in 1..=3u32 {
+            // The worker dies: its sends are lost with it (their answers
+            // come back before or after it is removed), and the crash is
+            // put on the oldest.
+            if crash == 2 {
+                assert_eq!(w.lose(t, BatchId(8), &(crash - 1)), Outcome::Accepted);
+                assert_eq!(w.lose(t, BatchId(7), &(crash - 1)), Outcome::Accepted);
+            }
+            w.remove_worker(&(crash - 1));
+            assert_eq!(
+                w.charge_crash(t, &(crash - 1)),
+                Some(BatchId(7)),
+                "crash {crash}"
+            );
+            assert_eq!(w.charge_crash(t, &(crash - 1)), None, "once per crash");
+            if crash == 3 {
+                break;
+            }
+            w.add_worker(crash);
+            t += Duration::from_secs(1);
+            while w.poll_retry(t).is_some() {}
+            // Sent ahead of 7 this time, 8 is answered before the worker
+            // takes 7 and crashes.
+            if w.flights
+                .get(&BatchId(8))
+                .is_some_and(|f| f.seq < w.flights[&BatchId(7)].seq)
+            {
+                assert_eq!(w.complete(BatchId(8), &crash), Outcome::Accepted);
+            }
+        }
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(7))]);
+        assert!(w.pending_retries() <= 1, "8 goes on, if not done");
+    }
+
+    /// A crash reported while the worker still holds its sends fails the
+    /// oldest of them (counted) and leaves the others to be lost with it.
+    #[test]
+    fn a_crash_reported_first_fails_the_oldest_send_it_held() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.add_worker("b");
+        w.dispatch_new(t, BatchId(5)).unwrap();
+        w.dispatch_new(t, BatchId(2)).unwrap();
+        w.dispatch_new(t, BatchId(1)).unwrap();
+        assert_eq!(w.flight_of(BatchId(1)), Some((&"a", 1)));
+        assert_eq!(w.charge_crash(t, &"a"), Some(BatchId(5)), "sent first");
+        w.remove_worker(&"a");
+        let t = t + Duration::from_secs(1);
+        let mut again: Vec<(BatchId, u32)> = std::iter::from_fn(|| w.poll_retry(t))
+            .map(|d| (d.batch, d.attempt))
+            .collect();
+        again.sort();
+        assert_eq!(again, [(BatchId(1), 2), (BatchId(5), 2)]);
+        // 1 was lost (free), 5 failed (counted): two more failures give up 5.
+        for _ in 0..2 {
+            w.fail(t, BatchId(5), &"b");
+            w.fail(t, BatchId(1), &"b");
+            let t = t + Duration::from_secs(5);
+            while let Some(d) = w.poll_retry(t) {
+                assert_eq!(d.worker, "b");
+            }
+        }
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(5))]);
+    }
+
+    /// A worker that answers its batch with a failure and then stops has
+    /// that batch charged once (by the answer), not the next one it held.
+    #[test]
+    fn a_crash_after_a_failure_answer_is_that_batchs() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.dispatch_new(t, BatchId(4)).unwrap();
+        w.dispatch_new(t, BatchId(3)).unwrap();
+        assert_eq!(w.fail(t, BatchId(4), &"a"), Outcome::Accepted);
+        assert_eq!(w.charge_crash(t, &"a"), Some(BatchId(4)));
+        w.remove_worker(&"a");
+        assert_eq!(w.flight_of(BatchId(3)), None);
+        w.add_worker("b");
+        let t = t + Duration::from_secs(1);
+        let again: Vec<(BatchId, u32)> = std::iter::from_fn(|| w.poll_retry(t))
+            .map(|d| (d.batch, d.attempt))
+            .collect();
+        assert!(again.contains(&(BatchId(3), 2)));
+        // 3 was lost (free), 4 failed once: two more failures give up 4
+        // and leave 3 one attempt.
+        for _ in 0..2 {
+            w.fail(t, BatchId(4), &"b");
+            w.fail(t, BatchId(3), &"b");
+            let t = t + Duration::from_secs(5);
+            while w.poll_retry(t).is_some() {}
+        }
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(4))]);
+    }
+
+    /// A worker that answers after a send of its was lost is alive: a
+    /// later crash report does not charge the lost send's batch.
+    #[test]
+    fn an_answer_clears_what_a_lost_send_noted() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.dispatch_new(t, BatchId(0)).unwrap();
+        w.dispatch_new(t + Duration::from_millis(1), BatchId(1))
+            .unwrap();
+        w.lose(t, BatchId(0), &"a");
+        assert_eq!(w.complete(BatchId(1), &"a"), Outcome::Accepted);
+        assert_eq!(w.charge_crash(t, &"a"), None);
+    }
+
+    /// A batch limited to one send is given up on its first failure; to
+    /// two, on its second; the limit goes with the batch.
+    #[test]
+    fn a_limited_batch_is_given_up_after_its_own_attempts() {
+        let t = Instant::now();
+        let mut w = Window::new(config());
+        w.add_worker("a");
+        w.limit(BatchId(0), 1);
+        w.limit(BatchId(1), 2);
+        w.limit(BatchId(2), 99);
+        for b in 0..3 {
+            w.dispatch_new(t, BatchId(b)).unwrap();
+        }
+        for b in 0..3 {
+            w.fail(t, BatchId(b), &"a");
+        }
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(0))]);
+        let t = t + Duration::from_secs(1);
+        for _ in 0..2 {
+            let d = w.poll_retry(t).unwrap();
+            w.fail(t, d.batch, &"a");
+        }
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(1))]);
+        assert_eq!(w.pending_retries(), 1, "2 has the configured three");
+        assert!(!w.limits.contains_key(&BatchId(1)));
     }
 
     #[test]

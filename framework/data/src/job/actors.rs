@@ -64,11 +64,12 @@ impl<M: Message> Pool<M> {
             report: None,
         };
         let (supervisor, _) = Actor::spawn(None, Supervisor, args).await?;
+        let pool = Self::supervised(actors, ids, rx).forgiving(supervisor.clone());
         let stopper = Stopper {
             supervisor: Some(supervisor),
             placed: None,
         };
-        Ok((Self::supervised(actors, ids, rx), stopper))
+        Ok((pool, stopper))
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::{BatchJobError, Row};
 use crate::input::Input;
-use crate::output::{ErrorLog, RowError};
+use crate::output::{ErrorLog, OutputError, RowError};
 use crate::source::{Item, RowAt, Source};
 
 /// How a job cuts its rows into batches. Batch ids depend on these
@@ -164,6 +164,20 @@ impl Batcher {
     }
 
     /// The errors-file line of the row at `at`.
+    /// Records each of `rows` in `errors`, refused for `reason`.
+    pub(crate) async fn refuse(
+        &self,
+        errors: &mut ErrorLog<'_>,
+        rows: &[Row],
+        reason: &str,
+    ) -> Result<(), OutputError> {
+        for row in rows {
+            let error = self.row_error(row.at, Some(row.id.clone()), reason.to_owned());
+            errors.record(&error).await?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn row_error(&self, at: RowAt, id: Option<String>, reason: String) -> RowError {
         RowError {
             shard: self

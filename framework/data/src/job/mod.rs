@@ -9,6 +9,8 @@
 //!           deadlines, retries) ─► the actors ─► Parts::part (bytes, or an unusable answer
 //!           sent again) ─► Output part k
 //!   invalid rows, rejected batches ─► errors file
+//!   a batch failed on every attempt ─► split in halves until the failing rows are isolated
+//!        (split): the others written as pieces of it, the failing rows to the errors file
 //! ```
 //!
 //! Backpressure runs end to end: a batch is read only while the pipeline
@@ -22,7 +24,9 @@
 //! ([`BatchJobError::NoWorkers`]) rather than wait. Batch ids depend only
 //! on the input and the [`Batching`], so a run started again on the same
 //! output skips the parts already there and writes the others: every row
-//! is in exactly one part.
+//! is in exactly one part. A batch split to isolate the rows that fail
+//! it is written as pieces named by their rows, which a rerun finds and
+//! skips in turn.
 
 mod actors;
 mod batching;
@@ -31,9 +35,11 @@ mod join;
 mod lost;
 mod progress;
 mod settings;
+mod split;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,7 +48,7 @@ use flotilla::pipeline::{
     BatchId, Event, Pipeline, PipelineConfig, PipelineError, Stage, WorkerKey,
 };
 use flotilla::ractor::{ActorRef, ActorStatus};
-use flotilla::supervisor::{Escalation, SupervisorEvent};
+use flotilla::supervisor::{Escalation, Exit, SupervisorEvent, SupervisorMsg};
 use flotilla::{Node, Outbound, Table};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -64,6 +70,10 @@ use crate::source::{CellType, Fields, Source, SourceError};
 use batching::Batcher;
 use lost::{LostWorkers, drop_lost_workers};
 use progress::Progress;
+use split::{Splits, uncovered};
+
+/// Why a row isolated by splitting its batch is refused.
+const ISOLATED: &str = "failed on every attempt: the actors it was sent to failed or crashed on it (isolated by splitting its batch)";
 
 /// How often the actors are looked over for one that stopped.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
@@ -148,6 +158,12 @@ pub struct BatchSummary {
     pub redispatches: u64,
     /// Actors restarted by their supervisor during the job.
     pub restarts: u64,
+    /// Batches (and pieces of them) split to isolate rows that failed
+    /// them.
+    pub split: u64,
+    /// Rows isolated that way: refused (in the errors file) after every
+    /// attempt failed on them alone.
+    pub isolated: u64,
     /// When the first part was written, from the start of the run.
     pub first_part_after: Option<Duration>,
     /// Median batch latency.
@@ -159,6 +175,13 @@ pub struct BatchSummary {
 }
 
 impl BatchSummary {
+    /// A part (or piece) of `rows` rows was written, `after` the start.
+    fn part_written(&mut self, rows: usize, after: Duration) {
+        self.first_part_after.get_or_insert(after);
+        self.written += 1;
+        self.rows += rows as u64;
+    }
+
     /// Takes the pipeline's retries, the batches' latencies and the time
     /// the job took.
     fn measured(
@@ -178,14 +201,23 @@ impl BatchSummary {
     /// the actors it ran on: `200 texts in 4 batches (0 skipped as done)
     /// on 2 actors, 0 rows rejected, 1 retries (1 re-dispatched from lost
     /// workers), 0 actor restarts, 1.2 s, 166.7 texts/s, first batch after
-    /// 0.50 s, batch p50 12 ms p95 30 ms`.
+    /// 0.50 s, batch p50 12 ms p95 30 ms`, then, where rows were isolated
+    /// by splitting batches, `, 1 failing rows isolated (5 batches split)`.
     pub fn line(&self, rows: &str, actors: usize) -> String {
         let rate = self.rows as f64 / self.elapsed.as_secs_f64().max(1e-9);
         let first = self
             .first_part_after
             .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
+        let split = if self.split > 0 || self.isolated > 0 {
+            format!(
+                ", {} failing rows isolated ({} batches split)",
+                self.isolated, self.split
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "{} {rows} in {} batches ({} skipped as done) on {actors} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {rate:.1} {rows}/s, first batch after {first}, batch p50 {:.0} ms p95 {:.0} ms",
+            "{} {rows} in {} batches ({} skipped as done) on {actors} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {rate:.1} {rows}/s, first batch after {first}, batch p50 {:.0} ms p95 {:.0} ms{split}",
             self.rows,
             self.written,
             self.skipped,
@@ -233,6 +265,8 @@ pub struct Pool<M: flotilla::ractor::Message> {
     /// Each actor's child id under the supervisor, in the same order.
     ids: Vec<String>,
     events: Option<mpsc::UnboundedReceiver<SupervisorEvent>>,
+    /// The supervisor, told of restarts to forgive.
+    supervisor: Option<ActorRef<SupervisorMsg>>,
 }
 
 impl<M: flotilla::ractor::Message> Pool<M> {
@@ -242,6 +276,7 @@ impl<M: flotilla::ractor::Message> Pool<M> {
             actors,
             ids: Vec::new(),
             events: None,
+            supervisor: None,
         }
     }
 
@@ -257,7 +292,17 @@ impl<M: flotilla::ractor::Message> Pool<M> {
             actors,
             ids,
             events: Some(events),
+            supervisor: None,
         }
+    }
+
+    /// Tells `supervisor` of restarts to forgive: a crash caused by a bad
+    /// batch costs its actor's restart intensity once, however often the
+    /// batch (or the pieces it is split into to find the bad rows) crashes
+    /// an actor again.
+    pub fn forgiving(mut self, supervisor: ActorRef<SupervisorMsg>) -> Self {
+        self.supervisor = Some(supervisor);
+        self
     }
 }
 
@@ -377,6 +422,7 @@ struct Members<M: flotilla::ractor::Message> {
     actors: Vec<(WorkerKey, ActorRef<M>)>,
     keys: HashMap<String, WorkerKey>,
     restarting: BTreeSet<String>,
+    supervisor: Option<ActorRef<SupervisorMsg>>,
 }
 
 impl<M: flotilla::ractor::Message> Members<M> {
@@ -386,12 +432,14 @@ impl<M: flotilla::ractor::Message> Members<M> {
     fn join<S: Stage<Msg = M>>(
         actors: Vec<(MemberName, ActorRef<M>)>,
         ids: &[String],
+        supervisor: Option<ActorRef<SupervisorMsg>>,
         pipeline: &mut Pipeline<S>,
     ) -> Self {
         let mut members = Self {
             actors: Vec::with_capacity(actors.len()),
             keys: HashMap::new(),
             restarting: BTreeSet::new(),
+            supervisor,
         };
         for (i, (member, actor)) in actors.into_iter().enumerate() {
             let key = pipeline.add_worker(&member, actor.clone());
@@ -419,24 +467,48 @@ impl<M: flotilla::ractor::Message> Members<M> {
 
     /// Applies what the supervisor reports: an actor that exited leaves
     /// the pipeline (its batches go to the others at once), a restarted
-    /// one joins it, an escalation ends the job.
+    /// one joins it, an escalation ends the job. An actor that failed on a
+    /// node up in `table` crashed: the batch it was working on is
+    /// charged an attempt, and the crashes after the first charged to the
+    /// same batch, as many as one bad row causes, are forgiven to its
+    /// supervisor.
     fn on_supervision<S: Stage<Msg = M>>(
         &mut self,
         event: SupervisorEvent,
         pipeline: &mut Pipeline<S>,
         restarts: &mut u64,
+        splits: &mut Splits,
+        table: Option<&Table>,
     ) -> Result<(), Escalation> {
+        // Without a member table, every actor is on this node.
+        let up = |node: &str| {
+            table.is_none_or(|t| {
+                t.get(node)
+                    .is_some_and(|m| m.state == flotilla::MemberState::Up)
+            })
+        };
         match event {
             SupervisorEvent::Exited {
                 child,
                 exit,
                 restarting,
             } => {
-                if let Some(key) = self.keys.remove(&child)
-                    && pipeline.remove_worker(key)
-                {
-                    tracing::warn!(actor = %child, ?exit, restart = restarting, in_flight = pipeline.in_flight(),
-                        "actor exited; its batches go to the other actors");
+                if let Some(key) = self.keys.remove(&child) {
+                    // Charged before the worker leaves, while its sends
+                    // still tell which it was working on.
+                    let crashed = exit == Exit::Failure && pipeline.node_of(key).is_some_and(&up);
+                    let charged = if crashed { pipeline.crashed(key) } else { None };
+                    if pipeline.remove_worker(key) {
+                        tracing::warn!(actor = %child, ?exit, restart = restarting, in_flight = pipeline.in_flight(),
+                            "actor exited; its batches go to the other actors");
+                    }
+                    if let Some(batch) = charged
+                        && splits.forgive(batch)
+                        && restarting
+                        && let Some(supervisor) = &self.supervisor
+                    {
+                        let _ = supervisor.cast(SupervisorMsg::Pardon(child.clone()));
+                    }
                 }
                 if restarting {
                     self.restarting.insert(child);
@@ -465,6 +537,77 @@ impl<M: flotilla::ractor::Message> Members<M> {
             SupervisorEvent::Escalated(e) => return Err(e),
         }
         Ok(())
+    }
+}
+
+/// Submits batch `id` of `rows`: whole, or, where an earlier run split it
+/// and wrote the pieces `written`, the rows not written yet, as pieces.
+/// Returns the rows skipped as written.
+async fn submit<S, P>(
+    id: u64,
+    rows: Vec<Row>,
+    written: &[Range<usize>],
+    splits: &mut Splits,
+    parts: &mut P,
+    pipeline: &mut Pipeline<S>,
+) -> usize
+where
+    S: Stage,
+    P: Parts<S>,
+{
+    if written.is_empty() {
+        let batch = parts.batch(rows).await;
+        pipeline.submit(BatchId(id), batch);
+        return 0;
+    }
+    let gaps = uncovered(rows.len(), written);
+    let skipped = rows.len() - gaps.iter().map(Range::len).sum::<usize>();
+    for gap in gaps {
+        let piece = splits.piece(id, gap.clone());
+        let batch = parts.batch(rows[gap].to_vec()).await;
+        pipeline.submit(piece, batch);
+    }
+    skipped
+}
+
+/// A batch (or piece) `id` of `rows` failed on every attempt: split in
+/// halves sent again, or, a single row, given back to be refused.
+async fn split_or_refuse<S, P>(
+    id: BatchId,
+    rows: &[Row],
+    splits: &mut Splits,
+    parts: &mut P,
+    pipeline: &mut Pipeline<S>,
+) -> Option<Row>
+where
+    S: Stage,
+    P: Parts<S>,
+{
+    let piece = splits.finish(id);
+    if let [row] = rows {
+        tracing::error!(id = %row.id, "row failed on every attempt; refused");
+        return Some(row.clone());
+    }
+    let (batch, at) = piece.map_or((id.0, 0), |p| (p.batch, p.rows.start));
+    tracing::warn!(
+        batch,
+        rows = rows.len(),
+        "batch failed on every attempt; split in halves to find the rows that fail it"
+    );
+    for (piece, half, attempts) in splits.halves(batch, at..at + rows.len()) {
+        let half = parts
+            .batch(rows[half.start - at..half.end - at].to_vec())
+            .await;
+        pipeline.submit_limited(piece, half, attempts);
+    }
+    None
+}
+
+/// What `wait` comes to, or never, without one.
+async fn or_pending<T>(wait: Option<impl Future<Output = T>>) -> T {
+    match wait {
+        Some(wait) => wait.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -591,12 +734,9 @@ where
     let (output, done) = Output::open(&job.output, &job.manifest, job.extension).await?;
     let mut errors = output.errors();
     let mut batcher = Batcher::new(source, input, job.batching);
-    let Links {
-        outbound,
-        mut members,
-    } = links;
+    let (outbound, mut members) = (links.outbound, links.members);
     let mut pipeline = Pipeline::new(stage, job.pipeline, outbound);
-    let mut pool_state = Members::join(pool.actors, &pool.ids, &mut pipeline);
+    let mut pool_state = Members::join(pool.actors, &pool.ids, pool.supervisor, &mut pipeline);
     let mut events = pool.events;
     let mut look = tokio::time::interval(LOOK_EVERY);
     let mut lost = LostWorkers::default();
@@ -604,6 +744,7 @@ where
     let mut latencies = Latencies::new();
     let mut summary = BatchSummary::default();
     let mut gave_up = 0u64;
+    let mut splits = Splits::new(job.batching.size, job.pipeline.max_attempts);
     loop {
         // Fill free credits with the next batches not already done.
         while !batcher.is_done() && pipeline.has_credit() {
@@ -615,8 +756,9 @@ where
                 progress.skipped(rows.len());
                 continue;
             }
-            let batch = parts.batch(rows).await;
-            pipeline.submit(BatchId(id), batch);
+            let written = output.pieces_of(id);
+            progress
+                .skipped(submit(id, rows, written, &mut splits, &mut parts, &mut pipeline).await);
         }
         if batcher.is_done() && pipeline.is_idle() {
             break;
@@ -626,34 +768,24 @@ where
         if events.is_none() {
             pool_state.prune(&mut pipeline);
         }
-        let grace_ends = lost.next_deadline();
-        let grace = async {
-            match grace_ends {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        let table_changed = async {
-            match members.as_mut() {
-                Some(rx) => rx.changed().await.is_ok(),
-                None => std::future::pending().await,
-            }
-        };
-        let supervised = async {
-            match events.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => std::future::pending().await,
-            }
-        };
+        let grace = or_pending(
+            lost.next_deadline()
+                .map(|at| tokio::time::sleep_until(at.into())),
+        );
+        let table_changed = or_pending(members.as_mut().map(|rx| rx.changed()));
+        let supervised = or_pending(events.as_mut().map(|rx| rx.recv()));
         // With every actor restarting, wait for them rather than give up.
         let serving = pipeline.workers() > 0 || pool_state.restarting.is_empty();
         let event = tokio::select! {
             biased;
             event = supervised => {
                 match event {
-                    Some(event) => pool_state
-                        .on_supervision(event, &mut pipeline, &mut summary.restarts)
-                        .map_err(BatchJobError::RestartLimit)?,
+                    Some(event) => {
+                        let table = members.as_ref().map(|rx| rx.borrow().clone());
+                        pool_state
+                            .on_supervision(event, &mut pipeline, &mut summary.restarts, &mut splits, table.as_ref())
+                            .map_err(BatchJobError::RestartLimit)?;
+                    }
                     None => events = None,
                 }
                 continue;
@@ -661,7 +793,7 @@ where
             e = pipeline.next(), if serving => e,
             open = table_changed => {
                 match members.as_mut() {
-                    Some(rx) if open => {
+                    Some(rx) if open.is_ok() => {
                         drop_lost_workers(&mut pipeline, &mut lost, &rx.borrow_and_update());
                     }
                     // The node is stopping; the pipeline's deadlines still
@@ -690,7 +822,7 @@ where
                 receipt,
             }) => {
                 let of = PartOf {
-                    id: id.0,
+                    id: splits.batch_of(id),
                     types: &types,
                 };
                 let bytes = match parts.part(&batch, answer, of).await {
@@ -699,6 +831,7 @@ where
                         // A failed attempt of the batch: sent again within
                         // the attempts it has left.
                         tracing::warn!(batch = id.0, attempt = receipt.attempt(), %reason, "answer unusable; the batch goes out again");
+                        splits.unreadable(id);
                         pipeline.unusable(id, batch, receipt);
                         continue;
                     }
@@ -710,24 +843,33 @@ where
                         .into());
                     }
                 };
-                output.write_part(id.0, bytes).await?;
+                match splits.finish(id) {
+                    Some(piece) => output.write_piece(piece.batch, &piece.rows, bytes).await?,
+                    None => output.write_part(id.0, bytes).await?,
+                }
                 let rows = batch.as_ref().len();
-                summary.first_part_after.get_or_insert(started.elapsed());
-                summary.written += 1;
-                summary.rows += rows as u64;
+                summary.part_written(rows, started.elapsed());
                 latencies.record(latency);
                 progress.done(rows);
             }
-            Some(Event::Rejected { batch, reason, .. }) => {
-                for row in batch.as_ref() {
-                    let error = batcher.row_error(row.at, Some(row.id.clone()), reason.clone());
-                    errors.record(&error).await?;
-                }
+            Some(Event::Rejected { id, batch, reason }) => {
+                splits.finish(id);
+                batcher.refuse(&mut errors, batch.as_ref(), &reason).await?;
                 progress.done(batch.as_ref().len());
             }
-            Some(Event::GaveUp { id, .. }) => {
-                tracing::error!(batch = id.0, "batch failed on every attempt");
-                gave_up += 1;
+            Some(Event::GaveUp { id, batch }) => {
+                if !splits.splittable(id) || batch.as_ref().is_empty() {
+                    tracing::error!(batch = id.0, "batch failed on every attempt");
+                    splits.finish(id);
+                    gave_up += 1;
+                } else if let Some(row) =
+                    split_or_refuse(id, batch.as_ref(), &mut splits, &mut parts, &mut pipeline)
+                        .await
+                {
+                    batcher.refuse(&mut errors, &[row], ISOLATED).await?;
+                    summary.isolated += 1;
+                    progress.done(1);
+                }
             }
         }
     }
@@ -735,6 +877,7 @@ where
     parts.finish().await;
     summary.refused = errors.rows();
     errors.finish().await?;
+    summary.split = splits.split;
     summary.measured(pipeline.stats(), &latencies, started.elapsed());
     if gave_up > 0 {
         return Err(BatchJobError::Incomplete(gave_up));
@@ -871,6 +1014,186 @@ mod tests {
         let written = std::fs::read_dir(dir.join("out/parts")).unwrap().count();
         assert_eq!(written, 0);
         actor.stop(None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Answers with its batch's row count; refuses a batch holding the
+    /// text `refuse` with an error answer, and panics on one holding
+    /// `poison`, counting the sends that held it.
+    struct Fragile(Arc<std::sync::atomic::AtomicU32>);
+    struct Texts(Vec<String>, RpcReplyPort<Result<usize, String>>);
+    impl Message for Texts {}
+    impl Actor for Fragile {
+        type Msg = Texts;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<Texts>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            _: ActorRef<Texts>,
+            Texts(texts, reply): Texts,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            if texts.iter().any(|t| t == "poison") {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                panic!("a row this actor cannot take");
+            }
+            let answer = if texts.iter().any(|t| t == "refuse") {
+                Err("cannot embed this".to_owned())
+            } else {
+                Ok(texts.len())
+            };
+            let _ = reply.send(answer);
+            Ok(())
+        }
+    }
+    struct Judging;
+    impl Stage for Judging {
+        type Msg = Texts;
+        type Batch = Vec<Row>;
+        type Reply = Result<usize, String>;
+        type Output = usize;
+        fn request(&self, _: BatchId, rows: &Vec<Row>, reply: RpcReplyPort<Self::Reply>) -> Texts {
+            Texts(rows.iter().map(|r| r.text.clone()).collect(), reply)
+        }
+        fn judge(&self, _: BatchId, rows: &Vec<Row>, answer: Self::Reply) -> Verdict<usize> {
+            match answer {
+                Ok(n) if n == rows.len() => Verdict::Done(n),
+                Ok(n) => Verdict::Retry(format!("{n} answers for {} rows", rows.len())),
+                Err(e) => Verdict::Retry(e),
+            }
+        }
+    }
+
+    /// Runs the job of 64 rows in `dir`, the rows `bad` with their texts
+    /// (`poison`, `refuse`) and the others `fine`, on two supervised
+    /// actors allowed three restarts a minute; returns the summary and
+    /// the sends that held a poison row.
+    async fn run_fragile(
+        dir: &std::path::Path,
+        bad: &[(usize, &str)],
+    ) -> (Result<BatchSummary, BatchJobError>, u32) {
+        std::fs::create_dir_all(dir).unwrap();
+        let text = |i: usize| {
+            bad.iter()
+                .find(|(row, _)| *row == i)
+                .map_or("fine", |(_, text)| text)
+        };
+        let lines: Vec<String> = (0..64)
+            .map(|i| format!("{{\"id\": {i}, \"text\": \"{}\"}}", text(i)))
+            .collect();
+        std::fs::write(dir.join("in.jsonl"), lines.join("\n")).unwrap();
+        let job = BatchJob {
+            batching: Batching::rows(16),
+            extension: "txt",
+            pipeline: PipelineConfig {
+                max_attempts: 3,
+                retry_backoff: Duration::from_millis(1),
+                ..PipelineConfig::for_workers(2, Duration::from_secs(10))
+            },
+            ..counting_job(dir, 0)
+        };
+        std::fs::write(dir.join("in.jsonl"), lines.join("\n")).unwrap();
+        let sends = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let make = {
+            let sends = Arc::clone(&sends);
+            move || (Fragile(Arc::clone(&sends)), ())
+        };
+        let limit = flotilla::supervisor::Intensity {
+            max_restarts: 3,
+            within: Duration::from_secs(60),
+        };
+        let (pool, _, stopper) = Pool::local(2, make, |_| async { Ok(()) }, limit)
+            .await
+            .unwrap();
+        let encode = Encode(|rows: &[Row], _: usize| {
+            Ok(rows
+                .iter()
+                .map(|r| format!("{}\n", r.id))
+                .collect::<String>()
+                .into_bytes())
+        });
+        let result = tokio::time::timeout(
+            Duration::from_secs(60),
+            run(Links::local(), job, Judging, pool, encode),
+        )
+        .await
+        .expect("the job ends");
+        stopper.stop().await;
+        (result, sends.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The ids in the parts of `dir`'s output, sorted, and those in its
+    /// errors file.
+    fn written_and_refused(dir: &std::path::Path) -> (Vec<u64>, Vec<u64>) {
+        let mut written = Vec::new();
+        for part in std::fs::read_dir(dir.join("out/parts")).unwrap() {
+            let text = std::fs::read_to_string(part.unwrap().path()).unwrap();
+            written.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+        }
+        written.sort();
+        let errors = std::fs::read_to_string(dir.join("out/errors.jsonl")).unwrap();
+        let mut refused: Vec<u64> = errors
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        refused.sort();
+        (written, refused)
+    }
+
+    /// Rows that panic the actor on every attempt are isolated by
+    /// splitting their batches: they go to the errors file, every other
+    /// row is written once, a poison row is sent at most its batch's
+    /// attempts plus ⌈log2(16)⌉ + 1 times, and the crashes it causes cost
+    /// its actor's restart limit once (three restarts a minute would not
+    /// hold the dozen crashes otherwise). A rerun writes nothing twice
+    /// and refuses the same rows.
+    #[tokio::test]
+    async fn rows_that_panic_the_actor_are_isolated_and_the_rest_written_once() {
+        let dir = std::env::temp_dir().join(format!("flotilla-job-poison-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bad = [(10, "poison"), (40, "poison")];
+        let (result, sends) = run_fragile(&dir, &bad).await;
+        let summary = result.unwrap();
+        assert_eq!(
+            (summary.rows, summary.isolated, summary.refused),
+            (62, 2, 2)
+        );
+        assert!(summary.split >= 2 * 4, "{summary:?}");
+        assert!(sends <= 2 * (3 + 4 + 1), "{sends} sends held a poison row");
+        assert!(summary.line("rows", 2).ends_with(&format!(
+            ", 2 failing rows isolated ({} batches split)",
+            summary.split
+        )));
+        let expected: Vec<u64> = (0..64).filter(|i| ![10, 40].contains(i)).collect();
+        assert_eq!(written_and_refused(&dir), (expected.clone(), vec![10, 40]));
+
+        let (again, _) = run_fragile(&dir, &bad).await;
+        let again = again.unwrap();
+        assert_eq!((again.rows, again.isolated, again.written), (0, 2, 0));
+        assert_eq!(written_and_refused(&dir), (expected, vec![10, 40]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A row answered with an error on every attempt is isolated the same
+    /// way, beside a row that panics the actor.
+    #[tokio::test]
+    async fn rows_answered_with_errors_are_isolated_beside_panicking_ones() {
+        let dir = std::env::temp_dir().join(format!("flotilla-job-refuse-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (result, _) = run_fragile(&dir, &[(25, "refuse"), (40, "poison")]).await;
+        let summary = result.unwrap();
+        assert_eq!((summary.rows, summary.isolated), (62, 2));
+        let expected: Vec<u64> = (0..64).filter(|i| ![25, 40].contains(i)).collect();
+        assert_eq!(written_and_refused(&dir), (expected, vec![25, 40]));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

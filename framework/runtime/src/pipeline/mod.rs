@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use flotilla_proto::window::{Abandoned, Dispatch, Outcome, Window, WindowConfig};
 use futures::StreamExt;
-use futures::future::{AbortHandle, Abortable, BoxFuture};
+use futures::future::{AbortHandle, Abortable, BoxFuture, FutureExt};
 use futures::stream::FuturesUnordered;
 use ractor::{ActorRef, Message};
 
@@ -223,6 +223,9 @@ pub struct Pipeline<S: Stage> {
     sends: FuturesUnordered<PendingSend<S::Reply>>,
     /// How to drop each send in flight, by batch and attempt.
     aborts: HashMap<(BatchId, u32), AbortHandle>,
+    /// Events of answers taken in early (see [`Pipeline::crashed`]),
+    /// reported first by [`Pipeline::next`].
+    ready: VecDeque<Event<S::Batch, S::Output>>,
     stats: PipelineStats,
 }
 
@@ -248,6 +251,7 @@ impl<S: Stage> Pipeline<S> {
             outbound,
             sends: FuturesUnordered::new(),
             aborts: HashMap::new(),
+            ready: VecDeque::new(),
             stats: PipelineStats::default(),
         }
     }
@@ -353,6 +357,45 @@ impl<S: Stage> Pipeline<S> {
         self.pump();
     }
 
+    /// [`Pipeline::submit`], allowing the batch `max_attempts` sends (at
+    /// most the configured ones): the pieces of a batch split to find a
+    /// row that fails it are given one or two.
+    pub fn submit_limited(&mut self, id: BatchId, batch: S::Batch, max_attempts: u32) {
+        self.window.limit(id, max_attempts);
+        self.submit(id, batch);
+    }
+
+    /// The worker `key` crashed (its actor failed while its node stays
+    /// up): the batch it was most likely working on, its oldest send
+    /// not answered, is charged a failed attempt (see
+    /// [`Window::charge_crash`]), so a batch that crashes every worker is
+    /// given up rather than crashing them on. Call it before
+    /// [`Pipeline::remove_worker`]. Answers already back are taken in
+    /// first (their events come from [`Pipeline::next`] in turn): a batch
+    /// the worker answered before it crashed is not the one it crashed
+    /// on. Returns the batch charged.
+    pub fn crashed(&mut self, key: WorkerKey) -> Option<BatchId> {
+        while let Some(Some(answer)) = self.sends.next().now_or_never() {
+            if let Some(answer) = answer
+                && let Some(event) = self.on_answer(answer)
+            {
+                self.ready.push_back(event);
+            }
+        }
+        let batch = self.window.charge_crash(now(), &key)?;
+        self.drop_stale_sends();
+        tracing::warn!(
+            batch = batch.0,
+            "a worker crashed holding this batch; charged an attempt"
+        );
+        Some(batch)
+    }
+
+    /// The node the worker `key` runs on, while it is in the pipeline.
+    pub fn node_of(&self, key: WorkerKey) -> Option<&str> {
+        self.workers.get(&key).map(|w| w.node.as_str())
+    }
+
     /// Holds `batch` until it is reported, counting its weight.
     fn hold(&mut self, id: BatchId, batch: S::Batch) {
         let weight = self.stage.weight(&batch);
@@ -441,6 +484,9 @@ impl<S: Stage> Pipeline<S> {
     /// `select!` beside other events (membership changes).
     pub async fn next(&mut self) -> Result<Option<Event<S::Batch, S::Output>>, PipelineError> {
         loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Ok(Some(event));
+            }
             for a in self.window.take_abandoned() {
                 // Rejections are reported where they are judged.
                 if let Abandoned::GaveUp(id) = a {
@@ -474,74 +520,85 @@ impl<S: Stage> Pipeline<S> {
                     continue;
                 }
             };
-            let Some(Some(Answer {
-                to,
-                result,
-                latency,
-            })) = answer
-            else {
-                continue;
-            };
-            self.aborts.remove(&(to.batch, to.attempt));
-            let (id, worker) = (to.batch, to.worker);
-            // An answer to an earlier send of the batch (to this worker or
-            // another) is stale, even when it arrives after a retry.
-            if self.window.flight_of(id) != Some((&worker, to.attempt)) {
-                self.stats.stale += 1;
-                continue;
-            }
-            // A send that never left, or that its worker dropped unanswered
-            // (it died holding it), was lost with the worker: not counted
-            // as one of the batch's attempts.
-            let lost = result.is_err();
-            let verdict = match result {
-                Ok(reply) => match self.flights.get(&id) {
-                    Some(f) => self.stage.judge(id, &f.batch, reply),
-                    None => continue,
-                },
-                Err(e) => Verdict::Retry(e),
-            };
-            match verdict {
-                Verdict::Done(output) => {
-                    if self.window.complete(id, &worker) == Outcome::Accepted
-                        && let Some(batch) = self.finish(id)
-                    {
-                        crate::counters::batch_done(latency);
-                        return Ok(Some(Event::Done {
-                            id,
-                            batch,
-                            output,
-                            latency,
-                            receipt: Receipt {
-                                attempt: to.attempt,
-                                worker,
-                            },
-                        }));
-                    }
-                }
-                Verdict::BadInput(reason) => {
-                    if self.window.reject(id, &worker) == Outcome::Accepted
-                        && let Some(batch) = self.finish(id)
-                    {
-                        return Ok(Some(Event::Rejected { id, batch, reason }));
-                    }
-                }
-                Verdict::Retry(reason) => {
-                    let node = self
-                        .workers
-                        .get(&worker)
-                        .map(|w| w.node.as_str())
-                        .unwrap_or("");
-                    tracing::warn!(batch = id.0, node, %reason, "batch failed; sending it again");
-                    if lost {
-                        self.window.lose(now(), id, &worker);
-                    } else {
-                        self.window.fail(now(), id, &worker);
-                    }
-                    self.drop_stale_sends();
-                }
+            if let Some(Some(answer)) = answer
+                && let Some(event) = self.on_answer(answer)
+            {
+                return Ok(Some(event));
             }
         }
+    }
+
+    /// Applies one send's answer: the batch's event when it is done or
+    /// rejected; nothing when the answer is stale or the batch goes out
+    /// again.
+    fn on_answer(
+        &mut self,
+        Answer {
+            to,
+            result,
+            latency,
+        }: Answer<S::Reply>,
+    ) -> Option<Event<S::Batch, S::Output>> {
+        self.aborts.remove(&(to.batch, to.attempt));
+        let (id, worker) = (to.batch, to.worker);
+        // An answer to an earlier send of the batch (to this worker or
+        // another) is stale, even when it arrives after a retry.
+        if self.window.flight_of(id) != Some((&worker, to.attempt)) {
+            self.stats.stale += 1;
+            return None;
+        }
+        // A send that never left, or that its worker dropped unanswered
+        // (it died holding it), was lost with the worker: not counted
+        // as one of the batch's attempts.
+        let lost = result.is_err();
+        let verdict = match result {
+            Ok(reply) => {
+                let f = self.flights.get(&id)?;
+                self.stage.judge(id, &f.batch, reply)
+            }
+            Err(e) => Verdict::Retry(e),
+        };
+        match verdict {
+            Verdict::Done(output) => {
+                if self.window.complete(id, &worker) == Outcome::Accepted
+                    && let Some(batch) = self.finish(id)
+                {
+                    crate::counters::batch_done(latency);
+                    return Some(Event::Done {
+                        id,
+                        batch,
+                        output,
+                        latency,
+                        receipt: Receipt {
+                            attempt: to.attempt,
+                            worker,
+                        },
+                    });
+                }
+            }
+            Verdict::BadInput(reason) => {
+                if self.window.reject(id, &worker) == Outcome::Accepted
+                    && let Some(batch) = self.finish(id)
+                {
+                    return Some(Event::Rejected { id, batch, reason });
+                }
+            }
+            Verdict::Retry(reason) => {
+                let node = self
+                    .workers
+                    .get(&worker)
+                    .map(|w| w.node.as_str())
+                    .unwrap_or("");
+                tracing::warn!(batch = id.0, node, %reason, "batch failed; sending it again");
+                if lost {
+                    self.window.lose(now(), id, &worker);
+                } else {
+                    self.window.fail(now(), id, &worker);
+                }
+                self.drop_stale_sends();
+            }
+        }
+        None
     }
 }
 

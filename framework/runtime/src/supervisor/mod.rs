@@ -233,6 +233,10 @@ pub enum SupervisorMsg {
     Members(Table),
     /// Its children and their restarts.
     Status(RpcReplyPort<Vec<ChildReport>>),
+    /// The last restart of this child was caused by the work it was
+    /// given, already charged once: forgive it
+    /// ([`Supervision::pardon`](flotilla_proto::supervision::Supervision::pardon)).
+    Pardon(String),
     /// Stop every child (the last first), then the supervisor; answered
     /// once done.
     Shutdown(RpcReplyPort<()>),
@@ -564,6 +568,11 @@ impl Actor for Supervisor {
             }
             SupervisorMsg::Status(port) => {
                 let _ = port.send(state.status());
+            }
+            SupervisorMsg::Pardon(child) => {
+                if state.policy.pardon(&child) {
+                    tracing::info!(%child, "restart forgiven: the work it was given crashed it");
+                }
             }
             SupervisorMsg::Shutdown(port) => {
                 state.shutdown.push(port);
