@@ -208,6 +208,7 @@ async fn drive_sleepers(
             deadline: Duration::from_secs(30),
             max_attempts: 3,
             retry_backoff: Duration::from_millis(250),
+            hedge: None,
         },
         outbound,
     );

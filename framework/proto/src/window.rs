@@ -30,6 +30,14 @@
 //! be given fewer attempts than the configured ones ([`Window::limit`]):
 //! the pieces of a batch split to find a row that fails it.
 //!
+//! A batch that runs far longer than its peers (a straggler: past
+//! `after` times the running 95th percentile of batch latencies, and at
+//! least `floor`) is sent a second time to an idle worker
+//! ([`WindowConfig::hedge`], [`Window::poll_hedge`]): the first answer
+//! wins and the other send is dropped, so a slow worker does not hold the
+//! end of a job. The second send is free (it counts no attempt); if
+//! either send fails, the other goes on as the batch's send.
+//!
 //! The window does not own the batches: callers keep them by [`BatchId`]
 //! and feed results back. Results are accepted once per batch, from the
 //! worker the batch was last sent to; anything else is reported stale.
@@ -45,6 +53,32 @@ pub const LOST_SENDS_PER_ATTEMPT: u32 = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BatchId(pub u64);
 
+/// When a straggling batch is sent a second time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hedging {
+    /// Sent again once it has run this many times the running 95th
+    /// percentile of batch latencies…
+    pub after: u32,
+    /// …and at least this long.
+    pub floor: Duration,
+}
+
+impl Default for Hedging {
+    /// Three times the p95, at least two seconds.
+    fn default() -> Self {
+        Self {
+            after: 3,
+            floor: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Latencies a window keeps to estimate the running p95.
+const LATENCY_SAMPLES: usize = 256;
+
+/// Completed batches needed before stragglers are judged.
+const HEDGE_AFTER_SAMPLES: usize = 16;
+
 /// Window limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowConfig {
@@ -57,6 +91,8 @@ pub struct WindowConfig {
     /// How long a failed batch waits before its first retry; each further
     /// retry waits twice as long as the one before, at most `deadline`.
     pub retry_backoff: Duration,
+    /// Whether and when a straggling batch is sent a second time.
+    pub hedge: Option<Hedging>,
 }
 
 impl WindowConfig {
@@ -123,6 +159,50 @@ struct Flight<W> {
     deadline: Instant,
     /// Its place in the order of all sends.
     seq: u64,
+    /// The highest send number issued for the batch (this send's, or its
+    /// second send's).
+    issued: u32,
+    /// A second send of the straggling batch, in flight.
+    hedge: Option<Hedge<W>>,
+    /// Whether this send was a second send, counted free when it went.
+    free: bool,
+}
+
+/// The second send of a straggling batch.
+#[derive(Debug, Clone)]
+struct Hedge<W> {
+    worker: W,
+    attempt: u32,
+    deadline: Instant,
+    seq: u64,
+}
+
+/// A batch's free sends once one of its sends ended, `was_lost` or
+/// failed: a counted send that was lost becomes free, a free one (a
+/// second send) that failed counts after all.
+fn settle(lost: u32, free: bool, was_lost: bool) -> u32 {
+    match (free, was_lost) {
+        (false, true) => lost + 1,
+        (true, false) => lost.saturating_sub(1),
+        _ => lost,
+    }
+}
+
+impl<W> Flight<W> {
+    /// The second send becomes the batch's send; returns the worker of
+    /// the first.
+    ///
+    /// # Panics
+    ///
+    /// Without a second send.
+    fn promote_hedge(&mut self) -> W {
+        let h = self.hedge.take().expect("a second send");
+        self.free = true;
+        self.attempt = h.attempt;
+        self.deadline = h.deadline;
+        self.seq = h.seq;
+        std::mem::replace(&mut self.worker, h.worker)
+    }
 }
 
 /// The batch a worker was most likely working on when it stopped
@@ -151,6 +231,9 @@ pub struct Window<W: Ord + Clone> {
     held: BTreeMap<W, Held>,
     /// Sends made, numbering them in order.
     sends: u64,
+    /// The latest batch latencies, and their 95th percentile.
+    latencies: VecDeque<Duration>,
+    p95: Option<Duration>,
 }
 
 impl<W: Ord + Clone> Window<W> {
@@ -165,6 +248,8 @@ impl<W: Ord + Clone> Window<W> {
             limits: HashMap::new(),
             held: BTreeMap::new(),
             sends: 0,
+            latencies: VecDeque::new(),
+            p95: None,
         }
     }
 
@@ -262,11 +347,21 @@ impl<W: Ord + Clone> Window<W> {
         }
         self.note_lost_oldest(worker);
         self.load.remove(worker);
+        // Second sends on it are dropped; a batch with a second send
+        // elsewhere goes on as that send.
+        for f in self.flights.values_mut() {
+            if f.hedge.as_ref().is_some_and(|h| &h.worker == worker) {
+                f.hedge = None;
+            } else if &f.worker == worker && f.hedge.is_some() {
+                f.lost = settle(f.lost, f.free, true);
+                f.promote_hedge();
+            }
+        }
         let mut lost: Vec<(BatchId, u32, u32)> = self
             .flights
             .iter()
             .filter(|(_, f)| &f.worker == worker)
-            .map(|(b, f)| (*b, f.attempt, f.lost))
+            .map(|(b, f)| (*b, f.issued, settle(f.lost, f.free, true)))
             .collect();
         lost.sort();
         for (batch, attempts, lost) in lost {
@@ -274,7 +369,7 @@ impl<W: Ord + Clone> Window<W> {
             self.requeue(Retry {
                 batch,
                 attempts,
-                lost: lost + 1,
+                lost,
                 failed_on: None,
                 due: None,
             });
@@ -346,6 +441,9 @@ impl<W: Ord + Clone> Window<W> {
                 lost,
                 deadline: now + self.config.deadline,
                 seq: self.sends,
+                issued: attempt,
+                hedge: None,
+                free: false,
             },
         );
         Dispatch {
@@ -402,16 +500,114 @@ impl<W: Ord + Clone> Window<W> {
         }
     }
 
+    /// Takes `batch` off the window on an answer from `from`, either of
+    /// its sends: the first answer wins, the other send is dropped.
     fn land(&mut self, batch: BatchId, from: &W) -> Option<Flight<W>> {
         match self.flights.get(&batch) {
-            Some(f) if &f.worker == from => {}
+            Some(f) if &f.worker == from || f.hedge.as_ref().is_some_and(|h| &h.worker == from) => {
+            }
             _ => return None,
         }
         let flight = self.flights.remove(&batch)?;
-        if let Some(n) = self.load.get_mut(&flight.worker) {
-            *n -= 1;
+        self.unload(&flight.worker);
+        if let Some(h) = &flight.hedge {
+            self.unload(&h.worker);
         }
         Some(flight)
+    }
+
+    fn unload(&mut self, worker: &W) {
+        if let Some(n) = self.load.get_mut(worker) {
+            *n -= 1;
+        }
+    }
+
+    /// Whether the send `attempt` of `batch` to `worker` is one the window
+    /// waits for (its send, or its second send).
+    pub fn is_live(&self, batch: BatchId, worker: &W, attempt: u32) -> bool {
+        self.flights.get(&batch).is_some_and(|f| {
+            (&f.worker == worker && f.attempt == attempt)
+                || f.hedge
+                    .as_ref()
+                    .is_some_and(|h| &h.worker == worker && h.attempt == attempt)
+        })
+    }
+
+    /// Whether the send `attempt` of `batch` is one the window waits for.
+    pub fn is_live_attempt(&self, batch: BatchId, attempt: u32) -> bool {
+        self.flights.get(&batch).is_some_and(|f| {
+            f.attempt == attempt || f.hedge.as_ref().is_some_and(|h| h.attempt == attempt)
+        })
+    }
+
+    /// A batch took `latency` to complete: the running p95 stragglers
+    /// are judged by.
+    pub fn observe(&mut self, latency: Duration) {
+        if self.latencies.len() == LATENCY_SAMPLES {
+            self.latencies.pop_front();
+        }
+        self.latencies.push_back(latency);
+        let mut sorted: Vec<Duration> = self.latencies.iter().copied().collect();
+        sorted.sort();
+        self.p95 =
+            (sorted.len() >= HEDGE_AFTER_SAMPLES).then(|| sorted[(sorted.len() - 1) * 95 / 100]);
+    }
+
+    /// How long a batch runs before it is a straggler, once enough
+    /// batches were observed.
+    fn straggling_after(&self) -> Option<Duration> {
+        let hedge = self.config.hedge?;
+        Some(self.p95?.saturating_mul(hedge.after).max(hedge.floor))
+    }
+
+    /// An idle worker other than `busy`, if any.
+    fn idle_worker_but(&self, busy: &W) -> Option<W> {
+        self.load
+            .iter()
+            .find(|(w, n)| **n == 0 && *w != busy)
+            .map(|(w, _)| w.clone())
+    }
+
+    /// The second send of the oldest straggling batch, to an idle worker,
+    /// if one straggles at `now` and a worker is idle. The second send is
+    /// free: it counts no attempt of the batch.
+    pub fn poll_hedge(&mut self, now: Instant) -> Option<Dispatch<W>> {
+        let after = self.straggling_after()?;
+        let deadline = self.config.deadline;
+        let (batch, worker) = self
+            .flights
+            .iter()
+            .filter(|(_, f)| f.hedge.is_none() && now >= f.deadline - deadline + after)
+            .min_by_key(|(_, f)| f.seq)
+            .and_then(|(b, f)| Some((*b, self.idle_worker_but(&f.worker)?)))?;
+        *self.load.get_mut(&worker).expect("an idle worker") += 1;
+        self.sends += 1;
+        let f = self.flights.get_mut(&batch).expect("found above");
+        f.issued += 1;
+        f.lost += 1;
+        f.hedge = Some(Hedge {
+            worker: worker.clone(),
+            attempt: f.issued,
+            deadline: now + deadline,
+            seq: self.sends,
+        });
+        Some(Dispatch {
+            batch,
+            worker,
+            attempt: f.issued,
+        })
+    }
+
+    /// When the next batch in flight becomes a straggler, while a worker
+    /// is idle to take its second send.
+    fn next_straggler(&self) -> Option<Instant> {
+        let after = self.straggling_after()?;
+        let deadline = self.config.deadline;
+        self.flights
+            .values()
+            .filter(|f| f.hedge.is_none() && self.idle_worker_but(&f.worker).is_some())
+            .map(|f| f.deadline - deadline + after)
+            .min()
     }
 
     /// A worker answered `batch` successfully.
@@ -458,6 +654,26 @@ impl<W: Ord + Clone> Window<W> {
     }
 
     fn fail_or_lose(&mut self, now: Instant, batch: BatchId, from: &W, lost: bool) -> Outcome {
+        // With two sends out, the one that failed is dropped and the
+        // other goes on as the batch's send.
+        if let Some(f) = self.flights.get_mut(&batch)
+            && let Some(h) = &f.hedge
+        {
+            let (hedge_failed, first_failed) = (&h.worker == from, &f.worker == from);
+            if hedge_failed || first_failed {
+                let gone = if hedge_failed {
+                    f.lost = settle(f.lost, true, lost);
+                    f.hedge.take().map(|h| h.worker)
+                } else {
+                    f.lost = settle(f.lost, f.free, lost);
+                    Some(f.promote_hedge())
+                };
+                if let Some(w) = gone {
+                    self.unload(&w);
+                }
+                return Outcome::Accepted;
+            }
+        }
         if self.flight_of(batch).is_some_and(|(w, _)| w == from) {
             if lost {
                 self.note_lost_oldest(from);
@@ -471,12 +687,13 @@ impl<W: Ord + Clone> Window<W> {
         }
         match self.land(batch, from) {
             Some(f) => {
-                let counted = f.attempt - f.lost - u32::from(lost);
+                let lost = settle(f.lost, f.free, lost);
+                let counted = f.issued - lost;
                 let due = now + self.config.backoff(counted.max(1));
                 self.requeue(Retry {
                     batch,
-                    attempts: f.attempt,
-                    lost: f.lost + u32::from(lost),
+                    attempts: f.issued,
+                    lost,
                     failed_on: Some(f.worker),
                     due: Some(due),
                 });
@@ -509,8 +726,15 @@ impl<W: Ord + Clone> Window<W> {
         let mut late: Vec<(BatchId, W)> = self
             .flights
             .iter()
-            .filter(|(_, f)| f.deadline <= now)
-            .map(|(b, f)| (*b, f.worker.clone()))
+            .flat_map(|(b, f)| {
+                let first = (f.deadline <= now).then(|| (*b, f.worker.clone()));
+                let second = f
+                    .hedge
+                    .as_ref()
+                    .filter(|h| h.deadline <= now)
+                    .map(|h| (*b, h.worker.clone()));
+                first.into_iter().chain(second)
+            })
             .collect();
         late.sort_by_key(|(b, _)| *b);
         for (batch, worker) in &late {
@@ -521,9 +745,13 @@ impl<W: Ord + Clone> Window<W> {
 
     /// The earliest deadline in flight or retry falling due.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let deadlines = self.flights.values().map(|f| f.deadline);
+        let deadlines = self
+            .flights
+            .values()
+            .flat_map(|f| std::iter::once(f.deadline).chain(f.hedge.as_ref().map(|h| h.deadline)));
         deadlines
             .chain(self.retry.iter().filter_map(|r| r.due))
+            .chain(self.next_straggler())
             .min()
     }
 
@@ -544,6 +772,7 @@ mod tests {
             deadline: Duration::from_secs(10),
             max_attempts: 3,
             retry_backoff: Duration::from_millis(100),
+            hedge: None,
         }
     }
 
@@ -718,6 +947,116 @@ mod tests {
             while w.poll_retry(t).is_some() {}
         }
         assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(4))]);
+    }
+
+    fn hedging() -> WindowConfig {
+        WindowConfig {
+            hedge: Some(Hedging {
+                after: 3,
+                floor: Duration::from_millis(500),
+            }),
+            ..config()
+        }
+    }
+
+    /// `w` observed 16 batches of `ms` milliseconds.
+    fn observed(w: &mut Window<&'static str>, ms: u64) {
+        for _ in 0..HEDGE_AFTER_SAMPLES {
+            w.observe(Duration::from_millis(ms));
+        }
+    }
+
+    /// A batch past three times the p95 (and the floor) is sent a second
+    /// time to an idle worker; the first answer wins and the other send
+    /// is stale; the second send counts no attempt.
+    #[test]
+    fn a_straggler_is_sent_again_to_an_idle_worker_and_the_first_answer_wins() {
+        let t = Instant::now();
+        let mut w = Window::new(hedging());
+        w.add_worker("slow");
+        w.add_worker("fast");
+        let first = w.dispatch_new(t, BatchId(1)).unwrap();
+        assert_eq!(first.worker, "fast", "least loaded, then by name");
+        let slow = w.dispatch_new(t, BatchId(2)).unwrap();
+        assert_eq!(slow.worker, "slow");
+        assert_eq!(
+            w.poll_hedge(t + Duration::from_secs(5)),
+            None,
+            "nothing observed yet"
+        );
+        observed(&mut w, 100);
+        assert_eq!(
+            w.poll_hedge(t + Duration::from_millis(400)),
+            None,
+            "under the floor"
+        );
+        assert_eq!(
+            w.poll_hedge(t + Duration::from_secs(1)),
+            None,
+            "no idle worker"
+        );
+        assert_eq!(w.complete(BatchId(1), &"fast"), Outcome::Accepted);
+        assert_eq!(
+            w.poll_timeout(),
+            Some(t + Duration::from_millis(500)),
+            "the straggler's due time, now a worker is idle"
+        );
+        let hedge = w.poll_hedge(t + Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            (hedge.batch, hedge.worker, hedge.attempt),
+            (BatchId(2), "fast", 2)
+        );
+        assert_eq!(
+            w.poll_hedge(t + Duration::from_secs(1)),
+            None,
+            "once per batch"
+        );
+        assert!(w.is_live(BatchId(2), &"slow", 1) && w.is_live(BatchId(2), &"fast", 2));
+        assert!(!w.has_credit() || w.load_of(&"fast") == Some(1));
+        assert_eq!(w.complete(BatchId(2), &"fast"), Outcome::Accepted);
+        assert!(
+            !w.is_live_attempt(BatchId(2), 1),
+            "the slow send is dropped"
+        );
+        assert_eq!(w.complete(BatchId(2), &"slow"), Outcome::Stale);
+        assert_eq!((w.load_of(&"slow"), w.load_of(&"fast")), (Some(0), Some(0)));
+        assert!(w.is_idle());
+    }
+
+    /// Either send failing leaves the other as the batch's send; the
+    /// second send's loss is free, its failure counts.
+    #[test]
+    fn a_failed_send_of_a_hedged_batch_leaves_the_other() {
+        let t = Instant::now();
+        let mut w = Window::new(hedging());
+        for name in ["a", "b", "c"] {
+            w.add_worker(name);
+        }
+        observed(&mut w, 10);
+        w.dispatch_new(t, BatchId(0)).unwrap();
+        let later = t + Duration::from_secs(1);
+        let h = w.poll_hedge(later).unwrap();
+        assert_eq!((h.worker, h.attempt), ("b", 2));
+        // The first send fails: the second goes on.
+        assert_eq!(w.fail(later, BatchId(0), &"a"), Outcome::Accepted);
+        assert_eq!(w.flight_of(BatchId(0)), Some((&"b", 2)));
+        assert_eq!(w.pending_retries(), 0);
+        // Hedged again (to a, idle), then b removed: a goes on.
+        let h = w.poll_hedge(later + Duration::from_secs(1)).unwrap();
+        assert_eq!((h.worker, h.attempt), ("a", 3));
+        w.remove_worker(&"b");
+        assert_eq!(w.flight_of(BatchId(0)), Some((&"a", 3)));
+        // Hedged to c, which loses it: free.
+        let h = w.poll_hedge(later + Duration::from_secs(5)).unwrap();
+        assert_eq!((h.worker, h.attempt), ("c", 4));
+        w.lose(later, BatchId(0), &"c");
+        assert_eq!(w.load_of(&"c"), Some(0));
+        // Counted so far: the first send's failure. Two more give it up.
+        w.fail(later, BatchId(0), &"a");
+        let again = w.poll_retry(later + Duration::from_secs(9)).unwrap();
+        assert_eq!(again.attempt, 5);
+        w.fail(later, BatchId(0), &again.worker);
+        assert_eq!(w.take_abandoned(), vec![Abandoned::GaveUp(BatchId(0))]);
     }
 
     /// A worker that answers after a send of its was lost is alive: a

@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
+pub use flotilla_proto::window::Hedging;
 use flotilla_proto::window::{Abandoned, Dispatch, Outcome, Window, WindowConfig};
 use futures::StreamExt;
 use futures::future::{AbortHandle, Abortable, BoxFuture, FutureExt};
@@ -99,11 +100,15 @@ pub struct PipelineConfig {
     /// How long a failed batch waits before it is sent again (doubled for
     /// each further attempt, at most `deadline`).
     pub retry_backoff: Duration,
+    /// Whether and when a straggling batch is sent a second time, to an
+    /// idle worker (the first answer wins).
+    pub hedge: Option<Hedging>,
 }
 
 impl PipelineConfig {
     /// Two batches per worker, a 512 MiB budget, `deadline`, three attempts
-    /// 250 ms and 500 ms apart.
+    /// 250 ms and 500 ms apart, stragglers sent again past three times the
+    /// p95 and two seconds.
     pub fn for_workers(workers: usize, deadline: Duration) -> Self {
         Self {
             max_in_flight: (2 * workers).max(1),
@@ -111,6 +116,7 @@ impl PipelineConfig {
             deadline,
             max_attempts: 3,
             retry_backoff: Duration::from_millis(250),
+            hedge: Some(Hedging::default()),
         }
     }
 }
@@ -185,6 +191,8 @@ pub struct PipelineStats {
     pub redispatches: u64,
     /// Answers that came after their batch had moved on.
     pub stale: u64,
+    /// Second sends of straggling batches.
+    pub hedged: u64,
 }
 
 struct Worker<M: Message> {
@@ -240,6 +248,7 @@ impl<S: Stage> Pipeline<S> {
                 deadline: config.deadline,
                 max_attempts: config.max_attempts.max(1),
                 retry_backoff: config.retry_backoff,
+                hedge: config.hedge,
             }),
             config,
             workers: BTreeMap::new(),
@@ -407,6 +416,10 @@ impl<S: Stage> Pipeline<S> {
         if d.attempt > 1 {
             self.stats.retries += 1;
         }
+        self.dispatch(d);
+    }
+
+    fn dispatch(&mut self, d: Dispatch<WorkerKey>) {
         // The window dispatches only known batches to known workers.
         let (worker, flight) = (
             self.workers
@@ -448,7 +461,7 @@ impl<S: Stage> Pipeline<S> {
     fn drop_stale_sends(&mut self) {
         let window = &self.window;
         self.aborts.retain(|(batch, attempt), handle| {
-            let live = window.flight_of(*batch).is_some_and(|(_, a)| a == *attempt);
+            let live = window.is_live_attempt(*batch, *attempt);
             if !live {
                 handle.abort();
             }
@@ -470,6 +483,15 @@ impl<S: Stage> Pipeline<S> {
                 }
                 Err(_) => break,
             }
+        }
+        // Workers left idle take second sends of stragglers.
+        while let Some(d) = self.window.poll_hedge(now) {
+            self.stats.hedged += 1;
+            tracing::info!(
+                batch = d.batch.0,
+                "batch straggling; sent a second time to an idle worker"
+            );
+            self.dispatch(d);
         }
     }
 
@@ -543,7 +565,7 @@ impl<S: Stage> Pipeline<S> {
         let (id, worker) = (to.batch, to.worker);
         // An answer to an earlier send of the batch (to this worker or
         // another) is stale, even when it arrives after a retry.
-        if self.window.flight_of(id) != Some((&worker, to.attempt)) {
+        if !self.window.is_live(id, &worker, to.attempt) {
             self.stats.stale += 1;
             return None;
         }
@@ -563,6 +585,8 @@ impl<S: Stage> Pipeline<S> {
                 if self.window.complete(id, &worker) == Outcome::Accepted
                     && let Some(batch) = self.finish(id)
                 {
+                    self.window.observe(latency);
+                    self.drop_stale_sends();
                     crate::counters::batch_done(latency);
                     return Some(Event::Done {
                         id,
@@ -690,6 +714,7 @@ mod tests {
             deadline: Duration::from_millis(300),
             max_attempts: 3,
             retry_backoff: Duration::from_millis(20),
+            hedge: None,
         }
     }
 
@@ -817,6 +842,91 @@ mod tests {
         );
         assert_eq!(events.len(), 4);
         assert!(p.stats().retries >= 1);
+    }
+
+    /// Doubles numbers after `0` of sleep.
+    struct Sleeper(Duration);
+
+    impl Actor for Sleeper {
+        type Msg = Msg;
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<Msg>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            _: ActorRef<Msg>,
+            msg: Msg,
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            let Msg::Work(id, x, reply) = msg;
+            tokio::time::sleep(self.0).await;
+            let _ = reply.send((id, 2 * x));
+            Ok(())
+        }
+    }
+
+    /// 40 batches over a worker 100 times slower than the other: how long
+    /// they take (tokio's paused clock), and the pipeline's counters.
+    async fn with_a_straggler(hedge: Option<Hedging>) -> (Duration, PipelineStats) {
+        let mut p = pipeline(PipelineConfig {
+            deadline: Duration::from_secs(60),
+            hedge,
+            ..config(4)
+        });
+        let slow = Actor::spawn(None, Sleeper(Duration::from_secs(1)), ())
+            .await
+            .unwrap()
+            .0;
+        let fast = Actor::spawn(None, Sleeper(Duration::from_millis(10)), ())
+            .await
+            .unwrap()
+            .0;
+        p.add_worker("slow", slow.clone());
+        p.add_worker("fast", fast.clone());
+        let started = tokio::time::Instant::now();
+        let mut done = std::collections::BTreeSet::new();
+        let mut next = 0;
+        loop {
+            while next < 40 && p.has_credit() {
+                p.submit(BatchId(next), next as i64);
+                next += 1;
+            }
+            match p.next().await.unwrap() {
+                Some(Event::Done { id, output, .. }) => {
+                    assert_eq!(output, 2 * id.0 as i64);
+                    assert!(done.insert(id.0), "batch {} reported twice", id.0);
+                }
+                Some(other) => panic!("{other:?}"),
+                None if next == 40 => break,
+                None => {}
+            }
+        }
+        assert_eq!(done.len(), 40);
+        slow.stop(None);
+        fast.stop(None);
+        (started.elapsed(), p.stats())
+    }
+
+    /// Batches held by a straggling worker are sent again to the idle one
+    /// and reported once; without hedging the job waits for the
+    /// straggler's last batch.
+    #[tokio::test(start_paused = true)]
+    async fn a_straggling_workers_batches_are_sent_again_and_reported_once() {
+        let hedge = Hedging {
+            after: 3,
+            floor: Duration::from_millis(50),
+        };
+        let (hedged, stats) = with_a_straggler(Some(hedge)).await;
+        let (waited, plain) = with_a_straggler(None).await;
+        assert!(stats.hedged >= 1, "{stats:?}");
+        assert_eq!(plain.hedged, 0);
+        assert!(waited >= Duration::from_secs(1), "{waited:?}");
+        assert!(
+            hedged < Duration::from_millis(700),
+            "{hedged:?} with hedging"
+        );
     }
 
     #[tokio::test(start_paused = true)]
