@@ -441,11 +441,16 @@ fn answer(
     // and with it the actor (see `Embedder::handle`).
     flotilla::fail::fail_point!("embedder::encode");
     let (dim, revision) = (output.dim, &output.revision);
+    let started = std::time::Instant::now();
     let encoded = if output.zeros {
         Ok(vec![0.0f32; prepared.rows * dim])
     } else {
         encode_prepared(encoder, dim, prepared)
     };
+    if output.slowdown > 1 {
+        // A straggler: a machine this many times slower.
+        std::thread::sleep(started.elapsed() * (output.slowdown - 1));
+    }
     let outcome = match encoded {
         Ok(values) => EmbedOutcome::Embedded(Vectors {
             revision: revision.to_owned(),
@@ -471,6 +476,9 @@ struct Output {
     dim: usize,
     revision: String,
     zeros: bool,
+    /// How many times slower than the model the actor answers (1: as
+    /// fast as it can; more under the failpoint `embedder::slow`).
+    slowdown: u32,
 }
 
 /// The CPU's model thread: tokenizes and encodes each batch in the actor's
@@ -746,6 +754,14 @@ impl Actor for Embedder {
                             dim: options.dim,
                             revision: revision.clone(),
                             zeros: args.zeros,
+                            // Fault injection: `embedder::slow=1*return(10)->off`
+                            // makes the first actor started 10 times slower.
+                            slowdown: flotilla::fail::eval("embedder::slow", |n| {
+                                n.and_then(|n| n.parse::<u32>().ok())
+                            })
+                            .flatten()
+                            .unwrap_or(1)
+                            .max(1),
                         },
                     },
                     Err(e) => {

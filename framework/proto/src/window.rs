@@ -31,8 +31,9 @@
 //! the pieces of a batch split to find a row that fails it.
 //!
 //! A batch that runs far longer than its peers (a straggler: past
-//! `after` times the running 95th percentile of batch latencies, and at
-//! least `floor`) is sent a second time to an idle worker
+//! `after` times the running 95th percentile of the latencies other
+//! workers took, and at least `floor`; a slow worker's own batches do not
+//! raise the bar) is sent a second time to an idle worker
 //! ([`WindowConfig::hedge`], [`Window::poll_hedge`]): the first answer
 //! wins and the other send is dropped, so a slow worker does not hold the
 //! end of a job. The second send is free (it counts no attempt); if
@@ -57,7 +58,7 @@ pub struct BatchId(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hedging {
     /// Sent again once it has run this many times the running 95th
-    /// percentile of batch latencies…
+    /// percentile of the batch latencies of the other workers…
     pub after: u32,
     /// …and at least this long.
     pub floor: Duration,
@@ -231,9 +232,8 @@ pub struct Window<W: Ord + Clone> {
     held: BTreeMap<W, Held>,
     /// Sends made, numbering them in order.
     sends: u64,
-    /// The latest batch latencies, and their 95th percentile.
-    latencies: VecDeque<Duration>,
-    p95: Option<Duration>,
+    /// The latest batch latencies, with the worker that took each.
+    latencies: VecDeque<(W, Duration)>,
 }
 
 impl<W: Ord + Clone> Window<W> {
@@ -249,7 +249,6 @@ impl<W: Ord + Clone> Window<W> {
             held: BTreeMap::new(),
             sends: 0,
             latencies: VecDeque::new(),
-            p95: None,
         }
     }
 
@@ -540,24 +539,32 @@ impl<W: Ord + Clone> Window<W> {
         })
     }
 
-    /// A batch took `latency` to complete: the running p95 stragglers
-    /// are judged by.
-    pub fn observe(&mut self, latency: Duration) {
+    /// A batch took `worker` `latency` to complete: what stragglers on
+    /// the other workers are judged by.
+    pub fn observe(&mut self, worker: &W, latency: Duration) {
         if self.latencies.len() == LATENCY_SAMPLES {
             self.latencies.pop_front();
         }
-        self.latencies.push_back(latency);
-        let mut sorted: Vec<Duration> = self.latencies.iter().copied().collect();
-        sorted.sort();
-        self.p95 =
-            (sorted.len() >= HEDGE_AFTER_SAMPLES).then(|| sorted[(sorted.len() - 1) * 95 / 100]);
+        self.latencies.push_back((worker.clone(), latency));
     }
 
-    /// How long a batch runs before it is a straggler, once enough
-    /// batches were observed.
-    fn straggling_after(&self) -> Option<Duration> {
+    /// How long a batch on `worker` runs before it is a straggler: once
+    /// enough batches of the other workers were observed, `after` times
+    /// their p95, at least the floor.
+    fn straggling_after(&self, worker: &W) -> Option<Duration> {
         let hedge = self.config.hedge?;
-        Some(self.p95?.saturating_mul(hedge.after).max(hedge.floor))
+        let mut peers: Vec<Duration> = self
+            .latencies
+            .iter()
+            .filter(|(w, _)| w != worker)
+            .map(|(_, d)| *d)
+            .collect();
+        if peers.len() < HEDGE_AFTER_SAMPLES {
+            return None;
+        }
+        peers.sort_unstable();
+        let p95 = peers[(peers.len() - 1) * 95 / 100];
+        Some(p95.saturating_mul(hedge.after).max(hedge.floor))
     }
 
     /// An idle worker other than `busy`, if any.
@@ -572,12 +579,17 @@ impl<W: Ord + Clone> Window<W> {
     /// if one straggles at `now` and a worker is idle. The second send is
     /// free: it counts no attempt of the batch.
     pub fn poll_hedge(&mut self, now: Instant) -> Option<Dispatch<W>> {
-        let after = self.straggling_after()?;
+        self.config.hedge?;
         let deadline = self.config.deadline;
         let (batch, worker) = self
             .flights
             .iter()
-            .filter(|(_, f)| f.hedge.is_none() && now >= f.deadline - deadline + after)
+            .filter(|(_, f)| {
+                f.hedge.is_none()
+                    && self
+                        .straggling_after(&f.worker)
+                        .is_some_and(|after| now >= f.deadline - deadline + after)
+            })
             .min_by_key(|(_, f)| f.seq)
             .and_then(|(b, f)| Some((*b, self.idle_worker_but(&f.worker)?)))?;
         *self.load.get_mut(&worker).expect("an idle worker") += 1;
@@ -601,12 +613,12 @@ impl<W: Ord + Clone> Window<W> {
     /// When the next batch in flight becomes a straggler, while a worker
     /// is idle to take its second send.
     fn next_straggler(&self) -> Option<Instant> {
-        let after = self.straggling_after()?;
+        self.config.hedge?;
         let deadline = self.config.deadline;
         self.flights
             .values()
             .filter(|f| f.hedge.is_none() && self.idle_worker_but(&f.worker).is_some())
-            .map(|f| f.deadline - deadline + after)
+            .filter_map(|f| Some(f.deadline - deadline + self.straggling_after(&f.worker)?))
             .min()
     }
 
@@ -959,10 +971,10 @@ mod tests {
         }
     }
 
-    /// `w` observed 16 batches of `ms` milliseconds.
-    fn observed(w: &mut Window<&'static str>, ms: u64) {
+    /// `w` observed 16 batches of `ms` milliseconds on `worker`.
+    fn observed(w: &mut Window<&'static str>, worker: &'static str, ms: u64) {
         for _ in 0..HEDGE_AFTER_SAMPLES {
-            w.observe(Duration::from_millis(ms));
+            w.observe(&worker, Duration::from_millis(ms));
         }
     }
 
@@ -984,7 +996,14 @@ mod tests {
             None,
             "nothing observed yet"
         );
-        observed(&mut w, 100);
+        // The slow worker's own batches do not raise the bar.
+        observed(&mut w, "slow", 5000);
+        assert_eq!(
+            w.poll_hedge(t + Duration::from_secs(5)),
+            None,
+            "no peer observed"
+        );
+        observed(&mut w, "fast", 100);
         assert_eq!(
             w.poll_hedge(t + Duration::from_millis(400)),
             None,
@@ -1032,7 +1051,7 @@ mod tests {
         for name in ["a", "b", "c"] {
             w.add_worker(name);
         }
-        observed(&mut w, 10);
+        observed(&mut w, "elsewhere", 10);
         w.dispatch_new(t, BatchId(0)).unwrap();
         let later = t + Duration::from_secs(1);
         let h = w.poll_hedge(later).unwrap();

@@ -156,6 +156,8 @@ pub struct BatchSummary {
     pub retries: u64,
     /// Batches moved off an actor that was lost.
     pub redispatches: u64,
+    /// Straggling batches sent a second time to an idle actor.
+    pub hedged: u64,
     /// Actors restarted by their supervisor during the job.
     pub restarts: u64,
     /// Batches (and pieces of them) split to isolate rows that failed
@@ -192,6 +194,7 @@ impl BatchSummary {
     ) {
         self.retries = stats.retries;
         self.redispatches = stats.redispatches;
+        self.hedged = stats.hedged;
         self.batch_p50 = latencies.quantile(0.5);
         self.batch_p95 = latencies.quantile(0.95);
         self.elapsed = elapsed;
@@ -202,13 +205,15 @@ impl BatchSummary {
     /// on 2 actors, 0 rows rejected, 1 retries (1 re-dispatched from lost
     /// workers), 0 actor restarts, 1.2 s, 166.7 texts/s, first batch after
     /// 0.50 s, batch p50 12 ms p95 30 ms`, then, where rows were isolated
-    /// by splitting batches, `, 1 failing rows isolated (5 batches split)`.
+    /// by splitting batches, `, 1 failing rows isolated (5 batches split)`,
+    /// and where stragglers were sent again, `, 2 straggling batches sent
+    /// again`.
     pub fn line(&self, rows: &str, actors: usize) -> String {
         let rate = self.rows as f64 / self.elapsed.as_secs_f64().max(1e-9);
         let first = self
             .first_part_after
             .map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()));
-        let split = if self.split > 0 || self.isolated > 0 {
+        let mut split = if self.split > 0 || self.isolated > 0 {
             format!(
                 ", {} failing rows isolated ({} batches split)",
                 self.isolated, self.split
@@ -216,6 +221,9 @@ impl BatchSummary {
         } else {
             String::new()
         };
+        if self.hedged > 0 {
+            split.push_str(&format!(", {} straggling batches sent again", self.hedged));
+        }
         format!(
             "{} {rows} in {} batches ({} skipped as done) on {actors} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {rate:.1} {rows}/s, first batch after {first}, batch p50 {:.0} ms p95 {:.0} ms{split}",
             self.rows,

@@ -585,7 +585,7 @@ impl<S: Stage> Pipeline<S> {
                 if self.window.complete(id, &worker) == Outcome::Accepted
                     && let Some(batch) = self.finish(id)
                 {
-                    self.window.observe(latency);
+                    self.window.observe(&worker, latency);
                     self.drop_stale_sends();
                     crate::counters::batch_done(latency);
                     return Some(Event::Done {
