@@ -40,6 +40,9 @@ pub(crate) struct Piece {
 pub(crate) struct Splits {
     next: u64,
     pieces: HashMap<BatchId, Piece>,
+    /// The batch each piece ever made belongs to, kept after the piece is
+    /// done: a crash may be reported after its piece was split.
+    origin: HashMap<BatchId, u64>,
     /// Crashes charged per batch (its pieces included).
     crashes: HashMap<u64, u32>,
     /// Crashes of one batch forgiven after its first.
@@ -68,6 +71,7 @@ impl Splits {
         let id = BatchId(PIECE | self.next);
         self.next += 1;
         self.pieces.insert(id, Piece { batch, rows });
+        self.origin.insert(id, batch);
         id
     }
 
@@ -98,7 +102,7 @@ impl Splits {
     /// The batch the pipeline id `id` belongs to: itself, or the batch
     /// it is a piece of.
     pub fn batch_of(&self, id: BatchId) -> u64 {
-        self.of(id).map_or(id.0, |p| p.batch)
+        self.origin.get(&id).copied().unwrap_or(id.0)
     }
 
     /// A crash was charged to `id`: whether to forgive it to the actor's
@@ -207,6 +211,8 @@ mod tests {
         assert!(!s.forgive(b), "an actor crashing on everything");
         assert_eq!(s.finish(a).unwrap().rows, 0..5);
         assert!(s.of(a).is_none());
+        // A crash reported after its piece was split is still its batch's.
+        assert_eq!(s.batch_of(a), 3);
         assert_eq!(s.split, 1);
         s.unreadable(b);
         assert!(!s.splittable(b));
