@@ -75,12 +75,6 @@ impl Splits {
         id
     }
 
-    /// The piece the pipeline id `id` is, if it is one (it stays known
-    /// until [`Splits::finish`]).
-    pub fn of(&self, id: BatchId) -> Option<&Piece> {
-        self.pieces.get(&id)
-    }
-
     /// The piece `id` is done with (written, refused or split).
     pub fn finish(&mut self, id: BatchId) -> Option<Piece> {
         self.unreadable.remove(&id);
@@ -162,7 +156,7 @@ mod tests {
                 continue;
             }
             for (id, half, attempts) in s.halves(9, rows) {
-                assert_eq!(s.of(id).unwrap().rows, half);
+                assert_eq!(s.pieces[&id].rows, half);
                 if half.contains(&bad) {
                     sends += attempts;
                     failing.push((id, half));
@@ -199,7 +193,7 @@ mod tests {
             (3, 3, 3)
         );
         assert_ne!(a, b);
-        assert!(s.of(BatchId(3)).is_none());
+        assert!(!s.pieces.contains_key(&BatchId(3)));
         assert!(!s.forgive(BatchId(3)), "the first is charged");
         assert!(s.forgive(a), "its piece: the same batch");
         assert!(!s.forgive(BatchId(4)));
@@ -210,7 +204,7 @@ mod tests {
         }
         assert!(!s.forgive(b), "an actor crashing on everything");
         assert_eq!(s.finish(a).unwrap().rows, 0..5);
-        assert!(s.of(a).is_none());
+        assert!(!s.pieces.contains_key(&a));
         // A crash reported after its piece was split is still its batch's.
         assert_eq!(s.batch_of(a), 3);
         assert_eq!(s.split, 1);
