@@ -699,6 +699,128 @@ fn embed_jobs_place_their_actors_by_strategy_and_survive_a_lost_worker() {
     });
 }
 
+/// The nodes of the bundles of the head's first placement group, once it
+/// is ready.
+fn bundle_nodes(st: &serde_json::Value) -> Option<Vec<String>> {
+    let g = st["groups"].as_array()?.first()?;
+    (g["state"] == "ready").then_some(())?;
+    g["bundles"]
+        .as_array()?
+        .iter()
+        .map(|b| b["node"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `(retries, re-dispatched)` from a summary line.
+fn retries_of(summary: &str) -> (u64, u64) {
+    let at = summary.find(" retries (").expect("retries in the summary");
+    let retries = summary[..at]
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let moved = summary[at + " retries (".len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    (retries, moved)
+}
+
+/// Clause "drain": a worker drained mid-job (`node drain`, then SIGTERM
+/// to another) takes no new work; its bundle moves to a free worker at
+/// once, where the job's supervisor starts its actor again; the batches
+/// it held are handed back, not charged as attempts (every retry is a
+/// hand-back, no crash is charged); the worker leaves and its process
+/// ends by itself; the job completes exactly once.
+#[test]
+fn a_worker_drained_mid_job_hands_its_work_back_uncharged_and_leaves() {
+    let s = Scratch::new("embed-drain", NODE);
+    let (head, mut workers) = two_cpu_cluster(&s, &["d1", "d2", "d3", "d4"]);
+    let (input, ids) = corpus(&s.dir, 6000);
+    for (tag, how) in [("admin", "drain"), ("sigterm", "-TERM")] {
+        let out = s.dir.join(format!("out-{tag}"));
+        let running = driver(
+            &s,
+            &head,
+            &input,
+            &out,
+            tag,
+            &[
+                "--actors",
+                "2",
+                "--actor-resources",
+                "cpu=2",
+                "--placement",
+                "strict-spread",
+            ],
+        );
+        eventually(Duration::from_secs(120), || {
+            (parts(&out).len() >= 4).then_some(())
+        });
+        let (before, _) = eventually(Duration::from_secs(10), || {
+            s.status(head.addr).as_ref().and_then(bundle_nodes)
+        });
+        let victim = before[0].clone();
+        let at = workers.iter().position(|w| w.name == victim).unwrap();
+        let mut proc = workers.remove(at);
+        let asked = std::time::Instant::now();
+        if how == "drain" {
+            let out = Command::new(NODE)
+                .args(["drain", &victim, "--deadline", "30", "--head"])
+                .arg(head.addr.to_string())
+                .arg("--certs")
+                .arg(s.certs())
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{said}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(said.contains(&format!("{victim} left after")), "{said}");
+        } else {
+            proc.signal(how);
+        }
+        // The drained worker's process ends by itself, cleanly.
+        let status = proc.exit_within(Duration::from_secs(45));
+        assert!(status.success(), "{victim}: {status:?}");
+        let (after, _) = eventually(Duration::from_secs(10), || {
+            s.status(head.addr)
+                .as_ref()
+                .and_then(bundle_nodes)
+                .filter(|n| !n.contains(&victim))
+        });
+        assert_eq!(after.len(), 2);
+        let st = s.status(head.addr).unwrap();
+        assert_eq!(
+            node_of(&st, &victim).and_then(|n| n["state"].as_str()),
+            Some("left"),
+            "{victim} leaves, not lost"
+        );
+        // Its actor moved at once: well within the 30 s deadline.
+        let drained_in = asked.elapsed();
+        assert!(drained_in < Duration::from_secs(15), "{drained_in:?}");
+        assert!(
+            parts(&out).len() < ids.len().div_ceil(32),
+            "the job finished before the drain"
+        );
+        let (ok, summary) = finish(&s, running, tag);
+        assert!(ok, "{summary}");
+        assert_exactly_once(&out, &ids);
+        let (retries, handed_back) = retries_of(&summary);
+        assert_eq!(retries, handed_back, "every retry a hand-back: {summary}");
+        assert!(summary.contains(" 0 rows rejected"), "{summary}");
+        let log = std::fs::read_to_string(s.dir.join(format!("driver-{tag}.log"))).unwrap();
+        assert!(!log.contains("charged an attempt"), "{log}");
+        eprintln!("{tag}: {victim} left {drained_in:?} after the drain was asked; {summary}");
+        // A fresh worker takes the drained one's place for the next round.
+        let name = format!("{victim}b");
+        workers.extend(two_cpu_workers(&s, head.addr, &[name.as_str()]));
+    }
+}
+
 /// `node jobs --json` of the head, if it answers.
 fn jobs_json(s: &Scratch, head: &Proc) -> Option<serde_json::Value> {
     let out = Command::new(NODE)

@@ -361,6 +361,24 @@ fn every_service_refuses_what_the_permission_table_does_not_allow_and_counts_it(
             );
             counted(head_metrics, &series, 1);
         }
+        // A worker's certificate drains only that worker, a driver's none.
+        for who in ["ghost", "d2"] {
+            let asked = flotilla::query(
+                head.addr,
+                identity(&s, who),
+                ControlRequest::Drain {
+                    name: "w2".into(),
+                    within_ms: 1_000,
+                },
+            )
+            .await;
+            assert_eq!(denied(asked), Unauthorized::Drain, "{who}");
+        }
+        counted(
+            head_metrics,
+            "flotilla_membership_refused_total{request=\"drain\",reason=\"drain\"}",
+            2,
+        );
         let st = s.status(head.addr).unwrap();
         assert_eq!(state_of(&st, "w2").as_deref(), Some("up"));
         let asked = flotilla::query_status(w2.addr, ghost()).await;

@@ -21,6 +21,7 @@
 //! release a lent object          the member it was lent to
 //! pull an object                 anyone holding its reference (its token)
 //! member table to a spawner      the node itself only
+//! drain a node                   –      –      itself ✓    ✓
 //! ¹ offering no resources
 //! ```
 
@@ -143,6 +144,12 @@ pub enum Unauthorized {
         "NODE-AUTH-026: only the head's detached-job service creates detached placement groups; submit a detached job instead"
     )]
     DetachedGroup,
+    /// A drain of another member than the caller, by a role other than
+    /// an admin's or the head's.
+    #[error(
+        "NODE-AUTH-031: a worker may drain only itself; draining another member takes an admin's certificate"
+    )]
+    Drain,
 }
 
 impl Unauthorized {
@@ -162,6 +169,7 @@ impl Unauthorized {
             Self::HeadOnlyKind => "head_only_kind",
             Self::NotYourBundle => "not_your_bundle",
             Self::DetachedGroup => "detached_group",
+            Self::Drain => "drain",
         }
     }
 }
@@ -182,6 +190,23 @@ pub fn may_stop(sender: Sender<'_>, owner: &str, head: &str) -> Result<(), Unaut
         Sender::Peer { member, .. } if member == owner => Ok(()),
         Sender::Peer { member, role } if role == Role::Head && member == head => Ok(()),
         Sender::Peer { .. } | Sender::Unknown => Err(Unauthorized::Stop),
+    }
+}
+
+/// Whether `sender` may drain the member `name`: a worker itself (its
+/// preemption notice), an admin or the head any member.
+pub fn may_drain(sender: Sender<'_>, name: &str) -> Result<(), Unauthorized> {
+    match sender {
+        Sender::Local
+        | Sender::Peer {
+            role: Role::Admin | Role::Head,
+            ..
+        } => Ok(()),
+        Sender::Peer {
+            member,
+            role: Role::Worker,
+        } if member == name => Ok(()),
+        Sender::Peer { .. } | Sender::Unknown => Err(Unauthorized::Drain),
     }
 }
 
@@ -421,6 +446,12 @@ mod tests {
                 matches!(role, Role::Worker | Role::Head),
                 "{role}: join offering resources"
             );
+            assert_eq!(
+                may_drain(s, me).is_ok(),
+                matches!(role, Role::Worker | Role::Admin | Role::Head),
+                "{role}: drain itself"
+            );
+            assert_eq!(may_drain(s, "other").is_ok(), any, "{role}: drain another");
         }
         // A job is owned by the certificate: any process of it may stop it.
         assert_eq!(

@@ -266,6 +266,12 @@ pub const CODES: &[Code] = &[
         &["framework/proto/src/cluster_frames.rs"],
     ),
     code(
+        "NODE-AUTH-031",
+        "A worker may drain only itself; draining another member takes an admin's certificate",
+        "Drain with an admin's certificate (`node certs issue --role admin`)",
+        &["framework/proto/src/authority.rs"],
+    ),
+    code(
         "NODE-BULK-001",
         "Cannot start the bulk lane's threads: …",
         "Check the process's thread limit (ulimit -u) and memory",
@@ -441,6 +447,36 @@ pub const CODES: &[Code] = &[
         "A declared resource cannot hold (a bad name or amount)",
         "Fix the `--resource` flag or `[resources]` entry",
         &["framework/runtime/src/node/builder.rs"],
+    ),
+    code(
+        "NODE-DRAIN-001",
+        "No member of the cluster has the name a drain asked for",
+        "Check the name with `node status`",
+        &["framework/proto/src/membership.rs"],
+    ),
+    code(
+        "NODE-DRAIN-002",
+        "The member a drain asked for is down or has left already",
+        "Nothing to drain: its bundles are placed again as a lost node's",
+        &["framework/proto/src/membership.rs"],
+    ),
+    code(
+        "NODE-DRAIN-003",
+        "The head is not drained: it keeps the member table",
+        "Stop the head itself, or hand over to another head of a head set",
+        &["framework/proto/src/membership.rs"],
+    ),
+    code(
+        "NODE-DRAIN-004",
+        "The head cannot be asked to drain this node (unreachable, or no answer in time)",
+        "Check that the head runs and is reachable; the node stops without a drain otherwise",
+        &["framework/runtime/src/node/drain.rs"],
+    ),
+    code(
+        "NODE-DRAIN-005",
+        "The head answered a drain request with something else than a drain's outcome",
+        "Run the same version of `node` on the head and the members",
+        &["framework/runtime/src/node/drain.rs"],
     ),
     code(
         "NODE-FAIL-001",

@@ -34,7 +34,7 @@ use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::jobs::{JobsReply, JobsRequest};
 use crate::ledger::{LedgerOp, LedgerReply};
-use crate::membership::{JoinRequest, MemberView, NameHolder};
+use crate::membership::{DrainOutcome, JoinRequest, MemberView, NameHolder};
 use crate::objects::ObjectStats;
 
 /// A request on a control stream.
@@ -87,6 +87,17 @@ pub enum ControlRequest {
     /// Start an actor of a registered kind on the receiving node, owned by
     /// the member the stream's hello proved; served by any node.
     Spawn(SpawnOrder),
+    /// Drain the member `name`: it takes no new work, its bundles are
+    /// placed again, and it leaves once it hosts nothing or `within_ms`
+    /// have passed. Served by the head; a worker may drain itself, an
+    /// admin (or the head) any member (see [`crate::authority::may_drain`]).
+    Drain {
+        /// The member to drain.
+        name: MemberName,
+        /// How long it is given, in milliseconds (at most
+        /// [`crate::membership::MAX_DRAIN_MS`]).
+        within_ms: u64,
+    },
 }
 
 /// What to spawn (see [`ControlRequest::Spawn`]).
@@ -332,6 +343,8 @@ pub enum ControlReply {
     Gpus(Vec<GpuReport>),
     /// The answer to a spawn request.
     Spawned(SpawnReply),
+    /// What became of a drain request.
+    Drain(DrainOutcome),
     /// The request was refused by the permission table
     /// ([`crate::authority`]).
     Denied(Unauthorized),
@@ -605,6 +618,7 @@ mod tests {
             },
             actors: 12,
             role: Role::Worker,
+            drain_within_ms: 0,
         }
     }
 

@@ -695,8 +695,11 @@ impl Groups {
         }
     }
 
-    /// The member table changed: nodes up take part, nodes down or
-    /// restarted lose their bundles, groups of owners gone are removed.
+    /// The member table changed: nodes up take part, nodes down, left,
+    /// draining or restarted lose their bundles (a draining node's are
+    /// placed again at once, as a lost node's), groups of owners gone
+    /// (down, left or restarted; a draining owner keeps its groups) are
+    /// removed.
     /// Members absent from the table are left as they are.
     pub fn set_members(&mut self, members: &[MemberView], out: &mut Vec<Action>) {
         for m in members {
@@ -743,7 +746,7 @@ impl Groups {
                     members.iter().any(|m| {
                         m.name == o.name
                             && (m.incarnation > o.incarnation
-                                || (m.incarnation == o.incarnation && m.state != MemberState::Up))
+                                || (m.incarnation == o.incarnation && !m.state.is_live()))
                     })
                 })
             })
@@ -1330,6 +1333,7 @@ mod tests {
             },
             actors: 0,
             role: crate::role::Role::Worker,
+            drain_within_ms: 0,
         }
     }
 
@@ -1613,6 +1617,31 @@ mod tests {
         c.join("b", Incarnation::new(2), 1);
         assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "b", "c"]);
         c.check_accounts();
+    }
+
+    #[test]
+    fn a_draining_nodes_bundles_move_at_once_and_a_draining_owner_keeps_its_groups() {
+        let mut c = Cluster::new(&[("a", 1), ("b", 1), ("c", 1), ("driver", 0)]);
+        let id = c.create(spec("spread", 2, 1.0, 1000));
+        assert_eq!(c.groups.view(&id).unwrap().nodes, vec!["a", "b"]);
+        let set = |c: &mut Cluster, name: &str, state: MemberState| {
+            for m in &mut c.members {
+                if m.name == name {
+                    m.state = state;
+                }
+            }
+            c.sync();
+        };
+        set(&mut c, "b", MemberState::Draining);
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Ready);
+        assert_eq!(v.nodes, vec!["a", "c"], "b's bundle moved, no new one on b");
+        // Its owner draining (a driver on a node being drained): the group
+        // stays, its owner's process still runs.
+        set(&mut c, "driver", MemberState::Draining);
+        assert!(c.groups.view(&id).is_some());
+        set(&mut c, "driver", MemberState::Left);
+        assert!(c.groups.view(&id).is_none(), "an owner that left loses it");
     }
 
     #[test]

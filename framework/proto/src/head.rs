@@ -78,6 +78,8 @@ pub enum Noted {
     NotUp(MemberName, HeartbeatOutcome),
     /// A member left.
     Left(MemberName),
+    /// A member was drained (or already was).
+    Draining(MemberName),
 }
 
 impl HeadSession {
@@ -179,6 +181,18 @@ impl HeadSession {
                     outcome => (Some(ControlReply::Rejoin), Noted::NotUp(name, outcome)),
                 }
             }
+            ControlRequest::Drain { name, within_ms } => {
+                let sender = crate::authority::Sender::peer(&self.peer, self.role);
+                if let Err(why) = crate::authority::may_drain(sender, &name) {
+                    return (Some(ControlReply::Denied(why)), Noted::Nothing);
+                }
+                let outcome = m.drain(&name, Duration::from_millis(within_ms));
+                let noted = match outcome {
+                    crate::membership::DrainOutcome::Draining => Noted::Draining(name),
+                    _ => Noted::Nothing,
+                };
+                (Some(ControlReply::Drain(outcome)), noted)
+            }
             ControlRequest::Leave { name, incarnation } => {
                 // Leaving in another's name is refused (and counted), as
                 // a heartbeat in another's name is.
@@ -240,6 +254,7 @@ impl HeadSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::authority::Unauthorized;
     use crate::membership::{DetectorConfig, JoinRequest, MemberState};
     use crate::resources::Resources;
 
@@ -262,6 +277,47 @@ mod tests {
             actors: 0,
             version,
         }
+    }
+
+    #[test]
+    fn a_worker_drains_itself_an_admin_any_member_and_no_one_else_another() {
+        use crate::membership::DrainOutcome;
+        let t0 = Instant::now();
+        let mut m = Membership::new(DetectorConfig::default());
+        for n in ["n1", "n2"] {
+            HeadSession::new("head", n, Incarnation::new(1), Role::Worker).handle_request(
+                t0,
+                join(n, Incarnation::new(1)),
+                &mut m,
+            );
+        }
+        let drain = |name: &str| ControlRequest::Drain {
+            name: name.into(),
+            within_ms: 30_000,
+        };
+        let mut n1 = HeadSession::new("head", "n1", Incarnation::new(1), Role::Worker);
+        let (reply, noted) = n1.handle_request(t0, drain("n2"), &mut m);
+        assert_eq!(reply, Some(ControlReply::Denied(Unauthorized::Drain)));
+        assert_eq!(noted, Noted::Nothing);
+        assert_eq!(m.get("n2").unwrap().state, MemberState::Up);
+        let mut driver = HeadSession::new("head", "d~1", Incarnation::TOOL, Role::Driver);
+        assert_eq!(
+            driver.handle_request(t0, drain("n2"), &mut m).0,
+            Some(ControlReply::Denied(Unauthorized::Drain))
+        );
+        let (reply, noted) = n1.handle_request(t0, drain("n1"), &mut m);
+        assert_eq!(reply, Some(ControlReply::Drain(DrainOutcome::Draining)));
+        assert_eq!(noted, Noted::Draining("n1".into()));
+        assert_eq!(m.get("n1").unwrap().state, MemberState::Draining);
+        let mut admin = HeadSession::new("head", "ops", Incarnation::TOOL, Role::Admin);
+        assert_eq!(
+            admin.handle_request(t0, drain("n2"), &mut m).0,
+            Some(ControlReply::Drain(DrainOutcome::Draining))
+        );
+        assert_eq!(
+            admin.handle_request(t0, drain("n9"), &mut m).0,
+            Some(ControlReply::Drain(DrainOutcome::Unknown))
+        );
     }
 
     #[test]

@@ -667,6 +667,7 @@ mod tests {
             resources: Resources::default(),
             actors: 0,
             role: crate::role::Role::Worker,
+            drain_within_ms: 0,
         };
         let whole = ControlReply::Members {
             version: 7,

@@ -9,11 +9,19 @@
 //!                                      │ leave (clean stop)             │ incarnation
 //!                                      ▼                                ▼
 //!                                     Left ◄──────── (rejoin) ────────► Up
+//!
+//!   Up ── drain ──► Draining ── leave ──► Left      (silence: Down)
 //! ```
 //!
 //! A node start is a new incarnation; a member marked `Down` or `Left` stays
 //! so for that incarnation: only a restart (a newer incarnation) brings the
 //! name back `Up`. Messages of an older incarnation are dropped.
+//!
+//! A `Draining` member is alive (it heartbeats, its sessions stay open, the
+//! actors it still hosts run) but takes no new work: placement passes it
+//! by and moves its bundles, supervisors move their children off it, and it
+//! leaves once it hosts nothing or its drain's time is up. It never goes
+//! back to `Up` in the same incarnation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -78,15 +86,56 @@ pub enum MemberState {
     Down,
     /// Stopped cleanly.
     Left,
+    /// Alive, finishing or handing back what it holds before it leaves:
+    /// takes no new work (see the module's notes).
+    Draining,
 }
 
 impl MemberState {
-    /// `"up"`, `"down"` or `"left"`.
+    /// `"up"`, `"down"`, `"left"` or `"draining"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Up => "up",
             Self::Down => "down",
             Self::Left => "left",
+            Self::Draining => "draining",
+        }
+    }
+
+    /// Whether the member's process runs, as far as the table knows: up
+    /// or draining. Its actors run and its sessions stay open.
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Up | Self::Draining)
+    }
+}
+
+/// The longest drain a request may ask for: one hour.
+pub const MAX_DRAIN_MS: u64 = 3_600_000;
+
+/// What became of a drain request ([`Membership::drain`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// The member is draining now (or already was: the first drain's time
+    /// holds).
+    Draining,
+    /// No member of that name.
+    Unknown,
+    /// The member is down or left already.
+    NotLive,
+    /// The head itself is not drained: it keeps the table.
+    Head,
+}
+
+impl DrainOutcome {
+    /// A sentence for operators, with a stable code where it refuses.
+    pub fn describe(self, name: &str) -> String {
+        match self {
+            Self::Draining => format!("{name} is draining"),
+            Self::Unknown => format!("NODE-DRAIN-001: no member is named {name:?}"),
+            Self::NotLive => format!("NODE-DRAIN-002: {name} is down or left already"),
+            Self::Head => format!(
+                "NODE-DRAIN-003: {name} is the head; it keeps the member table and is not drained"
+            ),
         }
     }
 }
@@ -115,6 +164,10 @@ pub struct MemberView {
     /// The role its certificate carries: workers (and the head) host
     /// work; drivers, admins and tools do not.
     pub role: Role,
+    /// While it is draining, how long its drain was given (milliseconds
+    /// from when the member sees it draining) before it leaves whatever
+    /// it still holds; 0 otherwise.
+    pub drain_within_ms: u64,
 }
 
 /// A node asking to become a member.
@@ -327,7 +380,7 @@ impl Membership {
             let Some(entry) = self.members.get(&name) else {
                 continue;
             };
-            if entry.view.state == MemberState::Up {
+            if entry.view.state.is_live() {
                 continue;
             }
             self.changes.remove(&(entry.changed, name.clone()));
@@ -414,13 +467,13 @@ impl Membership {
         if let Some(entry) = self.members.get(&join.name) {
             let known = entry.view.incarnation;
             if join.incarnation < known
-                || (join.incarnation == known && entry.view.state != MemberState::Up)
+                || (join.incarnation == known && !entry.view.state.is_live())
             {
                 return Err(Refusal::StaleIncarnation.into());
             }
             let silent = now.saturating_duration_since(entry.last_heard);
             if join.incarnation > known
-                && entry.view.state == MemberState::Up
+                && entry.view.state.is_live()
                 && (entry.local || silent < self.config.live_window())
             {
                 return Err(JoinRefused::NameTaken(NameHolder {
@@ -457,13 +510,29 @@ impl Membership {
             resources: join.resources,
             actors: 0,
             role,
+            drain_within_ms: 0,
         };
         let previous = self.members.get(&join.name);
+        // The same process joining again (its stream was made anew) stays
+        // draining: a drain is never undone within an incarnation.
+        let view = match previous {
+            Some(e)
+                if e.view.incarnation == view.incarnation
+                    && e.view.state == MemberState::Draining =>
+            {
+                MemberView {
+                    state: MemberState::Draining,
+                    drain_within_ms: e.view.drain_within_ms,
+                    ..view
+                }
+            }
+            _ => view,
+        };
         let changed = previous.is_none_or(|e| e.view != view);
         let stamp = previous.map_or(0, |e| e.changed);
         if let Some(e) = previous
             && !e.local
-            && e.view.state == MemberState::Up
+            && e.view.state.is_live()
         {
             self.silence.remove(&(e.last_heard, join.name.clone()));
         }
@@ -503,7 +572,7 @@ impl Membership {
         if incarnation > entry.view.incarnation {
             return HeartbeatOutcome::Unknown;
         }
-        if entry.view.state != MemberState::Up {
+        if !entry.view.state.is_live() {
             return HeartbeatOutcome::NotUp;
         }
         if !entry.local {
@@ -535,11 +604,10 @@ impl Membership {
     /// anything changed.
     pub fn leave(&mut self, now: Instant, name: &str, incarnation: Incarnation) -> bool {
         match self.members.get_mut(name) {
-            Some(entry)
-                if entry.view.incarnation == incarnation && entry.view.state == MemberState::Up =>
-            {
+            Some(entry) if entry.view.incarnation == incarnation && entry.view.state.is_live() => {
                 entry.view.state = MemberState::Left;
                 entry.view.actors = 0;
+                entry.view.drain_within_ms = 0;
                 if !entry.local {
                     self.silence
                         .remove(&(entry.last_heard, MemberName::from(name)));
@@ -550,6 +618,30 @@ impl Membership {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Marks the member `name` draining (see the module's notes), given
+    /// `within` to finish or hand back what it holds before it leaves
+    /// (at most [`MAX_DRAIN_MS`]). A member draining already keeps its
+    /// first drain's time.
+    pub fn drain(&mut self, name: &str, within: Duration) -> DrainOutcome {
+        let Some(entry) = self.members.get_mut(name) else {
+            return DrainOutcome::Unknown;
+        };
+        if entry.local {
+            return DrainOutcome::Head;
+        }
+        match entry.view.state {
+            MemberState::Draining => DrainOutcome::Draining,
+            MemberState::Down | MemberState::Left => DrainOutcome::NotLive,
+            MemberState::Up => {
+                entry.view.state = MemberState::Draining;
+                entry.view.drain_within_ms = (within.as_millis() as u64).clamp(1, MAX_DRAIN_MS);
+                self.version += 1;
+                self.stamp(name);
+                DrainOutcome::Draining
+            }
         }
     }
 
@@ -565,6 +657,7 @@ impl Membership {
             if let Some(entry) = self.members.get_mut(&name) {
                 entry.view.state = MemberState::Down;
                 entry.view.actors = 0;
+                entry.view.drain_within_ms = 0;
             }
             self.ended_at(now, &name);
             downed.push(name);
@@ -652,6 +745,57 @@ mod tests {
 
     fn state(m: &Membership, name: &str) -> MemberState {
         m.get(name).unwrap().state
+    }
+
+    #[test]
+    fn a_draining_member_stays_alive_until_it_leaves_and_is_never_up_again() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(DetectorConfig::default());
+        m.add_local(t0, req("head", Incarnation::new(1)));
+        m.join(t0, req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
+        assert_eq!(m.drain("head", secs(30)), DrainOutcome::Head);
+        assert_eq!(m.drain("nobody", secs(30)), DrainOutcome::Unknown);
+        let v = m.version();
+        assert_eq!(m.drain("n1", secs(30)), DrainOutcome::Draining);
+        assert!(m.version() > v, "a drain is a change pushed to members");
+        assert_eq!(state(&m, "n1"), MemberState::Draining);
+        assert_eq!(m.get("n1").unwrap().drain_within_ms, 30_000);
+        // A second drain keeps the first one's time.
+        assert_eq!(m.drain("n1", secs(1)), DrainOutcome::Draining);
+        assert_eq!(m.get("n1").unwrap().drain_within_ms, 30_000);
+        // Heartbeats keep it alive, and draining.
+        assert_eq!(
+            m.heartbeat(t0 + secs(3), "n1", Incarnation::new(1), 2),
+            HeartbeatOutcome::Alive
+        );
+        assert!(m.poll_down(t0 + secs(7)).is_empty());
+        assert_eq!(state(&m, "n1"), MemberState::Draining);
+        // Its stream made anew: the same incarnation joins again and stays
+        // draining.
+        m.join(t0 + secs(4), req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
+        assert_eq!(state(&m, "n1"), MemberState::Draining);
+        // A second process under the name is still refused while it lives.
+        assert!(matches!(
+            m.join(t0 + secs(4), req("n1", Incarnation::new(2)), Role::Worker),
+            Err(JoinRefused::NameTaken(_))
+        ));
+        assert!(m.leave(t0 + secs(5), "n1", Incarnation::new(1)));
+        assert_eq!(state(&m, "n1"), MemberState::Left);
+        assert_eq!(m.get("n1").unwrap().drain_within_ms, 0);
+        assert_eq!(m.drain("n1", secs(30)), DrainOutcome::NotLive);
+    }
+
+    #[test]
+    fn a_silent_draining_member_goes_down() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(DetectorConfig::default());
+        m.join(t0, req("n1", Incarnation::new(1)), Role::Worker)
+            .unwrap();
+        m.drain("n1", secs(600));
+        assert_eq!(m.poll_down(t0 + secs(6)), vec![MemberName::from("n1")]);
+        assert_eq!(state(&m, "n1"), MemberState::Down);
     }
 
     #[test]

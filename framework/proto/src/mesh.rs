@@ -116,8 +116,8 @@ impl Mesh {
         for (name, (_, inc, state)) in &self.members {
             let was_up = before
                 .get(name)
-                .is_some_and(|(_, i, s)| i == inc && *s == MemberState::Up);
-            if *state != MemberState::Up && (was_up || !before.contains_key(name)) {
+                .is_some_and(|(_, i, s)| i == inc && s.is_live());
+            if !state.is_live() && (was_up || !before.contains_key(name)) {
                 self.actions
                     .push_back(MeshAction::Close { peer: name.clone() });
             }
@@ -170,7 +170,7 @@ impl Mesh {
     /// of members that are not up.
     pub fn handle_tick(&mut self, now: Instant) {
         for (name, (_, _, state)) in &self.members {
-            if *state != MemberState::Up {
+            if !state.is_live() {
                 self.actions
                     .push_back(MeshAction::Close { peer: name.clone() });
             }
@@ -206,11 +206,11 @@ impl Mesh {
         // with the same incarnation finds it live and dials nothing.
         let (members, ready, within) = (&self.members, &self.ready, self.config.ready_within);
         self.dialled.retain(|name, d| match members.get(name) {
-            Some((_, inc, state)) => *inc == d.incarnation && *state == MemberState::Up,
+            Some((_, inc, state)) => *inc == d.incarnation && state.is_live(),
             None => ready.contains(name) || (!d.was_ready && now < d.opened + within),
         });
         for (name, (addr, inc, state)) in &self.members {
-            if *state != MemberState::Up || !self.dials(name) {
+            if !state.is_live() || !self.dials(name) {
                 continue;
             }
             let ready = self.ready.contains(name);
@@ -256,6 +256,7 @@ mod tests {
             resources: Resources::default(),
             actors: 0,
             role: crate::role::Role::Worker,
+            drain_within_ms: 0,
         }
     }
 

@@ -409,6 +409,31 @@ impl Supervision {
         }
     }
 
+    /// The child `id` was moved: its node is draining, so it was stopped
+    /// there to start again on another. It starts again at once, and the
+    /// restart is charged neither to the restart intensity nor to the
+    /// backoff (the child did nothing wrong); a temporary child is not
+    /// started again. A child stopping already, or one whose supervisor is
+    /// giving up or shutting down, is taken as stopped.
+    pub fn handle_moved(&mut self, now: Instant, id: &str) {
+        let Some(i) = self.index(id) else { return };
+        let movable = matches!(self.children[i].state, State::Starting | State::Running)
+            && !self.stop_queue.contains(&i)
+            && !matches!(self.after, After::Escalate(_) | After::Shutdown);
+        if !movable {
+            self.handle_exit(now, id, Exit::Shutdown);
+            return;
+        }
+        if self.children[i].spec.restart == RestartType::Temporary {
+            self.children[i].state = State::Removed;
+            self.advance(now);
+            return;
+        }
+        self.children[i].restarts += 1;
+        self.children[i].state = State::Waiting { due: now };
+        self.handle_timeout(now);
+    }
+
     /// The last restart of the child `id` was not its own fault (the work
     /// it was given crashed it, and the caller has already been charged
     /// once for that work): it leaves the restart intensity's window and
@@ -982,6 +1007,34 @@ mod tests {
             sim.exit("a", Failure).last(),
             Some(Action::Escalate(_))
         ));
+    }
+
+    #[test]
+    fn a_moved_child_starts_again_at_once_and_is_not_charged() {
+        let mut sim = Sim::new(
+            Strategy::OneForAll,
+            1,
+            &[("a", Transient), ("b", Permanent), ("t", Temporary)],
+        );
+        for _ in 0..5 {
+            sim.log.clear();
+            sim.s.handle_moved(sim.now, "a");
+            sim.run();
+            // Alone, at once: no sibling stopped under one-for-all, no wait.
+            assert_eq!(std::mem::take(&mut sim.log), [start("a")]);
+        }
+        assert_eq!(sim.s.restarts_of("a"), Some(5));
+        assert!(!sim.s.is_finished(), "moves use none of the intensity");
+        sim.s.handle_moved(sim.now, "t");
+        sim.run();
+        assert!(!sim.s.is_running("t"), "a temporary child is not moved");
+        // The one failure the intensity allows is still there.
+        let restarted = sim.exit("b", Failure);
+        assert!(restarted.contains(&start("b")), "{restarted:?}");
+        // It shuts down as usual after its moves.
+        sim.s.handle_shutdown(sim.now);
+        sim.run();
+        assert!(sim.s.is_finished());
     }
 
     #[test]

@@ -58,19 +58,20 @@ mod tasks;
 pub use control::{render, status};
 pub use head::{head_lease, head_replica, head_store};
 pub use net::{bulk, outbound, quota};
-pub use node::{builder, config, config_args, failpoints, host, placement_groups, process};
+pub use node::{builder, config, config_args, drain, failpoints, host, placement_groups, process};
 pub use objects::{object_url, releases};
 pub use placement::gpus;
 pub use remote::{call, spawner, wire};
 pub use supervisor::checkpoint;
 
 pub use control::status::{
-    query, query_gpus, query_jobs, query_objects, query_placement, query_status, query_supervisors,
+    query, query_drain, query_gpus, query_jobs, query_objects, query_placement, query_status,
+    query_supervisors,
 };
 pub use flotilla_proto::control::SpawnOrder;
 pub use flotilla_proto::ids::MemberName;
 pub use flotilla_proto::incarnation::{Incarnation, MemberRef};
-pub use flotilla_proto::membership::{MemberState, MemberView};
+pub use flotilla_proto::membership::{DrainOutcome, MemberState, MemberView};
 pub use flotilla_proto::resources::Resources;
 pub use identity::RecordError;
 pub use net::outbound::Outbound;

@@ -45,16 +45,22 @@ impl Table {
         }
     }
 
-    /// Members currently up.
+    /// Members currently up: those that take new work (a draining member
+    /// is live but not up).
     pub fn up(&self) -> impl Iterator<Item = &MemberView> {
         self.members.iter().filter(|m| m.state == MemberState::Up)
     }
 
+    /// Members whose process runs: up or draining.
+    pub fn live(&self) -> impl Iterator<Item = &MemberView> {
+        self.members.iter().filter(|m| m.state.is_live())
+    }
+
     /// What the table holds of `name`: its incarnation and whether it is
-    /// up (see [`flotilla_proto::hello::check_incarnation`]).
+    /// live, up or draining (see
+    /// [`flotilla_proto::hello::check_incarnation`]).
     pub fn known(&self, name: &str) -> Option<(Incarnation, bool)> {
-        self.get(name)
-            .map(|m| (m.incarnation, m.state == MemberState::Up))
+        self.get(name).map(|m| (m.incarnation, m.state.is_live()))
     }
 
     /// One member by name.
@@ -99,6 +105,7 @@ mod tests {
             resources: Resources::default(),
             actors: 0,
             role: flotilla_proto::role::Role::Worker,
+            drain_within_ms: 0,
         }
     }
 

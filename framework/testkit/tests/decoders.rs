@@ -205,6 +205,10 @@ fn requests() -> Vec<ControlRequest> {
             message_type: "flotilla_testkit::probe::EchoMsg".into(),
             epoch: flotilla_proto::epoch::Epoch::from_micros(1_700_000_000_000_000),
         }),
+        ControlRequest::Drain {
+            name: "w1".into(),
+            within_ms: 30_000,
+        },
     ]
 }
 
@@ -267,6 +271,7 @@ fn replies() -> Vec<ControlReply> {
         resources: resources(),
         actors: 3,
         role: flotilla_proto::role::Role::Worker,
+        drain_within_ms: 0,
     };
     let group = GroupView {
         id: "pg-1".into(),

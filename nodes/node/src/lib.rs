@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod drain;
 pub mod head_set;
 pub mod jobs;
 pub mod objects;
@@ -43,6 +44,10 @@ pub enum Command {
     Join(NodeArgs),
     /// Print the member table as a node sees it.
     Status(StatusArgs),
+    /// Drain a member: it takes no new work, its placement bundles and the
+    /// actors in them move to other nodes, and it leaves once it holds
+    /// nothing (or when the deadline passes).
+    Drain(DrainArgs),
     /// Embed a JSONL or Parquet corpus with resident model actors, in this
     /// process or (with --head) on every worker of a cluster.
     Embed(EmbedArgs),
@@ -325,6 +330,12 @@ pub struct NodeArgs {
     /// crl.pem in the certs folder).
     #[arg(long)]
     pub revocation_list: Option<PathBuf>,
+    /// Seconds a worker stopped by SIGTERM (systemd's stop, a cloud
+    /// machine's preemption notice, a pod's termination) drains before it
+    /// leaves: its bundles and actors move to other nodes first. 0 leaves
+    /// at once. Worker only.
+    #[arg(long, default_value_t = 30)]
+    pub drain_on_stop_s: u64,
     /// Folder with ca.crt, NAME.crt and NAME.key.
     #[arg(long)]
     pub certs: Option<PathBuf>,
@@ -363,6 +374,32 @@ pub struct NodeArgs {
     /// seen on this node).
     #[arg(long)]
     pub model: Option<PathBuf>,
+}
+
+/// Flags of `node drain`.
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The member to drain, as `node status` names it.
+    pub member: String,
+    /// Seconds the member is given to hand back what it holds before it
+    /// leaves anyway.
+    #[arg(long, default_value_t = 30)]
+    pub deadline: u64,
+    /// Address of the head; with a head set, every head's (repeat the
+    /// flag, or separate them with commas): the active one answers.
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub head: Vec<SocketAddr>,
+    /// Folder with ca.crt and the identity's certificate.
+    #[arg(long, default_value = "certs")]
+    pub certs: PathBuf,
+    /// Identity to use: an admin's drains any member, a worker's only
+    /// that worker (its own preStop hook).
+    #[arg(long, default_value = "admin")]
+    pub name: String,
+    /// Return once the head marks the member draining, without waiting
+    /// for it to leave.
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 /// Flags of `node status`.

@@ -82,6 +82,7 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
         Command::Head(args) => serve(args, false, extra).await,
         Command::Join(args) => serve(args, true, extra).await,
         Command::Status(args) => status(args).await,
+        Command::Drain(args) => crate::drain::run(args).await,
     }
 }
 
@@ -279,6 +280,9 @@ fn resolved(path: &std::path::Path) -> std::path::PathBuf {
 }
 
 async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
+    // A worker drains when it is told to stop; the head is not drained.
+    let drain_on_stop =
+        Some(std::time::Duration::from_secs(args.drain_on_stop_s)).filter(|d| join && !d.is_zero());
     let settings = match node_config(args, join) {
         Ok(c) => c,
         Err(e) => {
@@ -395,7 +399,18 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
     };
     let code = tokio::select! {
-        () = crate::systemd::wait_for_stop() => 0,
+        () = crate::systemd::wait_for_stop() => {
+            if let Some(within) = drain_on_stop {
+                crate::systemd::stopping();
+                crate::drain::on_stop(&node, within).await;
+            }
+            0
+        }
+        within = node.drain_asked() => {
+            crate::systemd::stopping();
+            crate::drain::asked(&node, within).await;
+            0
+        }
         () = lost => {
             // Another head has taken over, or may at any moment: end now,
             // with nothing stopped (the jobs and groups are its own).

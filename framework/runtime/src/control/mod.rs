@@ -199,13 +199,15 @@ impl ControlService {
             ControlRequest::Spawn(order) => Some(self.spawn(caller, order).await?),
             request @ (ControlRequest::Join(_)
             | ControlRequest::Heartbeat { .. }
-            | ControlRequest::Leave { .. }) => {
+            | ControlRequest::Leave { .. }
+            | ControlRequest::Drain { .. }) => {
                 // A member leaving a node that is not (or no longer) the
                 // head has nothing to undo there: its leave is acknowledged.
                 let leaving = matches!(request, ControlRequest::Leave { .. });
                 let asked = match &request {
                     ControlRequest::Join(_) => "join",
                     ControlRequest::Heartbeat { .. } => "heartbeat",
+                    ControlRequest::Drain { .. } => "drain",
                     _ => "leave",
                 };
                 let reply = match (&self.head, session) {
@@ -357,5 +359,8 @@ fn log(noted: &Noted) {
             tracing::warn!(%node, ?outcome, "heartbeat from a member that is not up; asking it to rejoin");
         }
         Noted::Left(node) => tracing::info!(%node, "member left"),
+        Noted::Draining(node) => {
+            tracing::info!(%node, "member draining: it takes no new work, its bundles are placed again")
+        }
     }
 }

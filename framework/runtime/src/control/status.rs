@@ -170,6 +170,28 @@ pub async fn query_placement(
     }
 }
 
+/// Asks the head at `addr` to drain the member `name`, giving it `within`
+/// to hand back what it holds before it leaves; the head's answer. A
+/// worker's certificate drains only that worker, an admin's any member.
+pub async fn query_drain(
+    addr: SocketAddr,
+    identity: flotilla_transport::Identity,
+    name: &str,
+    within: std::time::Duration,
+) -> Result<flotilla_proto::membership::DrainOutcome, StatusError> {
+    let request = ControlRequest::Drain {
+        name: name.into(),
+        within_ms: within.as_millis() as u64,
+    };
+    match ask(addr, identity, request).await? {
+        ControlReply::Drain(outcome) => Ok(outcome),
+        other => Err(StatusError::Unexpected {
+            addr,
+            reply: format!("{other:?}"),
+        }),
+    }
+}
+
 /// Sends a jobs request to the head at `addr`; its answer.
 pub async fn query_jobs(
     addr: SocketAddr,

@@ -53,7 +53,6 @@ use flotilla_proto::control::StopOutcome;
 use flotilla_proto::control::{ControlReply, ControlRequest, SpawnOrder};
 use flotilla_proto::incarnation::MemberRef;
 use flotilla_proto::jobs::JobRecord;
-use flotilla_proto::membership::MemberState;
 use flotilla_proto::placement::Strategy;
 use flotilla_proto::supervision::{Backoff, ChildSpec, Intensity, RestartType, SupervisorSpec};
 use ractor::{Actor, ActorRef, RpcReplyPort};
@@ -895,7 +894,7 @@ fn stop_left_copy(node: Arc<Node>, on: MemberRef, actor: String, job: JobId) {
             let ended = node
                 .members()
                 .get(&on.name)
-                .is_none_or(|m| m.incarnation != on.incarnation || m.state != MemberState::Up);
+                .is_none_or(|m| m.incarnation != on.incarnation || !m.state.is_live());
             if ended {
                 return;
             }

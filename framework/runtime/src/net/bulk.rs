@@ -280,7 +280,7 @@ impl Lane {
         let (incarnation, addr) = view
             .borrow()
             .get(peer)
-            .filter(|m| m.state == flotilla_proto::membership::MemberState::Up)
+            .filter(|m| m.state.is_live())
             .and_then(|m| Some((m.incarnation, m.bulk_addr.parse::<SocketAddr>().ok()?)))
             .ok_or_else(|| LaneSendError::NoLane(peer.to_owned()))?;
         let cached = self

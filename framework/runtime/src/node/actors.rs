@@ -402,7 +402,7 @@ impl Node {
         let addr = self
             .view
             .borrow()
-            .up()
+            .live()
             .find(|m| m.name == node)
             .and_then(|m| m.addr.parse::<SocketAddr>().ok())
             .ok_or(AskError::NoSuchNode)?;

@@ -2,7 +2,8 @@
 //!
 //! Owns [`Node`] (one file per concept: this one for the node itself and
 //! its member table, `actors.rs` for spawning, stopping and finding
-//! actors, [`placement_groups`] for groups), the [`builder`] that
+//! actors, [`placement_groups`] for groups, [`drain`] for taking the node
+//! out of service), the [`builder`] that
 //! starts a node by calling into every other room, the node's
 //! [`config`] and its flags ([`config_args`]), the stream [`router`] that
 //! hands each accepted QUIC stream to its room, and the process-level
@@ -23,6 +24,7 @@ pub mod config;
 pub mod config_args;
 #[doc(hidden)]
 pub mod doc_example;
+pub mod drain;
 pub mod failpoints;
 pub mod host;
 pub mod placement_groups;

@@ -167,13 +167,7 @@ pub(crate) async fn relay_members(
             let t = view.borrow_and_update();
             t.members
                 .iter()
-                .map(|m| {
-                    (
-                        m.name.clone(),
-                        m.incarnation,
-                        m.state == flotilla_proto::membership::MemberState::Up,
-                    )
-                })
+                .map(|m| (m.name.clone(), m.incarnation, m.state.is_live()))
                 .collect()
         };
         if !states.is_empty()

@@ -449,6 +449,18 @@ impl SupervisorState {
         }
     }
 
+    /// The child `id` is moved off a draining node (see
+    /// [`Supervision::handle_moved`]): its owner hears of a stop.
+    fn moved(&mut self, id: String) {
+        self.policy.handle_moved(now(), &id);
+        let restarting = self.policy.is_restarting(&id);
+        self.emit(SupervisorEvent::Exited {
+            child: id,
+            exit: Exit::Shutdown,
+            restarting,
+        });
+    }
+
     fn exited(&mut self, id: String, exit: Exit) {
         tracing::info!(child = %id, ?exit, "child exited");
         self.policy.handle_exit(now(), &id, exit);
@@ -541,6 +553,7 @@ impl Actor for Supervisor {
             }
             SupervisorMsg::Members(table) => {
                 let mut lost: Vec<(ActorId, String)> = Vec::new();
+                let mut moved: Vec<(ActorId, String)> = Vec::new();
                 for (id, r) in &mut state.running {
                     let Some(on) = r.node.as_mut() else {
                         continue;
@@ -549,13 +562,26 @@ impl Actor for Supervisor {
                     let Some(m) = table.get(&on.name) else {
                         continue;
                     };
-                    if on.incarnation == Incarnation::default() && m.state == MemberState::Up {
+                    if on.incarnation == Incarnation::default() && m.state.is_live() {
                         // Not in the table when the child started.
                         on.incarnation = m.incarnation;
                     }
-                    if m.state != MemberState::Up || m.incarnation > on.incarnation {
+                    if !m.state.is_live() || m.incarnation > on.incarnation {
                         lost.push((r.cell.get_id(), id.clone()));
+                    } else if m.state == MemberState::Draining {
+                        moved.push((r.cell.get_id(), id.clone()));
                     }
+                }
+                for (cell, id) in moved {
+                    // Its node is draining: stopped there, started again
+                    // on another (in its bundle, placed again by now),
+                    // not charged.
+                    if let Some((_, r)) = state.forget(&cell) {
+                        myself.get_cell().unmonitor(r.cell.clone());
+                        state.starts[&id].stop(&r);
+                    }
+                    tracing::info!(child = %id, "the node of a supervised child is draining; moving it");
+                    state.moved(id);
                 }
                 for (cell, id) in lost {
                     let exit = state.starts[&id].on_node_lost();

@@ -278,7 +278,7 @@ impl Spawn {
             let hosts = self
                 .node
                 .members()
-                .up()
+                .live()
                 .any(|m| m.name == on && incarnation.is_none_or(|i| m.incarnation == i));
             if !hosts {
                 return Ok(());
