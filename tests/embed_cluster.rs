@@ -821,6 +821,48 @@ fn a_worker_drained_mid_job_hands_its_work_back_uncharged_and_leaves() {
     }
 }
 
+/// Clause "growth": `--actors 1..3` starts once one actor is placed, and
+/// each worker that joins mid-job runs an actor of the job within 10 s of
+/// being up; the job completes exactly once, its summary counting the
+/// actors added.
+#[test]
+fn a_job_grows_onto_workers_that_join_mid_job() {
+    let s = Scratch::new("embed-grow", NODE);
+    let (head, mut workers) = two_cpu_cluster(&s, &["g1"]);
+    let (input, ids) = corpus(&s.dir, 4000);
+    let out = s.dir.join("out-grow");
+    let running = driver(
+        &s,
+        &head,
+        &input,
+        &out,
+        "grow",
+        &["--actors", "1..3", "--actor-resources", "cpu=2"],
+    );
+    eventually(Duration::from_secs(120), || {
+        (parts(&out).len() >= 2).then_some(())
+    });
+    for name in ["g2", "g3"] {
+        workers.extend(two_cpu_workers(&s, head.addr, &[name]));
+        let (_, took) = eventually(Duration::from_secs(30), || {
+            (actors_on(&s, &head, name)? >= 1).then_some(())
+        });
+        eprintln!("{name} ran an actor of the job {took:?} after it was up");
+        assert!(took < Duration::from_secs(10), "{name}: {took:?}");
+    }
+    assert!(
+        parts(&out).len() < ids.len().div_ceil(32),
+        "the job finished before it grew"
+    );
+    let (ok, summary) = finish(&s, running, "grow");
+    assert!(ok, "{summary}");
+    assert!(
+        summary.contains("on 1 actors") && summary.contains("2 actors added as workers joined"),
+        "{summary}"
+    );
+    assert_exactly_once(&out, &ids);
+}
+
 /// `node jobs --json` of the head, if it answers.
 fn jobs_json(s: &Scratch, head: &Proc) -> Option<serde_json::Value> {
     let out = Command::new(NODE)

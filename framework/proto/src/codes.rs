@@ -786,6 +786,12 @@ pub const CODES: &[Code] = &[
         &["framework/runtime/src/placement/mod.rs"],
     ),
     code(
+        "NODE-PG-009",
+        "A placement group did not grow: it is not ready, or no node has room for one more bundle under its strategy now",
+        "Wait for a node with room to join (a job tries again on every change of the member table)",
+        &["framework/runtime/src/node/placement_groups.rs"],
+    ),
+    code(
         "NODE-PROTO-001",
         "Protocol version mismatch",
         "Run the same `node` release on every member",

@@ -213,6 +213,21 @@ pub enum PlacementRequest {
     },
     /// Every group, and every node's capacity and reservations.
     List,
+    /// Add one bundle to a ready group, if a node has room for it now
+    /// under the group's strategy (see `Groups::grow`).
+    Grow {
+        /// The group.
+        id: crate::groups::GroupId,
+        /// The bundle.
+        bundle: crate::placement::Resources,
+    },
+    /// Take the last bundle off a group, releasing it.
+    Shrink {
+        /// The group.
+        id: crate::groups::GroupId,
+        /// The bundle: the group's last.
+        bundle: u32,
+    },
 }
 
 /// The head's answer to a [`PlacementRequest`].
@@ -235,6 +250,12 @@ pub enum PlacementReply {
     },
     /// The receiving node is not the head.
     NotHead,
+    /// The new bundle's index: the group grew.
+    Grown(u32),
+    /// The group did not grow (why).
+    NotGrown(String),
+    /// Whether the bundle was taken off.
+    Shrunk(bool),
 }
 
 /// One supervisor of a node, as `node status` shows it.

@@ -226,6 +226,29 @@ pub enum BadSpec {
     },
 }
 
+/// The most bundles a group may grow to.
+pub const MAX_BUNDLES: usize = 4096;
+
+/// Why a group did not grow ([`Groups::grow`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GrowRefused {
+    /// No such group.
+    #[error("no such placement group")]
+    Unknown,
+    /// The group is being placed (or failed): it grows only when ready.
+    #[error("the group is {}, not ready; it grows only when ready", .0.as_str())]
+    NotReady(GroupState),
+    /// No node has room for the bundle now under the group's strategy.
+    #[error("no room for one more bundle: {0}")]
+    NoRoom(String),
+    /// The bundle's amounts cannot be reserved.
+    #[error(transparent)]
+    Bad(BadSpec),
+    /// The group holds the most bundles a group may.
+    #[error("a placement group holds at most {0} bundles")]
+    TooMany(usize),
+}
+
 /// Something for the shell to do.
 #[derive(Debug, Clone, PartialEq)]
 #[allow(clippy::large_enum_variant)] // made and consumed at once, never stored
@@ -665,6 +688,73 @@ impl Groups {
         let held = by_node(held);
         self.release(id, &e.spec.bundles, held, out);
         out.push(Action::Removed(id.to_owned()));
+        true
+    }
+
+    /// Adds `bundle` to the ready group `id` when a node has room for it
+    /// now, under the group's strategy and selector, beside the bundles
+    /// placed (which stay where they are): all or nothing, one bundle at
+    /// a time. Returns the new bundle's index; the next
+    /// [`Groups::step`] reserves it on its node as it does a bundle placed
+    /// again, and the group is ready again at a new revision.
+    pub fn grow(&mut self, id: &GroupId, bundle: Resources) -> Result<u32, GrowRefused> {
+        let Some(e) = self.groups.get(id) else {
+            return Err(GrowRefused::Unknown);
+        };
+        if !matches!(e.phase, Phase::Ready) {
+            return Err(GrowRefused::NotReady(e.state()));
+        }
+        if let Some((resource, amount)) = bundle.iter().find(|(_, n)| !n.is_finite() || **n < 0.0) {
+            return Err(GrowRefused::Bad(BadSpec::Amount {
+                bundle: e.nodes.len(),
+                resource: resource.clone(),
+                amount: *amount,
+            }));
+        }
+        if e.nodes.len() >= MAX_BUNDLES {
+            return Err(GrowRefused::TooMany(MAX_BUNDLES));
+        }
+        place_more(&self.nodes, &self.reserved, e, vec![bundle.clone()])
+            .map_err(|why| GrowRefused::NoRoom(why.to_string()))?;
+        let Some(e) = self.groups.get_mut(id) else {
+            return Err(GrowRefused::Unknown);
+        };
+        e.spec.bundles.push(bundle);
+        e.nodes.push(None);
+        e.phase = Phase::Waiting;
+        e.not_before = None;
+        self.fresh.push(id.clone());
+        Ok(e.nodes.len() as u32 - 1)
+    }
+
+    /// Takes the last bundle, `bundle`, off the group `id` (never its
+    /// only one), releasing its reservation; the group is ready at a new
+    /// revision. Only the last bundle goes, so every other keeps its
+    /// index. Returns whether it went: not when it is not the last, is the
+    /// only one, or is being placed now.
+    pub fn shrink(&mut self, id: &GroupId, bundle: u32, out: &mut Vec<Action>) -> bool {
+        let Some(e) = self.groups.get_mut(id) else {
+            return false;
+        };
+        let last = e.nodes.len() as u32 - 1;
+        if bundle != last || last == 0 || e.in_flight().is_some() {
+            return false;
+        }
+        let held = e.nodes.pop().flatten();
+        let resources = e.spec.bundles.pop().unwrap_or_default();
+        e.lost_from.remove(&bundle);
+        e.unconfirmed.remove(&bundle);
+        e.revision += 1;
+        if matches!(e.phase, Phase::Waiting) && e.nodes.iter().all(Option::is_some) {
+            e.phase = Phase::Ready;
+            e.was_ready = true;
+        }
+        if let Some(node) = held {
+            let mut bundles = vec![Resources::new(); bundle as usize];
+            bundles.push(resources);
+            self.release(id, &bundles, [(node, vec![bundle])].into(), out);
+        }
+        out.push(Action::Changed(id.clone()));
         true
     }
 
@@ -1165,42 +1255,11 @@ impl Groups {
             out.push(Action::Changed(id.clone()));
             return;
         }
-        let kept: BTreeSet<&str> = e.nodes.iter().flatten().map(MemberName::as_str).collect();
-        let candidates: Vec<Candidate> = self
-            .nodes
+        let bundles: Vec<Resources> = missing
             .iter()
-            .filter(|(name, _)| match e.strategy {
-                Strategy::StrictSpread => !kept.contains(name.as_str()),
-                Strategy::StrictPack => kept.is_empty() || kept.contains(name.as_str()),
-                _ => true,
-            })
-            .map(|(name, info)| {
-                let mut available = info.capacity.clone();
-                if let Some(r) = self.reserved.get(name) {
-                    sub(&mut available, r);
-                }
-                Candidate {
-                    name: name.clone(),
-                    available,
-                    labels: info.labels.clone(),
-                }
-            })
+            .map(|b| e.spec.bundles[*b as usize].clone())
             .collect();
-        let sub_group = placement::Group {
-            bundles: missing
-                .iter()
-                .map(|b| e.spec.bundles[*b as usize].clone())
-                .collect(),
-            strategy: e.strategy,
-            selector: e.spec.selector.clone(),
-        };
-        let placed = if candidates.is_empty() {
-            Err(placement::Infeasible::NoMatchingNode(
-                e.spec.selector.clone(),
-            ))
-        } else {
-            placement::place(&candidates, &sub_group)
-        };
+        let placed = place_more(&self.nodes, &self.reserved, e, bundles);
         match placed {
             Err(why) => {
                 let why = why.to_string();
@@ -1282,6 +1341,68 @@ impl Groups {
         let owners = self.groups.values().filter_map(|e| e.owner_by);
         placing.chain(owners).min()
     }
+}
+
+/// Where `bundles` more of the group `e` go, on `nodes` less what is
+/// `reserved`, beside the bundles it has placed: under its strategy
+/// (strict ones never on a node they exclude) and selector; a soft
+/// strategy tries first the nodes it favours beside those bundles (SPREAD
+/// the nodes holding none of them, PACK those holding some), then any.
+fn place_more(
+    nodes: &BTreeMap<MemberName, NodeInfo>,
+    reserved: &BTreeMap<MemberName, Resources>,
+    e: &Entry,
+    bundles: Vec<Resources>,
+) -> Result<Vec<MemberName>, placement::Infeasible> {
+    let kept: BTreeSet<&str> = e.nodes.iter().flatten().map(MemberName::as_str).collect();
+    let candidates: Vec<Candidate> = nodes
+        .iter()
+        .filter(|(name, _)| match e.strategy {
+            Strategy::StrictSpread => !kept.contains(name.as_str()),
+            Strategy::StrictPack => kept.is_empty() || kept.contains(name.as_str()),
+            _ => true,
+        })
+        .map(|(name, info)| {
+            let mut available = info.capacity.clone();
+            if let Some(r) = reserved.get(name) {
+                sub(&mut available, r);
+            }
+            Candidate {
+                name: name.clone(),
+                available,
+                labels: info.labels.clone(),
+            }
+        })
+        .collect();
+    let group = placement::Group {
+        bundles,
+        strategy: e.strategy,
+        selector: e.spec.selector.clone(),
+    };
+    if candidates.is_empty() {
+        return Err(placement::Infeasible::NoMatchingNode(
+            e.spec.selector.clone(),
+        ));
+    }
+    let favoured: Vec<Candidate> = match e.strategy {
+        Strategy::Spread if !kept.is_empty() => candidates
+            .iter()
+            .filter(|c| !kept.contains(c.name.as_str()))
+            .cloned()
+            .collect(),
+        Strategy::Pack if !kept.is_empty() => candidates
+            .iter()
+            .filter(|c| kept.contains(c.name.as_str()))
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
+    };
+    if !favoured.is_empty()
+        && let Ok(to) = placement::place(&favoured, &group)
+    {
+        return Ok(to);
+    }
+    placement::place(&candidates, &group)
 }
 
 /// Bundles grouped by their node.
@@ -1642,6 +1763,57 @@ mod tests {
         assert!(c.groups.view(&id).is_some());
         set(&mut c, "driver", MemberState::Left);
         assert!(c.groups.view(&id).is_none(), "an owner that left loses it");
+    }
+
+    #[test]
+    fn a_group_grows_one_bundle_at_a_time_by_its_strategy_and_shrinks_from_its_end() {
+        let mut c = Cluster::new(&[("a", 2), ("b", 2)]);
+        let id = c.create(spec("spread", 2, 1.0, 1000));
+        let before = c.groups.view(&id).unwrap();
+        assert_eq!(before.nodes, vec!["a", "b"]);
+        // A node joins: spread grows onto the node holding none of it.
+        c.join("c", Incarnation::new(1), 2);
+        assert_eq!(c.groups.grow(&id, res(&[("cpu", 1.0)])), Ok(2));
+        assert_eq!(
+            c.groups.grow(&id, res(&[("cpu", 1.0)])),
+            Err(GrowRefused::NotReady(GroupState::Rescheduling)),
+            "one bundle at a time"
+        );
+        c.run(Vec::new());
+        let grown = c.groups.view(&id).unwrap();
+        assert_eq!(grown.state, GroupState::Ready);
+        assert_eq!(grown.nodes, vec!["a", "b", "c"]);
+        assert!(grown.revision > before.revision);
+        c.check_accounts();
+        // Strict spread over every node: one more has nowhere to go, and
+        // the group is as it was.
+        let strict = c.create(spec("strict-spread", 3, 0.5, 1000));
+        let was = c.groups.view(&strict).unwrap();
+        assert!(matches!(
+            c.groups.grow(&strict, res(&[("cpu", 0.5)])),
+            Err(GrowRefused::NoRoom(_))
+        ));
+        assert_eq!(c.groups.view(&strict).unwrap(), was);
+        assert!(matches!(
+            c.groups.grow(&id, res(&[("cpu", -1.0)])),
+            Err(GrowRefused::Bad(_))
+        ));
+        assert_eq!(
+            c.groups.grow(&GroupId::new("nope"), res(&[("cpu", 1.0)])),
+            Err(GrowRefused::Unknown)
+        );
+        // Only the last bundle goes, and its reservation with it.
+        let mut out = Vec::new();
+        assert!(!c.groups.shrink(&id, 0, &mut out), "not the last");
+        assert!(c.groups.shrink(&id, 2, &mut out));
+        c.run(out);
+        let shrunk = c.groups.view(&id).unwrap();
+        assert_eq!(shrunk.nodes, vec!["a", "b"]);
+        assert_eq!(shrunk.state, GroupState::Ready);
+        c.check_accounts();
+        let mut out = Vec::new();
+        let one = c.create(spec("pack", 1, 0.5, 1000));
+        assert!(!c.groups.shrink(&one, 0, &mut out), "never the only one");
     }
 
     #[test]

@@ -376,6 +376,28 @@ impl Supervision {
         }
     }
 
+    /// Adds the child `spec` to a running supervisor, started at once
+    /// (after those already there, so last in start order). Returns
+    /// whether it was added: not when its id is taken, or the supervisor
+    /// has not started, is giving up or shutting down.
+    pub fn add_child(&mut self, spec: ChildSpec) -> bool {
+        if !self.started
+            || self.finished
+            || self.index(&spec.id).is_some()
+            || matches!(self.after, After::Escalate(_) | After::Shutdown)
+        {
+            return false;
+        }
+        self.actions.push_back(Action::Start(spec.id.clone()));
+        self.children.push(Child {
+            spec,
+            state: State::Starting,
+            restarts: 0,
+            recent: VecDeque::new(),
+        });
+        true
+    }
+
     /// The child `id` runs.
     pub fn handle_started(&mut self, _now: Instant, id: &str) {
         if let Some(c) = self.child_mut(id)
@@ -1007,6 +1029,24 @@ mod tests {
             sim.exit("a", Failure).last(),
             Some(Action::Escalate(_))
         ));
+    }
+
+    #[test]
+    fn a_child_added_to_a_running_supervisor_starts_and_is_supervised_like_the_others() {
+        let mut sim = Sim::new(Strategy::OneForOne, 5, &[("a", Permanent)]);
+        assert!(sim.s.add_child(ChildSpec::permanent("b")));
+        assert!(
+            !sim.s.add_child(ChildSpec::permanent("b")),
+            "ids are unique"
+        );
+        sim.run();
+        assert!(sim.s.is_running("b"));
+        assert_eq!(sim.exit("b", Failure), [start("b")]);
+        assert_eq!(sim.s.restarts_of("b"), Some(1));
+        sim.s.handle_shutdown(sim.now);
+        sim.run();
+        assert!(sim.s.is_finished());
+        assert!(!sim.s.add_child(ChildSpec::permanent("c")), "shut down");
     }
 
     #[test]

@@ -334,6 +334,18 @@ impl<W: Ord + Clone> Window<W> {
         Some(batch)
     }
 
+    /// Sets the most batches in flight at once (at least 1): a pool that
+    /// grows or shrinks while it runs. Batches in flight beyond a lowered
+    /// limit finish; no new one goes out until the flights are under it.
+    pub fn set_max_in_flight(&mut self, max: usize) {
+        self.config.max_in_flight = max.max(1);
+    }
+
+    /// The most batches in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.config.max_in_flight
+    }
+
     /// Adds a worker (no effect if present).
     pub fn add_worker(&mut self, worker: W) {
         self.load.entry(worker).or_insert(0);

@@ -141,8 +141,18 @@ async fn start_workers(
         return Err(ClusterError::NoMatchingRevision(revision).into());
     }
     let at = placed.placed.clone();
+    // `--actors MIN..MAX` or `auto`: the job grows onto workers that join.
+    let slots = placed.actors.len();
+    let most = config
+        .job
+        .actors
+        .filter(|a| a.grows())
+        .map_or(slots, |a| a.most(slots));
+    let same = revision.clone();
     let (pool, infos, stopper) = placed
-        .supervise(config.job.restart_limit())
+        .supervise_growing(config.job.restart_limit(), most, describe, move |info| {
+            info.revision == same
+        })
         .await
         .map_err(|e| ActorError::Start(ActorStartError::Start(e)))?;
     let mut workers = Workers::new(pool, &infos);

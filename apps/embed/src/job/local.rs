@@ -31,11 +31,16 @@ pub(crate) async fn run(config: JobConfig) -> Result<Summary, JobError> {
     };
     let slots = flotilla::gpus::GpuSlots::new(gpus);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let free = config
+        .job
+        .actors_per_node
+        .unwrap_or(if gpus > 0 { gpus } else { cpus });
+    // This machine does not change under the job: a range takes as many
+    // of its slots as it may from the start.
     let count = config
         .job
         .actors
-        .or(config.job.actors_per_node)
-        .unwrap_or(if gpus > 0 { gpus } else { cpus })
+        .map_or(free, |a| a.initial(free).max(a.most(free).min(free)))
         .max(1);
     const INFO_WITHIN: Duration = Duration::from_secs(10);
     // The actors share one loaded model (restarted ones too).

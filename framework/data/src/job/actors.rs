@@ -68,6 +68,7 @@ impl<M: Message> Pool<M> {
         let stopper = Stopper {
             supervisor: Some(supervisor),
             placed: None,
+            grower: None,
         };
         Ok((pool, stopper))
     }
@@ -137,6 +138,8 @@ impl<M: Message> Pool<M> {
 pub struct Stopper {
     supervisor: Option<ActorRef<SupervisorMsg>>,
     placed: Option<Group>,
+    /// The task growing the job onto workers that join, stopped first.
+    grower: Option<tokio::task::AbortHandle>,
 }
 
 /// The node that placed a job's actors, their group, and each actor
@@ -151,6 +154,9 @@ struct Group {
 impl Stopper {
     /// Stops everything now.
     pub async fn stop(mut self) {
+        if let Some(g) = self.grower.take() {
+            g.abort();
+        }
         Self::stop_parts(self.supervisor.take(), self.placed.take()).await;
     }
 
@@ -175,6 +181,9 @@ impl Stopper {
 
 impl Drop for Stopper {
     fn drop(&mut self) {
+        if let Some(g) = self.grower.take() {
+            g.abort();
+        }
         let (supervisor, placed) = (self.supervisor.take(), self.placed.take());
         if supervisor.is_none() && placed.is_none() {
             return;
@@ -286,6 +295,7 @@ where
                 id: group.clone(),
                 named: Vec::new(),
             }),
+            grower: None,
         };
         if let Some(to) = announce {
             let _ = to.send(group.clone());
@@ -412,21 +422,14 @@ where
                 .actor
                 .get_name()
                 .unwrap_or_else(|| format!("{}.{}.{}", self.placement.name, self.group, a.bundle));
-            let start = RemoteChild::new(
-                Arc::clone(&self.node),
-                self.placement.kind.named(&name),
-                &self.placement.args,
-                |_: &Table| None,
-                self.placement.spawn_timeout,
-            )
-            .in_bundle(&self.group, a.bundle)
-            .adopt(a.member.clone(), a.actor.get_cell());
-            let spec = ChildSpec {
-                id: name,
-                restart: RestartType::Transient,
-                shutdown: Duration::from_secs(5),
-            };
-            children.push(Child::new(spec, start));
+            children.push(bundle_child(
+                &self.node,
+                &self.placement,
+                &self.group,
+                a.bundle,
+                name,
+                (a.member.clone(), &a.actor),
+            ));
             actors.push((a.member, a.actor));
             found.push(a.ready);
         }
@@ -439,5 +442,239 @@ where
             placed.named.clear();
         }
         Ok((pool, found, stopper))
+    }
+}
+
+/// The supervised child of bundle `bundle` of `group`, named `name`,
+/// adopting `running` (its member and actor) as its first start: started
+/// again in its bundle, wherever the head places it.
+fn bundle_child<M: Message, A: Encode>(
+    node: &Arc<Node>,
+    placement: &Placement<M, A>,
+    group: &GroupId,
+    bundle: usize,
+    name: String,
+    (member, actor): (MemberName, &ActorRef<M>),
+) -> Child {
+    let start = RemoteChild::new(
+        Arc::clone(node),
+        placement.kind.named(&name),
+        &placement.args,
+        |_: &Table| None,
+        placement.spawn_timeout,
+    )
+    .in_bundle(group, bundle)
+    .adopt(member, actor.get_cell());
+    let spec = ChildSpec {
+        id: name,
+        restart: RestartType::Transient,
+        shutdown: Duration::from_secs(5),
+    };
+    Child::new(spec, start)
+}
+
+/// An actor the job grew onto while it ran: its child id under the job's
+/// supervisor, the member it runs on, the actor.
+pub struct Grown<M> {
+    /// Its child id.
+    pub child: String,
+    /// The member it runs on.
+    pub member: MemberName,
+    /// The actor.
+    pub actor: ActorRef<M>,
+}
+
+/// How long a growing job waits for a change of the member table before
+/// it tries to grow again anyway (resources freed by another job's end
+/// change no table).
+const GROW_RETRY: Duration = Duration::from_secs(5);
+
+/// How long a grown bundle may take to be placed.
+const PLACED_WITHIN: Duration = Duration::from_secs(30);
+
+impl<M, A, R> Placed<M, A, R>
+where
+    M: Message,
+    A: Encode + Clone + Send + Sync + 'static,
+    R: Send + 'static,
+{
+    /// [`Placed::supervise`], and the job grows while it runs: whenever
+    /// the member table changes (a worker joins, or frees room), and every
+    /// few seconds, its group grows by one bundle like its first (all or
+    /// nothing, under its strategy) while a worker has room, up to `most`
+    /// actors; an actor is spawned in each new bundle, checked with
+    /// `ready`, kept if `keep` accepts what the check found, and put
+    /// under the job's supervisor. The pool hears of each
+    /// ([`Pool::growing`]); a bundle whose actor is not kept is given back.
+    pub async fn supervise_growing<F, Fut, K>(
+        self,
+        intensity: Intensity,
+        most: usize,
+        ready: F,
+        keep: K,
+    ) -> Result<(Pool<M>, Vec<R>, Stopper), SpawnErr>
+    where
+        F: Fn(ActorRef<M>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, String>> + Send + 'static,
+        K: Fn(&R) -> bool + Send + Sync + 'static,
+    {
+        let node = Arc::clone(&self.node);
+        let placement = self.placement.clone();
+        let group = self.group.clone();
+        let have = self.actors.len();
+        let (pool, found, mut stopper) = self.supervise(intensity).await?;
+        let Some(supervisor) = stopper.supervisor.clone().filter(|_| most > have) else {
+            return Ok((pool, found, stopper));
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let growth = Growth {
+            node,
+            placement,
+            group,
+            supervisor,
+            ready,
+            keep,
+            joins: tx,
+        };
+        let task = tokio::spawn(growth.run(have, most));
+        stopper.grower = Some(task.abort_handle());
+        Ok((pool.growing(rx), found, stopper))
+    }
+}
+
+/// What grows a job onto workers that join (see
+/// [`Placed::supervise_growing`]).
+struct Growth<M, A, F, K> {
+    node: Arc<Node>,
+    placement: Placement<M, A>,
+    group: GroupId,
+    supervisor: ActorRef<SupervisorMsg>,
+    ready: F,
+    keep: K,
+    joins: mpsc::UnboundedSender<Grown<M>>,
+}
+
+impl<M, A, R, F, Fut, K> Growth<M, A, F, K>
+where
+    M: Message,
+    A: Encode + Clone + Send + Sync + 'static,
+    R: Send + 'static,
+    F: Fn(ActorRef<M>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, String>> + Send + 'static,
+    K: Fn(&R) -> bool + Send + Sync + 'static,
+{
+    async fn run(self, mut have: usize, most: usize) {
+        let mut members = self.node.watch_members();
+        let Some(one) = self.placement.spec.bundles.first().cloned() else {
+            return;
+        };
+        // Members whose actor was not kept: a bundle placed there again is
+        // given back at once.
+        let mut refused: std::collections::BTreeSet<MemberName> = Default::default();
+        while have < most {
+            match self.node.grow_group(&self.group, one.clone()).await {
+                Ok(bundle) => match self.start(bundle as usize, &refused).await {
+                    Ok(grown) => {
+                        tracing::info!(member = %grown.member, actor = %grown.child, actors = have + 1,
+                            "the job grew onto a worker with room");
+                        have += 1;
+                        if self.joins.send(grown).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err((member, why)) => {
+                        if let Some(member) = member {
+                            if !refused.contains(&member) {
+                                tracing::warn!(%member, error = %why, "no actor of the job grown onto this member");
+                            }
+                            refused.insert(member);
+                        }
+                        if let Err(e) = self.node.shrink_group(&self.group, bundle).await {
+                            tracing::warn!(group = %self.group, error = %e, "cannot give back a bundle grown for nothing");
+                        }
+                    }
+                },
+                Err(PlacementError::NotGrown { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(group = %self.group, error = %e, "cannot grow the job's group")
+                }
+            }
+            if tokio::time::timeout(GROW_RETRY, members.changed())
+                .await
+                .is_ok_and(|changed| changed.is_err())
+            {
+                return;
+            }
+        }
+    }
+
+    /// Spawns the actor of the new bundle `bundle` once it is placed,
+    /// checks it and puts it under the job's supervisor; on failure, the
+    /// member it was placed on (if it was) and why.
+    async fn start(
+        &self,
+        bundle: usize,
+        refused: &std::collections::BTreeSet<MemberName>,
+    ) -> Result<Grown<M>, (Option<MemberName>, String)> {
+        let view = self
+            .node
+            .wait_group(&self.group, PLACED_WITHIN)
+            .await
+            .map_err(|e| (None, e.to_string()))?;
+        let member = view
+            .nodes
+            .get(bundle)
+            .cloned()
+            .ok_or_else(|| (None, format!("the group has no bundle {bundle}")))?;
+        if refused.contains(&member) {
+            return Err((Some(member), "its actor was not kept before".into()));
+        }
+        let fail = |why: String| (Some(member.clone()), why);
+        let name = format!("{}.{}.{bundle}", self.placement.name, self.group);
+        let actor: ActorRef<M> = self
+            .node
+            .spawn_on(
+                &member,
+                self.placement.kind.named(&name),
+                &self.placement.args,
+                self.placement.spawn_timeout,
+            )
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let stop = |why: String| {
+            let (node, member, name) = (Arc::clone(&self.node), member.clone(), name.clone());
+            async move {
+                let _ = node.stop_on(&member, &name, Duration::from_secs(5)).await;
+                Err((Some(member), why))
+            }
+        };
+        match (self.ready)(actor.clone()).await {
+            Ok(found) if (self.keep)(&found) => {}
+            Ok(_) => return stop("its check found it unlike the job's other actors".into()).await,
+            Err(why) => return stop(why).await,
+        }
+        let child = bundle_child(
+            &self.node,
+            &self.placement,
+            &self.group,
+            bundle,
+            name.clone(),
+            (member.clone(), &actor),
+        );
+        let added = flotilla::call::call(
+            &self.supervisor,
+            |port| SupervisorMsg::Add(child, port),
+            SHUTDOWN_WITHIN,
+        )
+        .await;
+        if !matches!(added, Ok(true)) {
+            return stop("the job's supervisor did not take it".into()).await;
+        }
+        Ok(Grown {
+            child: name,
+            member,
+            actor,
+        })
     }
 }

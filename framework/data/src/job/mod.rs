@@ -28,6 +28,7 @@
 //! it is written as pieces named by their rows, which a rerun finds and
 //! skips in turn.
 
+mod actor_count;
 mod actors;
 mod batching;
 pub mod detached;
@@ -54,7 +55,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-pub use actors::{ActorStartError, Placed, PlacedActor, Placement, Stopper};
+pub use actor_count::{ActorCount, BadActorCount};
+pub use actors::{ActorStartError, Grown, Placed, PlacedActor, Placement, Stopper};
 pub use batching::Batching;
 pub use join::Join;
 pub use progress::ProgressConfig;
@@ -160,6 +162,8 @@ pub struct BatchSummary {
     pub hedged: u64,
     /// Actors restarted by their supervisor during the job.
     pub restarts: u64,
+    /// Actors the job grew onto while it ran (workers that joined).
+    pub grown: u64,
     /// Batches (and pieces of them) split to isolate rows that failed
     /// them.
     pub split: u64,
@@ -206,8 +210,9 @@ impl BatchSummary {
     /// workers), 0 actor restarts, 1.2 s, 166.7 texts/s, first batch after
     /// 0.50 s, batch p50 12 ms p95 30 ms`, then, where rows were isolated
     /// by splitting batches, `, 1 failing rows isolated (5 batches split)`,
-    /// and where stragglers were sent again, `, 2 straggling batches sent
-    /// again`.
+    /// where stragglers were sent again, `, 2 straggling batches sent
+    /// again`, and where the job grew, `, 2 actors added as workers
+    /// joined` (`actors`: those it started with).
     pub fn line(&self, rows: &str, actors: usize) -> String {
         let rate = self.rows as f64 / self.elapsed.as_secs_f64().max(1e-9);
         let first = self
@@ -223,6 +228,9 @@ impl BatchSummary {
         };
         if self.hedged > 0 {
             split.push_str(&format!(", {} straggling batches sent again", self.hedged));
+        }
+        if self.grown > 0 {
+            split.push_str(&format!(", {} actors added as workers joined", self.grown));
         }
         format!(
             "{} {rows} in {} batches ({} skipped as done) on {actors} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {rate:.1} {rows}/s, first batch after {first}, batch p50 {:.0} ms p95 {:.0} ms{split}",
@@ -275,6 +283,8 @@ pub struct Pool<M: flotilla::ractor::Message> {
     events: Option<mpsc::UnboundedReceiver<SupervisorEvent>>,
     /// The supervisor, told of restarts to forgive.
     supervisor: Option<ActorRef<SupervisorMsg>>,
+    /// Actors the job grows onto while it runs.
+    joins: Option<mpsc::UnboundedReceiver<Grown<M>>>,
 }
 
 impl<M: flotilla::ractor::Message> Pool<M> {
@@ -285,6 +295,7 @@ impl<M: flotilla::ractor::Message> Pool<M> {
             ids: Vec::new(),
             events: None,
             supervisor: None,
+            joins: None,
         }
     }
 
@@ -301,6 +312,7 @@ impl<M: flotilla::ractor::Message> Pool<M> {
             ids,
             events: Some(events),
             supervisor: None,
+            joins: None,
         }
     }
 
@@ -310,6 +322,15 @@ impl<M: flotilla::ractor::Message> Pool<M> {
     /// an actor again.
     pub fn forgiving(mut self, supervisor: ActorRef<SupervisorMsg>) -> Self {
         self.supervisor = Some(supervisor);
+        self
+    }
+
+    /// Actors that join the pool while the job runs, already under its
+    /// supervisor (see [`Placed::supervise_growing`]): each becomes a
+    /// worker at once, and the batches in flight may grow by a worker's
+    /// share.
+    pub fn growing(mut self, joins: mpsc::UnboundedReceiver<Grown<M>>) -> Self {
+        self.joins = Some(joins);
         self
     }
 }
@@ -428,6 +449,9 @@ impl Latencies {
 /// is, which are being restarted.
 struct Members<M: flotilla::ractor::Message> {
     actors: Vec<(WorkerKey, ActorRef<M>)>,
+    /// Each actor's share of the batches in flight, given to each that
+    /// joins while the job runs.
+    share: usize,
     keys: HashMap<String, WorkerKey>,
     restarting: BTreeSet<String>,
     supervisor: Option<ActorRef<SupervisorMsg>>,
@@ -444,6 +468,7 @@ impl<M: flotilla::ractor::Message> Members<M> {
         pipeline: &mut Pipeline<S>,
     ) -> Self {
         let mut members = Self {
+            share: (pipeline.max_in_flight() / actors.len().max(1)).max(1),
             actors: Vec::with_capacity(actors.len()),
             keys: HashMap::new(),
             restarting: BTreeSet::new(),
@@ -457,6 +482,21 @@ impl<M: flotilla::ractor::Message> Members<M> {
             members.actors.push((key, actor));
         }
         members
+    }
+
+    /// An actor the job grew onto, under its supervisor already, becomes
+    /// a worker, and the batches in flight grow by an actor's share;
+    /// returns 1 if it did, 0 if not (a restart of its child came first
+    /// and is the worker already).
+    fn grown<S: Stage<Msg = M>>(&mut self, grown: Grown<M>, pipeline: &mut Pipeline<S>) -> u64 {
+        if self.keys.contains_key(&grown.child) || self.restarting.contains(&grown.child) {
+            return 0;
+        }
+        let key = pipeline.add_worker(&grown.member, grown.actor.clone());
+        self.keys.insert(grown.child, key);
+        self.actors.push((key, grown.actor));
+        pipeline.set_max_in_flight(pipeline.max_in_flight() + self.share);
+        1
     }
 
     /// Removes actors that stopped.
@@ -611,6 +651,32 @@ where
     None
 }
 
+/// Writes the part of batch `id` (or of a piece of it).
+async fn write(
+    output: &Output,
+    splits: &mut Splits,
+    id: BatchId,
+    bytes: Vec<u8>,
+) -> Result<(), OutputError> {
+    match splits.finish(id) {
+        Some(piece) => output.write_piece(piece.batch, &piece.rows, bytes).await,
+        None => output.write_part(id.0, bytes).await,
+    }
+}
+
+/// The job's error when the part of batch `id` cannot be encoded.
+fn encode_error(
+    output: &Output,
+    id: BatchId,
+    source: Box<dyn std::error::Error + Send + Sync>,
+) -> BatchJobError {
+    OutputError::Encode {
+        location: output.part_location(id.0),
+        source,
+    }
+    .into()
+}
+
 /// What `wait` comes to, or never, without one.
 async fn or_pending<T>(wait: Option<impl Future<Output = T>>) -> T {
     match wait {
@@ -746,6 +812,7 @@ where
     let mut pipeline = Pipeline::new(stage, job.pipeline, outbound);
     let mut pool_state = Members::join(pool.actors, &pool.ids, pool.supervisor, &mut pipeline);
     let mut events = pool.events;
+    let mut joins = pool.joins;
     let mut look = tokio::time::interval(LOOK_EVERY);
     let mut lost = LostWorkers::default();
     let mut progress = Progress::new(job.progress);
@@ -782,6 +849,7 @@ where
         );
         let table_changed = or_pending(members.as_mut().map(|rx| rx.changed()));
         let supervised = or_pending(events.as_mut().map(|rx| rx.recv()));
+        let joined = or_pending(joins.as_mut().map(|rx| rx.recv()));
         // With every actor restarting, wait for them rather than give up.
         let serving = pipeline.workers() > 0 || pool_state.restarting.is_empty();
         let event = tokio::select! {
@@ -799,6 +867,13 @@ where
                 continue;
             }
             e = pipeline.next(), if serving => e,
+            grown = joined => {
+                match grown {
+                    Some(grown) => summary.grown += pool_state.grown(grown, &mut pipeline),
+                    None => joins = None,
+                }
+                continue;
+            }
             open = table_changed => {
                 match members.as_mut() {
                     Some(rx) if open.is_ok() => {
@@ -844,17 +919,10 @@ where
                         continue;
                     }
                     Err(PartError::Encode(source)) => {
-                        return Err(OutputError::Encode {
-                            location: output.part_location(id.0),
-                            source,
-                        }
-                        .into());
+                        return Err(encode_error(&output, id, source));
                     }
                 };
-                match splits.finish(id) {
-                    Some(piece) => output.write_piece(piece.batch, &piece.rows, bytes).await?,
-                    None => output.write_part(id.0, bytes).await?,
-                }
+                write(&output, &mut splits, id, bytes).await?;
                 let rows = batch.as_ref().len();
                 summary.part_written(rows, started.elapsed());
                 latencies.record(latency);

@@ -12,7 +12,7 @@ use flotilla::placement_groups::{GroupId, GroupSpec, Resources, Strategy, bundle
 use flotilla::supervisor::Intensity;
 use serde::{Deserialize, Serialize};
 
-use super::{Batching, Join, ProgressConfig};
+use super::{ActorCount, Batching, Join, ProgressConfig};
 use crate::parts::Format;
 use crate::source::Fields;
 
@@ -82,11 +82,14 @@ pub struct Settings {
     /// one per CPU).
     #[arg(long)]
     pub actors_per_node: Option<usize>,
-    /// Actors in all (default: locally one per GPU, else per CPU; on a
-    /// cluster one per GPU of every worker with GPUs, else one per CPU,
-    /// or --actors-per-node on each worker).
+    /// Actors in all: a count, MIN..MAX (on a cluster the job starts once
+    /// MIN are placed and grows to MAX as workers with room join), or
+    /// auto (one per free slot, growing onto every worker that joins).
+    /// Default: locally one per GPU, else per CPU; on a cluster one per
+    /// GPU of every worker with GPUs, else one per CPU, or
+    /// --actors-per-node on each worker.
     #[arg(long)]
-    pub actors: Option<usize>,
+    pub actors: Option<ActorCount>,
     /// What each actor's placement-group bundle reserves on a cluster, as
     /// NAME=AMOUNT[,NAME=AMOUNT…] (default `cpu=1`, or `gpu=1` when every
     /// worker has GPUs).
@@ -259,10 +262,8 @@ impl Settings {
                 m.resources.cpus as usize
             })
         };
-        let count = self
-            .actors
-            .unwrap_or_else(|| workers.iter().map(per_node).sum())
-            .max(1);
+        let slots = workers.iter().map(per_node).sum();
+        let count = self.actors.map_or(slots, |a| a.initial(slots)).max(1);
         let one = self.actor_resources.clone().unwrap_or_else(|| {
             if gpus {
                 bundle(&[("gpu", 1.0)])
@@ -283,10 +284,9 @@ impl Settings {
     /// no output column is named twice or takes a reserved name. A job
     /// that fails this reads nothing.
     pub fn check(&self, reserved: &[&str]) -> Result<(), SettingError> {
-        let positive: [(&'static str, Option<usize>); 6] = [
+        let positive: [(&'static str, Option<usize>); 5] = [
             ("--batch-size", Some(self.batch_size)),
             ("--max-batch-tokens", self.max_batch_tokens),
-            ("--actors", self.actors),
             ("--actors-per-node", self.actors_per_node),
             ("--max-in-flight", self.max_in_flight),
             ("--memory-budget-mb", Some(self.memory_budget_mb)),

@@ -23,7 +23,7 @@ use super::Node;
 use crate::member::head_client::HeadUnavailable;
 
 /// How long the head is given to answer a drain.
-const ASK: Duration = Duration::from_secs(10);
+const ASK: Duration = Duration::from_secs(3);
 
 /// How often a draining node looks at what it still hosts.
 const POLL: Duration = Duration::from_millis(100);

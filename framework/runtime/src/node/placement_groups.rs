@@ -88,6 +88,15 @@ pub enum PlacementError {
     /// member's group, creating one as an observer or a tool).
     #[error("NODE-PG-007: the head refused: {0}")]
     Denied(flotilla_proto::authority::Unauthorized),
+    /// The group did not grow: not ready, or no node has room for one
+    /// more bundle under its strategy now.
+    #[error("NODE-PG-009: placement group {id} did not grow: {why}")]
+    NotGrown {
+        /// The group.
+        id: GroupId,
+        /// Why.
+        why: String,
+    },
 }
 
 /// How long a request other than a wait may take.
@@ -305,6 +314,63 @@ impl Node {
             .await?
         {
             PlacementReply::Removed(r) => Ok(r),
+            other => Err(PlacementError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Adds one bundle of `bundle`'s resources to the ready group `id`
+    /// (which this node owns), if a node has room for it now under the
+    /// group's strategy: all or nothing. Returns the new bundle's index;
+    /// the group is ready again, with it placed, at its next revision
+    /// ([`Node::watch_group`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let node = flotilla::node::doc_example::head("grow_group").await?;
+    /// use std::time::Duration;
+    /// use flotilla::placement_groups::{GroupSpec, Strategy, bundle};
+    /// let id = node
+    ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.25)])]))
+    ///     .await?;
+    /// let view = node.wait_group(&id, Duration::from_secs(30)).await?;
+    /// let b = node.grow_group(&id, bundle(&[("cpu", 0.25)])).await?;
+    /// assert_eq!(b, 1);
+    /// let grown = node.watch_group(&id, Some(view.revision), Duration::from_secs(30)).await?;
+    /// assert_eq!(grown.map(|g| g.nodes.len()), Some(2));
+    /// assert!(node.shrink_group(&id, 1).await?);
+    /// # node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn grow_group(
+        &self,
+        id: &GroupId,
+        bundle: flotilla_proto::placement::Resources,
+    ) -> Result<u32, PlacementError> {
+        let request = PlacementRequest::Grow {
+            id: id.clone(),
+            bundle,
+        };
+        match self.placement(request, ASK).await? {
+            PlacementReply::Grown(b) => Ok(b),
+            PlacementReply::NotGrown(why) => Err(PlacementError::NotGrown {
+                id: id.clone(),
+                why,
+            }),
+            other => Err(PlacementError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Takes the last bundle, `bundle`, off the group `id`, releasing its
+    /// reservation (its actor should be stopped first). Returns whether
+    /// it went (not when it is not the last, or the only one).
+    pub async fn shrink_group(&self, id: &GroupId, bundle: u32) -> Result<bool, PlacementError> {
+        let request = PlacementRequest::Shrink {
+            id: id.clone(),
+            bundle,
+        };
+        match self.placement(request, ASK).await? {
+            PlacementReply::Shrunk(done) => Ok(done),
             other => Err(PlacementError::Unexpected(format!("{other:?}"))),
         }
     }

@@ -321,6 +321,18 @@ impl<S: Stage> Pipeline<S> {
         gone.len()
     }
 
+    /// Sets the most batches in flight at once (see
+    /// [`flotilla_proto::window::Window::set_max_in_flight`]): a pool that
+    /// grows raises it by its share per worker.
+    pub fn set_max_in_flight(&mut self, max: usize) {
+        self.window.set_max_in_flight(max);
+    }
+
+    /// The most batches in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.window.max_in_flight()
+    }
+
     /// Whether a new batch may be submitted now: a credit and a worker are
     /// free, no retry waits, and the batches held are under the budget.
     pub fn has_credit(&self) -> bool {

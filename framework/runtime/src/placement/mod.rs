@@ -402,6 +402,27 @@ impl PlacementService {
                 }
                 PlacementReply::Removed(self.groups.remove(&id, out))
             }
+            PlacementRequest::Grow { id, bundle } => {
+                if let Some(view) = self.groups.view(&id)
+                    && let Err(why) = authority::may_remove_group(sender, view.owner.as_deref())
+                {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
+                match self.groups.grow(&id, bundle) {
+                    Ok(b) => PlacementReply::Grown(b),
+                    Err(why) => PlacementReply::NotGrown(why.to_string()),
+                }
+            }
+            PlacementRequest::Shrink { id, bundle } => {
+                if let Some(view) = self.groups.view(&id)
+                    && let Err(why) = authority::may_remove_group(sender, view.owner.as_deref())
+                {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
+                PlacementReply::Shrunk(self.groups.shrink(&id, bundle, out))
+            }
             PlacementRequest::Get { id } => PlacementReply::Group(self.groups.view(&id)),
             PlacementRequest::List => PlacementReply::Groups {
                 groups: self.groups.views(),

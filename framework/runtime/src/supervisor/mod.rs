@@ -231,6 +231,9 @@ pub enum SupervisorMsg {
     Tick,
     /// The member table changed.
     Members(Table),
+    /// Add a child, started at once (see
+    /// [`Supervision::add_child`]); answers whether it was added.
+    Add(Child, RpcReplyPort<bool>),
     /// Its children and their restarts.
     Status(RpcReplyPort<Vec<ChildReport>>),
     /// The last restart of this child was caused by the work it was
@@ -594,6 +597,14 @@ impl Actor for Supervisor {
             }
             SupervisorMsg::Status(port) => {
                 let _ = port.send(state.status());
+            }
+            SupervisorMsg::Add(child, port) => {
+                let id = child.spec.id.clone();
+                let added = !state.starts.contains_key(&id) && state.policy.add_child(child.spec);
+                if added {
+                    state.starts.insert(id, child.start);
+                }
+                let _ = port.send(added);
             }
             SupervisorMsg::Pardon(child) => {
                 if state.policy.pardon(&child) {
