@@ -569,6 +569,12 @@ fn two_cpu_cluster(s: &Scratch, names: &[&str]) -> (Proc, Vec<Proc>) {
 /// cpu=2` and allowing detached jobs the test's folder and the model, all
 /// up.
 fn two_cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str]) -> Vec<Proc> {
+    cpu_workers(s, head, names, "cpu=2")
+}
+
+/// Workers `names` of the head at `head` declaring `cpus` (`cpu=N`) and
+/// allowing detached jobs the test's folder and the model, all up.
+fn cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str], cpus: &str) -> Vec<Proc> {
     // Detached jobs read and write the test's folder and the model only.
     let scratch = s.dir.canonicalize().unwrap();
     let model = model().canonicalize().unwrap();
@@ -583,7 +589,7 @@ fn two_cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str]) -> V
                 head: Some(head),
                 flags: &[
                     "--resource",
-                    "cpu=2",
+                    cpus,
                     "--allow-path",
                     scratch.to_str().unwrap(),
                     "--allow-path",
@@ -861,6 +867,120 @@ fn a_job_grows_onto_workers_that_join_mid_job() {
         "{summary}"
     );
     assert_exactly_once(&out, &ids);
+}
+
+/// Parts written per second over the `window` before `at`, from their
+/// files' times.
+fn rate_before(out: &Path, at: std::time::SystemTime, window: Duration) -> f64 {
+    let from = at - window;
+    let n = parts(out)
+        .values()
+        .filter(|t| **t > from && **t <= at)
+        .count();
+    n as f64 / window.as_secs_f64()
+}
+
+/// How long after `since` the job's rate over the last 10 s is back to
+/// `share` of `base` (parts per second), polling for up to `budget`.
+fn back_to(
+    out: &Path,
+    base: f64,
+    share: f64,
+    since: std::time::Instant,
+    budget: Duration,
+) -> Duration {
+    const WINDOW: Duration = Duration::from_secs(10);
+    let (_, _) = eventually(budget, || {
+        let now = std::time::SystemTime::now();
+        (since.elapsed() >= WINDOW / 2 && rate_before(out, now, WINDOW) >= share * base)
+            .then_some(())
+    });
+    since.elapsed()
+}
+
+/// Clause "fleet: preemption": 30% of the workers killed with SIGKILL
+/// mid-job and replaced, twice (1 of 4, then 2 of 6 once the job grew
+/// onto two more): the killed workers' bundles go to the replacements,
+/// every id comes out exactly once, and the job's throughput (parts per
+/// second over 10 s) is back to 90% of its level before the kill within
+/// 60 s of the replacements being up. Prints what it measured.
+#[test]
+fn a_job_keeps_its_pace_through_thirty_percent_of_its_workers_killed_and_replaced() {
+    let s = Scratch::new("embed-preempt", NODE);
+    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
+    let mut workers = cpu_workers(&s, head.addr, &["k1", "k2", "k3", "k4"], "cpu=1");
+    let (input, ids) = corpus(&s.dir, 24_000);
+    let out = s.dir.join("out-preempt");
+    let running = driver(
+        &s,
+        &head,
+        &input,
+        &out,
+        "preempt",
+        &["--actors", "auto", "--actor-resources", "cpu=1"],
+    );
+    const BASE: Duration = Duration::from_secs(15);
+    let mut measured = Vec::new();
+    for (round, victims, added, fresh) in [
+        (1, &["k1"][..], &[][..], &["r1"][..]),
+        (2, &["k2", "k3"][..], &["k5", "k6"][..], &["r2", "r3"][..]),
+    ] {
+        if !added.is_empty() {
+            workers.extend(cpu_workers(&s, head.addr, added, "cpu=1"));
+            for name in added {
+                eventually(Duration::from_secs(30), || {
+                    (actors_on(&s, &head, name)? >= 1).then_some(())
+                });
+            }
+        }
+        // Its pace, once every actor has worked a while.
+        eventually(Duration::from_secs(180), || {
+            (parts(&out).len() >= 40 * round).then_some(())
+        });
+        std::thread::sleep(BASE);
+        let base = rate_before(&out, std::time::SystemTime::now(), BASE);
+        for name in victims {
+            let at = workers.iter().position(|w| w.name == *name).unwrap();
+            workers.remove(at).signal("-KILL");
+        }
+        // The replacements boot once the victims are gone (seen down), as
+        // a cloud's new machines do: their bundles wait for them.
+        eventually(Duration::from_secs(30), || {
+            let st = s.status(head.addr)?;
+            victims
+                .iter()
+                .all(|v| state_of(&st, v).as_deref() == Some("down"))
+                .then_some(())
+        });
+        workers.extend(cpu_workers(&s, head.addr, fresh, "cpu=1"));
+        let up = std::time::Instant::now();
+        let took = back_to(&out, base, 0.9, up, Duration::from_secs(60));
+        eprintln!(
+            "round {round}: {} of {} workers killed; {base:.2} parts/s before, back to 90% {took:?} after the replacements were up",
+            victims.len(),
+            workers.len() + victims.len() - fresh.len()
+        );
+        measured.push(took);
+        assert!(
+            parts(&out).len() < ids.len().div_ceil(32),
+            "the job finished before round {round} was measured"
+        );
+    }
+    let (ok, summary) = finish(&s, running, "preempt");
+    assert!(ok, "{summary}");
+    assert_exactly_once(&out, &ids);
+    eprintln!("{summary}");
+    // The two workers added between the rounds grew the job; the
+    // replacements took the bundles of the workers killed.
+    assert!(
+        summary.contains("2 actors added as workers joined")
+            && summary.contains(" 3 actor restarts"),
+        "{summary}"
+    );
+    assert!(
+        measured.iter().all(|t| *t <= Duration::from_secs(60)),
+        "{measured:?}"
+    );
 }
 
 /// `node jobs --json` of the head, if it answers.
