@@ -909,7 +909,7 @@ fn a_job_keeps_its_pace_through_thirty_percent_of_its_workers_killed_and_replace
     let s = Scratch::new("embed-preempt", NODE);
     let head = s.spawn("head", "head", free_addr(), None, &s.certs());
     let mut workers = cpu_workers(&s, head.addr, &["k1", "k2", "k3", "k4"], "cpu=1");
-    let (input, ids) = corpus(&s.dir, 24_000);
+    let (input, ids) = corpus(&s.dir, 16_000);
     let out = s.dir.join("out-preempt");
     let running = driver(
         &s,

@@ -14,7 +14,7 @@
 //! stop an actor                  its owner (the member that spawned it), or the head
 //! create a placement group       –      ✓      ✓     ✓     ✓     (owned by the caller)
 //! create a detached group        the head's detached-job service only
-//! remove a placement group       its owner ·  any: admin, head
+//! grow, shrink, remove a group   its owner ·  any: admin, head
 //! change a node's reservations   the head only
 //! submit a detached job          –      ✓      –     ✓     ✓
 //! stop a detached job            its owner (the submitting certificate) · any: admin, head
