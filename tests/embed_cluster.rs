@@ -2,7 +2,7 @@
 //! processes (head + workers), with workers and drivers killed mid-job.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 mod common;
@@ -10,78 +10,6 @@ mod common;
 use common::*;
 
 const NODE: &str = env!("CARGO_BIN_EXE_node");
-
-/// A running driver; killed if the test ends before it does.
-struct Driver(Option<Child>);
-
-impl Driver {
-    fn kill(&mut self) {
-        if let Some(child) = self.0.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Starts a driver: `node embed --head` with the admin identity.
-fn driver(
-    s: &Scratch,
-    head: &Proc,
-    input: &Path,
-    output: &Path,
-    tag: &str,
-    extra: &[&str],
-) -> Driver {
-    driver_env(s, head, input, output, tag, extra, &[])
-}
-
-/// [`driver`] with environment variables set (failpoints).
-// The flags of one driver process, as a test writes them.
-#[allow(clippy::too_many_arguments)]
-fn driver_env(
-    s: &Scratch,
-    head: &Proc,
-    input: &Path,
-    output: &Path,
-    tag: &str,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Driver {
-    let log = std::fs::File::create(s.dir.join(format!("driver-{tag}.log"))).unwrap();
-    let mut cmd = Command::new(NODE);
-    embed_on_cluster(&mut cmd, input, output, head.addr, &s.certs());
-    cmd.envs(env.iter().copied())
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .map(|child| Driver(Some(child)))
-        .unwrap()
-}
-
-/// Waits for a driver; returns its success and summary line.
-fn finish(s: &Scratch, mut driver: Driver, tag: &str) -> (bool, String) {
-    let child = driver.0.take().expect("running");
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        eprintln!(
-            "{}",
-            std::fs::read_to_string(s.dir.join(format!("driver-{tag}.log"))).unwrap_or_default()
-        );
-    }
-    (out.status.success(), stdout)
-}
-
-fn actors_on(s: &Scratch, head: &Proc, node: &str) -> Option<u64> {
-    node_of(&s.status(head.addr)?, node)?["actors"].as_u64()
-}
 
 /// Clauses of the embed job on a cluster: exactly-once output over three
 /// workers; a driver killed mid-job and rerun recomputes no written batch;
@@ -572,39 +500,6 @@ fn two_cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str]) -> V
     cpu_workers(s, head, names, "cpu=2")
 }
 
-/// Workers `names` of the head at `head` declaring `cpus` (`cpu=N`) and
-/// allowing detached jobs the test's folder and the model, all up.
-fn cpu_workers(s: &Scratch, head: std::net::SocketAddr, names: &[&str], cpus: &str) -> Vec<Proc> {
-    // Detached jobs read and write the test's folder and the model only.
-    let scratch = s.dir.canonicalize().unwrap();
-    let model = model().canonicalize().unwrap();
-    let workers = names
-        .iter()
-        .map(|w| {
-            s.issue(w);
-            s.launch(Launch {
-                role: "join",
-                name: w,
-                listen: free_addr(),
-                head: Some(head),
-                flags: &[
-                    "--resource",
-                    cpus,
-                    "--allow-path",
-                    scratch.to_str().unwrap(),
-                    "--allow-path",
-                    model.to_str().unwrap(),
-                ],
-                env: &[],
-            })
-        })
-        .collect();
-    eventually(Duration::from_secs(60), || {
-        s.status(head).filter(|st| all_up(st, names)).map(|_| ())
-    });
-    workers
-}
-
 /// Clause "placement" with the embed job: a head and four workers that
 /// each declare `--resource cpu=2`. PACK puts four one-cpu actors on two
 /// workers, STRICT_SPREAD on four, STRICT_PACK two on one; a STRICT_SPREAD
@@ -867,120 +762,6 @@ fn a_job_grows_onto_workers_that_join_mid_job() {
         "{summary}"
     );
     assert_exactly_once(&out, &ids);
-}
-
-/// Parts written per second over the `window` before `at`, from their
-/// files' times.
-fn rate_before(out: &Path, at: std::time::SystemTime, window: Duration) -> f64 {
-    let from = at - window;
-    let n = parts(out)
-        .values()
-        .filter(|t| **t > from && **t <= at)
-        .count();
-    n as f64 / window.as_secs_f64()
-}
-
-/// How long after `since` the job's rate over the last 10 s is back to
-/// `share` of `base` (parts per second), polling for up to `budget`.
-fn back_to(
-    out: &Path,
-    base: f64,
-    share: f64,
-    since: std::time::Instant,
-    budget: Duration,
-) -> Duration {
-    const WINDOW: Duration = Duration::from_secs(10);
-    let (_, _) = eventually(budget, || {
-        let now = std::time::SystemTime::now();
-        (since.elapsed() >= WINDOW / 2 && rate_before(out, now, WINDOW) >= share * base)
-            .then_some(())
-    });
-    since.elapsed()
-}
-
-/// Clause "fleet: preemption": 30% of the workers killed with SIGKILL
-/// mid-job and replaced, twice (1 of 4, then 2 of 6 once the job grew
-/// onto two more): the killed workers' bundles go to the replacements,
-/// every id comes out exactly once, and the job's throughput (parts per
-/// second over 10 s) is back to 90% of its level before the kill within
-/// 60 s of the replacements being up. Prints what it measured.
-#[test]
-fn a_job_keeps_its_pace_through_thirty_percent_of_its_workers_killed_and_replaced() {
-    let s = Scratch::new("embed-preempt", NODE);
-    let head = s.spawn("head", "head", free_addr(), None, &s.certs());
-    let mut workers = cpu_workers(&s, head.addr, &["k1", "k2", "k3", "k4"], "cpu=1");
-    let (input, ids) = corpus(&s.dir, 16_000);
-    let out = s.dir.join("out-preempt");
-    let running = driver(
-        &s,
-        &head,
-        &input,
-        &out,
-        "preempt",
-        &["--actors", "auto", "--actor-resources", "cpu=1"],
-    );
-    const BASE: Duration = Duration::from_secs(15);
-    let mut measured = Vec::new();
-    for (round, victims, added, fresh) in [
-        (1, &["k1"][..], &[][..], &["r1"][..]),
-        (2, &["k2", "k3"][..], &["k5", "k6"][..], &["r2", "r3"][..]),
-    ] {
-        if !added.is_empty() {
-            workers.extend(cpu_workers(&s, head.addr, added, "cpu=1"));
-            for name in added {
-                eventually(Duration::from_secs(30), || {
-                    (actors_on(&s, &head, name)? >= 1).then_some(())
-                });
-            }
-        }
-        // Its pace, once every actor has worked a while.
-        eventually(Duration::from_secs(180), || {
-            (parts(&out).len() >= 40 * round).then_some(())
-        });
-        std::thread::sleep(BASE);
-        let base = rate_before(&out, std::time::SystemTime::now(), BASE);
-        for name in victims {
-            let at = workers.iter().position(|w| w.name == *name).unwrap();
-            workers.remove(at).signal("-KILL");
-        }
-        // The replacements boot once the victims are gone (seen down), as
-        // a cloud's new machines do: their bundles wait for them.
-        eventually(Duration::from_secs(30), || {
-            let st = s.status(head.addr)?;
-            victims
-                .iter()
-                .all(|v| state_of(&st, v).as_deref() == Some("down"))
-                .then_some(())
-        });
-        workers.extend(cpu_workers(&s, head.addr, fresh, "cpu=1"));
-        let up = std::time::Instant::now();
-        let took = back_to(&out, base, 0.9, up, Duration::from_secs(60));
-        eprintln!(
-            "round {round}: {} of {} workers killed; {base:.2} parts/s before, back to 90% {took:?} after the replacements were up",
-            victims.len(),
-            workers.len() + victims.len() - fresh.len()
-        );
-        measured.push(took);
-        assert!(
-            parts(&out).len() < ids.len().div_ceil(32),
-            "the job finished before round {round} was measured"
-        );
-    }
-    let (ok, summary) = finish(&s, running, "preempt");
-    assert!(ok, "{summary}");
-    assert_exactly_once(&out, &ids);
-    eprintln!("{summary}");
-    // The two workers added between the rounds grew the job; the
-    // replacements took the bundles of the workers killed.
-    assert!(
-        summary.contains("2 actors added as workers joined")
-            && summary.contains(" 3 actor restarts"),
-        "{summary}"
-    );
-    assert!(
-        measured.iter().all(|t| *t <= Duration::from_secs(60)),
-        "{measured:?}"
-    );
 }
 
 /// `node jobs --json` of the head, if it answers.

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
@@ -243,4 +243,116 @@ pub fn s3_put(server: &S3Server, key: &str, bytes: Vec<u8>) {
         .unwrap()
         .block_on(store.put(&key.into(), bytes.into()))
         .unwrap();
+}
+
+/// A running driver; killed if the test ends before it does.
+pub struct Driver(pub Option<std::process::Child>);
+
+impl Driver {
+    /// Kills it now, if it runs.
+    pub fn kill(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts a driver: `node embed --head` with the admin identity.
+pub fn driver(
+    s: &Scratch,
+    head: &Proc,
+    input: &Path,
+    output: &Path,
+    tag: &str,
+    extra: &[&str],
+) -> Driver {
+    driver_env(s, head, input, output, tag, extra, &[])
+}
+
+/// [`driver`] with environment variables set (failpoints).
+// The flags of one driver process, as a test writes them.
+#[allow(clippy::too_many_arguments)]
+pub fn driver_env(
+    s: &Scratch,
+    head: &Proc,
+    input: &Path,
+    output: &Path,
+    tag: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Driver {
+    let log = std::fs::File::create(s.dir.join(format!("driver-{tag}.log"))).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_node"));
+    embed_on_cluster(&mut cmd, input, output, head.addr, &s.certs());
+    cmd.envs(env.iter().copied())
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .map(|child| Driver(Some(child)))
+        .unwrap()
+}
+
+/// Waits for a driver; returns its success and summary line.
+pub fn finish(s: &Scratch, mut driver: Driver, tag: &str) -> (bool, String) {
+    let child = driver.0.take().expect("running");
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        eprintln!(
+            "{}",
+            std::fs::read_to_string(s.dir.join(format!("driver-{tag}.log"))).unwrap_or_default()
+        );
+    }
+    (out.status.success(), stdout)
+}
+
+/// Actors a node runs, as the head's table reports them.
+pub fn actors_on(s: &Scratch, head: &Proc, node: &str) -> Option<u64> {
+    node_of(&s.status(head.addr)?, node)?["actors"].as_u64()
+}
+
+/// Workers `names` of the head at `head` declaring `cpus` (`cpu=N`) and
+/// allowing detached jobs the test's folder and the model, all up.
+pub fn cpu_workers(
+    s: &Scratch,
+    head: std::net::SocketAddr,
+    names: &[&str],
+    cpus: &str,
+) -> Vec<Proc> {
+    // Detached jobs read and write the test's folder and the model only.
+    let scratch = s.dir.canonicalize().unwrap();
+    let model = model().canonicalize().unwrap();
+    let workers = names
+        .iter()
+        .map(|w| {
+            s.issue(w);
+            s.launch(Launch {
+                role: "join",
+                name: w,
+                listen: free_addr(),
+                head: Some(head),
+                flags: &[
+                    "--resource",
+                    cpus,
+                    "--allow-path",
+                    scratch.to_str().unwrap(),
+                    "--allow-path",
+                    model.to_str().unwrap(),
+                ],
+                env: &[],
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(60), || {
+        s.status(head).filter(|st| all_up(st, names)).map(|_| ())
+    });
+    workers
 }

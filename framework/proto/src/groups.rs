@@ -1182,6 +1182,10 @@ impl Groups {
                     e.phase = Phase::Ready;
                     e.was_ready = true;
                     e.why = None;
+                } else if failed.is_empty() {
+                    // Some bundles placed again, others still wait for room.
+                    e.phase = Phase::Waiting;
+                    self.fresh.push(id.clone());
                 } else {
                     e.phase = Phase::Waiting;
                     e.why = Some(format!(
@@ -1259,7 +1263,27 @@ impl Groups {
             .iter()
             .map(|b| e.spec.bundles[*b as usize].clone())
             .collect();
-        let placed = place_more(&self.nodes, &self.reserved, e, bundles);
+        let mut missing = missing;
+        let mut placed = place_more(&self.nodes, &self.reserved, e, bundles);
+        if let Err(why) = &placed
+            && e.was_ready
+            && missing.len() > 1
+        {
+            // Bundles placed again (their nodes lost) go one by one: what
+            // has room goes now, the rest waits for room, and the group
+            // stays rescheduling for them.
+            let one = missing.iter().find_map(|b| {
+                let bundle = e.spec.bundles[*b as usize].clone();
+                place_more(&self.nodes, &self.reserved, e, vec![bundle])
+                    .ok()
+                    .map(|to| (*b, to))
+            });
+            if let Some((b, to)) = one {
+                e.why = Some(why.to_string());
+                missing = vec![b];
+                placed = Ok(to);
+            }
+        }
         match placed {
             Err(why) => {
                 let why = why.to_string();
@@ -1814,6 +1838,29 @@ mod tests {
         let mut out = Vec::new();
         let one = c.create(spec("pack", 1, 0.5, 1000));
         assert!(!c.groups.shrink(&one, 0, &mut out), "never the only one");
+    }
+
+    #[test]
+    fn lost_bundles_are_placed_again_one_by_one_as_room_appears() {
+        let mut c = Cluster::new(&[("a", 1), ("b", 1), ("c", 1), ("d", 1)]);
+        let id = c.create(spec("spread", 4, 1.0, 1000));
+        c.down("c");
+        c.down("d");
+        // Room for neither: both wait.
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Rescheduling);
+        assert_eq!(v.nodes.iter().filter(|n| n.is_empty()).count(), 2);
+        // Room for one: it goes at once, the other still waits.
+        c.join("e", Incarnation::new(1), 1);
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Rescheduling);
+        assert_eq!(v.nodes.iter().filter(|n| n.as_str() == "e").count(), 1);
+        assert!(v.why.is_some(), "it says why the other waits");
+        c.join("f", Incarnation::new(1), 1);
+        let v = c.groups.view(&id).unwrap();
+        assert_eq!(v.state, GroupState::Ready);
+        assert!(v.nodes.iter().all(|n| !n.is_empty()));
+        c.check_accounts();
     }
 
     #[test]

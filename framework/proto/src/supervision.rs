@@ -322,6 +322,8 @@ pub struct Supervision {
     rng: u64,
     /// Children to stop, one at a time, in this order.
     stop_queue: VecDeque<usize>,
+    /// Children let go: removed once stopped, never started again.
+    letting_go: BTreeSet<usize>,
     after: After,
     /// Decided when the intensity was passed.
     escalation: Option<Escalation>,
@@ -356,6 +358,7 @@ impl Supervision {
             last_restart: None,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
             stop_queue: VecDeque::new(),
+            letting_go: BTreeSet::new(),
             after: After::Nothing,
             escalation: None,
             started: false,
@@ -398,6 +401,47 @@ impl Supervision {
         true
     }
 
+    /// Lets the child `id` go: stopped if it runs (after the stops queued
+    /// before it), then never started again, whatever its restart type
+    /// (a pool that shrinks). Returns whether there was such a child still
+    /// to let go.
+    pub fn remove_child(&mut self, now: Instant, id: &str) -> bool {
+        let Some(i) = self.index(id) else {
+            return false;
+        };
+        match self.children[i].state {
+            State::Removed => return false,
+            State::Waiting { .. } | State::Exited => self.children[i].state = State::Removed,
+            State::Stopping { .. } => {
+                self.letting_go.insert(i);
+            }
+            State::Starting | State::Running => {
+                self.letting_go.insert(i);
+                if !self.stop_queue.contains(&i) {
+                    self.stop_queue.push_back(i);
+                }
+                self.advance(now);
+            }
+        }
+        true
+    }
+
+    /// The state of child `i` once a stop asked of it is done: removed if
+    /// it was let go, else exited (a group restart may start it again).
+    fn stopped(&mut self, i: usize) -> State {
+        if self.letting_go.remove(&i) {
+            State::Removed
+        } else {
+            State::Exited
+        }
+    }
+
+    /// Whether the child `id` was asked to stop and has not exited yet.
+    pub fn is_stopping(&self, id: &str) -> bool {
+        self.index(id)
+            .is_some_and(|i| matches!(self.children[i].state, State::Stopping { .. }))
+    }
+
     /// The child `id` runs.
     pub fn handle_started(&mut self, _now: Instant, id: &str) {
         if let Some(c) = self.child_mut(id)
@@ -417,13 +461,13 @@ impl Supervision {
                 let id = self.children[i].spec.id.clone();
                 self.actions
                     .retain(|a| !matches!(a, Action::Stop(c) | Action::Kill(c) if *c == id));
-                self.children[i].state = State::Exited;
+                self.children[i].state = self.stopped(i);
                 self.advance(now);
             }
             State::Starting | State::Running if self.stop_queue.contains(&i) => {
                 // It was going to be stopped anyway.
                 self.stop_queue.retain(|j| *j != i);
-                self.children[i].state = State::Exited;
+                self.children[i].state = self.stopped(i);
                 self.advance(now);
             }
             State::Starting | State::Running => self.exited(now, i, exit),
@@ -1047,6 +1091,27 @@ mod tests {
         sim.run();
         assert!(sim.s.is_finished());
         assert!(!sim.s.add_child(ChildSpec::permanent("c")), "shut down");
+    }
+
+    #[test]
+    fn a_child_let_go_is_stopped_and_never_started_again() {
+        let mut sim = Sim::new(
+            Strategy::OneForAll,
+            5,
+            &[("a", Permanent), ("b", Permanent)],
+        );
+        sim.log.clear();
+        assert!(sim.s.remove_child(sim.now, "b"));
+        sim.run();
+        assert_eq!(std::mem::take(&mut sim.log), [stop("b")]);
+        assert!(!sim.s.is_running("b"));
+        assert!(!sim.s.remove_child(sim.now, "b"), "once");
+        // A sibling's failure under one-for-all does not bring it back.
+        let restarted = sim.exit("a", Failure);
+        assert_eq!(restarted, [start("a")]);
+        sim.advance(Duration::from_secs(60));
+        assert!(!sim.s.is_running("b"));
+        assert!(!sim.s.remove_child(sim.now, "nope"));
     }
 
     #[test]

@@ -535,6 +535,7 @@ where
             ready,
             keep,
             joins: tx,
+            grown: Default::default(),
         };
         let task = tokio::spawn(growth.run(have, most));
         stopper.grower = Some(task.abort_handle());
@@ -552,6 +553,9 @@ struct Growth<M, A, F, K> {
     ready: F,
     keep: K,
     joins: mpsc::UnboundedSender<Grown<M>>,
+    /// Numbers the actors grown: a bundle given back and grown again
+    /// holds a child of another id.
+    grown: std::sync::atomic::AtomicU32,
 }
 
 impl<M, A, R, F, Fut, K> Growth<M, A, F, K>
@@ -571,17 +575,75 @@ where
         // Members whose actor was not kept: a bundle placed there again is
         // given back at once.
         let mut refused: std::collections::BTreeSet<MemberName> = Default::default();
-        while have < most {
+        // The bundles grown, last on top, with their children.
+        let mut grown_here: Vec<(u32, String)> = Vec::new();
+        loop {
+            if self.give_way(&mut grown_here).await {
+                have -= 1;
+            } else if have < most && self.grow_once(&one, &mut refused, &mut grown_here).await {
+                have += 1;
+                tracing::info!(actors = have, "the job grew onto a worker with room");
+                continue;
+            }
+            if tokio::time::timeout(GROW_RETRY, members.changed())
+                .await
+                .is_ok_and(|changed| changed.is_err())
+            {
+                return;
+            }
+        }
+    }
+
+    /// A bundle of the group lost with its node and waiting for room
+    /// (the group rescheduling, under PACK or SPREAD) takes the place of
+    /// the last bundle grown: that actor is let go and its bundle given
+    /// back, so a replacement taken for growth before its predecessor was
+    /// found down serves the lost bundle. Returns whether it did.
+    async fn give_way(&self, grown_here: &mut Vec<(u32, String)>) -> bool {
+        let Ok(Some(view)) = self.node.group(&self.group).await else {
+            return false;
+        };
+        let waits = view.state == flotilla::placement_groups::GroupState::Rescheduling
+            && view.why.is_some()
+            && !view.strategy.starts_with("strict")
+            && view.nodes.iter().any(|n| n.is_empty());
+        let Some((bundle, child)) = grown_here.last().cloned().filter(|_| waits) else {
+            return false;
+        };
+        // Told, not asked: a supervisor starting the lost bundle's actor
+        // again waits for that bundle to be placed, which this gives room
+        // for; it lets the actor go once that start is done.
+        let (port, _) = flotilla::ractor::concurrency::oneshot();
+        if self
+            .supervisor
+            .cast(SupervisorMsg::Remove(child.clone(), port.into()))
+            .is_err()
+        {
+            return false;
+        }
+        grown_here.pop();
+        tracing::info!(actor = %child, "a lost bundle waits for room: the last actor grown gives way to it");
+        if let Err(e) = self.node.shrink_group(&self.group, bundle).await {
+            tracing::warn!(group = %self.group, error = %e, "cannot give back the bundle of an actor let go");
+        }
+        true
+    }
+
+    /// Grows the group by one bundle and starts its actor; returns whether
+    /// the job has one more actor.
+    async fn grow_once(
+        &self,
+        one: &flotilla::placement_groups::Resources,
+        refused: &mut std::collections::BTreeSet<MemberName>,
+        grown_here: &mut Vec<(u32, String)>,
+    ) -> bool {
+        {
             match self.node.grow_group(&self.group, one.clone()).await {
-                Ok(bundle) => match self.start(bundle as usize, &refused).await {
+                Ok(bundle) => match self.start(bundle as usize, refused).await {
                     Ok(grown) => {
-                        tracing::info!(member = %grown.member, actor = %grown.child, actors = have + 1,
-                            "the job grew onto a worker with room");
-                        have += 1;
-                        if self.joins.send(grown).is_err() {
-                            return;
-                        }
-                        continue;
+                        tracing::info!(member = %grown.member, actor = %grown.child, "actor started in a grown bundle");
+                        grown_here.push((bundle, grown.child.clone()));
+                        return self.joins.send(grown).is_ok();
                     }
                     Err((member, why)) => {
                         if let Some(member) = member {
@@ -600,13 +662,8 @@ where
                     tracing::warn!(group = %self.group, error = %e, "cannot grow the job's group")
                 }
             }
-            if tokio::time::timeout(GROW_RETRY, members.changed())
-                .await
-                .is_ok_and(|changed| changed.is_err())
-            {
-                return;
-            }
         }
+        false
     }
 
     /// Spawns the actor of the new bundle `bundle` once it is placed,
@@ -631,7 +688,10 @@ where
             return Err((Some(member), "its actor was not kept before".into()));
         }
         let fail = |why: String| (Some(member.clone()), why);
-        let name = format!("{}.{}.{bundle}", self.placement.name, self.group);
+        let n = self
+            .grown
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{}.{}.{bundle}.g{n}", self.placement.name, self.group);
         let actor: ActorRef<M> = self
             .node
             .spawn_on(

@@ -550,6 +550,12 @@ impl<M: flotilla::ractor::Message> Members<M> {
                         tracing::warn!(actor = %child, ?exit, restart = restarting, in_flight = pipeline.in_flight(),
                             "actor exited; its batches go to the other actors");
                     }
+                    if !restarting {
+                        // Let go for good: its share of the batches in
+                        // flight goes with it.
+                        let max = pipeline.max_in_flight().saturating_sub(self.share);
+                        pipeline.set_max_in_flight(max);
+                    }
                     if let Some(batch) = charged
                         && splits.forgive(batch)
                         && restarting

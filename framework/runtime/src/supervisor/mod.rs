@@ -234,6 +234,9 @@ pub enum SupervisorMsg {
     /// Add a child, started at once (see
     /// [`Supervision::add_child`]); answers whether it was added.
     Add(Child, RpcReplyPort<bool>),
+    /// Let a child go: stopped, never started again (see
+    /// [`Supervision::remove_child`]); answers whether there was one.
+    Remove(String, RpcReplyPort<bool>),
     /// Its children and their restarts.
     Status(RpcReplyPort<Vec<ChildReport>>),
     /// The last restart of this child was caused by the work it was
@@ -466,6 +469,14 @@ impl SupervisorState {
 
     fn exited(&mut self, id: String, exit: Exit) {
         tracing::info!(child = %id, ?exit, "child exited");
+        // A child this supervisor asked to stop (a shutdown, a sibling's
+        // restart, let go) stopped: its owner hears a shutdown, whatever a
+        // remote exit reads as.
+        let exit = if self.policy.is_stopping(&id) {
+            Exit::Shutdown
+        } else {
+            exit
+        };
         self.policy.handle_exit(now(), &id, exit);
         self.tell_escalation();
         let restarting = self.policy.is_restarting(&id);
@@ -605,6 +616,9 @@ impl Actor for Supervisor {
                     state.starts.insert(id, child.start);
                 }
                 let _ = port.send(added);
+            }
+            SupervisorMsg::Remove(id, port) => {
+                let _ = port.send(state.policy.remove_child(now(), &id));
             }
             SupervisorMsg::Pardon(child) => {
                 if state.policy.pardon(&child) {
