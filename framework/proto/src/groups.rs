@@ -740,8 +740,9 @@ impl Groups {
         if bundle != last || last == 0 || e.in_flight().is_some() {
             return false;
         }
+        let bundles = e.spec.bundles.clone();
         let held = e.nodes.pop().flatten();
-        let resources = e.spec.bundles.pop().unwrap_or_default();
+        e.spec.bundles.pop();
         e.lost_from.remove(&bundle);
         e.unconfirmed.remove(&bundle);
         e.revision += 1;
@@ -750,8 +751,6 @@ impl Groups {
             e.was_ready = true;
         }
         if let Some(node) = held {
-            let mut bundles = vec![Resources::new(); bundle as usize];
-            bundles.push(resources);
             self.release(id, &bundles, [(node, vec![bundle])].into(), out);
         }
         out.push(Action::Changed(id.clone()));

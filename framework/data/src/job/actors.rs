@@ -637,33 +637,33 @@ where
         refused: &mut std::collections::BTreeSet<MemberName>,
         grown_here: &mut Vec<(u32, String)>,
     ) -> bool {
-        {
-            match self.node.grow_group(&self.group, one.clone()).await {
-                Ok(bundle) => match self.start(bundle as usize, refused).await {
-                    Ok(grown) => {
-                        tracing::info!(member = %grown.member, actor = %grown.child, "actor started in a grown bundle");
-                        grown_here.push((bundle, grown.child.clone()));
-                        return self.joins.send(grown).is_ok();
+        let bundle = match self.node.grow_group(&self.group, one.clone()).await {
+            Ok(bundle) => bundle,
+            Err(PlacementError::NotGrown { .. }) => return false,
+            Err(e) => {
+                tracing::warn!(group = %self.group, error = %e, "cannot grow the job's group");
+                return false;
+            }
+        };
+        match self.start(bundle as usize, refused).await {
+            Ok(grown) => {
+                tracing::info!(member = %grown.member, actor = %grown.child, "actor started in a grown bundle");
+                grown_here.push((bundle, grown.child.clone()));
+                self.joins.send(grown).is_ok()
+            }
+            Err((member, why)) => {
+                if let Some(member) = member {
+                    if !refused.contains(&member) {
+                        tracing::warn!(%member, error = %why, "no actor of the job grown onto this member");
                     }
-                    Err((member, why)) => {
-                        if let Some(member) = member {
-                            if !refused.contains(&member) {
-                                tracing::warn!(%member, error = %why, "no actor of the job grown onto this member");
-                            }
-                            refused.insert(member);
-                        }
-                        if let Err(e) = self.node.shrink_group(&self.group, bundle).await {
-                            tracing::warn!(group = %self.group, error = %e, "cannot give back a bundle grown for nothing");
-                        }
-                    }
-                },
-                Err(PlacementError::NotGrown { .. }) => {}
-                Err(e) => {
-                    tracing::warn!(group = %self.group, error = %e, "cannot grow the job's group")
+                    refused.insert(member);
                 }
+                if let Err(e) = self.node.shrink_group(&self.group, bundle).await {
+                    tracing::warn!(group = %self.group, error = %e, "cannot give back a bundle grown for nothing");
+                }
+                false
             }
         }
-        false
     }
 
     /// Spawns the actor of the new bundle `bundle` once it is placed,
