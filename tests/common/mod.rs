@@ -65,16 +65,22 @@ print(json.dumps({
     "lang": t.column("lang").to_pylist() if "lang" in t.schema.names else None,
 }))
 "#;
-    let out = Command::new(test_python())
-        .args(["-c", READ, parts.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = succeeded(Command::new(test_python()).args(["-c", READ, parts.to_str().unwrap()]));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Runs `cmd` to its end, asserting it succeeded (showing what it said
+/// otherwise); its standard output.
+pub fn succeeded(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "{}",
+        "{cmd:?}: {}\n{stdout}{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    stdout
 }
 
 /// The cosine of two vectors.

@@ -147,7 +147,7 @@ pub enum Unauthorized {
     /// A drain of another member than the caller, by a role other than
     /// an admin's or the head's.
     #[error(
-        "NODE-AUTH-031: a worker may drain only itself; draining another member takes an admin's certificate"
+        "NODE-AUTH-031: a worker may drain only itself or another process of its pool; draining another member takes an admin's certificate"
     )]
     Drain,
 }
@@ -194,7 +194,8 @@ pub fn may_stop(sender: Sender<'_>, owner: &str, head: &str) -> Result<(), Unaut
 }
 
 /// Whether `sender` may drain the member `name`: a worker itself (its
-/// preemption notice), an admin or the head any member.
+/// preemption notice) or another process of its pool (one certificate,
+/// one principal), an admin or the head any member.
 pub fn may_drain(sender: Sender<'_>, name: &str) -> Result<(), Unauthorized> {
     match sender {
         Sender::Local
@@ -205,7 +206,7 @@ pub fn may_drain(sender: Sender<'_>, name: &str) -> Result<(), Unauthorized> {
         Sender::Peer {
             member,
             role: Role::Worker,
-        } if member == name => Ok(()),
+        } if principal_of(member) == principal_of(name) => Ok(()),
         Sender::Peer { .. } | Sender::Unknown => Err(Unauthorized::Drain),
     }
 }
@@ -453,6 +454,14 @@ mod tests {
             );
             assert_eq!(may_drain(s, "other").is_ok(), any, "{role}: drain another");
         }
+        // The processes of a worker pool share a certificate: each may
+        // drain the others (its pod's preStop hook speaks as the pool),
+        // and no other worker's.
+        let pod = peer("pool~pod-a", Role::Worker);
+        assert_eq!(may_drain(pod, "pool~pod-b"), Ok(()));
+        assert_eq!(may_drain(peer("pool", Role::Worker), "pool~pod-b"), Ok(()));
+        assert_eq!(may_drain(pod, "w1"), Err(Unauthorized::Drain));
+        assert_eq!(may_drain(pod, "w1~pod-a"), Err(Unauthorized::Drain));
         // A job is owned by the certificate: any process of it may stop it.
         assert_eq!(
             may_stop_job(peer("alice~01", Role::Driver), Some("alice")),

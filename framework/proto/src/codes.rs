@@ -267,9 +267,15 @@ pub const CODES: &[Code] = &[
     ),
     code(
         "NODE-AUTH-031",
-        "A worker may drain only itself; draining another member takes an admin's certificate",
+        "A worker may drain only itself (or another process of its pool); draining another member takes an admin's certificate",
         "Drain with an admin's certificate (`node certs issue --role admin`)",
         &["framework/proto/src/authority.rs"],
+    ),
+    code(
+        "NODE-AUTH-032",
+        "An instance name was given to a node whose certificate is not a worker's, or the name is not a DNS label",
+        "Give --instance to workers only, as a pod's name: lowercase letters, digits and '-', at most 63",
+        &["framework/runtime/src/node/builder.rs"],
     ),
     code(
         "NODE-BULK-001",

@@ -286,13 +286,22 @@ mod tests {
             check_hello(&hello("n1", Purpose::Control), "n1", None, &COOKIE),
             Err(Refusal::NoRole)
         );
-        // An admin's process speaks with an instance tag; a worker without.
+        // An admin's process speaks with an instance tag; a worker as
+        // itself, or as a pool's instance named by a DNS label.
         assert_eq!(
             check_hello(&hello("admin", Purpose::Control), "admin", A, &COOKIE),
             Err(Refusal::IdentityMismatch)
         );
         assert_eq!(
-            check_hello(&hello("n1~0a", Purpose::Control), "n1", W, &COOKIE),
+            check_hello(&hello("n1~pod-0a", Purpose::Control), "n1", W, &COOKIE),
+            Ok(())
+        );
+        assert_eq!(
+            check_hello(&hello("n1~Pod_0a", Purpose::Control), "n1", W, &COOKIE),
+            Err(Refusal::IdentityMismatch)
+        );
+        assert_eq!(
+            check_hello(&hello("n2~pod-0a", Purpose::Control), "n1", W, &COOKIE),
             Err(Refusal::IdentityMismatch)
         );
     }

@@ -33,7 +33,7 @@ use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::ledger::Held;
 use crate::resources::Resources;
-use crate::role::{MAX_MEMBERS_PER_PRINCIPAL, Role, principal_of};
+use crate::role::{MAX_MEMBERS_PER_PRINCIPAL, Role, has_instance, principal_of};
 
 /// Failure-detector timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +42,10 @@ pub struct DetectorConfig {
     pub heartbeat_interval: Duration,
     /// Silence after which a member is marked down.
     pub down_after: Duration,
-    /// How long a member of a role that runs many processes (a driver, an
-    /// admin's or an observer's, whose instance names never come back)
-    /// stays in the table once it left or is down, before it is forgotten.
+    /// How long a member with an instance tag (a driver's, an admin's or an
+    /// observer's process, or a pooled worker's, whose names rarely come
+    /// back) stays in the table once it left or is down, before it is
+    /// forgotten.
     pub forget_after: Duration,
 }
 
@@ -325,8 +326,8 @@ pub struct Membership {
     silence: BTreeSet<(Instant, MemberName)>,
     /// `(version of last change, name)` of every member.
     changes: BTreeSet<(u64, MemberName)>,
-    /// `(when it ended, name)` of every member of a role that runs many
-    /// processes that left or is down: forgotten after `forget_after`.
+    /// `(when it ended, name)` of every member with an instance tag that
+    /// left or is down: forgotten after `forget_after`.
     ended: BTreeSet<(Instant, MemberName)>,
     /// `version → name` of the members forgotten lately, so that changes
     /// since a version can say which to drop (the last
@@ -355,14 +356,11 @@ impl Membership {
         }
     }
 
-    /// Records that `name` left or went down at `now`: a member of a role
-    /// that runs many processes is forgotten `forget_after` later.
+    /// Records that `name` left or went down at `now`: a member with an
+    /// instance tag (a tool's process, or a pooled worker's) is forgotten
+    /// `forget_after` later.
     fn ended_at(&mut self, now: Instant, name: &str) {
-        if self
-            .members
-            .get(name)
-            .is_some_and(|e| !e.view.role.is_singular())
-        {
+        if self.members.contains_key(name) && has_instance(name) {
             self.ended.insert((now, MemberName::from(name)));
         }
     }
@@ -908,16 +906,23 @@ mod tests {
             .unwrap();
         m.join(t0, req("alice~0b", Incarnation::new(1)), Role::Driver)
             .unwrap();
+        m.join(t0, req("pool~pod-a", Incarnation::new(1)), Role::Worker)
+            .unwrap();
         let v = m.version();
         assert!(m.leave(t0, "admin~0a", Incarnation::new(1)));
         assert!(m.leave(t0, "w1", Incarnation::new(1)));
+        assert!(m.leave(t0, "pool~pod-a", Incarnation::new(1)));
         // alice falls silent: down, then forgotten too.
         let down = t0 + config.down_after * 2;
         assert_eq!(m.poll_down(down), vec!["alice~0b".to_owned()]);
         let first = t0 + config.forget_after;
         assert_eq!(m.poll_timeout(), Some(first));
         assert!(m.poll_forget(first - Duration::from_millis(1)).is_empty());
-        assert_eq!(m.poll_forget(first), vec!["admin~0a".to_owned()]);
+        assert_eq!(
+            m.poll_forget(first),
+            vec!["admin~0a".to_owned(), "pool~pod-a".to_owned()],
+            "a pooled worker's process is forgotten as a tool's"
+        );
         assert_eq!(
             m.poll_forget(down + config.forget_after),
             vec!["alice~0b".to_owned()]
@@ -928,7 +933,7 @@ mod tests {
             MemberState::Left,
             "a worker's name stays"
         );
-        assert_eq!(m.removed_since(v), ["admin~0a", "alice~0b"]);
+        assert_eq!(m.removed_since(v), ["admin~0a", "pool~pod-a", "alice~0b"]);
         assert!(m.removed_since(m.version()).is_empty());
         assert_eq!(m.poll_timeout(), None);
     }

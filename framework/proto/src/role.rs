@@ -10,9 +10,20 @@
 //! under a name of its own, the principal's followed by `~` and a random
 //! instance tag, so their groups, actors and sessions never collide.
 //!
+//! A *pool* of workers (the pods of one Kubernetes Deployment, which
+//! share one Secret) holds one worker certificate: each of its processes
+//! names its instance (`node join --instance`, the pod's name), a DNS
+//! label, and speaks as the principal's name, `~` and that label. One
+//! live process per such name still holds; the pool's processes are one
+//! principal (revoking the certificate revokes them all, and each may
+//! drain the others), and they hold at most
+//! [`MAX_MEMBERS_PER_PRINCIPAL`] entries of the member table between
+//! them, those ended being forgotten as a tool's are.
+//!
 //! ```text
-//! certificate  name "w1",    role worker    ─► member "w1"
-//! certificate  name "admin", role admin     ─► members "admin~3f09c1d2e4b5a697", "admin~…", …
+//! certificate  name "w1",      role worker  ─► member "w1"
+//! certificate  name "workers", role worker  ─► members "workers~pod-7d9f-x2k4q", "workers~…", …
+//! certificate  name "admin",   role admin   ─► members "admin~3f09c1d2e4b5a697", "admin~…", …
 //! ```
 
 use rkyv::{Archive, Deserialize, Serialize};
@@ -108,6 +119,36 @@ pub const INSTANCE_SEPARATOR: char = '~';
 /// Longest instance tag.
 pub const MAX_INSTANCE_LEN: usize = 32;
 
+/// Longest instance name of a pooled worker (a DNS label's length).
+pub const MAX_WORKER_INSTANCE_LEN: usize = 63;
+
+/// Whether `instance` may name a pooled worker's process: a DNS label
+/// (lowercase letters, digits and `-`, neither first nor last, at most
+/// [`MAX_WORKER_INSTANCE_LEN`] long), as a pod's name is.
+pub fn is_worker_instance(instance: &str) -> bool {
+    !instance.is_empty()
+        && instance.len() <= MAX_WORKER_INSTANCE_LEN
+        && !instance.starts_with('-')
+        && !instance.ends_with('-')
+        && instance
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-'))
+}
+
+/// The member name of the pooled worker process `instance` holding the
+/// worker certificate `principal`; `None` where `instance` is not a DNS
+/// label ([`is_worker_instance`]).
+pub fn worker_instance_name(principal: &str, instance: &str) -> Option<String> {
+    is_worker_instance(instance).then(|| format!("{principal}{INSTANCE_SEPARATOR}{instance}"))
+}
+
+/// Whether `member` carries an instance tag: a tool's process or a
+/// pooled worker's, forgotten some time after it ends (the principal's
+/// own name is kept, as a worker's, to fence its later incarnations).
+pub fn has_instance(member: &str) -> bool {
+    member.contains(INSTANCE_SEPARATOR)
+}
+
 /// Most entries one certificate (principal) may hold in the member table:
 /// its processes up, and those ended and not yet forgotten.
 pub const MAX_MEMBERS_PER_PRINCIPAL: usize = 64;
@@ -133,18 +174,22 @@ pub fn member_name(principal: &str, role: Role, instance: u64) -> String {
 
 /// Whether a peer whose certificate names `principal` with `role` may
 /// speak under `member`: a singular role under the principal's own name,
-/// any other under the principal's name with an instance tag of
-/// lowercase hex digits.
+/// a worker also under the principal's name with an instance name (a
+/// pool's process, [`is_worker_instance`]), any other role under the
+/// principal's name with an instance tag of lowercase hex digits.
 pub fn may_speak_as(member: &str, principal: &str, role: Role) -> bool {
     match member.split_once(INSTANCE_SEPARATOR) {
         None => role.is_singular() && member == principal,
-        Some((p, tag)) => {
-            !role.is_singular()
-                && p == principal
-                && !tag.is_empty()
-                && tag.len() <= MAX_INSTANCE_LEN
-                && tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        }
+        Some((p, tag)) if p == principal => match role {
+            Role::Head => false,
+            Role::Worker => is_worker_instance(tag),
+            Role::Driver | Role::Admin | Role::Observer => {
+                !tag.is_empty()
+                    && tag.len() <= MAX_INSTANCE_LEN
+                    && tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            }
+        },
+        Some(_) => false,
     }
 }
 
@@ -175,9 +220,24 @@ mod tests {
         assert_eq!(principal_of("w1"), "w1");
         assert!(may_speak_as("w1", "w1", Role::Worker));
         assert!(may_speak_as(&m, "admin", Role::Admin));
-        // A worker may not take an instance name, nor a tool the bare one.
-        assert!(!may_speak_as("w1~00ab", "w1", Role::Worker));
+        // A tool may not take the bare name, nor the head an instance.
         assert!(!may_speak_as("admin", "admin", Role::Admin));
+        assert!(!may_speak_as("head~00ab", "head", Role::Head));
+        // A pool's worker speaks under its instance, a DNS label.
+        let pod = worker_instance_name("workers", "flotilla-worker-7d9f-x2k4q").unwrap();
+        assert!(may_speak_as(&pod, "workers", Role::Worker));
+        assert!(has_instance(&pod) && !has_instance("w1"));
+        assert_eq!(principal_of(&pod), "workers");
+        assert!(!may_speak_as(&pod, "w1", Role::Worker));
+        assert!(!may_speak_as(&pod, "workers", Role::Driver));
+        for bad in ["", "-a", "a-", "Pod", "a.b", "a~b", "a_b", &"a".repeat(64)] {
+            assert!(worker_instance_name("workers", bad).is_none(), "{bad:?}");
+            assert!(
+                !may_speak_as(&format!("workers~{bad}"), "workers", Role::Worker),
+                "{bad:?}"
+            );
+        }
+        assert!(worker_instance_name("workers", &"a".repeat(63)).is_some());
         // Another principal's name, or a malformed tag.
         assert!(!may_speak_as("w2", "w1", Role::Worker));
         assert!(!may_speak_as("alice~00ab", "admin", Role::Admin));

@@ -87,7 +87,7 @@ pub enum ModelOp {
 pub struct ObjectsArgs {
     /// Address of the head to join; with a head set, every head's
     /// (repeat the flag, or separate them with commas).
-    #[arg(long, global = true, value_delimiter = ',')]
+    #[arg(long, global = true, value_delimiter = ',', value_parser = flotilla::config::parse_address)]
     pub head: Vec<SocketAddr>,
     /// Folder with ca.crt, the node's certificate and the cluster cookie.
     #[arg(long, global = true, default_value = "certs")]
@@ -131,7 +131,7 @@ pub enum ObjectsOp {
 pub struct JobsArgs {
     /// Address of the head; with a head set, every head's (repeat the
     /// flag, or separate them with commas): the active one answers.
-    #[arg(long, global = true, value_delimiter = ',')]
+    #[arg(long, global = true, value_delimiter = ',', value_parser = flotilla::config::parse_address)]
     pub head: Vec<SocketAddr>,
     /// Folder with ca.crt and the identity's certificate.
     #[arg(long, global = true, default_value = "certs")]
@@ -273,6 +273,11 @@ pub struct NodeArgs {
     /// Node name; must equal the name in its certificate.
     #[arg(long)]
     pub name: Option<String>,
+    /// Instance name of a pooled worker (join only), a DNS label such as
+    /// its pod's name: the worker joins as `NAME~INSTANCE`, so the pods of
+    /// one Deployment share one worker certificate.
+    #[arg(long)]
+    pub instance: Option<String>,
     /// UDP address to listen on.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
@@ -293,10 +298,11 @@ pub struct NodeArgs {
     /// pull objects over the network instead.
     #[arg(long)]
     pub host_id: Option<String>,
-    /// Address of the head (join only); with a head set, every head's
+    /// Address of the head (join only), `IP:PORT` or `HOST:PORT`; with a
+    /// head set, every head's
     /// (repeat the flag, or separate them with commas), the primary's
     /// first: the node fails over to the next when one cannot be reached.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = flotilla::config::parse_address)]
     pub head: Vec<SocketAddr>,
     /// Object-store URL (such as `s3://bucket/heads`) the heads of a head
     /// set share (head only): each holds the lease there in turn, and the
@@ -379,7 +385,9 @@ pub struct NodeArgs {
 /// Flags of `node drain`.
 #[derive(Debug, Args)]
 pub struct DrainArgs {
-    /// The member to drain, as `node status` names it.
+    /// The member to drain, as `node status` names it (default: the
+    /// environment's FLOTILLA_MEMBER, which a pod's preStop hook inherits).
+    #[arg(env = "FLOTILLA_MEMBER")]
     pub member: String,
     /// Seconds the member is given to hand back what it holds before it
     /// leaves anyway.
@@ -387,13 +395,13 @@ pub struct DrainArgs {
     pub deadline: u64,
     /// Address of the head; with a head set, every head's (repeat the
     /// flag, or separate them with commas): the active one answers.
-    #[arg(long, required = true, value_delimiter = ',')]
+    #[arg(long, required = true, value_delimiter = ',', value_parser = flotilla::config::parse_address)]
     pub head: Vec<SocketAddr>,
     /// Folder with ca.crt and the identity's certificate.
     #[arg(long, default_value = "certs")]
     pub certs: PathBuf,
     /// Identity to use: an admin's drains any member, a worker's only
-    /// that worker (its own preStop hook).
+    /// that worker, or the processes of its pool (a pod's preStop hook).
     #[arg(long, default_value = "admin")]
     pub name: String,
     /// Return once the head marks the member draining, without waiting
@@ -408,7 +416,7 @@ pub struct StatusArgs {
     /// Address of the head (or of any member, for its view); with a head
     /// set, every head's (repeat the flag, or separate them with commas):
     /// the active one answers.
-    #[arg(long, required = true, value_delimiter = ',')]
+    #[arg(long, required = true, value_delimiter = ',', value_parser = flotilla::config::parse_address)]
     pub head: Vec<SocketAddr>,
     /// Folder with ca.crt and the identity's certificate.
     #[arg(long)]
@@ -446,6 +454,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     name: Option<String>,
+    instance: Option<String>,
     listen: Option<SocketAddr>,
     advertise: Option<SocketAddr>,
     bulk_listen: Option<SocketAddr>,
@@ -739,6 +748,12 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
         args.head
     };
     let mut config = NodeConfig::new(name, listen, certs);
+    config.instance = args.instance.or(file.instance);
+    if config.instance.is_some() && !join {
+        return Err(ConfigError::Invalid(
+            "instance names a pooled worker's process; a head has none".into(),
+        ));
+    }
     match (join, heads.split_first()) {
         (true, None) => return Err(ConfigError::Missing("head")),
         (true, Some((first, others))) => {
@@ -1008,6 +1023,29 @@ mod tests {
             node_config(a, true),
             Err(ConfigError::Missing("head"))
         ));
+    }
+
+    #[test]
+    fn a_pooled_worker_takes_its_instance_and_a_head_none() {
+        let mut a = args();
+        a.instance = Some("flotilla-worker-7d9f-x2k4q".into());
+        let c = node_config(a, true).unwrap().config;
+        assert_eq!(c.instance.as_deref(), Some("flotilla-worker-7d9f-x2k4q"));
+        let mut a = args();
+        a.head = Vec::new();
+        a.instance = Some("pod-a".into());
+        let err = node_config(a, false).unwrap_err();
+        assert!(err.to_string().contains("instance"), "{err}");
+        // Heads by name, as a Kubernetes service names its pods.
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["node", "join", "--name", "w", "--head", "localhost:7400"])
+            .unwrap();
+        let Command::Join(a) = cli.command else {
+            panic!("join")
+        };
+        assert!(a.head[0].ip().is_loopback() && a.head[0].port() == 7400);
+        let err = Cli::try_parse_from(["node", "join", "--head", "no-port"]).unwrap_err();
+        assert!(err.to_string().contains("HOST:PORT"), "{err}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub struct Join {
     /// this process. With a head set, every head's address (repeat the
     /// flag, or separate them with commas): the driver fails over to the
     /// head that takes over.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = flotilla::config::parse_address)]
     pub head: Vec<SocketAddr>,
     /// Folder with ca.crt and the driver's certificate (with --head).
     #[arg(long, default_value = "certs")]

@@ -84,6 +84,19 @@ pub enum StartError {
         /// Its role.
         role: flotilla_proto::role::Role,
     },
+    /// An instance name was given to a node that is not a worker, or is
+    /// not a DNS label.
+    #[error(
+        "NODE-AUTH-032: instance {instance:?} for {name}.crt (role {role}): only a worker joins under an instance name, a DNS label (lowercase letters, digits and '-', at most 63)"
+    )]
+    Instance {
+        /// The certificate's name.
+        name: String,
+        /// Its role.
+        role: flotilla_proto::role::Role,
+        /// The instance name refused.
+        instance: String,
+    },
     /// Neither the configuration nor the certificates folder gives a
     /// cluster cookie.
     #[error(
@@ -135,6 +148,7 @@ impl StartError {
             | Self::NoCookie(_)
             | Self::NoRole(_)
             | Self::NotHeadRole { .. }
+            | Self::Instance { .. }
             | Self::State(_)
             | Self::Store(_)
             | Self::Resource(_) => 2,
@@ -719,9 +733,19 @@ impl Credentials {
             .clone()
             .or_else(|| certs.cookie.clone())
             .ok_or_else(|| StartError::NoCookie(config.certs.clone()))?;
+        let member_name = match &config.instance {
+            None => role::member_name(&config.name, role, crate::nonce::nonce()),
+            Some(instance) => role::worker_instance_name(&config.name, instance)
+                .filter(|_| role == Role::Worker)
+                .ok_or_else(|| StartError::Instance {
+                    name: config.name.clone(),
+                    role,
+                    instance: instance.clone(),
+                })?,
+        };
         Ok(Self {
             role,
-            member_name: role::member_name(&config.name, role, crate::nonce::nonce()),
+            member_name,
             seal_key: certs.derived_key("placement-groups"),
             cookie,
             tls: flotilla_transport::tls::refuse_every_client_tls(&certs)?,
@@ -864,7 +888,7 @@ fn identity_of(
         .clone()
         .unwrap_or_else(crate::node::host::detect_host_id);
     let record = creds.role.is_singular().then(|| {
-        IncarnationRecord::new(config.state_folder(), &config.name).above(incarnation_above)
+        IncarnationRecord::new(config.state_folder(), &creds.member_name).above(incarnation_above)
     });
     let identity = Identity::new(
         MemberName::from(creds.member_name.clone()),

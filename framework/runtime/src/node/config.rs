@@ -17,6 +17,11 @@ pub struct NodeConfig {
     /// the member `NAME~TAG`, with a tag of its own (see
     /// [`flotilla_proto::role`]).
     pub name: String,
+    /// A pooled worker's instance name (a DNS label, such as its pod's
+    /// name): the worker joins as the member `NAME~INSTANCE`, so that the
+    /// processes of one pool share one worker certificate (see
+    /// [`flotilla_proto::role`]). Workers only.
+    pub instance: Option<String>,
     /// UDP address to listen on.
     pub listen: SocketAddr,
     /// Address other members dial; defaults to `listen`.
@@ -77,6 +82,7 @@ impl NodeConfig {
     pub fn new(name: impl Into<String>, listen: SocketAddr, certs: impl Into<PathBuf>) -> Self {
         Self {
             name: name.into(),
+            instance: None,
             listen,
             advertise: None,
             head: None,
@@ -163,4 +169,31 @@ pub fn route_to(head: SocketAddr) -> SocketAddr {
         .map(|a| a.ip())
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
     SocketAddr::new(ip, 0)
+}
+
+/// Reads an address as flags give it: `IP:PORT`, or `HOST:PORT` looked up
+/// with the system's resolver (the first address it gives), as a
+/// Kubernetes service's name is (`flotilla-head-0.flotilla-head:7400`).
+///
+/// ```
+/// let a = flotilla::config::parse_address("127.0.0.1:7400").unwrap();
+/// assert_eq!(a.port(), 7400);
+/// let l = flotilla::config::parse_address("localhost:7400").unwrap();
+/// assert!(l.ip().is_loopback());
+/// assert!(flotilla::config::parse_address("no-port").is_err());
+/// ```
+pub fn parse_address(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    if s.rsplit_once(':')
+        .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+    {
+        return Err(format!("{s:?} is not HOST:PORT"));
+    }
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .map_err(|e| format!("cannot look up {s:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{s:?} names no address"))
 }
