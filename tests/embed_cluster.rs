@@ -725,7 +725,7 @@ fn a_worker_drained_mid_job_hands_its_work_back_uncharged_and_leaves() {
 /// Clause "growth": `--actors 1..3` starts once one actor is placed, and
 /// each worker that joins mid-job runs an actor of the job within 10 s of
 /// being up; the job completes exactly once, its summary counting the
-/// actors added.
+/// actors added, and the actors let go at its tail.
 #[test]
 fn a_job_grows_onto_workers_that_join_mid_job() {
     let s = Scratch::new("embed-grow", NODE);
@@ -757,10 +757,16 @@ fn a_job_grows_onto_workers_that_join_mid_job() {
     );
     let (ok, summary) = finish(&s, running, "grow");
     assert!(ok, "{summary}");
+    eprintln!("{summary}");
     assert!(
         summary.contains("on 1 actors") && summary.contains("2 actors added as workers joined"),
         "{summary}"
     );
+    // At its tail, with one batch left on one of three actors, at least
+    // one idle actor beyond the spare is let go (down to MIN, 1).
+    assert!(summary.contains("let go as the work ran out"), "{summary}");
+    let log = std::fs::read_to_string(s.dir.join("driver-grow.log")).unwrap();
+    assert!(!log.contains("cannot give back"), "{log}");
     assert_exactly_once(&out, &ids);
 }
 

@@ -143,16 +143,18 @@ async fn start_workers(
     let at = placed.placed.clone();
     // `--actors MIN..MAX` or `auto`: the job grows onto workers that join.
     let slots = placed.actors.len();
-    let most = config
-        .job
-        .actors
-        .filter(|a| a.grows())
-        .map_or(slots, |a| a.most(slots));
+    // It lets actors go at its tail, down to MIN (or one, for `auto`).
+    let growing = config.job.actors.filter(|a| a.grows());
+    let most = growing.map_or(slots, |a| a.most(slots));
+    let least = growing.map_or(slots, |a| a.least().min(slots));
     let same = revision.clone();
     let (pool, infos, stopper) = placed
-        .supervise_growing(config.job.restart_limit(), most, describe, move |info| {
-            info.revision == same
-        })
+        .supervise_growing(
+            config.job.restart_limit(),
+            (least, most),
+            describe,
+            move |info| info.revision == same,
+        )
         .await
         .map_err(|e| ActorError::Start(ActorStartError::Start(e)))?;
     let mut workers = Workers::new(pool, &infos);

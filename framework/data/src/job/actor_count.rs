@@ -58,6 +58,16 @@ impl ActorCount {
         }
     }
 
+    /// The fewest actors the job keeps as its work runs out: `N`, `MIN`,
+    /// or one for `auto`.
+    pub fn least(self) -> usize {
+        match self {
+            Self::Exactly(n) => n,
+            Self::Between { min, .. } => min,
+            Self::Auto => 1,
+        }
+    }
+
     /// Whether the job grows onto workers that join.
     pub fn grows(self) -> bool {
         match self {
@@ -145,6 +155,9 @@ mod tests {
         assert!(!ActorCount::Exactly(4).grows());
         assert!(!ActorCount::Between { min: 3, max: 3 }.grows());
         assert!(ActorCount::Between { min: 1, max: 3 }.grows());
+        assert_eq!(ActorCount::Between { min: 2, max: 8 }.least(), 2);
+        assert_eq!(ActorCount::Auto.least(), 1);
+        assert_eq!(ActorCount::Exactly(4).least(), 4);
         for bad in ["0", "0..4", "5..4", "x", "1..", "..4", "", "99999"] {
             assert!(bad.parse::<ActorCount>().is_err(), "{bad}");
         }

@@ -506,10 +506,15 @@ where
     /// `ready`, kept if `keep` accepts what the check found, and put
     /// under the job's supervisor. The pool hears of each
     /// ([`Pool::growing`]); a bundle whose actor is not kept is given back.
+    ///
+    /// At the job's tail the pool lets idle actors go, keeping at least
+    /// `least` ([`Pool::letting_go`]): each is taken from the supervisor
+    /// and its bundle given back, so other jobs get the room, and the job
+    /// grows no more.
     pub async fn supervise_growing<F, Fut, K>(
         self,
         intensity: Intensity,
-        most: usize,
+        (least, most): (usize, usize),
         ready: F,
         keep: K,
     ) -> Result<(Pool<M>, Vec<R>, Stopper), SpawnErr>
@@ -522,11 +527,26 @@ where
         let placement = self.placement.clone();
         let group = self.group.clone();
         let have = self.actors.len();
+        let bundles = self
+            .actors
+            .iter()
+            .map(|a| {
+                let child = a.actor.get_name().unwrap_or_else(|| {
+                    format!("{}.{}.{}", self.placement.name, self.group, a.bundle)
+                });
+                (child, a.bundle as u32)
+            })
+            .collect();
         let (pool, found, mut stopper) = self.supervise(intensity).await?;
-        let Some(supervisor) = stopper.supervisor.clone().filter(|_| most > have) else {
+        let Some(supervisor) = stopper
+            .supervisor
+            .clone()
+            .filter(|_| most > have || least < have)
+        else {
             return Ok((pool, found, stopper));
         };
         let (tx, rx) = mpsc::unbounded_channel();
+        let (release, releases) = mpsc::unbounded_channel();
         let growth = Growth {
             node,
             placement,
@@ -537,9 +557,9 @@ where
             joins: tx,
             grown: Default::default(),
         };
-        let task = tokio::spawn(growth.run(have, most));
+        let task = tokio::spawn(growth.run(have, most, bundles, releases));
         stopper.grower = Some(task.abort_handle());
-        Ok((pool.growing(rx), found, stopper))
+        Ok((pool.growing(rx).letting_go(least, release), found, stopper))
     }
 }
 
@@ -567,7 +587,17 @@ where
     Fut: Future<Output = Result<R, String>> + Send + 'static,
     K: Fn(&R) -> bool + Send + Sync + 'static,
 {
-    async fn run(self, mut have: usize, most: usize) {
+    /// Grows the job while `have < most`, gives way to lost bundles, and
+    /// lets go the actors the pool names on `releases` (their children's
+    /// bundles in `bundles`, with those grown here added), after which
+    /// the job grows no more: its tail has begun.
+    async fn run(
+        self,
+        mut have: usize,
+        most: usize,
+        mut bundles: BTreeMap<String, u32>,
+        mut releases: mpsc::UnboundedReceiver<String>,
+    ) {
         let mut members = self.node.watch_members();
         let Some(one) = self.placement.spec.bundles.first().cloned() else {
             return;
@@ -577,20 +607,77 @@ where
         let mut refused: std::collections::BTreeSet<MemberName> = Default::default();
         // The bundles grown, last on top, with their children.
         let mut grown_here: Vec<(u32, String)> = Vec::new();
+        let mut tail = false;
+        // Bundles of actors let go, given back once every bundle after
+        // them is (a group gives back only its last).
+        let mut vacated = std::collections::BTreeSet::new();
         loop {
+            self.give_back_vacated(&mut vacated).await;
             if self.give_way(&mut grown_here).await {
                 have -= 1;
-            } else if have < most && self.grow_once(&one, &mut refused, &mut grown_here).await {
+            } else if !tail
+                && have < most
+                && self.grow_once(&one, &mut refused, &mut grown_here).await
+            {
                 have += 1;
+                if let Some((bundle, child)) = grown_here.last() {
+                    bundles.insert(child.clone(), *bundle);
+                }
                 tracing::info!(actors = have, "the job grew onto a worker with room");
                 continue;
             }
-            if tokio::time::timeout(GROW_RETRY, members.changed())
-                .await
-                .is_ok_and(|changed| changed.is_err())
-            {
+            tokio::select! {
+                child = releases.recv() => {
+                    let Some(child) = child else { return };
+                    tail = true;
+                    grown_here.retain(|(_, c)| *c != child);
+                    if let Some(bundle) = bundles.remove(&child)
+                        && self.release(&child)
+                    {
+                        vacated.insert(bundle);
+                        have -= 1;
+                    }
+                }
+                changed = tokio::time::timeout(GROW_RETRY, members.changed()) => {
+                    if changed.is_ok_and(|changed| changed.is_err()) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the child `child` from the job's supervisor, which stops its
+    /// actor; returns whether the supervisor was told. Told, not asked,
+    /// as in [`Growth::give_way`]: the supervisor may be starting a lost
+    /// bundle's actor again, waiting for room.
+    fn release(&self, child: &str) -> bool {
+        let (port, _) = flotilla::ractor::concurrency::oneshot();
+        self.supervisor
+            .cast(SupervisorMsg::Remove(child.to_owned(), port.into()))
+            .is_ok()
+    }
+
+    /// Gives back the group's last bundles while their actors were let go
+    /// (`vacated`); a vacated bundle before one still in use keeps its
+    /// reservation until that one goes too, or the job ends.
+    async fn give_back_vacated(&self, vacated: &mut std::collections::BTreeSet<u32>) {
+        while !vacated.is_empty() {
+            let Ok(Some(view)) = self.node.group(&self.group).await else {
+                return;
+            };
+            let Some(last) = view.nodes.len().checked_sub(1).map(|l| l as u32) else {
+                return;
+            };
+            if !vacated.contains(&last) {
                 return;
             }
+            if let Err(e) = self.node.shrink_group(&self.group, last).await {
+                tracing::warn!(group = %self.group, error = %e, "cannot give back the bundle of an actor let go");
+                return;
+            }
+            vacated.remove(&last);
+            tracing::info!(group = %self.group, bundle = last, "the bundle of an actor let go is given back");
         }
     }
 

@@ -164,6 +164,8 @@ pub struct BatchSummary {
     pub restarts: u64,
     /// Actors the job grew onto while it ran (workers that joined).
     pub grown: u64,
+    /// Actors let go at the job's tail, their work no longer needed.
+    pub let_go: u64,
     /// Batches (and pieces of them) split to isolate rows that failed
     /// them.
     pub split: u64,
@@ -211,8 +213,9 @@ impl BatchSummary {
     /// 0.50 s, batch p50 12 ms p95 30 ms`, then, where rows were isolated
     /// by splitting batches, `, 1 failing rows isolated (5 batches split)`,
     /// where stragglers were sent again, `, 2 straggling batches sent
-    /// again`, and where the job grew, `, 2 actors added as workers
-    /// joined` (`actors`: those it started with).
+    /// again`, where the job grew, `, 2 actors added as workers joined`,
+    /// and where actors were let go at its tail, `, 3 actors let go as
+    /// the work ran out` (`actors`: those it started with).
     pub fn line(&self, rows: &str, actors: usize) -> String {
         let rate = self.rows as f64 / self.elapsed.as_secs_f64().max(1e-9);
         let first = self
@@ -231,6 +234,12 @@ impl BatchSummary {
         }
         if self.grown > 0 {
             split.push_str(&format!(", {} actors added as workers joined", self.grown));
+        }
+        if self.let_go > 0 {
+            split.push_str(&format!(
+                ", {} actors let go as the work ran out",
+                self.let_go
+            ));
         }
         format!(
             "{} {rows} in {} batches ({} skipped as done) on {actors} actors, {} rows rejected, {} retries ({} re-dispatched from lost workers), {} actor restarts, {:.1} s, {rate:.1} {rows}/s, first batch after {first}, batch p50 {:.0} ms p95 {:.0} ms{split}",
@@ -285,6 +294,34 @@ pub struct Pool<M: flotilla::ractor::Message> {
     supervisor: Option<ActorRef<SupervisorMsg>>,
     /// Actors the job grows onto while it runs.
     joins: Option<mpsc::UnboundedReceiver<Grown<M>>>,
+    /// Where actors are let go at the job's tail.
+    release: Option<Release>,
+}
+
+/// Where a job lets its idle actors go at its tail (see
+/// [`Pool::letting_go`]).
+struct Release {
+    /// The fewest actors the job keeps.
+    least: usize,
+    /// Takes the child ids of the actors let go.
+    to: mpsc::UnboundedSender<String>,
+}
+
+/// How many of `idle` actors a job at its tail (every batch read) lets
+/// go: those beyond one spare per batch `in_flight` (each may straggle
+/// and need a second send), keeping at least `least` of its `actors`.
+///
+/// ```
+/// use flotilla_data::job::tail_surplus;
+/// // 8 actors, 5 idle, 3 batches left in flight: 2 go.
+/// assert_eq!(tail_surplus(5, 3, 8, 1), 2);
+/// // Never below the least the job asked for.
+/// assert_eq!(tail_surplus(5, 0, 8, 6), 2);
+/// assert_eq!(tail_surplus(2, 4, 8, 1), 0);
+/// ```
+pub fn tail_surplus(idle: usize, in_flight: usize, actors: usize, least: usize) -> usize {
+    idle.saturating_sub(in_flight)
+        .min(actors.saturating_sub(least))
 }
 
 impl<M: flotilla::ractor::Message> Pool<M> {
@@ -296,6 +333,7 @@ impl<M: flotilla::ractor::Message> Pool<M> {
             events: None,
             supervisor: None,
             joins: None,
+            release: None,
         }
     }
 
@@ -313,6 +351,7 @@ impl<M: flotilla::ractor::Message> Pool<M> {
             events: Some(events),
             supervisor: None,
             joins: None,
+            release: None,
         }
     }
 
@@ -331,6 +370,16 @@ impl<M: flotilla::ractor::Message> Pool<M> {
     /// share.
     pub fn growing(mut self, joins: mpsc::UnboundedReceiver<Grown<M>>) -> Self {
         self.joins = Some(joins);
+        self
+    }
+
+    /// Lets idle actors go at the job's tail, keeping at least `least`:
+    /// once every batch is read, an idle actor beyond one spare per batch
+    /// in flight ([`tail_surplus`]) leaves the pipeline and its child id
+    /// goes to `to`, whose reader takes it from the supervisor and gives
+    /// its bundle back (see [`Placed::supervise_growing`]).
+    pub fn letting_go(mut self, least: usize, to: mpsc::UnboundedSender<String>) -> Self {
+        self.release = Some(Release { least, to });
         self
     }
 }
@@ -445,6 +494,13 @@ impl Latencies {
     }
 }
 
+/// What a running job hears of its pool: its supervisor's events, and the
+/// actors it grows onto.
+struct Feeds<M: flotilla::ractor::Message> {
+    events: Option<mpsc::UnboundedReceiver<SupervisorEvent>>,
+    joins: Option<mpsc::UnboundedReceiver<Grown<M>>>,
+}
+
 /// The pool as the pipeline sees it: which worker each supervised actor
 /// is, which are being restarted.
 struct Members<M: flotilla::ractor::Message> {
@@ -455,24 +511,30 @@ struct Members<M: flotilla::ractor::Message> {
     keys: HashMap<String, WorkerKey>,
     restarting: BTreeSet<String>,
     supervisor: Option<ActorRef<SupervisorMsg>>,
+    release: Option<Release>,
 }
 
 impl<M: flotilla::ractor::Message> Members<M> {
-    /// The pool's `actors` (on their members), each added to `pipeline`
-    /// as a worker; `ids`: their child ids under the supervisor, in the
-    /// same order.
-    fn join<S: Stage<Msg = M>>(
-        actors: Vec<(MemberName, ActorRef<M>)>,
-        ids: &[String],
-        supervisor: Option<ActorRef<SupervisorMsg>>,
-        pipeline: &mut Pipeline<S>,
-    ) -> Self {
+    /// The `pool`'s actors (on their members), each added to `pipeline`
+    /// as a worker, known by their child ids under the supervisor; with
+    /// where the pool hears of its supervisor's events and of the actors
+    /// it grows onto.
+    fn join<S: Stage<Msg = M>>(pool: Pool<M>, pipeline: &mut Pipeline<S>) -> (Self, Feeds<M>) {
+        let Pool {
+            actors,
+            ids,
+            events,
+            supervisor,
+            joins,
+            release,
+        } = pool;
         let mut members = Self {
             share: (pipeline.max_in_flight() / actors.len().max(1)).max(1),
             actors: Vec::with_capacity(actors.len()),
             keys: HashMap::new(),
             restarting: BTreeSet::new(),
             supervisor,
+            release,
         };
         for (i, (member, actor)) in actors.into_iter().enumerate() {
             let key = pipeline.add_worker(&member, actor.clone());
@@ -481,7 +543,7 @@ impl<M: flotilla::ractor::Message> Members<M> {
             }
             members.actors.push((key, actor));
         }
-        members
+        (members, Feeds { events, joins })
     }
 
     /// An actor the job grew onto, under its supervisor already, becomes
@@ -497,6 +559,45 @@ impl<M: flotilla::ractor::Message> Members<M> {
         self.actors.push((key, grown.actor));
         pipeline.set_max_in_flight(pipeline.max_in_flight() + self.share);
         1
+    }
+
+    /// At the job's tail (`tail`: every batch read), lets the idle actors
+    /// beyond what the batches left may need go ([`tail_surplus`]), the
+    /// last added first: each leaves the pipeline with its share of the
+    /// batches in flight, and its child id goes to the release. Returns
+    /// how many went.
+    fn let_go_idle<S: Stage<Msg = M>>(&mut self, pipeline: &mut Pipeline<S>, tail: bool) -> u64 {
+        let Some(release) = self.release.as_ref().filter(|_| tail) else {
+            return 0;
+        };
+        let idle = pipeline.idle_workers();
+        let surplus = tail_surplus(
+            idle.len(),
+            pipeline.in_flight(),
+            pipeline.workers(),
+            release.least,
+        );
+        let mut gone = 0;
+        for key in idle.into_iter().rev().take(surplus) {
+            let Some(child) = self
+                .keys
+                .iter()
+                .find_map(|(child, k)| (*k == key).then(|| child.clone()))
+            else {
+                continue;
+            };
+            if release.to.send(child.clone()).is_err() {
+                break;
+            }
+            tracing::info!(actor = %child, in_flight = pipeline.in_flight(), "the work left needs fewer actors: one is let go");
+            self.keys.remove(&child);
+            self.actors.retain(|(k, _)| *k != key);
+            pipeline.remove_worker(key);
+            let max = pipeline.max_in_flight().saturating_sub(self.share);
+            pipeline.set_max_in_flight(max);
+            gone += 1;
+        }
+        gone
     }
 
     /// Removes actors that stopped.
@@ -816,9 +917,8 @@ where
     let mut batcher = Batcher::new(source, input, job.batching);
     let (outbound, mut members) = (links.outbound, links.members);
     let mut pipeline = Pipeline::new(stage, job.pipeline, outbound);
-    let mut pool_state = Members::join(pool.actors, &pool.ids, pool.supervisor, &mut pipeline);
-    let mut events = pool.events;
-    let mut joins = pool.joins;
+    let (mut pool_state, feeds) = Members::join(pool, &mut pipeline);
+    let (mut events, mut joins) = (feeds.events, feeds.joins);
     let mut look = tokio::time::interval(LOOK_EVERY);
     let mut lost = LostWorkers::default();
     let mut progress = Progress::new(job.progress);
@@ -844,6 +944,7 @@ where
         if batcher.is_done() && pipeline.is_idle() {
             break;
         }
+        summary.let_go += pool_state.let_go_idle(&mut pipeline, batcher.is_done());
         // A supervised pool learns of exits from its supervisor, whose
         // escalation must end the job before the exits it causes do.
         if events.is_none() {
@@ -1100,8 +1201,9 @@ mod tests {
     }
 
     /// Answers with its batch's row count; refuses a batch holding the
-    /// text `refuse` with an error answer, and panics on one holding
-    /// `poison`, counting the sends that held it.
+    /// text `refuse` with an error answer, panics on one holding
+    /// `poison`, counting the sends that held it, and answers one holding
+    /// `slow` after 400 ms.
     struct Fragile(Arc<std::sync::atomic::AtomicU32>);
     struct Texts(Vec<String>, RpcReplyPort<Result<usize, String>>);
     impl Message for Texts {}
@@ -1121,6 +1223,9 @@ mod tests {
             if texts.iter().any(|t| t == "poison") {
                 self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 panic!("a row this actor cannot take");
+            }
+            if texts.iter().any(|t| t == "slow") {
+                tokio::time::sleep(Duration::from_millis(400)).await;
             }
             let answer = if texts.iter().any(|t| t == "refuse") {
                 Err("cannot embed this".to_owned())
@@ -1190,13 +1295,7 @@ mod tests {
         let (pool, _, stopper) = Pool::local(2, make, |_| async { Ok(()) }, limit)
             .await
             .unwrap();
-        let encode = Encode(|rows: &[Row], _: usize| {
-            Ok(rows
-                .iter()
-                .map(|r| format!("{}\n", r.id))
-                .collect::<String>()
-                .into_bytes())
-        });
+        let encode = Encode(id_lines);
         let result = tokio::time::timeout(
             Duration::from_secs(60),
             run(Links::local(), job, Judging, pool, encode),
@@ -1205,6 +1304,89 @@ mod tests {
         .expect("the job ends");
         stopper.stop().await;
         (result, sends.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// At the job's tail, the idle actors beyond one spare per batch left
+    /// are let go, the last added first and never below the least asked:
+    /// four actors, the last batch slow, so while it alone is in flight
+    /// two of the three idle actors go. Every row is still written once.
+    #[tokio::test]
+    async fn idle_actors_are_let_go_at_the_tail_keeping_one_spare_per_batch_left() {
+        let dir = std::env::temp_dir().join(format!("flotilla-job-tail-{}", std::process::id()));
+        let job = BatchJob {
+            batching: Batching::rows(4),
+            extension: "txt",
+            pipeline: PipelineConfig {
+                max_attempts: 3,
+                ..PipelineConfig::for_workers(4, Duration::from_secs(10))
+            },
+            ..counting_job(&dir, 64)
+        };
+        let lines: Vec<String> = (0..64)
+            .map(|i| {
+                format!(
+                    "{{\"id\": {i}, \"text\": \"{}\"}}",
+                    if i == 63 { "slow" } else { "t" }
+                )
+            })
+            .collect();
+        std::fs::write(dir.join("in.jsonl"), lines.join("\n")).unwrap();
+        let limit = flotilla::supervisor::Intensity {
+            max_restarts: 3,
+            within: Duration::from_secs(60),
+        };
+        let (pool, _, stopper) = Pool::local(
+            4,
+            || (Fragile(Arc::default()), ()),
+            |_| async { Ok(()) },
+            limit,
+        )
+        .await
+        .unwrap();
+        let (release, mut let_go) = mpsc::unbounded_channel();
+        let encode = Encode(id_lines);
+        let summary = tokio::time::timeout(
+            Duration::from_secs(60),
+            run(
+                Links::local(),
+                job,
+                Judging,
+                pool.letting_go(1, release),
+                encode,
+            ),
+        )
+        .await
+        .expect("the job ends")
+        .unwrap();
+        stopper.stop().await;
+        let mut gone = Vec::new();
+        while let Ok(child) = let_go.try_recv() {
+            gone.push(child);
+        }
+        assert_eq!(summary.let_go, 2, "{summary:?}");
+        assert_eq!(gone.len(), 2, "{gone:?}");
+        assert!(
+            summary
+                .line("rows", 4)
+                .ends_with(", 2 actors let go as the work ran out"),
+            "{}",
+            summary.line("rows", 4)
+        );
+        let (written, _) = written_and_refused(&dir);
+        assert_eq!(written, (0..64).collect::<Vec<u64>>());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A part listing its rows' ids, one a line.
+    fn id_lines(
+        rows: &[Row],
+        _: usize,
+    ) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(rows
+            .iter()
+            .map(|r| format!("{}\n", r.id))
+            .collect::<String>()
+            .into_bytes())
     }
 
     /// The ids in the parts of `dir`'s output, sorted, and those in its

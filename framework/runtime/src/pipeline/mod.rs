@@ -285,6 +285,15 @@ impl<S: Stage> Pipeline<S> {
         self.workers.len()
     }
 
+    /// Workers with no send in flight, in the order they were added.
+    pub fn idle_workers(&self) -> Vec<WorkerKey> {
+        self.workers
+            .keys()
+            .filter(|k| self.window.load_of(k) == Some(0))
+            .copied()
+            .collect()
+    }
+
     /// Nodes with a worker in the pipeline (a node once per worker).
     pub fn nodes(&self) -> impl Iterator<Item = &str> {
         self.workers.values().map(|w| w.node.as_str())
