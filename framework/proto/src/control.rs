@@ -220,6 +220,9 @@ pub enum PlacementRequest {
         id: crate::groups::GroupId,
         /// The bundle.
         bundle: crate::placement::Resources,
+        /// Members none of the group's bundles is to go to from now on
+        /// (its owner found them unfit).
+        avoid: Vec<MemberName>,
     },
     /// Take the last bundle off a group, releasing it.
     Shrink {

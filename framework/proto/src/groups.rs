@@ -360,6 +360,9 @@ struct Entry {
     /// A group taken back after a restart: removed at this time unless
     /// its owner has been seen up (with the incarnation that owns it).
     owner_by: Option<Instant>,
+    /// Members none of its bundles goes to from now on: its owner found
+    /// them unfit (see [`Groups::grow`]).
+    avoid: BTreeSet<MemberName>,
 }
 
 impl Entry {
@@ -489,6 +492,7 @@ impl Groups {
             why: None,
             seq: self.next_id,
             owner_by: None,
+            avoid: BTreeSet::new(),
         };
         self.groups.insert(id.clone(), entry);
         self.fresh.push(id.clone());
@@ -545,6 +549,7 @@ impl Groups {
             }),
             seq: self.next_id,
             spec: stored.spec,
+            avoid: BTreeSet::new(),
         };
         self.groups.insert(stored.id.clone(), entry);
         self.fresh.push(stored.id.clone());
@@ -697,10 +702,21 @@ impl Groups {
     /// a time. Returns the new bundle's index; the next
     /// [`Groups::step`] reserves it on its node as it does a bundle placed
     /// again, and the group is ready again at a new revision.
-    pub fn grow(&mut self, id: &GroupId, bundle: Resources) -> Result<u32, GrowRefused> {
-        let Some(e) = self.groups.get(id) else {
+    ///
+    /// The members in `avoid` (at most [`MAX_BUNDLES`] are taken) get
+    /// none of the group's bundles from now on, this one or any placed
+    /// again: its owner found them unfit (an actor of another model
+    /// there), so a bundle is not offered there again and again.
+    pub fn grow(
+        &mut self,
+        id: &GroupId,
+        bundle: Resources,
+        avoid: &[MemberName],
+    ) -> Result<u32, GrowRefused> {
+        let Some(e) = self.groups.get_mut(id) else {
             return Err(GrowRefused::Unknown);
         };
+        e.avoid.extend(avoid.iter().take(MAX_BUNDLES).cloned());
         if !matches!(e.phase, Phase::Ready) {
             return Err(GrowRefused::NotReady(e.state()));
         }
@@ -973,6 +989,7 @@ impl Groups {
                         why: Some("rebuilt: waiting for its nodes to report".into()),
                         seq: self.next_id,
                         owner_by: self.owner_grace(now, h.record.owner.as_ref()),
+                        avoid: BTreeSet::new(),
                     },
                 );
             }
@@ -1380,6 +1397,7 @@ fn place_more(
     let kept: BTreeSet<&str> = e.nodes.iter().flatten().map(MemberName::as_str).collect();
     let candidates: Vec<Candidate> = nodes
         .iter()
+        .filter(|(name, _)| !e.avoid.contains(*name))
         .filter(|(name, _)| match e.strategy {
             Strategy::StrictSpread => !kept.contains(name.as_str()),
             Strategy::StrictPack => kept.is_empty() || kept.contains(name.as_str()),
@@ -1796,9 +1814,9 @@ mod tests {
         assert_eq!(before.nodes, vec!["a", "b"]);
         // A node joins: spread grows onto the node holding none of it.
         c.join("c", Incarnation::new(1), 2);
-        assert_eq!(c.groups.grow(&id, res(&[("cpu", 1.0)])), Ok(2));
+        assert_eq!(c.groups.grow(&id, res(&[("cpu", 1.0)]), &[]), Ok(2));
         assert_eq!(
-            c.groups.grow(&id, res(&[("cpu", 1.0)])),
+            c.groups.grow(&id, res(&[("cpu", 1.0)]), &[]),
             Err(GrowRefused::NotReady(GroupState::Rescheduling)),
             "one bundle at a time"
         );
@@ -1813,16 +1831,17 @@ mod tests {
         let strict = c.create(spec("strict-spread", 3, 0.5, 1000));
         let was = c.groups.view(&strict).unwrap();
         assert!(matches!(
-            c.groups.grow(&strict, res(&[("cpu", 0.5)])),
+            c.groups.grow(&strict, res(&[("cpu", 0.5)]), &[]),
             Err(GrowRefused::NoRoom(_))
         ));
         assert_eq!(c.groups.view(&strict).unwrap(), was);
         assert!(matches!(
-            c.groups.grow(&id, res(&[("cpu", -1.0)])),
+            c.groups.grow(&id, res(&[("cpu", -1.0)]), &[]),
             Err(GrowRefused::Bad(_))
         ));
         assert_eq!(
-            c.groups.grow(&GroupId::new("nope"), res(&[("cpu", 1.0)])),
+            c.groups
+                .grow(&GroupId::new("nope"), res(&[("cpu", 1.0)]), &[]),
             Err(GrowRefused::Unknown)
         );
         // Only the last bundle goes, and its reservation with it.
@@ -1837,6 +1856,33 @@ mod tests {
         let mut out = Vec::new();
         let one = c.create(spec("pack", 1, 0.5, 1000));
         assert!(!c.groups.shrink(&one, 0, &mut out), "never the only one");
+    }
+
+    #[test]
+    fn a_grown_bundle_avoids_the_members_its_owner_found_unfit_from_then_on() {
+        let mut c = Cluster::new(&[("a", 2), ("b", 2), ("c", 2)]);
+        let id = c.create(spec("pack", 1, 1.0, 1000));
+        let first = c.groups.view(&id).unwrap().nodes[0].clone();
+        // PACK would grow beside the first bundle; that member is unfit.
+        let unfit = MemberName::from(first.as_str());
+        let b = c
+            .groups
+            .grow(&id, res(&[("cpu", 1.0)]), std::slice::from_ref(&unfit))
+            .unwrap();
+        c.run(Vec::new());
+        let grown = c.groups.view(&id).unwrap();
+        assert_ne!(grown.nodes[b as usize], first, "{:?}", grown.nodes);
+        // Every later bundle avoids it too, unasked.
+        let b = c.groups.grow(&id, res(&[("cpu", 1.0)]), &[]).unwrap();
+        c.run(Vec::new());
+        assert_ne!(c.groups.view(&id).unwrap().nodes[b as usize], first);
+        c.check_accounts();
+        // With every other member full or avoided, there is no room.
+        let every: Vec<MemberName> = ["a", "b", "c"].map(MemberName::from).to_vec();
+        assert!(matches!(
+            c.groups.grow(&id, res(&[("cpu", 1.0)]), &every),
+            Err(GrowRefused::NoRoom(_))
+        ));
     }
 
     #[test]

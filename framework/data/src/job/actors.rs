@@ -672,9 +672,14 @@ where
             if !vacated.contains(&last) {
                 return;
             }
-            if let Err(e) = self.node.shrink_group(&self.group, last).await {
-                tracing::warn!(group = %self.group, error = %e, "cannot give back the bundle of an actor let go");
-                return;
+            match self.node.shrink_group(&self.group, last).await {
+                Ok(true) => {}
+                // Being placed (a lost bundle): tried again next round.
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(group = %self.group, error = %e, "cannot give back the bundle of an actor let go");
+                    return;
+                }
             }
             vacated.remove(&last);
             tracing::info!(group = %self.group, bundle = last, "the bundle of an actor let go is given back");
@@ -724,7 +729,8 @@ where
         refused: &mut std::collections::BTreeSet<MemberName>,
         grown_here: &mut Vec<(u32, String)>,
     ) -> bool {
-        let bundle = match self.node.grow_group(&self.group, one.clone()).await {
+        let avoid: Vec<MemberName> = refused.iter().cloned().collect();
+        let bundle = match self.node.grow_group(&self.group, one.clone(), &avoid).await {
             Ok(bundle) => bundle,
             Err(PlacementError::NotGrown { .. }) => return false,
             Err(e) => {

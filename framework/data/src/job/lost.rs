@@ -12,7 +12,7 @@ use flotilla::pipeline::{Pipeline, Stage};
 const ABSENT_GRACE: Duration = Duration::from_secs(15);
 
 /// Which worker nodes the job has lost, from the member tables it sees. A
-/// node `down` or `left` is lost at once. A node absent from the table is
+/// node `down`, `left` or `draining` is lost at once. A node absent from the table is
 /// lost only once it has stayed absent for the grace: a restarted head
 /// starts with an empty table that the members fill as they rejoin. Time
 /// is passed in.
@@ -83,7 +83,15 @@ pub(crate) fn drop_lost_workers<S: Stage>(
     let lost = tracker.lost(Instant::now(), pipeline.nodes(), seen);
     for node in lost {
         let actors = pipeline.remove_node(&node);
-        tracing::warn!(%node, actors, in_flight = pipeline.in_flight(), "member lost; its batches go to the other actors");
+        let in_flight = pipeline.in_flight();
+        if table
+            .get(&node)
+            .is_some_and(|m| m.state == flotilla::MemberState::Draining)
+        {
+            tracing::info!(%node, actors, in_flight, "member draining; its batches go to the other actors");
+        } else {
+            tracing::warn!(%node, actors, in_flight, "member lost; its batches go to the other actors");
+        }
     }
 }
 

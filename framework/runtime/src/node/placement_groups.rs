@@ -322,7 +322,8 @@ impl Node {
     /// (which this node owns), if a node has room for it now under the
     /// group's strategy: all or nothing. Returns the new bundle's index;
     /// the group is ready again, with it placed, at its next revision
-    /// ([`Node::watch_group`]).
+    /// ([`Node::watch_group`]). The members in `avoid` get none of the
+    /// group's bundles from now on (the owner found them unfit).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -334,7 +335,7 @@ impl Node {
     ///     .create_group(GroupSpec::new(Strategy::Pack, vec![bundle(&[("cpu", 0.25)])]))
     ///     .await?;
     /// let view = node.wait_group(&id, Duration::from_secs(30)).await?;
-    /// let b = node.grow_group(&id, bundle(&[("cpu", 0.25)])).await?;
+    /// let b = node.grow_group(&id, bundle(&[("cpu", 0.25)]), &[]).await?;
     /// assert_eq!(b, 1);
     /// let grown = node.watch_group(&id, Some(view.revision), Duration::from_secs(30)).await?;
     /// assert_eq!(grown.map(|g| g.nodes.len()), Some(2));
@@ -346,10 +347,12 @@ impl Node {
         &self,
         id: &GroupId,
         bundle: flotilla_proto::placement::Resources,
+        avoid: &[MemberName],
     ) -> Result<u32, PlacementError> {
         let request = PlacementRequest::Grow {
             id: id.clone(),
             bundle,
+            avoid: avoid.to_vec(),
         };
         match self.placement(request, ASK).await? {
             PlacementReply::Grown(b) => Ok(b),

@@ -402,14 +402,14 @@ impl PlacementService {
                 }
                 PlacementReply::Removed(self.groups.remove(&id, out))
             }
-            PlacementRequest::Grow { id, bundle } => {
+            PlacementRequest::Grow { id, bundle, avoid } => {
                 if let Some(view) = self.groups.view(&id)
                     && let Err(why) = authority::may_remove_group(sender, view.owner.as_deref())
                 {
                     let _ = reply.send(Err(why));
                     return;
                 }
-                match self.groups.grow(&id, bundle) {
+                match self.groups.grow(&id, bundle, &avoid) {
                     Ok(b) => PlacementReply::Grown(b),
                     Err(why) => PlacementReply::NotGrown(why.to_string()),
                 }
