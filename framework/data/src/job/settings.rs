@@ -22,6 +22,13 @@ pub const DEFAULT_BATCH_SIZE: usize = 64;
 pub const DEFAULT_SORT_WINDOW: usize = 4096;
 /// Bytes of batches in flight at most unless told otherwise: 512 MiB.
 pub const DEFAULT_MEMORY_BUDGET: usize = 512 << 20;
+/// Times the others' running p95 a batch runs before it is sent again to
+/// an idle actor, unless told otherwise.
+pub const DEFAULT_HEDGE_AFTER: u32 = 3;
+
+fn default_hedge_after() -> u32 {
+    DEFAULT_HEDGE_AFTER
+}
 
 /// A job setting out of its range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -110,6 +117,12 @@ pub struct Settings {
     /// Bytes of batches in flight at most (inputs and results), in MiB.
     #[arg(long, default_value_t = DEFAULT_MEMORY_BUDGET >> 20)]
     pub memory_budget_mb: usize,
+    /// A batch running this many times the running p95 of the other
+    /// actors' batches (and at least 2 s) is sent again to an idle actor;
+    /// the first answer wins. 0: never sent again before its deadline.
+    #[arg(long, default_value_t = DEFAULT_HEDGE_AFTER)]
+    #[serde(default = "default_hedge_after")]
+    pub hedge_after: u32,
     /// Job id (default: from the input's content, the settings batch ids
     /// depend on, and what the application adds).
     #[arg(long)]
@@ -220,14 +233,20 @@ impl Settings {
         }
     }
 
-    /// `defaults` with the batches in flight and the memory budget these
-    /// settings give.
+    /// `defaults` with the batches in flight, the memory budget and the
+    /// hedging these settings give.
     pub fn pipeline(&self, defaults: PipelineConfig) -> PipelineConfig {
         PipelineConfig {
             max_in_flight: self
                 .max_in_flight
                 .map_or(defaults.max_in_flight, |m| m.max(1)),
             memory_budget: self.memory_budget(),
+            hedge: defaults.hedge.filter(|_| self.hedge_after > 0).map(|h| {
+                flotilla::pipeline::Hedging {
+                    after: self.hedge_after,
+                    ..h
+                }
+            }),
             ..defaults
         }
     }
@@ -373,6 +392,21 @@ mod tests {
         assert_eq!((back.placement, back.batch_size), (Strategy::StrictPack, 3));
         let unknown = json.replacen('{', "{\"surprise\":1,", 1);
         assert!(serde_json::from_str::<Settings>(&unknown).is_err());
+    }
+
+    #[test]
+    fn hedging_is_set_by_its_multiple_and_turned_off_at_zero() {
+        let defaults = PipelineConfig::for_workers(2, std::time::Duration::from_secs(60));
+        let hedge = |flags: &[&str]| settings(flags).pipeline(defaults).hedge;
+        assert_eq!(hedge(&[]).map(|h| h.after), Some(DEFAULT_HEDGE_AFTER));
+        assert_eq!(hedge(&["--hedge-after=5"]).map(|h| h.after), Some(5));
+        assert_eq!(hedge(&["--hedge-after=0"]), None);
+        // Settings kept before the flag existed read back with its default.
+        let json = serde_json::to_string(&settings(&[])).unwrap();
+        let old = json.replace(",\"hedge_after\":3", "");
+        assert_ne!(old, json);
+        let back: Settings = serde_json::from_str(&old).unwrap();
+        assert_eq!(back.hedge_after, DEFAULT_HEDGE_AFTER);
     }
 
     #[test]
