@@ -619,7 +619,7 @@ pub const CODES: &[Code] = &[
     ),
     code(
         "NODE-JOIN-011",
-        "This certificate already has … members in the table (up, or ended and not yet forgotten)",
+        "This certificate already has … members in the table (… for a worker pool; up, or ended and not yet forgotten)",
         "Stop some of its processes, or give them certificates of their own",
         &["framework/proto/src/hello.rs"],
     ),

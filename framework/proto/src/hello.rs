@@ -165,8 +165,9 @@ pub enum Refusal {
     IncarnationMismatch,
     /// The certificate already has as many members in the table as one may.
     #[error(
-        "NODE-JOIN-011: this certificate already has {} members in the table (up, or ended and not yet forgotten); stop some of its processes, or give them certificates of their own",
-        crate::role::MAX_MEMBERS_PER_PRINCIPAL
+        "NODE-JOIN-011: this certificate already has {} members in the table ({} for a worker pool; up, or ended and not yet forgotten); stop some of its processes, or give them certificates of their own",
+        crate::role::MAX_MEMBERS_PER_PRINCIPAL,
+        crate::role::MAX_MEMBERS_PER_POOL
     )]
     TooManyMembers,
 }

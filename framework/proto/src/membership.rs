@@ -33,7 +33,7 @@ use crate::ids::MemberName;
 use crate::incarnation::Incarnation;
 use crate::ledger::Held;
 use crate::resources::Resources;
-use crate::role::{MAX_MEMBERS_PER_PRINCIPAL, Role, has_instance, principal_of};
+use crate::role::{Role, has_instance, max_members, principal_of};
 
 /// Failure-detector timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -447,7 +447,8 @@ impl Membership {
     /// under one name.
     ///
     /// One certificate (a principal) holds at most
-    /// [`MAX_MEMBERS_PER_PRINCIPAL`] entries: a join that would add one
+    /// [`max_members`] entries (64, a worker pool's 4,096): a join that
+    /// would add one
     /// more is refused, so one certificate cannot grow every node's table
     /// without bound.
     pub fn join(&mut self, now: Instant, join: JoinRequest, role: Role) -> Result<(), JoinRefused> {
@@ -458,7 +459,7 @@ impl Membership {
                 .keys()
                 .filter(|name| principal_of(name) == principal)
                 .count();
-            if held >= MAX_MEMBERS_PER_PRINCIPAL {
+            if held >= max_members(role) {
                 return Err(Refusal::TooManyMembers.into());
             }
         }
@@ -723,6 +724,7 @@ impl Membership {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::role::{MAX_MEMBERS_PER_POOL, MAX_MEMBERS_PER_PRINCIPAL};
     use proptest::prelude::*;
 
     fn req(name: &str, incarnation: Incarnation) -> JoinRequest {
@@ -1059,6 +1061,16 @@ mod tests {
         assert_eq!(m.poll_forget(later).len(), 1);
         m.join(later, driver(MAX_MEMBERS_PER_PRINCIPAL), Role::Driver)
             .unwrap();
+        // A worker pool (one certificate, the pods of a Deployment) may
+        // hold many more, up to its own cap.
+        let pod = |i: usize| req(&format!("pool~pod-{i}"), Incarnation::new(1));
+        for i in 0..MAX_MEMBERS_PER_POOL {
+            m.join(later, pod(i), Role::Worker).unwrap();
+        }
+        assert_eq!(
+            m.join(later, pod(MAX_MEMBERS_PER_POOL), Role::Worker),
+            Err(Refusal::TooManyMembers.into())
+        );
     }
 
     #[test]

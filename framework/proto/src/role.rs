@@ -16,9 +16,9 @@
 //! label, and speaks as the principal's name, `~` and that label. One
 //! live process per such name still holds; the pool's processes are one
 //! principal (revoking the certificate revokes them all, and each may
-//! drain the others), and they hold at most
-//! [`MAX_MEMBERS_PER_PRINCIPAL`] entries of the member table between
-//! them, those ended being forgotten as a tool's are.
+//! drain the others), and they hold at most [`MAX_MEMBERS_PER_POOL`]
+//! entries of the member table between them, those ended being forgotten
+//! as a tool's are.
 //!
 //! ```text
 //! certificate  name "w1",      role worker  ─► member "w1"
@@ -152,6 +152,18 @@ pub fn has_instance(member: &str) -> bool {
 /// Most entries one certificate (principal) may hold in the member table:
 /// its processes up, and those ended and not yet forgotten.
 pub const MAX_MEMBERS_PER_PRINCIPAL: usize = 64;
+
+/// Most entries one worker certificate may hold in the member table: a
+/// pool of workers (the pods of a Deployment) is one certificate.
+pub const MAX_MEMBERS_PER_POOL: usize = 4096;
+
+/// Most entries one certificate of `role` may hold in the member table.
+pub fn max_members(role: Role) -> usize {
+    match role {
+        Role::Worker => MAX_MEMBERS_PER_POOL,
+        _ => MAX_MEMBERS_PER_PRINCIPAL,
+    }
+}
 
 /// The principal (certificate name) a member name speaks for: the name
 /// itself, or what precedes its instance tag.
