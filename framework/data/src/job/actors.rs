@@ -405,6 +405,13 @@ where
         }
     }
 
+    /// The child id of `a` under the job's supervisor: its actor's name.
+    fn child_id(&self, a: &PlacedActor<M, R>) -> String {
+        a.actor
+            .get_name()
+            .unwrap_or_else(|| format!("{}.{}.{}", self.placement.name, self.group, a.bundle))
+    }
+
     /// Puts the actors under a supervisor of the job's own (see
     /// [`Pool::supervise`]), each restarted in its bundle. Returns the
     /// pool, what each actor's check found (in the pool's order), and what
@@ -418,10 +425,7 @@ where
         let mut children = Vec::new();
         let mut found = Vec::new();
         for a in std::mem::take(&mut self.actors) {
-            let name = a
-                .actor
-                .get_name()
-                .unwrap_or_else(|| format!("{}.{}.{}", self.placement.name, self.group, a.bundle));
+            let name = self.child_id(&a);
             children.push(bundle_child(
                 &self.node,
                 &self.placement,
@@ -530,12 +534,7 @@ where
         let bundles = self
             .actors
             .iter()
-            .map(|a| {
-                let child = a.actor.get_name().unwrap_or_else(|| {
-                    format!("{}.{}.{}", self.placement.name, self.group, a.bundle)
-                });
-                (child, a.bundle as u32)
-            })
+            .map(|a| (self.child_id(a), a.bundle as u32))
             .collect();
         let (pool, found, mut stopper) = self.supervise(intensity).await?;
         let Some(supervisor) = stopper
@@ -613,7 +612,7 @@ where
         let mut vacated = std::collections::BTreeSet::new();
         loop {
             self.give_back_vacated(&mut vacated).await;
-            if self.give_way(&mut grown_here).await {
+            if self.give_way(&mut grown_here, &mut vacated).await {
                 have -= 1;
             } else if !tail
                 && have < most
@@ -648,9 +647,10 @@ where
     }
 
     /// Takes the child `child` from the job's supervisor, which stops its
-    /// actor; returns whether the supervisor was told. Told, not asked,
-    /// as in [`Growth::give_way`]: the supervisor may be starting a lost
-    /// bundle's actor again, waiting for room.
+    /// actor; returns whether the supervisor was told. Told, not asked:
+    /// the supervisor may be starting a lost bundle's actor again, waiting
+    /// for the very room this gives ([`Growth::give_way`]); it lets the
+    /// actor go once that start is done.
     fn release(&self, child: &str) -> bool {
         let (port, _) = flotilla::ractor::concurrency::oneshot();
         self.supervisor
@@ -691,7 +691,11 @@ where
     /// the last bundle grown: that actor is let go and its bundle given
     /// back, so a replacement taken for growth before its predecessor was
     /// found down serves the lost bundle. Returns whether it did.
-    async fn give_way(&self, grown_here: &mut Vec<(u32, String)>) -> bool {
+    async fn give_way(
+        &self,
+        grown_here: &mut Vec<(u32, String)>,
+        vacated: &mut std::collections::BTreeSet<u32>,
+    ) -> bool {
         let Ok(Some(view)) = self.node.group(&self.group).await else {
             return false;
         };
@@ -702,22 +706,13 @@ where
         let Some((bundle, child)) = grown_here.last().cloned().filter(|_| waits) else {
             return false;
         };
-        // Told, not asked: a supervisor starting the lost bundle's actor
-        // again waits for that bundle to be placed, which this gives room
-        // for; it lets the actor go once that start is done.
-        let (port, _) = flotilla::ractor::concurrency::oneshot();
-        if self
-            .supervisor
-            .cast(SupervisorMsg::Remove(child.clone(), port.into()))
-            .is_err()
-        {
+        if !self.release(&child) {
             return false;
         }
         grown_here.pop();
         tracing::info!(actor = %child, "a lost bundle waits for room: the last actor grown gives way to it");
-        if let Err(e) = self.node.shrink_group(&self.group, bundle).await {
-            tracing::warn!(group = %self.group, error = %e, "cannot give back the bundle of an actor let go");
-        }
+        vacated.insert(bundle);
+        self.give_back_vacated(vacated).await;
         true
     }
 
