@@ -770,19 +770,6 @@ fn a_job_grows_onto_workers_that_join_mid_job() {
     assert_exactly_once(&out, &ids);
 }
 
-/// `node jobs --json` of the head, if it answers.
-fn jobs_json(s: &Scratch, head: &Proc) -> Option<serde_json::Value> {
-    let out = Command::new(NODE)
-        .args(["jobs", "--json", "--head", &head.addr.to_string()])
-        .args(["--certs", s.certs().to_str().unwrap()])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())
-        .flatten()
-}
-
 /// `node jobs wait ID` (five minutes at most), which must exit 0: what it
 /// printed.
 fn wait_long(s: &Scratch, head: &Proc, id: &str) -> String {

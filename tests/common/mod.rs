@@ -320,6 +320,19 @@ pub fn finish(s: &Scratch, mut driver: Driver, tag: &str) -> (bool, String) {
     (out.status.success(), stdout)
 }
 
+/// `node jobs --json` of the head, if it answers.
+pub fn jobs_json(s: &Scratch, head: &Proc) -> Option<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["jobs", "--json", "--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap()])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
 /// Actors a node runs, as the head's table reports them.
 pub fn actors_on(s: &Scratch, head: &Proc, node: &str) -> Option<u64> {
     node_of(&s.status(head.addr)?, node)?["actors"].as_u64()

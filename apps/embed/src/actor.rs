@@ -67,6 +67,57 @@ pub struct EmbedReply {
     pub batch_id: u64,
     /// What happened.
     pub outcome: EmbedOutcome,
+    /// What the actor did with the batch (empty when it was not embedded).
+    pub work: Work,
+}
+
+/// What an actor did with one batch: each text's length in tokens, the
+/// padding, and the time of each stage.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(crate = flotilla::rkyv)]
+pub struct Work {
+    /// Each text's tokens (prompt and special tokens included), in the
+    /// order the batch was tokenized.
+    pub lengths: Vec<u32>,
+    /// Tokens the model ran over, padding included.
+    pub padded_tokens: u64,
+    /// Microseconds the batch waited at the actor before its threads took
+    /// it.
+    pub queue_us: u64,
+    /// Microseconds its tokenization took.
+    pub tokenization_us: u64,
+    /// Microseconds of the model's forward passes.
+    pub inference_us: u64,
+    /// CPU microseconds the actor's threads spent on it.
+    pub cpu_us: u64,
+}
+
+impl EmbedReply {
+    /// An answer with no work to report.
+    pub fn new(batch_id: u64, outcome: EmbedOutcome) -> Self {
+        Self {
+            batch_id,
+            outcome,
+            work: Work::default(),
+        }
+    }
+}
+
+/// Microseconds in `d`.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+/// CPU time of `pool`'s threads together (called from outside the pool).
+fn pool_cpu(pool: &rayon::ThreadPool) -> Duration {
+    pool.broadcast(|_| thread_cpu()).into_iter().sum()
 }
 
 /// Result of one batch.
@@ -221,6 +272,8 @@ struct Job {
     batch_id: u64,
     texts: Texts,
     reply: oneshot::Sender<EmbedReply>,
+    /// When the actor took it.
+    queued: std::time::Instant,
 }
 
 /// A resident embedding model.
@@ -330,6 +383,8 @@ pub struct EmbedderState {
 struct Prepared {
     rows: usize,
     parts: Vec<(Vec<usize>, TokenBatch)>,
+    /// What was done with it so far.
+    work: Work,
 }
 
 /// Tokenizes `texts` in length-sorted micro-batches of `micro_batch`, with
@@ -348,18 +403,32 @@ fn prepare<S: AsRef<str>>(
     {
         panic!("embedder::poison: a text holds {mark:?}");
     }
+    let started = std::time::Instant::now();
     let mut order: Vec<usize> = (0..texts.len()).collect();
     order.sort_by_key(|&i| texts[i].as_ref().len());
-    let parts = order
+    let parts: Vec<(Vec<usize>, TokenBatch)> = order
         .chunks(micro_batch.max(1))
         .map(|chunk| {
             let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_ref()).collect();
             Ok((chunk.to_vec(), encoder.tokenize_prompted(&refs, prompt)?))
         })
         .collect::<Result<_, crate::TokenizeError>>()?;
+    let mut work = Work {
+        tokenization_us: micros(started.elapsed()),
+        ..Work::default()
+    };
+    for (_, t) in &parts {
+        work.padded_tokens += (t.batch * t.seq_len) as u64;
+        work.lengths.extend(
+            t.mask
+                .chunks(t.seq_len.max(1))
+                .map(|row| row.iter().filter(|&&m| m != 0).count() as u32),
+        );
+    }
     Ok(Prepared {
         rows: texts.len(),
         parts,
+        work,
     })
 }
 
@@ -419,24 +488,21 @@ fn prepare_job(
         Ok(p) => Some(p),
         Err(reason) => {
             if let Some(reply) = reply.take() {
-                let _ = reply.send(EmbedReply {
-                    batch_id,
-                    outcome: EmbedOutcome::BadInput(reason),
-                });
+                let _ = reply.send(EmbedReply::new(batch_id, EmbedOutcome::BadInput(reason)));
             }
             None
         }
     }
 }
 
-/// Runs a prepared batch (or, told to answer zeros, does not) and answers.
+/// Runs a prepared batch (or, told to answer zeros, does not): the
+/// answer, with what was done.
 fn answer(
     encoder: &SentenceEncoder,
     output: &Output,
     batch_id: u64,
     prepared: &Prepared,
-    reply: oneshot::Sender<EmbedReply>,
-) {
+) -> EmbedReply {
     // Fault injection: `embedder::encode=panic` kills the model thread,
     // and with it the actor (see `Embedder::handle`).
     flotilla::fail::fail_point!("embedder::encode");
@@ -459,7 +525,13 @@ fn answer(
         }),
         Err(e) => EmbedOutcome::Failed(e.to_string()),
     };
-    let _ = reply.send(EmbedReply { batch_id, outcome });
+    let mut work = prepared.work.clone();
+    work.inference_us = micros(started.elapsed());
+    EmbedReply {
+        batch_id,
+        outcome,
+        work,
+    }
 }
 
 /// What the actor makes of each batch: the prompt before every text, its
@@ -494,22 +566,27 @@ fn model_thread(
         batch_id,
         texts,
         reply,
+        queued,
     }) = jobs.recv()
     {
         let mut reply = Some(reply);
-        pool.install(|| {
-            if let Some(prepared) = prepare_job(
+        let (waited, cpu) = (micros(queued.elapsed()), pool_cpu(&pool));
+        let answered = pool.install(|| {
+            let prepared = prepare_job(
                 &encoder,
                 &shaping.prompt,
                 batch_id,
                 &texts,
                 micro_batch,
                 &mut reply,
-            ) && let Some(reply) = reply.take()
-            {
-                answer(&encoder, &shaping.output, batch_id, &prepared, reply);
-            }
+            )?;
+            Some(answer(&encoder, &shaping.output, batch_id, &prepared))
         });
+        if let (Some(mut answered), Some(reply)) = (answered, reply) {
+            answered.work.queue_us = waited;
+            answered.work.cpu_us = micros(pool_cpu(&pool).saturating_sub(cpu));
+            let _ = reply.send(answered);
+        }
     }
 }
 
@@ -529,7 +606,10 @@ fn pipelined_threads(
         .name("flotilla-forward".into())
         .spawn(move || {
             while let Ok((batch_id, prepared, reply)) = queue.recv() {
-                answer(&model, &output, batch_id, &prepared, reply);
+                let cpu = thread_cpu();
+                let mut answered = answer(&model, &output, batch_id, &prepared);
+                answered.work.cpu_us += micros(thread_cpu().saturating_sub(cpu));
+                let _ = reply.send(answered);
             }
         });
     if let Err(e) = runner {
@@ -540,9 +620,11 @@ fn pipelined_threads(
         batch_id,
         texts,
         reply,
+        queued,
     }) = jobs.recv()
     {
         let mut reply = Some(reply);
+        let (waited, cpu) = (micros(queued.elapsed()), pool_cpu(&pool));
         // A batch is one forward pass on a GPU.
         let prepared = pool.install(|| {
             prepare_job(
@@ -553,6 +635,11 @@ fn pipelined_threads(
                 usize::MAX,
                 &mut reply,
             )
+        });
+        let prepared = prepared.map(|mut p| {
+            p.work.queue_us = waited;
+            p.work.cpu_us = micros(pool_cpu(&pool).saturating_sub(cpu));
+            p
         });
         if let (Some(prepared), Some(reply)) = (prepared, reply)
             && ready.send((batch_id, prepared, reply)).is_err()
@@ -578,10 +665,10 @@ impl Embedder {
     ) -> Result<(), &'static str> {
         const PANICKED: &str = "the model thread panicked";
         let Ok(answer) = answer.await else {
-            let _ = reply.send(EmbedReply {
+            let _ = reply.send(EmbedReply::new(
                 batch_id,
-                outcome: EmbedOutcome::Failed(PANICKED.into()),
-            });
+                EmbedOutcome::Failed(PANICKED.into()),
+            ));
             return Err(PANICKED);
         };
         let answer = match as_object {
@@ -612,6 +699,7 @@ impl Embedder {
                     rows: (vectors.values.len() / vectors.dim.max(1) as usize) as u32,
                     object: objects.lend(object, borrower, RESULT_LEASE),
                 }),
+                work: answer.work.clone(),
             },
             Err(e) => {
                 tracing::warn!(error = %e, "result sent inline: the object store did not take it");
@@ -826,10 +914,8 @@ impl Actor for Embedder {
                         Err(reason) => {
                             // The driver may send it again (to another
                             // actor, or once the owner is reachable).
-                            let _ = reply.send(EmbedReply {
-                                batch_id,
-                                outcome: EmbedOutcome::Failed(reason),
-                            });
+                            let _ =
+                                reply.send(EmbedReply::new(batch_id, EmbedOutcome::Failed(reason)));
                             return Ok(());
                         }
                     },
@@ -841,6 +927,7 @@ impl Actor for Embedder {
                         batch_id,
                         texts,
                         reply: tx,
+                        queued: std::time::Instant::now(),
                     })
                     .is_err()
                 {

@@ -59,6 +59,7 @@ fn job(seq: u64, done: u64) -> StoredJob {
         total: 1_000_000,
         detail: String::new(),
         groups: vec![GroupId::new(format!("pg19a2b3c4-{seq}"))],
+        stats: Default::default(),
     });
     StoredJob {
         seq,

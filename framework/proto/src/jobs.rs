@@ -55,7 +55,7 @@ impl JobState {
 }
 
 /// What a job actor says of itself.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct JobProgress {
     /// `Running`, or its end.
     pub state: JobState,
@@ -68,6 +68,8 @@ pub struct JobProgress {
     /// The placement groups the job's own work runs in (the embed job's
     /// actors), by id.
     pub groups: Vec<GroupId>,
+    /// Its account of its batches (empty for a job that keeps none).
+    pub stats: crate::job_stats::JobStats,
 }
 
 /// A job to submit.
@@ -164,6 +166,14 @@ pub enum JobsRequest {
     Get(JobId),
     /// Stop a job (it fails, "stopped").
     Stop(JobId),
+    /// The accounts of the jobs from the `from`-th (oldest first), at
+    /// most `limit` of them.
+    Metrics {
+        /// The first job's place.
+        from: u32,
+        /// Jobs at most.
+        limit: u32,
+    },
 }
 
 /// The head's answer.
@@ -177,6 +187,8 @@ pub enum JobsReply {
     Job(Option<Box<JobView>>),
     /// Whether a job was stopped (false: unknown or over).
     Stopped(bool),
+    /// The jobs' accounts asked for, oldest first.
+    Metrics(Vec<crate::job_stats::JobMetrics>),
     /// The submission is refused (why).
     Invalid(String),
     /// The receiving node serves no jobs (it is not the head, or the head
@@ -367,6 +379,7 @@ mod tests {
             total: 100,
             detail: "d".into(),
             groups: vec!["g".into()],
+            stats: Default::default(),
         }
     }
 

@@ -16,6 +16,7 @@
 //! hello       the first frame of every connection: who speaks, and why
 //! incarnation the generation a node runs under, increasing across restarts
 //! jobs        detached jobs: an actor the head runs in a bundle of its own
+//! job_stats   a batch job's account of itself, and its series on `/metrics`
 //! lease       which head of a set is active: a lease on a store with conditional writes
 //! ledger      a node's reservations for the bundles of placement groups
 //! membership  the member table, incarnations and the failure detector
@@ -45,6 +46,7 @@ pub mod head;
 pub mod hello;
 pub mod ids;
 pub mod incarnation;
+pub mod job_stats;
 pub mod jobs;
 pub mod lease;
 pub mod ledger;

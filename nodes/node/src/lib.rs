@@ -11,6 +11,7 @@ use std::time::Duration;
 pub mod drain;
 pub mod head_set;
 pub mod jobs;
+mod metrics_http;
 pub mod objects;
 pub mod run;
 pub mod systemd;

@@ -290,18 +290,22 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(2);
         }
     };
-    if let Some(addr) = settings.metrics_listen {
-        // The exporter's recorder is the process's; it serves every counter
-        // the runtime emits through the `metrics` facade.
-        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install();
-        if let Err(e) = installed {
-            eprintln!("NODE-CONFIG-005: cannot serve metrics on {addr}: {e}");
-            return ExitCode::from(2);
-        }
-        tracing::info!(%addr, "serving metrics on /metrics");
-    }
+    let metrics = match settings.metrics_listen {
+        // The recorder is the process's; it serves every counter the
+        // runtime emits through the `metrics` facade, and on a head every
+        // job's account.
+        Some(addr) => match crate::metrics_http::MetricsEndpoint::start(addr).await {
+            Ok(endpoint) => {
+                tracing::info!(%addr, "serving metrics on /metrics");
+                Some(endpoint)
+            }
+            Err(e) => {
+                eprintln!("NODE-CONFIG-005: cannot serve metrics on {addr}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     // A head of a head set waits as a standby until it holds the lease,
     // then starts from the state the former primary left beside it.
     let leased = match &settings.lease {
@@ -368,6 +372,9 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
             return ExitCode::from(e.exit_code());
         }
     };
+    if let Some(metrics) = &metrics {
+        metrics.show_jobs_of(std::sync::Arc::clone(&node));
+    }
     let mut trees = match crate::trees::start(&node, settings_trees).await {
         Ok(t) => t,
         Err(e) => {

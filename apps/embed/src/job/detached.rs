@@ -78,6 +78,7 @@ pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla
                 tokio::sync::watch::channel(flotilla::placement_groups::GroupId::default());
             config.job.progress_to = Some(progress);
             config.job.group_to = Some(group);
+            config.job.meter = Some(report.meter());
             config.job.confined_to = Some(allow.clone());
             let follow = async {
                 report.follow(progress_rx, group_rx).await;

@@ -17,14 +17,16 @@ use std::time::{Duration, Instant};
 
 use flotilla::pipeline::PipelineConfig;
 use flotilla_data::Row;
-use flotilla_data::job::{BatchJob, BatchJobError, Links, PartError, PartOf, Parts, Pool};
+use flotilla_data::job::{
+    BatchJob, BatchJobError, BatchWork, JobMeter, Links, PartError, PartOf, Parts, Pool,
+};
 
 use super::input::Input;
 use super::sink::{Column, Manifest, encode_part};
 use super::stage::{Batch, EmbedStage, Output, read_result};
 use super::summary::Summary;
 use super::{JobConfig, JobError};
-use crate::actor::{EmbedMsg, EmbedderArgs, ModelInfo};
+use crate::actor::{EmbedMsg, EmbedderArgs, ModelInfo, Work};
 
 /// Embedding actors the job runs on and what they loaded.
 pub(crate) struct Workers {
@@ -143,6 +145,20 @@ struct EmbedParts {
     /// The store batches put their texts in, while it takes them.
     texts_as_objects: Option<flotilla::Objects>,
     releases: flotilla::releases::Releases,
+    /// The job's account, told what each answer says the actor did.
+    meter: JobMeter,
+}
+
+/// What an actor said it did with a batch, as the job's account takes it.
+fn batch_work(work: Work) -> BatchWork {
+    BatchWork {
+        lengths: work.lengths,
+        padded_tokens: work.padded_tokens,
+        tokenization: Duration::from_micros(work.tokenization_us),
+        queue: Duration::from_micros(work.queue_us),
+        inference: Duration::from_micros(work.inference_us),
+        cpu: Duration::from_micros(work.cpu_us),
+    }
 }
 
 impl Parts<EmbedStage> for EmbedParts {
@@ -172,9 +188,12 @@ impl Parts<EmbedStage> for EmbedParts {
                 .map(|(name, cells)| Column::new(name, cells))
                 .collect()
         });
-        let encoded = match output {
-            Output::Values(values) => encode_part(&self.manifest, columns, &batch.rows, &values),
-            Output::Object(object) => {
+        let (encoded, work) = match output {
+            Output::Values(values, work) => (
+                encode_part(&self.manifest, columns, &batch.rows, &values),
+                work,
+            ),
+            Output::Object(object, work) => {
                 let (objects, rows) = (self.objects.as_ref(), batch.rows.len());
                 let read = read_result(objects, &object, &self.manifest, rows).await;
                 // The vectors are read in place: encoded before the object
@@ -184,12 +203,15 @@ impl Parts<EmbedStage> for EmbedParts {
                     encode_part(&self.manifest, columns, &batch.rows, &values)
                 });
                 self.releases.release(Some(object), encoded.is_err());
-                encoded.map_err(|reason| {
+                let encoded = encoded.map_err(|reason| {
                     PartError::Unusable(format!("result object unreadable: {reason}"))
-                })?
+                })?;
+                (encoded, work)
             }
         };
-        encoded.map_err(|e| PartError::Encode(Box::new(e)))
+        let bytes = encoded.map_err(|e| PartError::Encode(Box::new(e)))?;
+        self.meter.work(&batch_work(work));
+        Ok(bytes)
     }
 
     async fn finish(&mut self) {
@@ -261,6 +283,9 @@ pub(crate) async fn drive(
         prompt: info.prompt.clone(),
         similarity: info.similarity.clone(),
     };
+    let meter = settings.meter.clone().unwrap_or_default();
+    let mut progress = settings.progress(scan.rows);
+    progress.meter = Some(meter.clone());
     let job = BatchJob {
         input: settings.input.clone(),
         resolved: Some(input),
@@ -270,7 +295,7 @@ pub(crate) async fn drive(
         extension: settings.format.extension(),
         batching: settings.batching(),
         pipeline: pipeline_config(workers.actors, workers.gpu_actors, config),
-        progress: settings.progress(scan.rows),
+        progress,
     };
     let stage = EmbedStage {
         revision: manifest.model_revision.clone(),
@@ -285,6 +310,7 @@ pub(crate) async fn drive(
             .map(|o| o.with_put_timeout(TEXTS_PUT_WITHIN)),
         releases: flotilla::releases::Releases::new(objects.clone()),
         objects,
+        meter,
     };
     let before_run = started.elapsed();
     let mut job = flotilla_data::job::run(links, job, stage, workers.pool, parts).await?;

@@ -3,7 +3,7 @@
 
 use flotilla::pipeline::{BatchId, RpcReplyPort, Stage, Verdict};
 
-use crate::actor::{EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest};
+use crate::actor::{EmbedMsg, EmbedOutcome, EmbedReply, EmbedRequest, Work};
 use flotilla_data::Row;
 
 /// A batch's vectors as the pipeline hands them over: in the reply, or in
@@ -11,10 +11,11 @@ use flotilla_data::Row;
 /// part is written.
 #[derive(Debug)]
 pub(crate) enum Output {
-    /// In the reply.
-    Values(Vec<f32>),
-    /// In an object holding an archived `Vectors`.
-    Object(flotilla::ObjectRef),
+    /// In the reply, with what the actor did.
+    Values(Vec<f32>, Work),
+    /// In an object holding an archived `Vectors`, with what the actor
+    /// did.
+    Object(flotilla::ObjectRef, Work),
 }
 
 /// A batch held while in flight.
@@ -106,22 +107,24 @@ impl Stage for EmbedStage {
             EmbedReply {
                 batch_id,
                 outcome: EmbedOutcome::Embedded(v),
+                work,
             } if batch_id == id.0
                 && v.revision == self.revision
                 && v.dim == self.dim
                 && v.values.len() == batch.rows.len() * self.dim as usize =>
             {
-                Verdict::Done(Output::Values(v.values))
+                Verdict::Done(Output::Values(v.values, work))
             }
             EmbedReply {
                 batch_id,
                 outcome: EmbedOutcome::EmbeddedObject(v),
+                work,
             } if batch_id == id.0
                 && v.revision == self.revision
                 && v.dim == self.dim
                 && v.rows as usize == batch.rows.len() =>
             {
-                Verdict::Done(Output::Object(v.object))
+                Verdict::Done(Output::Object(v.object, work))
             }
             EmbedReply {
                 outcome: EmbedOutcome::BadInput(reason),

@@ -23,23 +23,40 @@ use flotilla_proto::ids::GroupId;
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 use tokio::sync::watch;
 
+use super::JobMeter;
+
 /// What a detached job's driver tells the head as the job goes.
 #[derive(Clone)]
-pub struct Report(Arc<Mutex<JobProgress>>);
+pub struct Report(Arc<Mutex<JobProgress>>, JobMeter);
 
 impl Report {
     fn new() -> Self {
-        Self(Arc::new(Mutex::new(JobProgress {
+        let progress = JobProgress {
             state: JobState::Running,
             done: 0,
             total: 0,
             detail: String::new(),
             groups: Vec::new(),
-        })))
+            stats: Default::default(),
+        };
+        Self(Arc::new(Mutex::new(progress)), JobMeter::default())
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut JobProgress) -> T) -> T {
         f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Where the job keeps its account of its batches
+    /// ([`super::Settings::meter`]): each report carries what it holds.
+    pub fn meter(&self) -> JobMeter {
+        self.1.clone()
+    }
+
+    /// What the head is told now.
+    fn now(&self) -> JobProgress {
+        let mut progress = self.with(|r| r.clone());
+        progress.stats = self.1.snapshot();
+        progress
     }
 
     /// Units done and in all (0: not known yet).
@@ -151,7 +168,7 @@ where
         state: &mut DriverState,
     ) -> Result<(), ActorProcessingErr> {
         let JobMsg::Progress(_, reply) = msg;
-        let _ = reply.send(JobReport(state.report.with(|r| r.clone())));
+        let _ = reply.send(JobReport(state.report.now()));
         Ok(())
     }
 }

@@ -34,6 +34,7 @@ mod batching;
 pub mod detached;
 mod join;
 mod lost;
+mod meter;
 mod progress;
 mod settings;
 mod split;
@@ -59,6 +60,7 @@ pub use actor_count::{ActorCount, BadActorCount};
 pub use actors::{ActorStartError, Grown, Placed, PlacedActor, Placement, Stopper};
 pub use batching::Batching;
 pub use join::Join;
+pub use meter::{BatchWork, JobMeter};
 pub use progress::ProgressConfig;
 pub use settings::{
     DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, DEFAULT_SORT_WINDOW, SettingError, Settings,
@@ -470,10 +472,10 @@ where
 
 /// Batch latencies in a histogram of fixed size, whatever the number of
 /// batches: microseconds from 1 µs to an hour, three significant digits.
-struct Latencies(hdrhistogram::Histogram<u64>);
+pub(crate) struct Latencies(hdrhistogram::Histogram<u64>);
 
 impl Latencies {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(
             hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
                 .expect("bounds and precision are valid"),
@@ -481,7 +483,7 @@ impl Latencies {
     }
 
     /// Records one batch's latency (clamped to the range).
-    fn record(&mut self, latency: Duration) {
+    pub(crate) fn record(&mut self, latency: Duration) {
         self.0.saturating_record(latency.as_micros().max(1) as u64);
     }
 
@@ -922,7 +924,6 @@ where
     let mut look = tokio::time::interval(LOOK_EVERY);
     let mut lost = LostWorkers::default();
     let mut progress = Progress::new(job.progress);
-    let mut latencies = Latencies::new();
     let mut summary = BatchSummary::default();
     let mut gave_up = 0u64;
     let mut splits = Splits::new(job.batching.size, job.pipeline.max_attempts);
@@ -944,6 +945,7 @@ where
         if batcher.is_done() && pipeline.is_idle() {
             break;
         }
+        progress.observe(&pipeline, summary.restarts, batcher.is_done());
         summary.let_go += pool_state.let_go_idle(&mut pipeline, batcher.is_done());
         // A supervised pool learns of exits from its supervisor, whose
         // escalation must end the job before the exits it causes do.
@@ -1032,13 +1034,12 @@ where
                 write(&output, &mut splits, id, bytes).await?;
                 let rows = batch.as_ref().len();
                 summary.part_written(rows, started.elapsed());
-                latencies.record(latency);
-                progress.done(rows);
+                progress.written(rows, &pipeline, receipt.worker(), latency);
             }
             Some(Event::Rejected { id, batch, reason }) => {
                 splits.finish(id);
                 batcher.refuse(&mut errors, batch.as_ref(), &reason).await?;
-                progress.done(batch.as_ref().len());
+                progress.rejected(batch.as_ref().len());
             }
             Some(Event::GaveUp { id, batch }) => {
                 if !splits.splittable(id) || batch.as_ref().is_empty() {
@@ -1051,17 +1052,18 @@ where
                 {
                     batcher.refuse(&mut errors, &[row], ISOLATED).await?;
                     summary.isolated += 1;
-                    progress.done(1);
+                    progress.rejected(1);
                 }
             }
         }
     }
+    progress.observe(&pipeline, summary.restarts, true);
     progress.finish();
     parts.finish().await;
     summary.refused = errors.rows();
     errors.finish().await?;
     summary.split = splits.split;
-    summary.measured(pipeline.stats(), &latencies, started.elapsed());
+    summary.measured(pipeline.stats(), &progress.latencies, started.elapsed());
     if gave_up > 0 {
         return Err(BatchJobError::Incomplete(gave_up));
     }

@@ -3,7 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use flotilla::pipeline::{Pipeline, Stage, WorkerKey};
 use indicatif::{ProgressBar, ProgressStyle};
+
+use super::Latencies;
+use super::meter::JobMeter;
 
 /// How often progress is logged when there is no bar.
 const LOG_EVERY: Duration = Duration::from_secs(5);
@@ -17,6 +21,8 @@ pub struct ProgressConfig {
     pub total: Option<u64>,
     /// Where `(rows done or skipped, total)` is published as the job goes.
     pub report: Option<tokio::sync::watch::Sender<(u64, u64)>>,
+    /// Where the job keeps its account of its batches (see [`JobMeter`]).
+    pub meter: Option<JobMeter>,
 }
 
 /// Progress of one run, in rows.
@@ -31,12 +37,23 @@ pub(crate) struct Progress {
     total: Option<u64>,
     /// Where `(done, total)` is published.
     report: Option<tokio::sync::watch::Sender<(u64, u64)>>,
+    /// The job's account of its batches.
+    meter: JobMeter,
+    /// Its batches' latencies.
+    pub(crate) latencies: Latencies,
 }
 
 impl Progress {
     /// Progress as `config` asks.
     pub(crate) fn new(config: ProgressConfig) -> Self {
-        let ProgressConfig { bar, total, report } = config;
+        let ProgressConfig {
+            bar,
+            total,
+            report,
+            meter,
+        } = config;
+        let meter = meter.unwrap_or_default();
+        meter.started();
         let bar = bar.then(|| {
             let b = ProgressBar::new(total.unwrap_or(0));
             let template = if total.is_some() {
@@ -57,6 +74,8 @@ impl Progress {
             skipped: 0,
             total,
             report,
+            meter,
+            latencies: Latencies::new(),
         };
         p.publish();
         p
@@ -72,8 +91,37 @@ impl Progress {
         self.rows as f64 / self.started.elapsed().as_secs_f64().max(1e-9)
     }
 
+    /// Rows of a batch written: `worker` answered it after `latency`.
+    pub(crate) fn written<S: Stage>(
+        &mut self,
+        rows: usize,
+        pipeline: &Pipeline<S>,
+        worker: WorkerKey,
+        latency: Duration,
+    ) {
+        self.latencies.record(latency);
+        let at = pipeline.node_of(worker).map(|n| (n, u64::from(worker)));
+        self.meter.written(rows, at, latency);
+        self.done(rows);
+    }
+
+    /// Rows refused.
+    pub(crate) fn rejected(&mut self, rows: usize) {
+        self.meter.rejected(rows);
+        self.done(rows);
+    }
+
+    /// The pipeline as it stands, with every batch read (`read`) or not,
+    /// after `restarts` restarts of its actors.
+    pub(crate) fn observe<S: Stage>(&self, pipeline: &Pipeline<S>, restarts: u64, read: bool) {
+        let window = (pipeline.in_flight(), pipeline.max_in_flight());
+        self.meter
+            .pipeline(window, !read, pipeline.stats(), restarts);
+    }
+
     /// Rows of a batch found complete.
     pub(crate) fn skipped(&mut self, rows: usize) {
+        self.meter.skipped(rows);
         self.skipped += rows as u64;
         self.publish();
         if let Some(b) = &self.bar {

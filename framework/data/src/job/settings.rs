@@ -154,6 +154,11 @@ pub struct Settings {
     #[arg(skip)]
     #[serde(skip)]
     pub group_to: Option<tokio::sync::watch::Sender<GroupId>>,
+    /// Where the job keeps its account of its batches (a detached job's
+    /// driver reports it to the head).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub meter: Option<super::JobMeter>,
     /// The roots the job's input shards must lie under where they really
     /// are (links resolved): a detached job's, its node's allowed roots.
     /// `None`: any.
@@ -230,6 +235,7 @@ impl Settings {
             bar: self.progress_bar,
             total,
             report: self.progress_to.clone(),
+            meter: self.meter.clone(),
         }
     }
 

@@ -77,6 +77,7 @@ use flotilla_proto::authority::{self, Unauthorized};
 use flotilla_proto::role::principal_of;
 
 pub use flotilla_proto::ids::JobId;
+pub use flotilla_proto::job_stats::{JobMetrics, JobStats};
 pub use flotilla_proto::jobs::{
     JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, Retention, StoredJob,
 };
@@ -101,7 +102,7 @@ const LEFT_COPY_EVERY: Duration = Duration::from_secs(2);
 pub struct ProgressAsk;
 
 /// A job actor's answer: where it is.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct JobReport(pub JobProgress);
 
 crate::remote_type!(ProgressAsk, JobReport);
@@ -163,7 +164,7 @@ impl ServeJobs for JobsHandle {
 enum Command {
     Request(Option<Caller>, JobsRequest, oneshot::Sender<Answer>),
     Event(JobId, SupervisorEvent),
-    Progress(JobId, JobProgress),
+    Progress(JobId, Box<JobProgress>),
 }
 
 /// The head's jobs service, running until [`Jobs::stop`].
@@ -195,6 +196,32 @@ struct Entry {
     ended_at: Option<std::time::Instant>,
     /// When it was last written to the store.
     saved_at: Option<std::time::Instant>,
+    /// What its driver last reported of its batches.
+    stats: JobStats,
+    /// When this head took it (submitted, or read back from the store).
+    taken_at: std::time::Instant,
+    /// When its count of rows last grew.
+    progressed_at: Option<std::time::Instant>,
+}
+
+impl Entry {
+    /// Its account at `now`, as `/metrics` and the dashboard show it.
+    fn metrics(&self, now: std::time::Instant) -> JobMetrics {
+        let r = &self.record;
+        let since = |at: std::time::Instant| now.saturating_duration_since(at).as_secs_f64();
+        JobMetrics {
+            id: r.id.clone(),
+            owner: r.owner.clone(),
+            state: r.state,
+            done: r.done,
+            total: r.total,
+            restarts: r.restarts,
+            age_s: since(self.taken_at),
+            since_progress_s: self.progressed_at.map_or(0.0, since),
+            ended_s: self.ended_at.map(since),
+            stats: self.stats.clone(),
+        }
+    }
 }
 
 struct Service {
@@ -372,6 +399,38 @@ impl Node {
         }
     }
 
+    /// The accounts of the jobs the head knows, from the `from`-th (oldest
+    /// first), at most `limit` of them: what `/metrics` and the dashboard
+    /// show of each.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let (config, _dir) = flotilla::node::doc_example::config("job-metrics")?;
+    /// use flotilla::node::doc_example::{COUNTER, Counter};
+    /// let node = flotilla::Node::builder(config)
+    ///     .register(COUNTER, || Counter)
+    ///     .start_shared()
+    ///     .await?;
+    /// let _jobs = node.serve_jobs()?.expect("a head serves jobs");
+    /// let id = node.submit_job(flotilla::node::doc_example::counter_job()).await?;
+    /// let accounts = node.job_metrics(0, 100).await?;
+    /// assert_eq!(accounts.len(), 1);
+    /// assert_eq!(accounts[0].id, id);
+    /// assert!(node.job_metrics(1, 100).await?.is_empty());
+    /// node.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn job_metrics(&self, from: u32, limit: u32) -> Result<Vec<JobMetrics>, JobsError> {
+        match self
+            .jobs_request(JobsRequest::Metrics { from, limit })
+            .await?
+        {
+            JobsReply::Metrics(m) => Ok(m),
+            other => Err(JobsError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
     /// One job, if the head knows it.
     ///
     /// ```
@@ -446,7 +505,7 @@ impl Service {
                         let _ = reply.send(answer);
                     }
                     Some(Command::Event(id, e)) => self.event(&id, e).await,
-                    Some(Command::Progress(id, p)) => self.progress(&id, p).await,
+                    Some(Command::Progress(id, p)) => self.progress(&id, *p).await,
                     None => return,
                 },
                 _ = poll.tick() => {
@@ -522,6 +581,9 @@ impl Service {
                 placed: None,
                 ended_at: None,
                 saved_at: None,
+                stats: JobStats::default(),
+                taken_at: std::time::Instant::now(),
+                progressed_at: None,
             };
             if entry.record.state.is_end() {
                 let ago = job
@@ -611,6 +673,18 @@ impl Service {
                     None => JobsReply::Job(None),
                 }
             }
+            JobsRequest::Metrics { from, limit } => {
+                authority::may_read(sender)?;
+                let now = std::time::Instant::now();
+                let out = self
+                    .jobs
+                    .values()
+                    .skip(from as usize)
+                    .take(limit as usize)
+                    .map(|e| e.metrics(now))
+                    .collect();
+                JobsReply::Metrics(out)
+            }
             JobsRequest::Stop(id) => {
                 let Some(e) = self.find(&id) else {
                     return Ok(JobsReply::Stopped(false));
@@ -663,6 +737,9 @@ impl Service {
                 placed: None,
                 ended_at: None,
                 saved_at: None,
+                stats: JobStats::default(),
+                taken_at: std::time::Instant::now(),
+                progressed_at: None,
             },
         );
         // Recorded before it is acknowledged: a job the head cannot keep
@@ -778,12 +855,19 @@ impl Service {
         self.save_id(id);
     }
 
-    async fn progress(&mut self, id: &JobId, p: JobProgress) {
+    async fn progress(&mut self, id: &JobId, mut p: JobProgress) {
         let Some((&key, entry)) = self.jobs.iter_mut().find(|(_, e)| e.record.id == *id) else {
             return;
         };
         let before = entry.record.clone();
-        if entry.record.progress(p) {
+        if !entry.record.state.is_end() {
+            entry.stats = std::mem::take(&mut p.stats);
+        }
+        let ended = entry.record.progress(p);
+        if entry.record.done > before.done {
+            entry.progressed_at = Some(std::time::Instant::now());
+        }
+        if ended {
             tracing::info!(job = %id, state = entry.record.state.as_str(), "job ended");
             // `finish` writes the end.
             self.finish(id).await;
@@ -873,7 +957,7 @@ impl Service {
                 )
                 .await;
                 if let Ok(JobReport(p)) = asked {
-                    let _ = tx.send(Command::Progress(id, p));
+                    let _ = tx.send(Command::Progress(id, Box::new(p)));
                 }
             });
         }

@@ -138,6 +138,11 @@ impl Receipt {
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
+
+    /// The worker that answered.
+    pub fn worker(&self) -> WorkerKey {
+        self.worker
+    }
 }
 
 /// What became of a batch.
@@ -193,6 +198,13 @@ pub struct PipelineStats {
     pub stale: u64,
     /// Second sends of straggling batches.
     pub hedged: u64,
+    /// Sends whose deadline passed unanswered.
+    pub deadlines: u64,
+    /// Sends answered with a failure, or with a result found unusable.
+    pub failures: u64,
+    /// Sends lost with their worker (it dropped them unanswered, or they
+    /// never left).
+    pub lost: u64,
 }
 
 struct Worker<M: Message> {
@@ -372,6 +384,7 @@ impl<S: Stage> Pipeline<S> {
     /// had left; past them it comes back as [`Event::GaveUp`]. So a result
     /// that can never be used is not asked for without end.
     pub fn unusable(&mut self, id: BatchId, batch: S::Batch, receipt: Receipt) {
+        self.stats.failures += 1;
         self.hold(id, batch);
         self.window.redo(now(), id, receipt.attempt, receipt.worker);
         self.pump();
@@ -558,7 +571,7 @@ impl<S: Stage> Pipeline<S> {
             let answer = tokio::select! {
                 a = self.sends.next(), if !self.sends.is_empty() => a,
                 () = sleep_until(wake) => {
-                    self.window.poll_deadlines(now());
+                    self.stats.deadlines += self.window.poll_deadlines(now()) as u64;
                     self.drop_stale_sends();
                     continue;
                 }
@@ -636,8 +649,10 @@ impl<S: Stage> Pipeline<S> {
                     .unwrap_or("");
                 tracing::warn!(batch = id.0, node, %reason, "batch failed; sending it again");
                 if lost {
+                    self.stats.lost += 1;
                     self.window.lose(now(), id, &worker);
                 } else {
+                    self.stats.failures += 1;
                     self.window.fail(now(), id, &worker);
                 }
                 self.drop_stale_sends();
