@@ -37,6 +37,26 @@ const JOB_FAMILIES: [(&str, &str); 11] = [
     ("flotilla_job_cpu_seconds_total", "counter"),
 ];
 
+/// The job's rows of `outcome` in a scrape.
+fn rows_of(scraped: &str, id: &str, outcome: &str) -> Option<f64> {
+    let labels = format!(",outcome=\"{outcome}\"");
+    of_job(scraped, "flotilla_job_rows_total", id, &labels)
+}
+
+/// A head serving `/metrics`, and that address.
+fn head_with_metrics(s: &Scratch) -> (Proc, std::net::SocketAddr) {
+    let metrics = flotilla_testkit::ca::free_tcp_addr();
+    let flag = metrics.to_string();
+    let head = s.spawn_with(
+        "head",
+        "head",
+        free_addr(),
+        None,
+        &["--metrics-listen", &flag],
+    );
+    (head, metrics)
+}
+
 /// `node embed --detach` of `input` to `output` on two one-cpu actors, in
 /// batches of 32: the job's id.
 fn submit(s: &Scratch, head: &Proc, input: &Path, output: &Path) -> String {
@@ -69,15 +89,7 @@ fn of_job(scraped: &str, family: &str, id: &str, rest: &str) -> Option<f64> {
 #[test]
 fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() {
     let s = Scratch::new("observe-scrape", NODE);
-    let metrics = flotilla_testkit::ca::free_tcp_addr();
-    let metrics_flag = metrics.to_string();
-    let head = s.spawn_with(
-        "head",
-        "head",
-        free_addr(),
-        None,
-        &["--metrics-listen", &metrics_flag],
-    );
+    let (head, metrics) = head_with_metrics(&s);
     let _workers = cpu_workers(&s, head.addr, &["m1", "m2"], "cpu=2");
     let (input, ids) = corpus(&s.dir, 600);
     let out = s.dir.join("out-observe");
@@ -87,12 +99,7 @@ fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() 
     let (running, _) = eventually(Duration::from_secs(120), || {
         let scraped = scrape(metrics)?;
         let running = of_job(&scraped, "flotilla_job_state", &id, ",state=\"running\"")?;
-        let done = of_job(
-            &scraped,
-            "flotilla_job_rows_total",
-            &id,
-            ",outcome=\"done\"",
-        )?;
+        let done = rows_of(&scraped, &id, "done")?;
         (running == 1.0 && done > 0.0).then_some(scraped)
     });
     let in_flight = of_job(&running, "flotilla_job_batches_in_flight", &id, "").unwrap();
@@ -114,15 +121,7 @@ fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() 
         let ty = format!("# TYPE {family} {kind}\n");
         assert_eq!(scraped.matches(&ty).count(), 1, "{ty}\n{scraped}");
     }
-    let rows = |outcome: &str| {
-        of_job(
-            &scraped,
-            "flotilla_job_rows_total",
-            &id,
-            &format!(",outcome=\"{outcome}\""),
-        )
-        .unwrap()
-    };
+    let rows = |outcome: &str| rows_of(&scraped, &id, outcome).unwrap();
     assert_eq!(rows("done"), 600.0, "{scraped}");
     assert_eq!(
         rows("done") + rows("skipped"),
@@ -183,4 +182,223 @@ fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() 
     );
     // No ETA once it has ended.
     assert!(!scraped.contains(&format!("flotilla_job_eta_seconds{{job=\"{id}\"}}")));
+}
+
+/// Chromium, run headless on `url`, with `flags` (`--dump-dom` prints the
+/// page as its script left it).
+fn chromium(flags: &[&str], url: &str) -> std::process::Output {
+    let profile = tempfile_dir("chromium-profile");
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=4000",
+            &format!("--user-data-dir={}", profile.display()),
+        ])
+        .args(flags)
+        .arg(url)
+        .output()
+        .expect("chromium runs (scripts/fetch-test-tools installs it)");
+    let _ = std::fs::remove_dir_all(&profile);
+    out
+}
+
+/// A fresh folder for one browser run.
+fn tempfile_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "flotilla-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The page at `url` as the browser's script drew it, once it shows
+/// `page` (every load is a fresh browser).
+fn page_dom(url: &str, page: &str) -> String {
+    let (dom, _) = eventually(Duration::from_secs(60), || {
+        let out = chromium(&["--dump-dom"], url);
+        let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+        dom.contains(&format!("data-page=\"{page}\""))
+            .then_some(dom)
+    });
+    dom
+}
+
+/// The value of `data-field="FIELD" data-value="…"` in the element whose
+/// opening tag holds `anchor` (a row or list), as a number.
+fn field(dom: &str, anchor: &str, field: &str) -> Option<f64> {
+    let from = dom.find(anchor)?;
+    let rest = &dom[from..];
+    let at = rest.find(&format!("data-field=\"{field}\" data-value=\""))?;
+    let value = &rest[at + field.len() + 26..];
+    value[..value.find('"')?].parse().ok()
+}
+
+/// Everything the page fetched (its own address first), as its script
+/// listed it.
+fn fetched(dom: &str) -> Vec<String> {
+    let start = dom
+        .find("<pre id=\"resources\" hidden=\"\">")
+        .expect("the list")
+        + 30;
+    let end = start + dom[start..].find("</pre>").unwrap();
+    dom[start..end]
+        .lines()
+        .map(|l| l.replace("&amp;", "&"))
+        .collect()
+}
+
+/// A head serving `/metrics`, two workers (their actors slowed six times,
+/// so the job is still running while the pages load) and a detached embed
+/// job of 1,200 texts, seen through `node dashboard` (with an `observer`
+/// certificate) in Chromium: every page loads; the cluster page lists each
+/// member with the role, incarnation and state `node status --json`
+/// gives; the jobs page and the job's page show rows done and tokens
+/// between what `/metrics` said just before and just after, no more
+/// batches in flight than the window, and both charts; the supervisors
+/// page lists every supervisor `node status --json` lists; no page fetches
+/// anything from another origin. A screenshot of the job's page is taken
+/// (written to docs/dashboard.png with FLOTILLA_WRITE_SCREENSHOT=1).
+#[test]
+fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
+    let s = Scratch::new("observe-dashboard", NODE);
+    let (head, metrics) = head_with_metrics(&s);
+    let slow = [("FLOTILLA_FAILPOINTS", "embedder::slow=return(6)")];
+    let _workers = cpu_workers_env(&s, head.addr, &["v1", "v2"], "cpu=2", &slow);
+    let (input, _) = corpus(&s.dir, 1200);
+    let id = submit(&s, &head, &input, &s.dir.join("out-dashboard"));
+    eventually(Duration::from_secs(120), || {
+        let scraped = scrape(metrics)?;
+        let done = rows_of(&scraped, &id, "done")?;
+        (done > 0.0).then_some(())
+    });
+
+    s.issue_role("watcher", "observer");
+    let listen = flotilla_testkit::ca::free_tcp_addr();
+    let dashboard = std::process::Command::new(NODE)
+        .args(["dashboard", "--listen", &listen.to_string()])
+        .args(["--head", &head.addr.to_string()])
+        .args(["--certs", s.certs().to_str().unwrap(), "--name", "watcher"])
+        .stderr(std::fs::File::create(s.dir.join("dashboard.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _dashboard = Killed(dashboard);
+    let origin = format!("http://{listen}/");
+    eventually(Duration::from_secs(30), || {
+        std::net::TcpStream::connect(listen).ok().map(|_| ())
+    });
+
+    let mut pages = Vec::new();
+    // The cluster, against `node status --json`.
+    let dom = page_dom(&format!("{origin}#/cluster"), "cluster");
+    let st = s.status(head.addr).unwrap();
+    for n in st["nodes"].as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        let anchor = format!("data-node=\"{name}\"");
+        assert!(dom.contains(&anchor), "{name}\n{dom}");
+        assert_eq!(
+            field(&dom, &anchor, "incarnation"),
+            n["incarnation"].as_f64(),
+            "{name}\n{dom}"
+        );
+        let row = &dom[dom.find(&anchor).unwrap()..];
+        let row = &row[..row.find("</tr>").unwrap()];
+        assert!(
+            row.contains(&format!(">{}<", n["role"].as_str().unwrap())),
+            "{row}"
+        );
+        assert!(
+            row.contains(&format!(">{}<", n["state"].as_str().unwrap())),
+            "{row}"
+        );
+    }
+    pages.push(dom);
+
+    // The jobs, and the job, against `/metrics` just before and after.
+    let done_now = || {
+        let scraped = scrape(metrics).unwrap();
+        let rows = |o: &str| rows_of(&scraped, &id, o).unwrap();
+        let tokens = of_job(&scraped, "flotilla_job_tokens_total", &id, ",kind=\"real\"").unwrap();
+        (rows("done") + rows("skipped"), tokens)
+    };
+    let before = done_now();
+    let jobs = page_dom(&format!("{origin}#/jobs"), "jobs");
+    let job = page_dom(&format!("{origin}#/job/{id}"), "job");
+    let after = done_now();
+    let anchor = format!("data-job=\"{id}\"");
+    let shown = field(&jobs, &anchor, "done").expect("the job's row");
+    assert!(
+        before.0 <= shown && shown <= after.0,
+        "{before:?} {shown} {after:?}"
+    );
+    assert_eq!(field(&jobs, &anchor, "total"), Some(1200.0), "{jobs}");
+    let tokens = field(&job, "<main", "tokens").expect("the job's tokens");
+    assert!(
+        before.1 <= tokens && tokens <= after.1,
+        "{before:?} {tokens} {after:?}"
+    );
+    let in_flight = field(&job, "<main", "in_flight").unwrap();
+    assert!(job.contains(&format!("{} / ", in_flight as u64)), "{job}");
+    assert!(job.contains("data-chart=\"rows\"") && job.contains("data-chart=\"tokens\""));
+    assert!(job.contains("data-stage=\"inference\""), "{job}");
+    pages.push(jobs);
+    pages.push(job);
+
+    // The supervisors, against `node status --json` with them.
+    let sup = page_dom(&format!("{origin}#/supervisors"), "supervisors");
+    let st = s.status_with_supervisors(head.addr).unwrap();
+    for n in st["nodes"].as_array().unwrap() {
+        for sv in n["supervisors"].as_array().into_iter().flatten() {
+            let name = sv["name"].as_str().unwrap();
+            assert!(sup.contains(name), "{name}\n{sup}");
+        }
+    }
+    pages.push(sup);
+
+    // Nothing from another origin.
+    for dom in &pages {
+        let urls = fetched(dom);
+        assert!(urls.len() >= 3, "{urls:?}");
+        for url in urls {
+            assert!(url.starts_with(&origin), "{url} is not of {origin}");
+        }
+    }
+
+    // The screenshot of the job's page.
+    let png = if std::env::var_os("FLOTILLA_WRITE_SCREENSHOT").is_some() {
+        root().join("docs/dashboard.png")
+    } else {
+        s.dir.join("dashboard.png")
+    };
+    let shot = format!("--screenshot={}", png.display());
+    chromium(
+        &[&shot, "--window-size=1280,1100"],
+        &format!("{origin}#/job/{id}"),
+    );
+    let bytes = std::fs::read(&png).expect("a screenshot");
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
+        "{}",
+        bytes.len()
+    );
+}
+
+/// A child process killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

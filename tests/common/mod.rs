@@ -346,6 +346,17 @@ pub fn cpu_workers(
     names: &[&str],
     cpus: &str,
 ) -> Vec<Proc> {
+    cpu_workers_env(s, head, names, cpus, &[])
+}
+
+/// [`cpu_workers`] with environment variables set (failpoints).
+pub fn cpu_workers_env(
+    s: &Scratch,
+    head: std::net::SocketAddr,
+    names: &[&str],
+    cpus: &str,
+    env: &[(&str, &str)],
+) -> Vec<Proc> {
     // Detached jobs read and write the test's folder and the model only.
     let scratch = s.dir.canonicalize().unwrap();
     let model = model().canonicalize().unwrap();
@@ -366,7 +377,7 @@ pub fn cpu_workers(
                     "--allow-path",
                     model.to_str().unwrap(),
                 ],
-                env: &[],
+                env,
             })
         })
         .collect();

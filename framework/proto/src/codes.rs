@@ -455,6 +455,18 @@ pub const CODES: &[Code] = &[
         &["framework/runtime/src/node/builder.rs"],
     ),
     code(
+        "NODE-DASH-001",
+        "The dashboard listens on a loopback address only (… is not one)",
+        "Give --listen a 127.0.0.1 or [::1] address; reach it from another machine through an SSH tunnel",
+        &["nodes/node/src/dashboard/mod.rs"],
+    ),
+    code(
+        "NODE-DASH-002",
+        "Cannot listen on …: …",
+        "Free the port or give --listen another one",
+        &["nodes/node/src/dashboard/mod.rs"],
+    ),
+    code(
         "NODE-DRAIN-001",
         "No member of the cluster has the name a drain asked for",
         "Check the name with `node status`",

@@ -240,11 +240,30 @@ pub struct JobStats {
     pub stages: Stages,
 }
 
+/// A job's count at one moment, for its rates over time.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// Seconds before the answer it was taken.
+    pub ago_s: u32,
+    /// Rows done (written this run).
+    pub rows: u64,
+    /// Real tokens embedded.
+    pub tokens: u64,
+}
+
+/// How often the head keeps a sample of a running job's counts.
+pub const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Samples the head keeps per job: an hour's.
+pub const SAMPLES_KEPT: usize = 360;
+
 /// One job's account on the head: what `/metrics` and the dashboard show.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct JobMetrics {
     /// Its id.
     pub id: JobId,
+    /// What it does (for the embed job, its input and output).
+    pub description: String,
     /// The certificate that submitted it.
     pub owner: Option<String>,
     /// Where it is.
@@ -264,6 +283,9 @@ pub struct JobMetrics {
     pub ended_s: Option<f64>,
     /// What its driver last reported.
     pub stats: JobStats,
+    /// Its counts over the last hour, oldest first, one every
+    /// [`SAMPLE_EVERY`] (only when one job's account is asked for).
+    pub history: Vec<Sample>,
 }
 
 impl JobMetrics {
@@ -569,6 +591,8 @@ mod tests {
         stats.stages.inference.record(0.02);
         JobMetrics {
             id: JobId::new(id),
+            description: "embed a -> b".into(),
+            history: Vec::new(),
             owner: Some("alice".into()),
             state,
             done: 100,

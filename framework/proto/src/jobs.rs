@@ -174,6 +174,8 @@ pub enum JobsRequest {
         /// Jobs at most.
         limit: u32,
     },
+    /// One job's account, with its counts over the last hour.
+    Account(JobId),
 }
 
 /// The head's answer.
@@ -189,6 +191,8 @@ pub enum JobsReply {
     Stopped(bool),
     /// The jobs' accounts asked for, oldest first.
     Metrics(Vec<crate::job_stats::JobMetrics>),
+    /// The job's account, if the head knows the job.
+    Account(Option<Box<crate::job_stats::JobMetrics>>),
     /// The submission is refused (why).
     Invalid(String),
     /// The receiving node serves no jobs (it is not the head, or the head

@@ -8,8 +8,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod dashboard;
 pub mod drain;
 pub mod head_set;
+mod http;
 pub mod jobs;
 mod metrics_http;
 pub mod objects;
@@ -45,6 +47,9 @@ pub enum Command {
     Join(NodeArgs),
     /// Print the member table as a node sees it.
     Status(StatusArgs),
+    /// Serve a read-only dashboard of the cluster and its jobs to a
+    /// browser on this machine, asking the head as the given identity.
+    Dashboard(DashboardArgs),
     /// Drain a member: it takes no new work, its placement bundles and the
     /// actors in them move to other nodes, and it leaves once it holds
     /// nothing (or when the deadline passes).
@@ -411,9 +416,9 @@ pub struct DrainArgs {
     pub no_wait: bool,
 }
 
-/// Flags of `node status`.
+/// Whom a tool asks, and as whom.
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub struct AskArgs {
     /// Address of the head (or of any member, for its view); with a head
     /// set, every head's (repeat the flag, or separate them with commas):
     /// the active one answers.
@@ -422,9 +427,18 @@ pub struct StatusArgs {
     /// Folder with ca.crt and the identity's certificate.
     #[arg(long)]
     pub certs: PathBuf,
-    /// Identity to use (default: admin).
+    /// Identity to use (default: admin; an `observer` certificate may
+    /// read).
     #[arg(long, default_value = "admin")]
     pub name: String,
+}
+
+/// Flags of `node status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Whom to ask, as whom.
+    #[command(flatten)]
+    pub ask: AskArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -433,6 +447,18 @@ pub struct StatusArgs {
     /// the answer by that much).
     #[arg(long)]
     pub no_supervisors: bool,
+}
+
+/// Flags of `node dashboard`.
+#[derive(Debug, Args)]
+pub struct DashboardArgs {
+    /// Loopback address to serve the dashboard on (reach it from another
+    /// machine through an SSH tunnel).
+    #[arg(long, default_value = "127.0.0.1:8265")]
+    pub listen: SocketAddr,
+    /// Whom to ask, as whom.
+    #[command(flatten)]
+    pub ask: AskArgs,
 }
 
 /// A node's resource declaration: checked as a node declares it (`cpu`

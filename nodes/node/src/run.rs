@@ -82,6 +82,7 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
         Command::Head(args) => serve(args, false, extra).await,
         Command::Join(args) => serve(args, true, extra).await,
         Command::Status(args) => status(args).await,
+        Command::Dashboard(args) => crate::dashboard::run(args).await,
         Command::Drain(args) => crate::drain::run(args).await,
     }
 }
@@ -152,46 +153,19 @@ fn certs(op: CertsOp) -> ExitCode {
 /// `node status`: the member table, supervisors, placement, GPUs and
 /// objects, as text or JSON.
 async fn status(args: crate::StatusArgs) -> ExitCode {
-    let identity = match flotilla_transport::Identity::load(&args.certs, &args.name) {
+    let identity = match flotilla_transport::Identity::load(&args.ask.certs, &args.ask.name) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    let answered = flotilla::status::first_answer(&args.head, |addr| {
-        flotilla::query_status(addr, identity.clone())
-    })
-    .await;
-    match answered {
-        Ok((head, table)) => {
-            let supervisors = if args.no_supervisors {
-                flotilla::render::Supervisors::new()
-            } else {
-                supervisors_of(&table, &identity).await
-            };
-            // The head accounts placement; any other node says so.
-            let placement = flotilla::query_placement(head, identity.clone()).await.ok();
-            // Only nodes that offer GPUs are asked who holds them.
-            let gpus = answers_of(
-                &table,
-                &identity,
-                |m| m.resources.gpus > 0,
-                flotilla::query_gpus,
-            )
-            .await;
-            let objects = if args.json {
-                answers_of(&table, &identity, |_| true, flotilla::query_objects).await
-            } else {
-                flotilla::render::ObjectCounts::new()
-            };
-            let report = flotilla::render::StatusReport {
-                table,
-                supervisors,
-                placement,
-                objects,
-                gpus,
-            };
+    let asked = Gather {
+        supervisors: !args.no_supervisors,
+        objects: args.json,
+    };
+    match gather_status(&args.ask.head, &identity, asked).await {
+        Ok(report) => {
             if args.json {
                 println!("{}", report.to_json());
             } else {
@@ -204,6 +178,56 @@ async fn status(args: crate::StatusArgs) -> ExitCode {
             ExitCode::from(4)
         }
     }
+}
+
+/// What [`gather_status`] asks of every member beside the table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gather {
+    /// Each node's supervisors.
+    pub(crate) supervisors: bool,
+    /// Each node's object-store counters.
+    pub(crate) objects: bool,
+}
+
+/// Everything `node status` shows, asked as `identity` of the first of
+/// `heads` that answers: the member table, placement (from the head), the
+/// GPUs of nodes that offer them, and what `asked` names of every up node.
+pub(crate) async fn gather_status(
+    heads: &[std::net::SocketAddr],
+    identity: &flotilla_transport::Identity,
+    asked: Gather,
+) -> Result<flotilla::render::StatusReport, flotilla::status::StatusError> {
+    let (head, table) = flotilla::status::first_answer(heads, |addr| {
+        flotilla::query_status(addr, identity.clone())
+    })
+    .await?;
+    let supervisors = if asked.supervisors {
+        supervisors_of(&table, identity).await
+    } else {
+        flotilla::render::Supervisors::new()
+    };
+    // The head accounts placement; any other node says so.
+    let placement = flotilla::query_placement(head, identity.clone()).await.ok();
+    // Only nodes that offer GPUs are asked who holds them.
+    let gpus = answers_of(
+        &table,
+        identity,
+        |m| m.resources.gpus > 0,
+        flotilla::query_gpus,
+    )
+    .await;
+    let objects = if asked.objects {
+        answers_of(&table, identity, |_| true, flotilla::query_objects).await
+    } else {
+        flotilla::render::ObjectCounts::new()
+    };
+    Ok(flotilla::render::StatusReport {
+        table,
+        supervisors,
+        placement,
+        objects,
+        gpus,
+    })
 }
 
 /// `node embed --detach`: submits the job to the head and prints its id.

@@ -46,6 +46,9 @@ struct State {
     full_since: Option<Instant>,
     /// Each actor's place in `stats.actors`, by node and worker.
     actors: HashMap<(String, u64), usize>,
+    /// Until when each actor (by place) is counted busy: the end of the
+    /// last answer counted, so overlapping sends count once.
+    busy_until: Vec<Instant>,
     /// CPU microseconds of the actors (reported in milliseconds).
     cpu_us: u64,
 }
@@ -104,7 +107,11 @@ impl JobMeter {
     }
 
     /// Rows written; `worker` on `node` answered the batch after `latency`.
+    /// An actor is busy while it holds at least one batch: the time its
+    /// sends overlap is counted once.
     pub(crate) fn written(&self, rows: usize, at: Option<(&str, u64)>, latency: Duration) {
+        let now = Instant::now();
+        let sent = now.checked_sub(latency).unwrap_or(now);
         self.with(|s| {
             s.stats.rows_done += rows as u64;
             let Some((node, worker)) = at else { return };
@@ -118,10 +125,13 @@ impl JobMeter {
                     node: node.to_owned(),
                     ..ActorStats::default()
                 });
+                s.busy_until.push(sent);
             }
-            if let Some(a) = s.stats.actors.get_mut(i) {
+            if let (Some(a), Some(until)) = (s.stats.actors.get_mut(i), s.busy_until.get_mut(i)) {
+                let from = sent.max(*until);
                 a.batches += 1;
-                a.busy_ms += latency.as_millis() as u64;
+                a.busy_ms += now.saturating_duration_since(from).as_millis() as u64;
+                *until = now;
             }
         });
     }
@@ -199,7 +209,10 @@ mod tests {
         let meter = JobMeter::new(512);
         meter.started();
         meter.written(4, Some(("w1", 1)), Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(15));
         meter.written(4, Some(("w1", 1)), Duration::from_millis(10));
+        // Sent while the one before was out: the overlap counts once.
+        meter.written(4, Some(("w1", 1)), Duration::from_millis(1000));
         meter.written(4, Some(("w2", 2)), Duration::from_millis(5));
         meter.written(4, None, Duration::from_millis(5));
         meter.skipped(3);
@@ -217,9 +230,14 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         meter.pipeline((1, 2), true, stats, 1);
         let s = meter.snapshot();
-        assert_eq!((s.rows_done, s.rows_skipped, s.rows_rejected), (16, 3, 1));
+        assert_eq!((s.rows_done, s.rows_skipped, s.rows_rejected), (20, 3, 1));
         assert_eq!(s.actors.len(), 2);
-        assert_eq!((s.actors[0].batches, s.actors[0].busy_ms), (2, 20));
+        assert_eq!(s.actors[0].batches, 3);
+        assert!(
+            (20..25).contains(&s.actors[0].busy_ms),
+            "{}",
+            s.actors[0].busy_ms
+        );
         assert_eq!(s.actors[1].node, "w2");
         assert_eq!(
             s.retries,

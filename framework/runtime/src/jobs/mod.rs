@@ -78,6 +78,7 @@ use flotilla_proto::role::principal_of;
 
 pub use flotilla_proto::ids::JobId;
 pub use flotilla_proto::job_stats::{JobMetrics, JobStats};
+use flotilla_proto::job_stats::{SAMPLE_EVERY, SAMPLES_KEPT, Sample};
 pub use flotilla_proto::jobs::{
     JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, Retention, StoredJob,
 };
@@ -202,6 +203,8 @@ struct Entry {
     taken_at: std::time::Instant,
     /// When its count of rows last grew.
     progressed_at: Option<std::time::Instant>,
+    /// Its counts over the last hour, with when each was taken.
+    samples: std::collections::VecDeque<(std::time::Instant, u64, u64)>,
 }
 
 impl Entry {
@@ -211,6 +214,8 @@ impl Entry {
         let since = |at: std::time::Instant| now.saturating_duration_since(at).as_secs_f64();
         JobMetrics {
             id: r.id.clone(),
+            description: r.description.clone(),
+            history: Vec::new(),
             owner: r.owner.clone(),
             state: r.state,
             done: r.done,
@@ -220,6 +225,37 @@ impl Entry {
             since_progress_s: self.progressed_at.map_or(0.0, since),
             ended_s: self.ended_at.map(since),
             stats: self.stats.clone(),
+        }
+    }
+
+    /// Its account at `now` with its counts over the last hour.
+    fn account(&self, now: std::time::Instant) -> JobMetrics {
+        let mut m = self.metrics(now);
+        m.history = self
+            .samples
+            .iter()
+            .map(|&(at, rows, tokens)| Sample {
+                ago_s: now.saturating_duration_since(at).as_secs() as u32,
+                rows,
+                tokens,
+            })
+            .collect();
+        m
+    }
+
+    /// Keeps a sample of its counts at `now`, one every [`SAMPLE_EVERY`],
+    /// the last hour's.
+    fn sample(&mut self, now: std::time::Instant) {
+        let due = self
+            .samples
+            .back()
+            .is_none_or(|(at, ..)| now.saturating_duration_since(*at) >= SAMPLE_EVERY);
+        if due {
+            if self.samples.len() >= SAMPLES_KEPT {
+                self.samples.pop_front();
+            }
+            self.samples
+                .push_back((now, self.stats.rows_done, self.stats.tokens));
         }
     }
 }
@@ -584,6 +620,7 @@ impl Service {
                 stats: JobStats::default(),
                 taken_at: std::time::Instant::now(),
                 progressed_at: None,
+                samples: Default::default(),
             };
             if entry.record.state.is_end() {
                 let ago = job
@@ -685,6 +722,12 @@ impl Service {
                     .collect();
                 JobsReply::Metrics(out)
             }
+            JobsRequest::Account(id) => {
+                authority::may_read(sender)?;
+                let now = std::time::Instant::now();
+                let e = self.jobs.values().find(|e| e.record.id == id);
+                JobsReply::Account(e.map(|e| Box::new(e.account(now))))
+            }
             JobsRequest::Stop(id) => {
                 let Some(e) = self.find(&id) else {
                     return Ok(JobsReply::Stopped(false));
@@ -740,6 +783,7 @@ impl Service {
                 stats: JobStats::default(),
                 taken_at: std::time::Instant::now(),
                 progressed_at: None,
+                samples: Default::default(),
             },
         );
         // Recorded before it is acknowledged: a job the head cannot keep
@@ -862,6 +906,7 @@ impl Service {
         let before = entry.record.clone();
         if !entry.record.state.is_end() {
             entry.stats = std::mem::take(&mut p.stats);
+            entry.sample(std::time::Instant::now());
         }
         let ended = entry.record.progress(p);
         if entry.record.done > before.done {
