@@ -85,12 +85,16 @@ fn of_job(scraped: &str, family: &str, id: &str, rest: &str) -> Option<f64> {
 /// with the job: 600 rows done, one input length per text, one batch size
 /// per batch (19 batches of at most 32), real tokens no more than padded
 /// ones and in the model's range per text, a busy share for each of the
-/// two actors, CPU time spent, and the state `succeeded`.
+/// two actors, CPU time spent, and the state `succeeded`; its workers'
+/// price per hour gives it a cost, and its summary the cost per million
+/// tokens.
 #[test]
 fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() {
     let s = Scratch::new("observe-scrape", NODE);
     let (head, metrics) = head_with_metrics(&s);
-    let _workers = cpu_workers(&s, head.addr, &["m1", "m2"], "cpu=2");
+    // Each worker costs 3.6 an hour: 0.001 a second.
+    let price = ["--price-per-hour", "3.6"];
+    let _workers = cpu_workers_env(&s, head.addr, &["m1", "m2"], "cpu=2", &[], &price);
     let (input, ids) = corpus(&s.dir, 600);
     let out = s.dir.join("out-observe");
     let id = submit(&s, &head, &input, &out);
@@ -180,6 +184,15 @@ fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() 
         of_job(&scraped, "flotilla_job_batches_in_flight", &id, ""),
         Some(0.0)
     );
+    // Two nodes at 0.001 a second for the driver's run; the summary has
+    // the cost per million tokens.
+    let cost = of_job(&scraped, "flotilla_job_cost", &id, "").expect("a cost");
+    assert!(cost > 0.0 && cost < 0.002 * 300.0, "{cost}");
+    let detail = j["jobs"][0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(" tokens (") && detail.contains("per million tokens)"),
+        "{detail}"
+    );
     // No ETA once it has ended.
     assert!(!scraped.contains(&format!("flotilla_job_eta_seconds{{job=\"{id}\"}}")));
 }
@@ -265,7 +278,8 @@ fn fetched(dom: &str) -> Vec<String> {
 /// member with the role, incarnation and state `node status --json`
 /// gives; the jobs page and the job's page show rows done and tokens
 /// between what `/metrics` said just before and just after, no more
-/// batches in flight than the window, and both charts; the supervisors
+/// batches in flight than the window, both charts, and a running cost at
+/// the workers' price; the supervisors
 /// page lists every supervisor `node status --json` lists; no page fetches
 /// anything from another origin. A screenshot of the job's page is taken
 /// (written to docs/dashboard.png with FLOTILLA_WRITE_SCREENSHOT=1).
@@ -274,7 +288,8 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
     let s = Scratch::new("observe-dashboard", NODE);
     let (head, metrics) = head_with_metrics(&s);
     let slow = [("FLOTILLA_FAILPOINTS", "embedder::slow=return(6)")];
-    let _workers = cpu_workers_env(&s, head.addr, &["v1", "v2"], "cpu=2", &slow);
+    let price = ["--price-per-hour", "1.2"];
+    let _workers = cpu_workers_env(&s, head.addr, &["v1", "v2"], "cpu=2", &slow, &price);
     let (input, _) = corpus(&s.dir, 1200);
     let id = submit(&s, &head, &input, &s.dir.join("out-dashboard"));
     eventually(Duration::from_secs(120), || {
@@ -351,6 +366,11 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
     assert!(job.contains(&format!("{} / ", in_flight as u64)), "{job}");
     assert!(job.contains("data-chart=\"rows\"") && job.contains("data-chart=\"tokens\""));
     assert!(job.contains("data-stage=\"inference\""), "{job}");
+    // Its workers' price gives it a running cost.
+    assert!(
+        field(&job, "<main", "cost").is_some_and(|c| c > 0.0),
+        "{job}"
+    );
     pages.push(jobs);
     pages.push(job);
 

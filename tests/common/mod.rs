@@ -346,16 +346,18 @@ pub fn cpu_workers(
     names: &[&str],
     cpus: &str,
 ) -> Vec<Proc> {
-    cpu_workers_env(s, head, names, cpus, &[])
+    cpu_workers_env(s, head, names, cpus, &[], &[])
 }
 
-/// [`cpu_workers`] with environment variables set (failpoints).
+/// [`cpu_workers`] with environment variables set (failpoints) and more
+/// flags.
 pub fn cpu_workers_env(
     s: &Scratch,
     head: std::net::SocketAddr,
     names: &[&str],
     cpus: &str,
     env: &[(&str, &str)],
+    more: &[&str],
 ) -> Vec<Proc> {
     // Detached jobs read and write the test's folder and the model only.
     let scratch = s.dir.canonicalize().unwrap();
@@ -364,19 +366,21 @@ pub fn cpu_workers_env(
         .iter()
         .map(|w| {
             s.issue(w);
+            let mut flags = vec![
+                "--resource",
+                cpus,
+                "--allow-path",
+                scratch.to_str().unwrap(),
+                "--allow-path",
+                model.to_str().unwrap(),
+            ];
+            flags.extend_from_slice(more);
             s.launch(Launch {
                 role: "join",
                 name: w,
                 listen: free_addr(),
                 head: Some(head),
-                flags: &[
-                    "--resource",
-                    cpus,
-                    "--allow-path",
-                    scratch.to_str().unwrap(),
-                    "--allow-path",
-                    model.to_str().unwrap(),
-                ],
+                flags: &flags,
                 env,
             })
         })

@@ -30,6 +30,27 @@ pub const MAX_ACTORS_REPORTED: usize = 256;
 /// How long the head keeps showing an ended job's series on `/metrics`.
 pub const ENDED_SERIES_KEPT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
+/// The resource label a node's price per hour is published under (`node
+/// join --price-per-hour`).
+pub const PRICE_LABEL: &str = "price_per_hour";
+
+/// What a job has cost so far: an hour of each node its actors ran on, at
+/// that node's price (`price_of`), for each hour of the driver's run.
+/// `None` when no such node has a price.
+pub fn cost(stats: &JobStats, price_of: impl Fn(&str) -> Option<f64>) -> Option<f64> {
+    let mut nodes: Vec<&str> = stats.actors.iter().map(|a| a.node.as_str()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let prices: Vec<f64> = nodes.into_iter().filter_map(price_of).collect();
+    let hours = stats.elapsed_ms as f64 / 3_600_000.0;
+    (!prices.is_empty()).then(|| prices.iter().sum::<f64>() * hours)
+}
+
+/// A cost per million of `tokens`, when there were any.
+pub fn per_million_tokens(cost: f64, tokens: u64) -> Option<f64> {
+    (tokens > 0).then(|| cost * 1e6 / tokens as f64)
+}
+
 /// A histogram with fixed upper bounds: `counts[i]` is the number of
 /// values at most `bounds[i]` and above the bound before; the last count
 /// is those above every bound.
@@ -281,6 +302,8 @@ pub struct JobMetrics {
     pub since_progress_s: f64,
     /// Seconds since it ended, once it has.
     pub ended_s: Option<f64>,
+    /// What it has cost so far ([`cost`]), when its nodes have a price.
+    pub cost: Option<f64>,
     /// What its driver last reported.
     pub stats: JobStats,
     /// Its counts over the last hour, oldest first, one every
@@ -387,6 +410,11 @@ const CPU: Family = family(
     "flotilla_job_cpu_seconds_total",
     "counter",
     "CPU seconds a job's actors spent on its batches",
+);
+const COST: Family = family(
+    "flotilla_job_cost",
+    "gauge",
+    "What a job has cost so far, at its nodes' price per hour (absent when none has one)",
 );
 /// Which histogram of a job's stages a family shows.
 type Pick = fn(&Stages) -> &Histogram;
@@ -517,6 +545,14 @@ pub fn render(jobs: &[JobMetrics], out: &mut String) {
             }
         }
     }
+    if jobs.iter().any(|j| j.cost.is_some()) {
+        line(out, &COST);
+        for j in jobs {
+            if let Some(cost) = j.cost {
+                one(out, COST.name, &escape(&j.id), cost);
+            }
+        }
+    }
     series(out, &STALLED, &|j, id, out| {
         one(out, STALLED.name, id, j.since_progress_s);
     });
@@ -601,6 +637,7 @@ mod tests {
             age_s: 12.0,
             since_progress_s: 0.5,
             ended_s: None,
+            cost: Some(0.25),
             stats,
         }
     }
@@ -656,6 +693,7 @@ mod tests {
             &BUSY,
             &STATE,
             &ETA,
+            &COST,
             &STALLED,
             &CPU,
         ]
@@ -688,6 +726,31 @@ mod tests {
         let mut none = String::new();
         render(&[], &mut none);
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn a_job_costs_each_priced_node_its_actors_ran_on_for_its_hours() {
+        let mut s = JobStats {
+            elapsed_ms: 1_800_000,
+            ..JobStats::default()
+        };
+        assert_eq!(cost(&s, |_| Some(1.0)), None);
+        for node in ["a", "a", "b", "c"] {
+            s.actors.push(ActorStats {
+                node: node.into(),
+                ..ActorStats::default()
+            });
+        }
+        let price = |n: &str| match n {
+            "a" => Some(2.0),
+            "b" => Some(0.5),
+            _ => None,
+        };
+        // Half an hour of a (2.0) and b (0.5); c has no price.
+        assert_eq!(cost(&s, price), Some(1.25));
+        assert_eq!(cost(&s, |_| None), None);
+        assert_eq!(per_million_tokens(1.25, 2_500_000), Some(0.5));
+        assert_eq!(per_million_tokens(1.25, 0), None);
     }
 
     #[test]

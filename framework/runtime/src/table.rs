@@ -71,6 +71,17 @@ impl Table {
             .map(|i| &self.members[i])
     }
 
+    /// What an hour of member `name` costs, as it publishes it (`node join
+    /// --price-per-hour`), if it does.
+    pub fn price_per_hour(&self, name: &str) -> Option<f64> {
+        self.get(name)?
+            .resources
+            .labels
+            .get(flotilla_proto::job_stats::PRICE_LABEL)?
+            .parse()
+            .ok()
+    }
+
     /// Whether the certificate with serial `serial` (normalised) is
     /// revoked.
     pub fn is_revoked(&self, serial: &[u8]) -> bool {

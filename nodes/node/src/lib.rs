@@ -375,6 +375,12 @@ pub struct NodeArgs {
     /// Custom resource label, `KEY=VALUE`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// What an hour of this node costs, in any currency: jobs whose actors
+    /// run here are charged for it (the dashboard's running cost, their
+    /// summary's cost per million tokens). Published as the label
+    /// `price_per_hour`.
+    #[arg(long)]
+    pub price_per_hour: Option<f64>,
     /// A resource this node offers, `NAME=AMOUNT`, replacing what is
     /// detected: `cpu` and `gpu` (whole numbers), `memory_mb`, or any
     /// custom name (fractions allowed); repeatable. A head offers none
@@ -501,6 +507,7 @@ pub struct FileConfig {
     join_timeout_ms: Option<u64>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    price_per_hour: Option<f64>,
     model: Option<PathBuf>,
     /// Resources offered, by name (flags win, name by name).
     #[serde(default)]
@@ -855,6 +862,17 @@ pub fn node_config(args: NodeArgs, join: bool) -> Result<NodeSettings, ConfigErr
     }
     config.labels = file.labels;
     config.labels.extend(args.labels);
+    if let Some(price) = args.price_per_hour.or(file.price_per_hour) {
+        if !(price.is_finite() && price >= 0.0) {
+            return Err(ConfigError::Invalid(format!(
+                "price_per_hour must be a number of at least 0, not {price}"
+            )));
+        }
+        config.labels.insert(
+            flotilla_proto::job_stats::PRICE_LABEL.to_owned(),
+            price.to_string(),
+        );
+    }
     config.declared = file.resources;
     config.declared.extend(args.resources);
     let mut check = flotilla::Resources::default();
@@ -911,7 +929,7 @@ mod tests {
     #[test]
     fn flags_win_over_the_file() {
         let path = std::env::temp_dir().join(format!("flotilla-node-{}.toml", std::process::id()));
-        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\nmodel = \"/srv/model\"\nbulk_listen = \"127.0.0.1:7431\"\nmetrics_listen = \"127.0.0.1:9464\"\nstate_dir = \"/var/lib/flotilla\"\n[labels]\nzone = \"a\"\n").unwrap();
+        std::fs::write(&path, "name = \"from-file\"\nheartbeat_ms = 200\ndown_after_ms = 900\nmodel = \"/srv/model\"\nbulk_listen = \"127.0.0.1:7431\"\nmetrics_listen = \"127.0.0.1:9464\"\nstate_dir = \"/var/lib/flotilla\"\nprice_per_hour = 0.5\n[labels]\nzone = \"a\"\n").unwrap();
         let mut a = args();
         a.config = Some(path.clone());
         a.labels = vec![("rack".into(), "2".into())];
@@ -929,6 +947,10 @@ mod tests {
         assert_eq!(c.detector.heartbeat_interval, Duration::from_millis(200));
         assert_eq!(c.labels.get("zone").map(String::as_str), Some("a"));
         assert_eq!(c.labels.get("rack").map(String::as_str), Some("2"));
+        assert_eq!(
+            c.labels.get("price_per_hour").map(String::as_str),
+            Some("0.5")
+        );
         std::fs::remove_file(path).unwrap();
     }
 

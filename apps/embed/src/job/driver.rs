@@ -302,6 +302,7 @@ pub(crate) async fn drive(
         dim: info.dim,
     };
     let parts = EmbedParts {
+        meter: meter.clone(),
         names: settings.output_columns.clone(),
         columns: None,
         manifest,
@@ -310,10 +311,12 @@ pub(crate) async fn drive(
             .map(|o| o.with_put_timeout(TEXTS_PUT_WITHIN)),
         releases: flotilla::releases::Releases::new(objects.clone()),
         objects,
-        meter,
     };
     let before_run = started.elapsed();
+    let members = links.members.clone();
     let mut job = flotilla_data::job::run(links, job, stage, workers.pool, parts).await?;
+    let account = meter.snapshot();
+    let table = members.map(|rx| rx.borrow().clone());
     job.first_part_after = job.first_part_after.map(|d| before_run + d);
     job.elapsed = started.elapsed();
     Ok(Summary {
@@ -327,6 +330,7 @@ pub(crate) async fn drive(
         ready_after,
         peak_rss: flotilla::process::peak_rss_bytes(),
         placement: workers.placement,
+        work: super::summary::Work::of(&account, table.as_ref()),
     })
 }
 

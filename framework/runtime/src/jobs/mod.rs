@@ -208,8 +208,9 @@ struct Entry {
 }
 
 impl Entry {
-    /// Its account at `now`, as `/metrics` and the dashboard show it.
-    fn metrics(&self, now: std::time::Instant) -> JobMetrics {
+    /// Its account at `now`, as `/metrics` and the dashboard show it, its
+    /// cost at the prices of `table`'s nodes.
+    fn metrics(&self, now: std::time::Instant, table: &crate::table::Table) -> JobMetrics {
         let r = &self.record;
         let since = |at: std::time::Instant| now.saturating_duration_since(at).as_secs_f64();
         JobMetrics {
@@ -224,13 +225,14 @@ impl Entry {
             age_s: since(self.taken_at),
             since_progress_s: self.progressed_at.map_or(0.0, since),
             ended_s: self.ended_at.map(since),
+            cost: flotilla_proto::job_stats::cost(&self.stats, |node| table.price_per_hour(node)),
             stats: self.stats.clone(),
         }
     }
 
     /// Its account at `now` with its counts over the last hour.
-    fn account(&self, now: std::time::Instant) -> JobMetrics {
-        let mut m = self.metrics(now);
+    fn account(&self, now: std::time::Instant, table: &crate::table::Table) -> JobMetrics {
+        let mut m = self.metrics(now, table);
         m.history = self
             .samples
             .iter()
@@ -712,21 +714,21 @@ impl Service {
             }
             JobsRequest::Metrics { from, limit } => {
                 authority::may_read(sender)?;
-                let now = std::time::Instant::now();
+                let (now, table) = (std::time::Instant::now(), self.node.members());
                 let out = self
                     .jobs
                     .values()
                     .skip(from as usize)
                     .take(limit as usize)
-                    .map(|e| e.metrics(now))
+                    .map(|e| e.metrics(now, &table))
                     .collect();
                 JobsReply::Metrics(out)
             }
             JobsRequest::Account(id) => {
                 authority::may_read(sender)?;
-                let now = std::time::Instant::now();
+                let (now, table) = (std::time::Instant::now(), self.node.members());
                 let e = self.jobs.values().find(|e| e.record.id == id);
-                JobsReply::Account(e.map(|e| Box::new(e.account(now))))
+                JobsReply::Account(e.map(|e| Box::new(e.account(now, &table))))
             }
             JobsRequest::Stop(id) => {
                 let Some(e) = self.find(&id) else {

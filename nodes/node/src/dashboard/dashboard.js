@@ -103,10 +103,11 @@ async function jobs(page) {
     num("tokens_per_s", j.tokens_per_s, fixed(j.tokens_per_s, 0)),
     num("eta_s", j.eta_s, duration(j.eta_s)),
     num("restarts", j.restarts), num("errors", j.errors),
+    num("cost", j.cost, fixed(j.cost, 4)),
     el("td", {}, j.description)));
   return [
     el("h2", {}, "Jobs"),
-    table(["id", "owner", "state", "done", "total", "rows/s", "tokens/s", "ETA", "restarts", "errors", "what"], rows),
+    table(["id", "owner", "state", "done", "total", "rows/s", "tokens/s", "ETA", "restarts", "errors", "cost", "what"], rows),
     pager("#/jobs", doc.page, doc.more),
   ];
 }
@@ -171,6 +172,8 @@ async function job(id) {
         el("dt", {}, "tokens real / padded"), el("dd", { "data-field": "tokens", "data-value": a.tokens.real }, `${a.tokens.real} / ${a.tokens.padded}`),
         el("dt", {}, "rows skipped / rejected"), el("dd", {}, `${a.rows.skipped} / ${a.rows.rejected}`),
         el("dt", {}, "CPU"), el("dd", { "data-field": "cpu_s", "data-value": a.cpu_s }, `${a.cpu_s.toFixed(1)} s`),
+        el("dt", {}, "cost so far"), el("dd", { "data-field": "cost", "data-value": a.cost },
+          a.cost === null ? "– (no node has a price)" : `${fixed(a.cost, 4)} (${fixed(a.cost_per_million_tokens, 4)} per million tokens)`),
         el("dt", {}, "restarts (actors, driver)"), el("dd", {}, `${a.actor_restarts}, ${a.driver_restarts}`),
         el("dt", {}, "since progress"), el("dd", {}, duration(a.since_progress_s))),
       chart(a.history, "rows", "rows/s"),

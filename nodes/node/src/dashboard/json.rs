@@ -52,6 +52,7 @@ pub(super) fn jobs_page(jobs: &[JobMetrics], page: usize) -> String {
                 "eta_s": j.eta_s(),
                 "restarts": u64::from(j.restarts) + j.stats.restarts,
                 "errors": j.stats.rows_rejected,
+                "cost": j.cost,
                 "since_progress_s": secs(j.since_progress_s),
             })
         })
@@ -94,6 +95,8 @@ pub(super) fn job(view: &JobView, account: Option<&JobMetrics>) -> String {
             "actor_restarts": s.restarts,
             "driver_restarts": j.restarts,
             "cpu_s": s.cpu_ms as f64 / 1000.0,
+            "cost": j.cost,
+            "cost_per_million_tokens": j.cost.and_then(|c| flotilla_proto::job_stats::per_million_tokens(c, s.tokens)),
             "elapsed_s": s.elapsed_ms as f64 / 1000.0,
             "stages": [
                 quantiles("queue", &st.queue),
@@ -132,6 +135,7 @@ mod tests {
             age_s: 10.0,
             since_progress_s: 0.5,
             ended_s: None,
+            cost: None,
             stats: JobStats {
                 rows_done: 500,
                 elapsed_ms: 10_000,
