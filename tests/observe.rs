@@ -87,7 +87,8 @@ fn of_job(scraped: &str, family: &str, id: &str, rest: &str) -> Option<f64> {
 /// ones and in the model's range per text, a busy share for each of the
 /// two actors, CPU time spent, and the state `succeeded`; its workers'
 /// price per hour gives it a cost, and its summary the cost per million
-/// tokens.
+/// tokens. `node jobs logs ID` prints its driver's log lines from the head
+/// to its owner and to an observer, and refuses another driver.
 #[test]
 fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() {
     let s = Scratch::new("observe-scrape", NODE);
@@ -192,6 +193,36 @@ fn the_heads_scrape_shows_each_job_under_teis_names_and_agrees_with_node_jobs() 
     assert!(
         detail.contains(" tokens (") && detail.contains("per million tokens)"),
         "{detail}"
+    );
+    // Its driver's log, from the head: to its owner and an observer, not
+    // to another driver.
+    let logs = |name: &str| {
+        std::process::Command::new(NODE)
+            .args(["jobs", "logs", &id, "--head", &head.addr.to_string()])
+            .args(["--certs", s.certs().to_str().unwrap(), "--name", name])
+            .output()
+            .unwrap()
+    };
+    let owned = logs("admin");
+    let text = String::from_utf8_lossy(&owned.stdout).into_owned();
+    assert!(owned.status.success(), "{text}");
+    assert!(!text.is_empty(), "no log lines");
+    for line in text.lines() {
+        assert!(
+            line.len() > 13 && line.as_bytes()[2] == b':' && line.as_bytes()[8] == b'.',
+            "{line}"
+        );
+    }
+    assert!(text.contains(" INFO "), "{text}");
+    s.issue_role("watcher", "observer");
+    s.issue_role("someone", "driver");
+    assert_eq!(logs("watcher").stdout, owned.stdout);
+    let refused = logs("someone");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("NODE-AUTH-033"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
     );
     // No ETA once it has ended.
     assert!(!scraped.contains(&format!("flotilla_job_eta_seconds{{job=\"{id}\"}}")));

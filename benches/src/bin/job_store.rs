@@ -60,6 +60,7 @@ fn job(seq: u64, done: u64) -> StoredJob {
         detail: String::new(),
         groups: vec![GroupId::new(format!("pg19a2b3c4-{seq}"))],
         stats: Default::default(),
+        log: Vec::new(),
     });
     StoredJob {
         seq,

@@ -150,6 +150,12 @@ pub enum Unauthorized {
         "NODE-AUTH-031: a worker may drain only itself or another process of its pool; draining another member takes an admin's certificate"
     )]
     Drain,
+    /// Only a job's owner, an admin, an observer or the head may read its
+    /// driver's log.
+    #[error(
+        "NODE-AUTH-033: only the certificate that submitted a job, an admin, an observer or the head may read its log"
+    )]
+    NotJobReader,
 }
 
 impl Unauthorized {
@@ -170,6 +176,7 @@ impl Unauthorized {
             Self::NotYourBundle => "not_your_bundle",
             Self::DetachedGroup => "detached_group",
             Self::Drain => "drain",
+            Self::NotJobReader => "not_job_reader",
         }
     }
 }
@@ -285,6 +292,26 @@ pub fn may_submit_job(sender: Sender<'_>) -> Result<(), Unauthorized> {
         Ok(())
     } else {
         Err(Unauthorized::Role)
+    }
+}
+
+/// Whether `sender` may read the driver log of a job submitted by the
+/// certificate `owner` (`None`: by the head itself): its owner, admins,
+/// observers and the head. A job's log may name its data; other drivers
+/// and workers do not read it.
+pub fn may_read_job_log(sender: Sender<'_>, owner: Option<&str>) -> Result<(), Unauthorized> {
+    match sender {
+        Sender::Local => Ok(()),
+        Sender::Peer {
+            role: Role::Admin | Role::Head | Role::Observer,
+            ..
+        } => Ok(()),
+        Sender::Peer { member, role }
+            if matches!(role, Role::Driver) && owner == Some(principal_of(member)) =>
+        {
+            Ok(())
+        }
+        _ => Err(Unauthorized::NotJobReader),
     }
 }
 
@@ -470,6 +497,25 @@ mod tests {
         assert_eq!(
             may_stop_job(peer("bob~01", Role::Driver), Some("alice")),
             Err(Unauthorized::NotJobOwner)
+        );
+        // Its log: its owner, admins, observers and the head.
+        for (who, role, may) in [
+            ("alice~02", Role::Driver, true),
+            ("bob~01", Role::Driver, false),
+            ("ops", Role::Observer, true),
+            ("root", Role::Admin, true),
+            ("w1", Role::Worker, false),
+            ("head", Role::Head, true),
+        ] {
+            assert_eq!(
+                may_read_job_log(peer(who, role), Some("alice")).is_ok(),
+                may,
+                "{who}"
+            );
+        }
+        assert_eq!(
+            may_read_job_log(peer("bob~01", Role::Driver), None),
+            Err(Unauthorized::NotJobReader)
         );
         // The ledger's head is a member named as the table's head.
         assert_eq!(

@@ -278,6 +278,12 @@ pub const CODES: &[Code] = &[
         &["framework/runtime/src/node/builder.rs"],
     ),
     code(
+        "NODE-AUTH-033",
+        "Only the certificate that submitted a job, an admin, an observer or the head may read its log",
+        "Ask with the job owner's certificate, an admin's or an observer's (`node certs issue --role observer`)",
+        &["framework/proto/src/authority.rs"],
+    ),
+    code(
         "NODE-BULK-001",
         "Cannot start the bulk lane's threads: …",
         "Check the process's thread limit (ulimit -u) and memory",

@@ -70,6 +70,8 @@ pub struct JobProgress {
     pub groups: Vec<GroupId>,
     /// Its account of its batches (empty for a job that keeps none).
     pub stats: crate::job_stats::JobStats,
+    /// Its driver's log lines since its last report.
+    pub log: Vec<String>,
 }
 
 /// A job to submit.
@@ -176,6 +178,13 @@ pub enum JobsRequest {
     },
     /// One job's account, with its counts over the last hour.
     Account(JobId),
+    /// A job's driver log, from line `after` (numbered by the head).
+    Logs {
+        /// The job.
+        id: JobId,
+        /// The first line wanted.
+        after: u64,
+    },
 }
 
 /// The head's answer.
@@ -193,12 +202,35 @@ pub enum JobsReply {
     Metrics(Vec<crate::job_stats::JobMetrics>),
     /// The job's account, if the head knows the job.
     Account(Option<Box<crate::job_stats::JobMetrics>>),
+    /// Lines of a job's driver log (`None`: the head knows no such job).
+    Logs(Option<LogPage>),
     /// The submission is refused (why).
     Invalid(String),
     /// The receiving node serves no jobs (it is not the head, or the head
     /// runs none).
     NotServed,
 }
+
+/// Lines of a job's driver log, as the head keeps them.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct LogPage {
+    /// The lines, oldest first.
+    pub lines: Vec<String>,
+    /// The number of the line after the last one given: where to ask
+    /// next.
+    pub next: u64,
+    /// Lines before those that the head no longer keeps (or that came
+    /// before it was started).
+    pub dropped: u64,
+    /// Whether the job is over (no line will follow).
+    pub ended: bool,
+}
+
+/// Lines of a driver's log the head keeps per job.
+pub const LOG_LINES_KEPT: usize = 2000;
+
+/// Bytes of log lines one answer carries at most.
+pub const LOG_BYTES_PER_PAGE: usize = 256 * 1024;
 
 /// A detached job as the head keeps it on disk: what it was asked to run,
 /// its account, the group of its bundle, and when it ended.
@@ -384,6 +416,7 @@ mod tests {
             detail: "d".into(),
             groups: vec!["g".into()],
             stats: Default::default(),
+            log: Vec::new(),
         }
     }
 

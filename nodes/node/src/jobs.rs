@@ -58,6 +58,44 @@ pub async fn run(args: JobsArgs) -> ExitCode {
             }
             other => refused(other),
         },
+        Some(JobsOp::Logs { id, follow }) => {
+            let mut after = 0;
+            loop {
+                match ask(JobsRequest::Logs {
+                    id: id.as_str().into(),
+                    after,
+                })
+                .await
+                {
+                    Ok(JobsReply::Logs(Some(page))) => {
+                        if page.dropped > 0 && after == 0 {
+                            println!("… {} earlier lines are no longer kept", page.dropped);
+                        }
+                        for line in &page.lines {
+                            println!("{line}");
+                        }
+                        after = page.next;
+                        if !follow || (page.ended && page.lines.is_empty()) {
+                            return ExitCode::SUCCESS;
+                        }
+                        if !page.lines.is_empty() {
+                            // More may be waiting: ask at once.
+                            continue;
+                        }
+                    }
+                    Ok(JobsReply::Logs(None)) => {
+                        eprintln!("NODE-JOB-004: no job {id}");
+                        return ExitCode::from(1);
+                    }
+                    // The head may be restarting: ask again.
+                    Err(e) if follow => {
+                        tracing::warn!(error = %e, "cannot ask the head; asking again")
+                    }
+                    other => return refused(other),
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
         Some(JobsOp::Wait { id, timeout_s }) => {
             let until = Instant::now() + Duration::from_secs(timeout_s);
             loop {

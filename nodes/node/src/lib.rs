@@ -13,6 +13,7 @@ pub mod drain;
 pub mod head_set;
 mod http;
 pub mod jobs;
+mod log_capture;
 mod metrics_http;
 pub mod objects;
 pub mod run;
@@ -168,6 +169,15 @@ pub enum JobsOp {
     Stop {
         /// The job's id.
         id: String,
+    },
+    /// Print the job's driver log, wherever the driver runs (as the head
+    /// has it: the last 2,000 lines); its owner, admins and observers may.
+    Logs {
+        /// The job's id.
+        id: String,
+        /// Go on printing new lines until the job ends.
+        #[arg(long)]
+        follow: bool,
     },
 }
 

@@ -17,13 +17,21 @@ use crate::{CertsOp, Cli, Command, NodeArgs, node_config};
 /// `extra` registers (the test kit adds its probe actors) on the nodes it
 /// starts, and maps the outcome to an exit code.
 pub fn main(extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // What detached jobs' drivers log is also kept for the head.
+    let job_logs = flotilla_data::job::JobLogs::default();
+    tracing_subscriber::registry()
+        .with(
             tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
                 .unwrap_or_else(|_| "info,ractor_cluster=warn,ractor=warn".into()),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .with(crate::log_capture::JobLogLayer::new(job_logs.clone()))
         .init();
     let cli = Cli::parse();
     if let Err(e) = flotilla::failpoints::configure_from_env() {
@@ -37,10 +45,14 @@ pub fn main(extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(run(cli, extra))
+    runtime.block_on(run(cli, extra, job_logs))
 }
 
-async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
+async fn run(
+    cli: Cli,
+    extra: fn(NodeBuilder) -> NodeBuilder,
+    job_logs: flotilla_data::job::JobLogs,
+) -> ExitCode {
     match cli.command {
         Command::Certs { op } => certs(op),
         Command::Embed(args) if args.detach => submit(args).await,
@@ -79,8 +91,8 @@ async fn run(cli: Cli, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Head(args) => serve(args, false, extra).await,
-        Command::Join(args) => serve(args, true, extra).await,
+        Command::Head(args) => serve(args, false, extra, job_logs).await,
+        Command::Join(args) => serve(args, true, extra, job_logs).await,
         Command::Status(args) => status(args).await,
         Command::Dashboard(args) => crate::dashboard::run(args).await,
         Command::Drain(args) => crate::drain::run(args).await,
@@ -303,7 +315,12 @@ fn resolved(path: &std::path::Path) -> std::path::PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder) -> ExitCode {
+async fn serve(
+    args: NodeArgs,
+    join: bool,
+    extra: fn(NodeBuilder) -> NodeBuilder,
+    job_logs: flotilla_data::job::JobLogs,
+) -> ExitCode {
     // A worker drains when it is told to stop; the head is not drained.
     let drain_on_stop =
         Some(std::time::Duration::from_secs(args.drain_on_stop_s)).filter(|d| join && !d.is_zero());
@@ -383,7 +400,8 @@ async fn serve(args: NodeArgs, join: bool, extra: fn(NodeBuilder) -> NodeBuilder
         }
         None => (builder, None),
     };
-    let builder = flotilla_embed::job::detached::register(builder, settings.allow.clone());
+    let builder =
+        flotilla_embed::job::detached::register(builder, settings.allow.clone(), Some(job_logs));
     let settings_trees = settings.trees;
     let retention = settings.retention;
     let node = match flotilla_embed::actor::register(builder, settings.model, settings.allow)

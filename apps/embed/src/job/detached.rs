@@ -65,33 +65,44 @@ pub fn spec(job: &Submission) -> JobSpec {
 /// it drives the job from the node `builder` starts (see
 /// [`flotilla::NodeBuilder::start_shared`]), on inputs, outputs and models
 /// under `allow` only (each as written, and a local one that exists also
-/// with its links resolved).
-pub fn register(builder: flotilla::NodeBuilder, allow: AllowedRoots) -> flotilla::NodeBuilder {
-    detached::register(builder, JOB_KIND, move |node, job: Submission, report| {
-        let allow = allow.clone();
-        async move {
-            // Refused before anything is opened.
-            job.check_allowed(&allow).map_err(|why| why.to_string())?;
-            let mut config = config_of(&job)?;
-            let (progress, progress_rx) = tokio::sync::watch::channel((0, 0));
-            let (group, group_rx) =
-                tokio::sync::watch::channel(flotilla::placement_groups::GroupId::default());
-            config.job.progress_to = Some(progress);
-            config.job.group_to = Some(group);
-            config.job.meter = Some(report.meter());
-            config.job.confined_to = Some(allow.clone());
-            let follow = async {
-                report.follow(progress_rx, group_rx).await;
-                std::future::pending().await
-            };
-            tokio::select! {
-                outcome = super::cluster::run_detached(&config, &node) => {
-                    outcome.map(|summary| summary.to_string()).map_err(|e| e.to_string())
+/// with its links resolved). With `logs` (where the process's log
+/// subscriber keeps what each job logs), each driver's log lines go to the
+/// head with its progress reports.
+pub fn register(
+    builder: flotilla::NodeBuilder,
+    allow: AllowedRoots,
+    logs: Option<flotilla_data::job::JobLogs>,
+) -> flotilla::NodeBuilder {
+    detached::register_logged(
+        builder,
+        JOB_KIND,
+        logs,
+        move |node, job: Submission, report| {
+            let allow = allow.clone();
+            async move {
+                // Refused before anything is opened.
+                job.check_allowed(&allow).map_err(|why| why.to_string())?;
+                let mut config = config_of(&job)?;
+                let (progress, progress_rx) = tokio::sync::watch::channel((0, 0));
+                let (group, group_rx) =
+                    tokio::sync::watch::channel(flotilla::placement_groups::GroupId::default());
+                config.job.progress_to = Some(progress);
+                config.job.group_to = Some(group);
+                config.job.meter = Some(report.meter());
+                config.job.confined_to = Some(allow.clone());
+                let follow = async {
+                    report.follow(progress_rx, group_rx).await;
+                    std::future::pending().await
+                };
+                tokio::select! {
+                    outcome = super::cluster::run_detached(&config, &node) => {
+                        outcome.map(|summary| summary.to_string()).map_err(|e| e.to_string())
+                    }
+                    () = follow => unreachable!("the follower never ends"),
                 }
-                () = follow => unreachable!("the follower never ends"),
             }
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]

@@ -23,14 +23,28 @@ use flotilla_proto::ids::GroupId;
 use flotilla_proto::roots::{AllowedRoots, NotAllowed};
 use tokio::sync::watch;
 
-use super::JobMeter;
+use tracing::Instrument;
+
+use super::{JobLogs, JobMeter};
 
 /// What a detached job's driver tells the head as the job goes.
 #[derive(Clone)]
-pub struct Report(Arc<Mutex<JobProgress>>, JobMeter);
+pub struct Report(Arc<Mutex<JobProgress>>, JobMeter, Option<Lines>);
+
+/// Where a driver's log lines are kept, and which it has sent.
+#[derive(Clone)]
+struct Lines {
+    logs: JobLogs,
+    job: String,
+    sent: Arc<Mutex<u64>>,
+}
+
+/// Bytes of log lines one progress report carries at most (the rest go
+/// with the next ones).
+const LOG_BYTES_PER_REPORT: usize = 64 * 1024;
 
 impl Report {
-    fn new() -> Self {
+    fn new(lines: Option<Lines>) -> Self {
         let progress = JobProgress {
             state: JobState::Running,
             done: 0,
@@ -38,8 +52,9 @@ impl Report {
             detail: String::new(),
             groups: Vec::new(),
             stats: Default::default(),
+            log: Vec::new(),
         };
-        Self(Arc::new(Mutex::new(progress)), JobMeter::default())
+        Self(Arc::new(Mutex::new(progress)), JobMeter::default(), lines)
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut JobProgress) -> T) -> T {
@@ -52,10 +67,17 @@ impl Report {
         self.1.clone()
     }
 
-    /// What the head is told now.
+    /// What the head is told now: the progress, the account, and the log
+    /// lines not sent yet.
     fn now(&self) -> JobProgress {
         let mut progress = self.with(|r| r.clone());
         progress.stats = self.1.snapshot();
+        if let Some(l) = &self.2 {
+            let mut sent = l.sent.lock().unwrap_or_else(|p| p.into_inner());
+            let (lines, next) = l.logs.since(&l.job, *sent, LOG_BYTES_PER_REPORT);
+            progress.log = lines;
+            *sent = next;
+        }
         progress
     }
 
@@ -98,6 +120,8 @@ impl Report {
 pub struct Driver<A, F> {
     node: NodeHandle,
     run: Arc<F>,
+    /// Where the process's log subscriber keeps each job's lines.
+    logs: Option<JobLogs>,
     _args: PhantomData<fn(A)>,
 }
 
@@ -119,15 +143,26 @@ where
 
     async fn pre_start(
         &self,
-        _: ActorRef<JobMsg>,
+        me: ActorRef<JobMsg>,
         args: A,
     ) -> Result<DriverState, ActorProcessingErr> {
         let node: Arc<Node> = self
             .node
             .get()
             .ok_or("this node was not started to host detached jobs")?;
-        let report = Report::new();
-        let job = (self.run)(Arc::clone(&node), args, report.clone());
+        // The actor is named after its job: `ID.TAG`.
+        let name = me.get_name().unwrap_or_default();
+        let job_id = name.split('.').next().unwrap_or_default().to_owned();
+        let lines = self.logs.clone().map(|logs| Lines {
+            logs,
+            job: job_id.clone(),
+            sent: Arc::default(),
+        });
+        let report = Report::new(lines);
+        // What the job logs is its own: the log subscriber keeps the lines
+        // within this span for the head (see `JobLogs`).
+        let span = tracing::info_span!("job", job = %job_id);
+        let job = (self.run)(Arc::clone(&node), args, report.clone()).instrument(span);
         let task = tokio::spawn({
             let report = report.clone();
             async move {
@@ -310,10 +345,29 @@ where
     F: Fn(Arc<Node>, A, Report) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<String, String>> + Send + 'static,
 {
+    register_logged(builder, kind, None, run)
+}
+
+/// [`register`], with the drivers' log lines sent to the head from `logs`,
+/// where the process's log subscriber keeps every line logged within a
+/// job's span (`job`, with the field `job` = its id): `node jobs logs ID`
+/// reads them there.
+pub fn register_logged<A, F, Fut>(
+    builder: NodeBuilder,
+    kind: ActorKind<JobMsg, A>,
+    logs: Option<JobLogs>,
+    run: F,
+) -> NodeBuilder
+where
+    A: Decode + Send + Sync + 'static,
+    F: Fn(Arc<Node>, A, Report) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<String, String>> + Send + 'static,
+{
     let (node, run) = (builder.node_handle(), Arc::new(run));
     builder.register_head_only(kind, move || Driver {
         node: node.clone(),
         run: Arc::clone(&run),
+        logs: logs.clone(),
         _args: PhantomData,
     })
 }

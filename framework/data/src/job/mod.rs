@@ -33,6 +33,7 @@ mod actors;
 mod batching;
 pub mod detached;
 mod join;
+mod logs;
 mod lost;
 mod meter;
 mod progress;
@@ -60,6 +61,7 @@ pub use actor_count::{ActorCount, BadActorCount};
 pub use actors::{ActorStartError, Grown, Placed, PlacedActor, Placement, Stopper};
 pub use batching::Batching;
 pub use join::Join;
+pub use logs::JobLogs;
 pub use meter::{BatchWork, JobMeter};
 pub use progress::ProgressConfig;
 pub use settings::{

@@ -80,8 +80,9 @@ pub use flotilla_proto::ids::JobId;
 pub use flotilla_proto::job_stats::{JobMetrics, JobStats};
 use flotilla_proto::job_stats::{SAMPLE_EVERY, SAMPLES_KEPT, Sample};
 pub use flotilla_proto::jobs::{
-    JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, Retention, StoredJob,
+    JobProgress, JobSpec, JobState, JobView, JobsReply, JobsRequest, LogPage, Retention, StoredJob,
 };
+use flotilla_proto::jobs::{LOG_BYTES_PER_PAGE, LOG_LINES_KEPT};
 
 /// How often the head asks running jobs for their progress.
 const POLL: Duration = Duration::from_millis(500);
@@ -205,6 +206,9 @@ struct Entry {
     progressed_at: Option<std::time::Instant>,
     /// Its counts over the last hour, with when each was taken.
     samples: std::collections::VecDeque<(std::time::Instant, u64, u64)>,
+    /// Its driver's log lines, the last [`LOG_LINES_KEPT`], and the
+    /// number of the first.
+    log: (std::collections::VecDeque<String>, u64),
 }
 
 impl Entry {
@@ -243,6 +247,36 @@ impl Entry {
             })
             .collect();
         m
+    }
+
+    /// Keeps its driver's new log `lines`, the last [`LOG_LINES_KEPT`].
+    fn keep_log(&mut self, lines: Vec<String>) {
+        let (kept, first) = &mut self.log;
+        kept.extend(lines);
+        while kept.len() > LOG_LINES_KEPT {
+            kept.pop_front();
+            *first += 1;
+        }
+    }
+
+    /// Its driver's log from line `after`, at most [`LOG_BYTES_PER_PAGE`].
+    fn log_page(&self, after: u64) -> LogPage {
+        let (kept, first) = &self.log;
+        let from = after.max(*first);
+        let (mut lines, mut bytes) = (Vec::new(), 0);
+        for line in kept.iter().skip((from - first) as usize) {
+            if !lines.is_empty() && bytes + line.len() > LOG_BYTES_PER_PAGE {
+                break;
+            }
+            bytes += line.len();
+            lines.push(line.clone());
+        }
+        LogPage {
+            next: from + lines.len() as u64,
+            dropped: first.saturating_sub(after),
+            ended: self.record.state.is_end(),
+            lines,
+        }
     }
 
     /// Keeps a sample of its counts at `now`, one every [`SAMPLE_EVERY`],
@@ -623,6 +657,7 @@ impl Service {
                 taken_at: std::time::Instant::now(),
                 progressed_at: None,
                 samples: Default::default(),
+                log: Default::default(),
             };
             if entry.record.state.is_end() {
                 let ago = job
@@ -724,6 +759,14 @@ impl Service {
                     .collect();
                 JobsReply::Metrics(out)
             }
+            JobsRequest::Logs { id, after } => {
+                let Some(e) = self.jobs.values().find(|e| e.record.id == id) else {
+                    authority::may_read(sender)?;
+                    return Ok(JobsReply::Logs(None));
+                };
+                authority::may_read_job_log(sender, e.record.owner.as_deref())?;
+                JobsReply::Logs(Some(e.log_page(after)))
+            }
             JobsRequest::Account(id) => {
                 authority::may_read(sender)?;
                 let (now, table) = (std::time::Instant::now(), self.node.members());
@@ -786,6 +829,7 @@ impl Service {
                 taken_at: std::time::Instant::now(),
                 progressed_at: None,
                 samples: Default::default(),
+                log: Default::default(),
             },
         );
         // Recorded before it is acknowledged: a job the head cannot keep
@@ -909,6 +953,7 @@ impl Service {
         if !entry.record.state.is_end() {
             entry.stats = std::mem::take(&mut p.stats);
             entry.sample(std::time::Instant::now());
+            entry.keep_log(std::mem::take(&mut p.log));
         }
         let ended = entry.record.progress(p);
         if entry.record.done > before.done {
