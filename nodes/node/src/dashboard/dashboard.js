@@ -87,8 +87,9 @@ async function cluster(page) {
     el("h2", {}, `Members (${doc.members}; head ${doc.head})`),
     table(["name", "role", "incarnation", "state", "actors", "capacity", "reserved", "available", "object store"], rows),
     pager("#/cluster", doc.page, doc.page + 1 < doc.pages),
-    el("h2", {}, "Placement groups"),
+    el("h2", {}, `Placement groups (${doc.group_count})`),
     table(["id", "strategy", "state", "owner", "bundles"], groups),
+    pager("#/cluster", doc.page, doc.page + 1 < doc.pages),
   ];
 }
 
@@ -196,8 +197,8 @@ async function job(id) {
   return out;
 }
 
-async function supervisors() {
-  const doc = await getJson("/api/cluster?page=0");
+async function supervisors(page) {
+  const doc = await getJson(`/api/supervisors?page=${page}`);
   const out = [el("h2", {}, "Supervisors")];
   for (const n of doc.nodes) {
     if (n.supervisors_error) out.push(el("p", { class: "error" }, `${n.name}: ${n.supervisors_error}`));
@@ -207,6 +208,7 @@ async function supervisors() {
           el("td", {}, c.id), el("td", {}, c.running ? "yes" : "no"), num("restarts", c.restarts), el("td", {}, c.node || n.name)))));
     }
   }
+  out.push(pager("#/supervisors", doc.page, doc.page + 1 < doc.pages));
   return out;
 }
 
@@ -224,7 +226,7 @@ async function route() {
     draw = () => job(decodeURIComponent(hash.slice("#/job/".length)));
   } else if (hash.startsWith("#/supervisors")) {
     page = "supervisors";
-    draw = supervisors;
+    draw = () => supervisors(pageOf(hash));
   } else {
     draw = () => cluster(pageOf(hash));
   }

@@ -10,6 +10,7 @@
 //! ```text
 //! browser ─► GET / , /dashboard.js, /dashboard.css   (the page, from this binary)
 //!         ─► GET /api/cluster?page=N ─► status of the head and each member (as `node status --json`)
+//!         ─► GET /api/supervisors?page=N ─► each member's supervisors
 //!         ─► GET /api/jobs?page=N    ─► JobsRequest::Metrics (50 a page)
 //!         ─► GET /api/job?id=ID      ─► JobsRequest::Get + JobsRequest::Account
 //! ```
@@ -32,8 +33,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::http::{Request, Response, query_value, read_request};
 
-/// Members on one page of `/api/cluster`.
-pub(crate) const MEMBERS_PER_PAGE: usize = 100;
+/// Members (and placement groups) on one page of `/api/cluster`.
+pub(crate) const MEMBERS_PER_PAGE: usize = 50;
+/// Members on one page of `/api/supervisors`.
+pub(crate) const SUPERVISED_PER_PAGE: usize = 10;
 /// Jobs on one page of `/api/jobs`.
 pub(crate) const JOBS_PER_PAGE: u32 = 50;
 /// Requests served at once; more wait to be accepted.
@@ -160,7 +163,8 @@ impl Dashboard {
             "/" => file("text/html; charset=utf-8", PAGE),
             "/dashboard.js" => file("text/javascript; charset=utf-8", SCRIPT),
             "/dashboard.css" => file("text/css; charset=utf-8", STYLE),
-            "/api/cluster" => json_answer(self.cluster(page_of(query)).await),
+            "/api/cluster" => json_answer(self.cluster(page_of(query), false).await),
+            "/api/supervisors" => json_answer(self.cluster(page_of(query), true).await),
             "/api/jobs" => json_answer(self.jobs(page_of(query)).await),
             "/api/job" => match query_value(query, "id") {
                 Some(id) => json_answer(self.job(&id).await),
@@ -181,16 +185,21 @@ impl Dashboard {
         .map_err(|e| e.to_string())
     }
 
-    /// Page `page` of the members, as `node status --json` shows them.
-    async fn cluster(&self, page: usize) -> Result<String, String> {
+    /// Page `page` of the members, as `node status --json` shows them, or
+    /// of their `supervisors`.
+    async fn cluster(&self, page: usize, supervisors: bool) -> Result<String, String> {
         let asked = crate::run::Gather {
-            supervisors: true,
-            objects: true,
+            supervisors,
+            objects: !supervisors,
         };
         let report = crate::run::gather_status(&self.heads, &self.identity, asked)
             .await
             .map_err(|e| e.to_string())?;
-        json::cluster_page(&report.to_json(), page)
+        if supervisors {
+            json::supervisors_page(&report.to_json(), page)
+        } else {
+            json::cluster_page(&report.to_json(), page)
+        }
     }
 
     /// Page `page` of the jobs' accounts.
