@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::ids::JobId;
-use crate::jobs::JobState;
+use crate::job_state::JobState;
 
 /// Actors a report lists at most (the others are summed in the last row).
 pub const MAX_ACTORS_REPORTED: usize = 256;

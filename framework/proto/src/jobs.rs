@@ -24,35 +24,7 @@ use crate::groups::GroupView;
 use crate::ids::{GroupId, JobId, MemberName};
 use crate::placement::Resources;
 
-/// Where a job is.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobState {
-    /// Waiting for its bundle or its first start.
-    Pending,
-    /// Its actor runs.
-    Running,
-    /// It reported success.
-    Succeeded,
-    /// It reported failure, was stopped, or its supervisor gave up.
-    Failed,
-}
-
-impl JobState {
-    /// Its name in tables and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-        }
-    }
-
-    /// Whether the job is over.
-    pub fn is_end(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed)
-    }
-}
+pub use crate::job_state::JobState;
 
 /// What a job actor says of itself.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -16,6 +16,7 @@
 //! hello       the first frame of every connection: who speaks, and why
 //! incarnation the generation a node runs under, increasing across restarts
 //! jobs        detached jobs: an actor the head runs in a bundle of its own
+//! job_state   where a detached job is: pending, running, or at its end
 //! job_stats   a batch job's account of itself, and its series on `/metrics`
 //! lease       which head of a set is active: a lease on a store with conditional writes
 //! ledger      a node's reservations for the bundles of placement groups
@@ -46,6 +47,7 @@ pub mod head;
 pub mod hello;
 pub mod ids;
 pub mod incarnation;
+pub mod job_state;
 pub mod job_stats;
 pub mod jobs;
 pub mod lease;

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 mod dashboard;
 pub mod drain;
+mod gather;
 pub mod head_set;
 mod http;
 pub mod jobs;

@@ -188,11 +188,11 @@ impl Dashboard {
     /// Page `page` of the members, as `node status --json` shows them, or
     /// of their `supervisors`.
     async fn cluster(&self, page: usize, supervisors: bool) -> Result<String, String> {
-        let asked = crate::run::Gather {
+        let asked = crate::gather::Gather {
             supervisors,
             objects: !supervisors,
         };
-        let report = crate::run::gather_status(&self.heads, &self.identity, asked)
+        let report = crate::gather::gather_status(&self.heads, &self.identity, asked)
             .await
             .map_err(|e| e.to_string())?;
         if supervisors {
