@@ -322,6 +322,13 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
     let price = ["--price-per-hour", "1.2"];
     let _workers = cpu_workers_env(&s, head.addr, &["v1", "v2"], "cpu=2", &slow, &price);
     let (input, _) = corpus(&s.dir, 1200);
+    // A row the job refuses, first: its page shows it from errors.jsonl.
+    let rows = std::fs::read_to_string(&input).unwrap();
+    std::fs::write(
+        &input,
+        format!("{{\"id\": \"broken-1\", \"text\": 7}}\n{rows}"),
+    )
+    .unwrap();
     let id = submit(&s, &head, &input, &s.dir.join("out-dashboard"));
     eventually(Duration::from_secs(120), || {
         let scraped = scrape(metrics)?;
@@ -387,7 +394,13 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
         before.0 <= shown && shown <= after.0,
         "{before:?} {shown} {after:?}"
     );
-    assert_eq!(field(&jobs, &anchor, "total"), Some(1200.0), "{jobs}");
+    // The total as `node jobs --json` says it (every line of the input).
+    let listed = jobs_json(&s, &head).unwrap();
+    assert_eq!(
+        field(&jobs, &anchor, "total"),
+        listed["jobs"][0]["total"].as_f64(),
+        "{jobs}"
+    );
     let tokens = field(&job, "<main", "tokens").expect("the job's tokens");
     assert!(
         before.1 <= tokens && tokens <= after.1,
@@ -397,6 +410,33 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
     assert!(job.contains(&format!("{} / ", in_flight as u64)), "{job}");
     assert!(job.contains("data-chart=\"rows\"") && job.contains("data-chart=\"tokens\""));
     assert!(job.contains("data-stage=\"inference\""), "{job}");
+    // The refused row, and the driver's log as `node jobs logs` prints it.
+    let errors = &job[job.find("data-errors=").expect("the errors")..];
+    assert!(
+        errors[..errors.find("</pre>").unwrap()].contains("broken-1"),
+        "{job}"
+    );
+    let head_addr = head.addr.to_string();
+    let certs = s.certs();
+    let logged = s.node(&[
+        "jobs",
+        "logs",
+        &id,
+        "--head",
+        &head_addr,
+        "--certs",
+        certs.to_str().unwrap(),
+    ]);
+    let log = &job[job.find("data-log=").expect("the log")..];
+    let log = &log[log.find('>').unwrap() + 1..log.find("</pre>").unwrap()];
+    let shown: Vec<&str> = log.lines().collect();
+    assert!(!shown.is_empty() && shown.len() <= 50, "{job}");
+    for line in shown {
+        assert!(
+            logged.lines().any(|l| html_text(l) == line),
+            "{line}\n{logged}"
+        );
+    }
     // Its workers' price gives it a running cost.
     assert!(
         field(&job, "<main", "cost").is_some_and(|c| c > 0.0),
@@ -412,6 +452,12 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
         for sv in n["supervisors"].as_array().into_iter().flatten() {
             let name = sv["name"].as_str().unwrap();
             assert!(sup.contains(name), "{name}\n{sup}");
+            let anchor = format!("data-supervisor=\"{name}\"");
+            assert_eq!(
+                field(&sup, &anchor, "restarts_left"),
+                sv["restarts_left"].as_f64(),
+                "{name}\n{sup}"
+            );
         }
     }
     pages.push(sup);
@@ -442,6 +488,13 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
         "{}",
         bytes.len()
     );
+}
+
+/// `text` as an HTML document's text shows it.
+fn html_text(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// A child process killed when dropped.

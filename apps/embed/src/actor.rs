@@ -221,6 +221,10 @@ pub struct EmbedderArgs {
     /// [`ZEROS_REVISION_PREFIX`] before it, so such vectors are never taken
     /// for, nor resumed as, the model's.
     pub zeros: bool,
+    /// Read the CPU clocks of the actor's threads around each batch, so
+    /// that its answer says the CPU time the batch took ([`Work::cpu_us`];
+    /// 0 when off).
+    pub cpu_time: bool,
 }
 
 /// What starts the revision an actor reports when it answers vectors of
@@ -241,6 +245,7 @@ impl EmbedderArgs {
             prompt_name: None,
             dim: 0,
             zeros: false,
+            cpu_time: true,
         }
     }
 }
@@ -539,6 +544,8 @@ fn answer(
 struct Shaping {
     prompt: Prompt,
     output: Output,
+    /// Whether each answer says the CPU time its batch took.
+    cpu_time: bool,
 }
 
 /// What an actor's answers hold: `dim` dimensions of each vector, made by
@@ -570,7 +577,8 @@ fn model_thread(
     }) = jobs.recv()
     {
         let mut reply = Some(reply);
-        let (waited, cpu) = (micros(queued.elapsed()), pool_cpu(&pool));
+        let waited = micros(queued.elapsed());
+        let cpu = shaping.cpu_time.then(|| pool_cpu(&pool));
         let answered = pool.install(|| {
             let prepared = prepare_job(
                 &encoder,
@@ -584,7 +592,9 @@ fn model_thread(
         });
         if let (Some(mut answered), Some(reply)) = (answered, reply) {
             answered.work.queue_us = waited;
-            answered.work.cpu_us = micros(pool_cpu(&pool).saturating_sub(cpu));
+            if let Some(cpu) = cpu {
+                answered.work.cpu_us = micros(pool_cpu(&pool).saturating_sub(cpu));
+            }
             let _ = reply.send(answered);
         }
     }
@@ -599,16 +609,18 @@ fn pipelined_threads(
     pool: rayon::ThreadPool,
     jobs: mpsc::Receiver<Job>,
 ) {
-    let output = shaping.output.clone();
+    let (output, cpu_time) = (shaping.output.clone(), shaping.cpu_time);
     let (ready, queue) = mpsc::sync_channel::<(u64, Prepared, oneshot::Sender<EmbedReply>)>(2);
     let model = std::sync::Arc::clone(&encoder);
     let runner = std::thread::Builder::new()
         .name("flotilla-forward".into())
         .spawn(move || {
             while let Ok((batch_id, prepared, reply)) = queue.recv() {
-                let cpu = thread_cpu();
+                let cpu = cpu_time.then(thread_cpu);
                 let mut answered = answer(&model, &output, batch_id, &prepared);
-                answered.work.cpu_us += micros(thread_cpu().saturating_sub(cpu));
+                if let Some(cpu) = cpu {
+                    answered.work.cpu_us += micros(thread_cpu().saturating_sub(cpu));
+                }
                 let _ = reply.send(answered);
             }
         });
@@ -624,7 +636,8 @@ fn pipelined_threads(
     }) = jobs.recv()
     {
         let mut reply = Some(reply);
-        let (waited, cpu) = (micros(queued.elapsed()), pool_cpu(&pool));
+        let waited = micros(queued.elapsed());
+        let cpu = shaping.cpu_time.then(|| pool_cpu(&pool));
         // A batch is one forward pass on a GPU.
         let prepared = pool.install(|| {
             prepare_job(
@@ -638,7 +651,9 @@ fn pipelined_threads(
         });
         let prepared = prepared.map(|mut p| {
             p.work.queue_us = waited;
-            p.work.cpu_us = micros(pool_cpu(&pool).saturating_sub(cpu));
+            if let Some(cpu) = cpu {
+                p.work.cpu_us = micros(pool_cpu(&pool).saturating_sub(cpu));
+            }
             p
         });
         if let (Some(prepared), Some(reply)) = (prepared, reply)
@@ -851,6 +866,7 @@ impl Actor for Embedder {
                             .unwrap_or(1)
                             .max(1),
                         },
+                        cpu_time: args.cpu_time,
                     },
                     Err(e) => {
                         let _ = loaded_tx.send(Err(e.to_string()));

@@ -49,6 +49,10 @@ async fn embedder_answers_in_request_order_with_its_revision() {
     )
     .unwrap();
     assert_eq!(reply.batch_id, 42);
+    // The answer says what the batch took: a length per text, and the CPU
+    // time of the actor's threads (read by default).
+    assert_eq!(reply.work.lengths.len(), texts.len());
+    assert!(reply.work.cpu_us > 0, "{:?}", reply.work);
     let EmbedOutcome::Embedded(v) = reply.outcome else {
         panic!("not embedded: {:?}", reply.outcome);
     };
@@ -285,6 +289,8 @@ async fn an_embedder_answering_zeros_says_so_in_its_revision() {
             micro_batch,
             zeros: true,
             dim: 32,
+            // Nor does it read its CPU clocks (`node embed --no-cpu-time`).
+            cpu_time: false,
             ..EmbedderArgs::new(model_dir().to_string_lossy())
         };
         let (embedder, handle) = Actor::spawn(None, Embedder::default(), args)
@@ -306,6 +312,8 @@ async fn an_embedder_answering_zeros_says_so_in_its_revision() {
             EmbedRequest::new(3, texts)
         )
         .unwrap();
+        assert_eq!(reply.work.cpu_us, 0, "no clock read, no CPU time");
+        assert_eq!(reply.work.lengths.len(), 3, "lengths are still counted");
         let EmbedOutcome::Embedded(v) = reply.outcome else {
             panic!("not answered: {:?}", reply.outcome);
         };

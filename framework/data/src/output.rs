@@ -28,6 +28,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use flotilla_proto::job_stats::{ERROR_LINE_SHOWN, ERRORS_SHOWN, clip};
 use object_store::ObjectStoreExt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -112,12 +113,21 @@ pub struct ErrorLog<'a> {
     buffer: Vec<u8>,
     upload: Option<object_store::WriteMultipart>,
     rows: u64,
+    /// The last lines recorded, cut, for the job's account.
+    tail: std::collections::VecDeque<String>,
 }
 
 impl ErrorLog<'_> {
     /// Adds one refused row.
     pub async fn record(&mut self, error: &RowError) -> Result<(), OutputError> {
+        let from = self.buffer.len();
         serde_json::to_writer(&mut self.buffer, error).expect("errors serialize");
+        let line = String::from_utf8_lossy(&self.buffer[from..]);
+        if self.tail.len() == ERRORS_SHOWN {
+            self.tail.pop_front();
+        }
+        self.tail
+            .push_back(clip(&line, ERROR_LINE_SHOWN).to_owned());
         self.buffer.push(b'\n');
         self.rows += 1;
         if self.buffer.len() >= ERRORS_BUFFER {
@@ -144,6 +154,12 @@ impl ErrorLog<'_> {
     /// Rows recorded so far.
     pub fn rows(&self) -> u64 {
         self.rows
+    }
+
+    /// The last lines recorded (at most [`ERRORS_SHOWN`], each cut to
+    /// [`ERROR_LINE_SHOWN`] bytes), oldest first.
+    pub fn tail(&self) -> Vec<String> {
+        self.tail.iter().cloned().collect()
     }
 
     /// Completes the errors file (replacing any earlier one).
@@ -441,6 +457,7 @@ impl Output {
             buffer: Vec::new(),
             upload: None,
             rows: 0,
+            tail: std::collections::VecDeque::new(),
         }
     }
 }

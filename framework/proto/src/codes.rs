@@ -170,7 +170,7 @@ pub const CODES: &[Code] = &[
         "Issue a new one with `node certs issue --role …`",
         &[
             "framework/proto/src/hello.rs",
-            "framework/runtime/src/control/status.rs",
+            "framework/runtime/src/control/query_error.rs",
             "framework/runtime/src/node/builder.rs",
         ],
     ),
@@ -336,7 +336,7 @@ pub const CODES: &[Code] = &[
         "No cluster cookie beside the certificate",
         "Copy the `cookie` file `node certs init` wrote into the certs folder",
         &[
-            "framework/runtime/src/control/status.rs",
+            "framework/runtime/src/control/query_error.rs",
             "framework/runtime/src/node/builder.rs",
         ],
     ),
@@ -867,19 +867,19 @@ pub const CODES: &[Code] = &[
         "NODE-STATUS-001",
         "The status query could not reach the node, or it did not answer",
         "Check the address and that the node is up; the query tries every head given",
-        &["framework/runtime/src/control/status.rs"],
+        &["framework/runtime/src/control/query_error.rs"],
     ),
     code(
         "NODE-STATUS-002",
         "The queried node refused the request",
         "Use a certificate whose role may query it (`node certs issue --role observer`)",
-        &["framework/runtime/src/control/status.rs"],
+        &["framework/runtime/src/control/query_error.rs"],
     ),
     code(
         "NODE-STATUS-003",
         "No head address given",
         "Check the address and the certificates passed to the query",
-        &["framework/runtime/src/control/status.rs"],
+        &["framework/runtime/src/control/query_error.rs"],
     ),
     code(
         "NODE-STATUS-004",
@@ -887,7 +887,7 @@ pub const CODES: &[Code] = &[
         "Ask for less at once",
         &[
             "framework/runtime/src/control/mod.rs",
-            "framework/runtime/src/control/status.rs",
+            "framework/runtime/src/control/query_error.rs",
         ],
     ),
     code(

@@ -270,9 +270,20 @@ pub struct SupervisorReport {
     pub strategy: String,
     /// Whether it gave up (past its restart intensity).
     pub gave_up: bool,
+    /// Restarts allowed within its window (its intensity).
+    pub max_restarts: u32,
+    /// Its window, in milliseconds.
+    pub within_ms: u64,
+    /// When the restarts counted against its intensity happened, in
+    /// milliseconds since the Unix epoch, oldest first (when it
+    /// reported: those older than the window when read no longer count).
+    pub restarts_unix_ms: Vec<u64>,
     /// Its children, in start order.
     pub children: Vec<ChildReport>,
 }
+
+/// Bytes of a child's last exit reason a report carries.
+pub const EXIT_REASON_SHOWN: usize = 512;
 
 /// One child of a supervisor.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -287,6 +298,9 @@ pub struct ChildReport {
     pub epoch: Epoch,
     /// The node it runs on, when it runs on another one.
     pub node: Option<MemberName>,
+    /// How its last run ended (none: it has not ended yet), at most
+    /// [`EXIT_REASON_SHOWN`] bytes.
+    pub last_exit: Option<String>,
 }
 
 /// What became of a stop request.

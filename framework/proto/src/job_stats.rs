@@ -235,7 +235,8 @@ pub struct JobStats {
     pub rows_done: u64,
     /// Rows found done by an earlier run.
     pub rows_skipped: u64,
-    /// Rows refused (in the errors file).
+    /// Rows refused: the rows of the errors file (those the actors
+    /// refused, and those that could not be read).
     pub rows_rejected: u64,
     /// Real tokens embedded (prompt and special tokens included).
     pub tokens: u64,
@@ -259,6 +260,33 @@ pub struct JobStats {
     pub actors: Vec<ActorStats>,
     /// The time and shape of its batches.
     pub stages: Stages,
+    /// The last rows refused, as the errors file has them (a JSON line
+    /// each, cut to [`ERROR_LINE_SHOWN`] bytes), at most [`ERRORS_SHOWN`],
+    /// oldest first.
+    pub errors_tail: Vec<String>,
+}
+
+/// Rows refused a job's account shows ([`JobStats::errors_tail`]).
+pub const ERRORS_SHOWN: usize = 20;
+
+/// Bytes of a refused row's line the account keeps.
+pub const ERROR_LINE_SHOWN: usize = 1024;
+
+/// The first `max` bytes of `line` (fewer, to end at a character's
+/// boundary): how long lines are cut for an account or a page.
+///
+/// ```
+/// use flotilla_proto::job_stats::clip;
+/// assert_eq!(clip("héllo", 2), "h");
+/// assert_eq!(clip("héllo", 3), "hé");
+/// assert_eq!(clip("hi", 10), "hi");
+/// ```
+pub fn clip(line: &str, max: usize) -> &str {
+    let mut end = line.len().min(max);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    &line[..end]
 }
 
 /// A job's count at one moment, for its rates over time.
@@ -389,7 +417,7 @@ const RESTARTS: Family = family(
 const BUSY: Family = family(
     "flotilla_job_actor_busy_ratio",
     "gauge",
-    "Share of the job's run an actor spent on its batches",
+    "Share of the job's run its actors on a node spent on their batches (their mean; each actor's is on the dashboard)",
 );
 const STATE: Family = family(
     "flotilla_job_state",
@@ -523,14 +551,17 @@ pub fn render(jobs: &[JobMetrics], out: &mut String) {
     });
     series(out, &BUSY, &|j, id, out| {
         let elapsed = j.stats.elapsed_ms.max(1) as f64;
-        for (i, a) in j.stats.actors.iter().enumerate() {
-            let ratio = a.busy_ms as f64 / elapsed;
-            let node = escape(&a.node);
-            let _ = writeln!(
-                out,
-                "{}{{job=\"{id}\",actor=\"{i}\",node=\"{node}\"}} {ratio}",
-                BUSY.name
-            );
+        // By node: one series per node the job ran on, not per actor.
+        let mut nodes: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+        for a in &j.stats.actors {
+            let (busy, actors) = nodes.entry(a.node.as_str()).or_default();
+            *busy += a.busy_ms;
+            *actors += 1;
+        }
+        for (node, (busy, actors)) in nodes {
+            let ratio = busy as f64 / actors as f64 / elapsed;
+            let node = escape(node);
+            let _ = writeln!(out, "{}{{job=\"{id}\",node=\"{node}\"}} {ratio}", BUSY.name);
         }
     });
     series(out, &STATE, &|j, id, out| {
@@ -615,11 +646,20 @@ mod tests {
             restarts: 1,
             cpu_ms: 2500,
             elapsed_ms: 10_000,
-            actors: vec![ActorStats {
-                node: "w\"1".into(),
-                batches: 3,
-                busy_ms: 5000,
-            }],
+            // Two actors on one node: one series, their mean.
+            actors: vec![
+                ActorStats {
+                    node: "w\"1".into(),
+                    batches: 3,
+                    busy_ms: 5000,
+                },
+                ActorStats {
+                    node: "w\"1".into(),
+                    batches: 1,
+                    busy_ms: 1000,
+                },
+            ],
+            errors_tail: vec!["{\"line\":3}".into()],
             stages: Stages::default(),
         };
         stats.stages.batch_size.record(3.0);
@@ -709,9 +749,12 @@ mod tests {
         assert!(out.contains("flotilla_job_credit_wait_seconds_total{job=\"j1\"} 1.5\n"));
         assert!(out.contains("flotilla_job_state{job=\"j2\",state=\"succeeded\"} 1\n"));
         assert!(out.contains("flotilla_job_state{job=\"j2\",state=\"running\"} 0\n"));
-        assert!(out.contains(
-            "flotilla_job_actor_busy_ratio{job=\"j1\",actor=\"0\",node=\"w\\\"1\"} 0.5\n"
-        ));
+        assert!(out.contains("flotilla_job_actor_busy_ratio{job=\"j1\",node=\"w\\\"1\"} 0.3\n"));
+        assert_eq!(
+            out.matches("flotilla_job_actor_busy_ratio{job=\"j1\"")
+                .count(),
+            1
+        );
         // 90 rows in 10 s, 90 left: 10 s; none for the job that ended.
         assert!(out.contains("flotilla_job_eta_seconds{job=\"j1\"} 10\n"));
         assert!(!out.contains("flotilla_job_eta_seconds{job=\"j2\"}"));

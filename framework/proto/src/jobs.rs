@@ -189,7 +189,7 @@ pub struct LogPage {
     /// The lines, oldest first.
     pub lines: Vec<String>,
     /// The number of the line after the last one given: where to ask
-    /// next.
+    /// next (asked from past the end: the end, with no lines).
     pub next: u64,
     /// Lines before those that the head no longer keeps (or that came
     /// before it was started).

@@ -573,6 +573,35 @@ impl Supervision {
             .min()
     }
 
+    /// Its restart intensity.
+    pub fn intensity(&self) -> Intensity {
+        self.spec.intensity
+    }
+
+    /// When the restarts counted against the intensity at `now` happened,
+    /// oldest first: those within the window, of the supervisor (or, when
+    /// counted per child, of the child nearest to passing it). One more
+    /// than [`Intensity::max_restarts`] of them and it gives up.
+    pub fn restarts_in_window(&self, now: Instant) -> Vec<Instant> {
+        let within = self.spec.intensity.within;
+        let counted = |recent: &VecDeque<Instant>| -> Vec<Instant> {
+            recent
+                .iter()
+                .copied()
+                .filter(|t| now.saturating_duration_since(*t) < within)
+                .collect()
+        };
+        if self.spec.per_child {
+            self.children
+                .iter()
+                .map(|c| counted(&c.recent))
+                .max_by_key(Vec::len)
+                .unwrap_or_default()
+        } else {
+            counted(&self.restarts)
+        }
+    }
+
     /// Restarts of the child `id` so far.
     pub fn restarts_of(&self, id: &str) -> Option<u32> {
         self.index(id).map(|i| self.children[i].restarts)
@@ -1044,11 +1073,16 @@ mod tests {
             sim.advance(Duration::from_secs(31));
         }
         assert!(!sim.s.is_finished());
+        // The last restart, 31 s ago, is the only one in the window.
+        assert_eq!(sim.s.restarts_in_window(sim.now).len(), 1);
         // Three within 60 s: past the limit of two.
         sim.advance(Duration::from_secs(60));
+        assert!(sim.s.restarts_in_window(sim.now).is_empty());
         sim.exit("a", Failure);
         sim.advance(Duration::from_secs(59));
         sim.exit("a", Failure);
+        assert_eq!(sim.s.restarts_in_window(sim.now).len(), 2);
+        assert_eq!(sim.s.intensity().max_restarts, 2);
         assert!(matches!(
             sim.exit("a", Failure).last(),
             Some(Action::Escalate(_))

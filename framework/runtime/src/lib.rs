@@ -55,7 +55,7 @@ mod tasks;
 
 // The module paths of the flat layout, kept so that users' imports keep
 // working.
-pub use control::{render, status};
+pub use control::{client, render, status};
 pub use head::{head_lease, head_replica, head_store};
 pub use net::{bulk, outbound, quota};
 pub use node::{builder, config, config_args, drain, failpoints, host, placement_groups, process};
@@ -64,6 +64,7 @@ pub use placement::gpus;
 pub use remote::{call, spawner, wire};
 pub use supervisor::checkpoint;
 
+pub use control::client::ControlClient;
 pub use control::status::{
     query, query_drain, query_gpus, query_jobs, query_objects, query_placement, query_status,
     query_supervisors,

@@ -17,6 +17,7 @@
 pub mod ca;
 pub mod cluster;
 pub mod corpus;
+pub mod fleet;
 pub mod netns;
 pub mod probe;
 pub mod rng;

@@ -11,35 +11,39 @@ pub(crate) struct Gather {
     pub(crate) objects: bool,
 }
 
-/// Everything `node status` shows, asked as `identity` of the first of
-/// `heads` that answers: the member table, placement (from the head), the
-/// GPUs of nodes that offer them, and what `asked` names of every up node.
+/// Everything `node status` shows, asked through `client` of the first
+/// of `heads` that answers: the member table, placement (from the head),
+/// the GPUs of nodes that offer them, and what `asked` names of every up
+/// node.
 pub(crate) async fn gather_status(
     heads: &[std::net::SocketAddr],
-    identity: &flotilla_transport::Identity,
+    client: &flotilla::ControlClient,
     asked: Gather,
 ) -> Result<flotilla::render::StatusReport, flotilla::status::StatusError> {
-    let (head, table) = flotilla::status::first_answer(heads, |addr| {
-        flotilla::query_status(addr, identity.clone())
-    })
-    .await?;
+    let (head, table) = flotilla::status::first_answer(heads, |addr| client.status(addr)).await?;
     let supervisors = if asked.supervisors {
-        supervisors_of(&table, identity).await
+        answers_of(&table, |_| true, |a| client.supervisors(a))
+            .await
+            .into_iter()
+            .map(|(name, answer)| (name, answer.map_err(|e| e.to_string())))
+            .collect()
     } else {
         flotilla::render::Supervisors::new()
     };
     // The head accounts placement; any other node says so.
-    let placement = flotilla::query_placement(head, identity.clone()).await.ok();
+    let placement = client.placement(head).await.ok();
     // Only nodes that offer GPUs are asked who holds them.
-    let gpus = answers_of(
-        &table,
-        identity,
-        |m| m.resources.gpus > 0,
-        flotilla::query_gpus,
-    )
-    .await;
+    let gpus = answers_of(&table, |m| m.resources.gpus > 0, |a| client.gpus(a))
+        .await
+        .into_iter()
+        .filter_map(|(name, answer)| Some((name, answer.ok()?)))
+        .collect();
     let objects = if asked.objects {
-        answers_of(&table, identity, |_| true, flotilla::query_objects).await
+        answers_of(&table, |_| true, |a| client.objects(a))
+            .await
+            .into_iter()
+            .filter_map(|(name, answer)| Some((name, answer.ok()?)))
+            .collect()
     } else {
         flotilla::render::ObjectCounts::new()
     };
@@ -52,60 +56,35 @@ pub(crate) async fn gather_status(
     })
 }
 
-/// Asks every up member of `table` for its supervisors, all at once.
-async fn supervisors_of(
+/// How long a member has to answer.
+const WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What each up member of `table` that `asks` selects answers to `query`
+/// (all asked at once), by node name: its answer, or why there is none
+/// (an address that is not one, an error, no answer within [`WITHIN`]).
+async fn answers_of<T, F, Fut>(
     table: &flotilla::Table,
-    identity: &flotilla_transport::Identity,
-) -> flotilla::render::Supervisors {
-    let asks = table.up().map(|m| {
-        let (name, addr, identity) = (m.name.clone(), m.addr.clone(), identity.clone());
+    asks: impl Fn(&flotilla::MemberView) -> bool,
+    query: F,
+) -> Vec<(flotilla::MemberName, Result<T, String>)>
+where
+    F: Fn(std::net::SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<T, flotilla::status::StatusError>>,
+{
+    let calls = table.up().filter(|m| asks(m)).map(|m| {
+        let name = m.name.clone();
+        let call = m.addr.parse().map(&query);
+        let addr = m.addr.clone();
         async move {
-            const WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
-            let answer = match addr.parse() {
-                Ok(addr) => {
-                    match tokio::time::timeout(WITHIN, flotilla::query_supervisors(addr, identity))
-                        .await
-                    {
-                        Ok(answer) => answer.map_err(|e| e.to_string()),
-                        Err(_) => Err(format!("no answer within {WITHIN:?}")),
-                    }
-                }
+            let answer = match call {
+                Ok(call) => match tokio::time::timeout(WITHIN, call).await {
+                    Ok(answer) => answer.map_err(|e| e.to_string()),
+                    Err(_) => Err(format!("no answer within {WITHIN:?}")),
+                },
                 Err(_) => Err(format!("address {addr:?} is not a socket address")),
             };
             (name, answer)
         }
     });
-    futures::future::join_all(asks).await.into_iter().collect()
-}
-
-/// What each up member that `asks` selects answers to `query`, for those
-/// that answer within a second, by node name.
-async fn answers_of<T, F, Fut, E>(
-    table: &flotilla::Table,
-    identity: &flotilla_transport::Identity,
-    asks: impl Fn(&flotilla::MemberView) -> bool,
-    query: F,
-) -> std::collections::BTreeMap<flotilla::MemberName, T>
-where
-    F: Fn(std::net::SocketAddr, flotilla_transport::Identity) -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    let calls = table.up().filter(|m| asks(m)).map(|m| {
-        let name = m.name.clone();
-        let call = m
-            .addr
-            .parse()
-            .ok()
-            .map(|addr| query(addr, identity.clone()));
-        async move {
-            let within = std::time::Duration::from_secs(1);
-            let answer = tokio::time::timeout(within, call?).await.ok()?.ok()?;
-            Some((name, answer))
-        }
-    });
-    futures::future::join_all(calls)
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+    futures::future::join_all(calls).await
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-mod dashboard;
+pub mod dashboard;
 pub mod drain;
 mod gather;
 pub mod head_set;

@@ -176,7 +176,16 @@ async fn status(args: crate::StatusArgs) -> ExitCode {
         supervisors: !args.no_supervisors,
         objects: args.json,
     };
-    match crate::gather::gather_status(&args.ask.head, &identity, asked).await {
+    let client = match flotilla::ControlClient::new(identity) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(4);
+        }
+    };
+    let gathered = crate::gather::gather_status(&args.ask.head, &client, asked).await;
+    client.close().await;
+    match gathered {
         Ok(report) => {
             if args.json {
                 println!("{}", report.to_json());

@@ -67,6 +67,13 @@ pub struct JobConfig {
     #[arg(skip)]
     #[serde(skip)]
     pub zeros: bool,
+    /// The actors read no CPU clocks around each batch: the job's
+    /// CPU-seconds and cost are not counted (tokens, stage times and rows
+    /// still are). What the `observe_overhead` bench runs its baseline
+    /// with.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_cpu_time: bool,
 }
 
 /// The job's flags alone, parsed as `node embed` parses them.

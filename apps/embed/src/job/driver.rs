@@ -98,6 +98,7 @@ pub(crate) fn embedder_args(config: &JobConfig) -> EmbedderArgs {
             .dim
             .map_or(0, |d| u32::try_from(d).unwrap_or(u32::MAX)),
         zeros: config.zeros,
+        cpu_time: !config.no_cpu_time,
         // The folder as the nodes will read it: absolute, links and `..`
         // resolved where it exists here (nodes check it against their
         // roots as given).

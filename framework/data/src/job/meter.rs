@@ -141,9 +141,14 @@ impl JobMeter {
         self.with(|s| s.stats.rows_skipped += rows as u64);
     }
 
-    /// Rows refused.
-    pub(crate) fn rejected(&self, rows: usize) {
-        self.with(|s| s.stats.rows_rejected += rows as u64);
+    /// The errors file holds `rows` rows refused (those the model
+    /// refused, and those that could not be read), the last of them
+    /// `tail`.
+    pub(crate) fn errors(&self, rows: u64, tail: Vec<String>) {
+        self.with(|s| {
+            s.stats.rows_rejected = rows;
+            s.stats.errors_tail = tail;
+        });
     }
 
     /// The pipeline as it stands: `in_flight` of `window` batches, full
@@ -216,7 +221,7 @@ mod tests {
         meter.written(4, Some(("w2", 2)), Duration::from_millis(5));
         meter.written(4, None, Duration::from_millis(5));
         meter.skipped(3);
-        meter.rejected(1);
+        meter.errors(1, vec!["{\"line\":7}".into()]);
         let stats = PipelineStats {
             retries: 4,
             redispatches: 1,
@@ -231,6 +236,7 @@ mod tests {
         meter.pipeline((1, 2), true, stats, 1);
         let s = meter.snapshot();
         assert_eq!((s.rows_done, s.rows_skipped, s.rows_rejected), (20, 3, 1));
+        assert_eq!(s.errors_tail, ["{\"line\":7}"]);
         assert_eq!(s.actors.len(), 2);
         assert_eq!(s.actors[0].batches, 3);
         assert!(

@@ -947,7 +947,7 @@ where
         if batcher.is_done() && pipeline.is_idle() {
             break;
         }
-        progress.observe(&pipeline, summary.restarts, batcher.is_done());
+        progress.observe(&pipeline, summary.restarts, batcher.is_done(), &errors);
         summary.let_go += pool_state.let_go_idle(&mut pipeline, batcher.is_done());
         // A supervised pool learns of exits from its supervisor, whose
         // escalation must end the job before the exits it causes do.
@@ -1059,7 +1059,7 @@ where
             }
         }
     }
-    progress.observe(&pipeline, summary.restarts, true);
+    progress.observe(&pipeline, summary.restarts, true, &errors);
     progress.finish();
     parts.finish().await;
     summary.refused = errors.rows();

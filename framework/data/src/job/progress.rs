@@ -39,6 +39,8 @@ pub(crate) struct Progress {
     report: Option<tokio::sync::watch::Sender<(u64, u64)>>,
     /// The job's account of its batches.
     meter: JobMeter,
+    /// Rows of the errors file the account has seen.
+    errors_seen: u64,
     /// Its batches' latencies.
     pub(crate) latencies: Latencies,
 }
@@ -72,6 +74,7 @@ impl Progress {
             last_log: Instant::now(),
             rows: 0,
             skipped: 0,
+            errors_seen: 0,
             total,
             report,
             meter,
@@ -107,16 +110,28 @@ impl Progress {
 
     /// Rows refused.
     pub(crate) fn rejected(&mut self, rows: usize) {
-        self.meter.rejected(rows);
+        // Counted by the meter from the errors file (see `observe`).
         self.done(rows);
     }
 
     /// The pipeline as it stands, with every batch read (`read`) or not,
-    /// after `restarts` restarts of its actors.
-    pub(crate) fn observe<S: Stage>(&self, pipeline: &Pipeline<S>, restarts: u64, read: bool) {
+    /// after `restarts` restarts of its actors, and the errors file: its
+    /// last rows go with the account when it has more than the account
+    /// saw.
+    pub(crate) fn observe<S: Stage>(
+        &mut self,
+        pipeline: &Pipeline<S>,
+        restarts: u64,
+        read: bool,
+        errors: &crate::output::ErrorLog<'_>,
+    ) {
         let window = (pipeline.in_flight(), pipeline.max_in_flight());
         self.meter
             .pipeline(window, !read, pipeline.stats(), restarts);
+        if errors.rows() != self.errors_seen {
+            self.errors_seen = errors.rows();
+            self.meter.errors(errors.rows(), errors.tail());
+        }
     }
 
     /// Rows of a batch found complete.

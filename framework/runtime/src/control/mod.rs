@@ -2,7 +2,7 @@
 //!
 //! Owns the service behind every control stream a node accepts (this
 //! file) and the client side of `node status` and its siblings
-//! ([`status`]), with their rendering ([`render`]). Drives
+//! ([`status`], over [`client`]'s sessions), with their rendering ([`render`]). Drives
 //! [`flotilla_proto::authority`] (the permission table) and
 //! [`flotilla_proto::control`] (requests, replies, paging).
 //!
@@ -26,6 +26,8 @@
 //! Spawn / Stop ─► spawner (owner / sender = the caller) ─► Spawned / Stop(outcome)
 //! ```
 
+pub mod client;
+mod query_error;
 pub mod render;
 pub mod status;
 

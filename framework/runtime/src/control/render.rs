@@ -240,7 +240,31 @@ struct SupervisorJson<'a> {
     name: &'a str,
     strategy: &'a str,
     gave_up: bool,
+    max_restarts: u32,
+    within_s: f64,
+    /// Restarts it may still take within its window, as the wall clock
+    /// reads now.
+    restarts_left: u32,
     children: Vec<ChildJson<'a>>,
+}
+
+/// Restarts `s` may still take before it gives up, at `now_unix_ms`: its
+/// intensity less the restarts it reported that are still in its window.
+pub fn restarts_left(s: &SupervisorReport, now_unix_ms: u64) -> u32 {
+    let counted = s
+        .restarts_unix_ms
+        .iter()
+        .filter(|&&t| now_unix_ms.saturating_sub(t) < s.within_ms)
+        .count();
+    s.max_restarts
+        .saturating_sub(u32::try_from(counted).unwrap_or(u32::MAX))
+}
+
+/// Milliseconds since the Unix epoch on this machine's wall clock.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl<'a> From<&'a SupervisorReport> for SupervisorJson<'a> {
@@ -249,6 +273,9 @@ impl<'a> From<&'a SupervisorReport> for SupervisorJson<'a> {
             name: &s.name,
             strategy: &s.strategy,
             gave_up: s.gave_up,
+            max_restarts: s.max_restarts,
+            within_s: s.within_ms as f64 / 1000.0,
+            restarts_left: restarts_left(s, wall_ms()),
             children: s
                 .children
                 .iter()
@@ -258,6 +285,7 @@ impl<'a> From<&'a SupervisorReport> for SupervisorJson<'a> {
                     restarts: c.restarts,
                     epoch: c.epoch.micros(),
                     node: c.node.as_deref(),
+                    last_exit: c.last_exit.as_deref(),
                 })
                 .collect(),
         }
@@ -271,6 +299,7 @@ struct ChildJson<'a> {
     restarts: u32,
     epoch: u64,
     node: Option<&'a str>,
+    last_exit: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -433,18 +462,26 @@ pub fn supervisors_text(supervisors: &Supervisors) -> String {
                 for s in list {
                     let state = if s.gave_up { "gave up" } else { "running" };
                     out.push_str(&format!(
-                        "{node}: supervisor {} ({}, {state})\n",
-                        s.name, s.strategy
+                        "{node}: supervisor {} ({}, {state}, {} of {} restarts left in {} s)\n",
+                        s.name,
+                        s.strategy,
+                        restarts_left(s, wall_ms()),
+                        s.max_restarts,
+                        s.within_ms / 1000
                     ));
                     for c in &s.children {
                         out.push_str(&format!(
-                            "  {:<24} {:<8} restarts {:>3}{}\n",
+                            "  {:<24} {:<8} restarts {:>3}{}{}\n",
                             c.id,
                             if c.running { "running" } else { "stopped" },
                             c.restarts,
                             c.node
                                 .as_deref()
                                 .map(|n| format!("  on {n}"))
+                                .unwrap_or_default(),
+                            c.last_exit
+                                .as_deref()
+                                .map(|w| format!("  last exit: {w}"))
                                 .unwrap_or_default()
                         ));
                     }
@@ -453,4 +490,38 @@ pub fn supervisors_text(supervisors: &Supervisors) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(max_restarts: u32, restarts_unix_ms: Vec<u64>) -> SupervisorReport {
+        SupervisorReport {
+            name: "tree".into(),
+            strategy: "one_for_one".into(),
+            gave_up: false,
+            max_restarts,
+            within_ms: 60_000,
+            restarts_unix_ms,
+            children: Vec::new(),
+        }
+    }
+
+    /// Restarts older than the window when read no longer count; more
+    /// than the intensity leaves none.
+    #[test]
+    fn restarts_left_counts_those_still_in_the_window_when_read() {
+        let now = 1_000_000;
+        let s = report(3, vec![now - 70_000, now - 30_000, now - 1_000]);
+        assert_eq!(restarts_left(&s, now), 1);
+        assert_eq!(restarts_left(&s, now + 30_000), 2);
+        assert_eq!(restarts_left(&s, now + 60_000), 3);
+        assert_eq!(restarts_left(&report(1, vec![now; 4]), now), 0);
+        let json = serde_json::to_value(SupervisorJson::from(&s)).unwrap();
+        assert_eq!(
+            (json["max_restarts"].as_u64(), json["within_s"].as_f64()),
+            (Some(3), Some(60.0))
+        );
+    }
 }

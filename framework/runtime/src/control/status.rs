@@ -5,84 +5,15 @@
 use std::net::SocketAddr;
 
 use flotilla_proto::control::{
-    ControlReply, ControlRequest, Pages, PlacementReply, PlacementRequest, SupervisorReport,
+    ControlReply, ControlRequest, GpuReport, PlacementReply, PlacementRequest, SupervisorReport,
 };
-use flotilla_proto::frame::DEFAULT_MAX_FRAME;
-use flotilla_proto::hello::{Hello, Purpose};
-use flotilla_proto::incarnation::Incarnation;
 use flotilla_proto::jobs::{JobsReply, JobsRequest};
 use flotilla_proto::objects::ObjectStats;
-use flotilla_transport::handshake::{self, StreamError, recv_msg, send_msg};
-use flotilla_transport::{BindError, ConnectError};
 
+use crate::control::client::ControlClient;
+pub use crate::control::query_error::StatusError;
 use crate::control::render::PlacementStatus;
 use crate::table::Table;
-
-/// Why the status query failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StatusError {
-    /// The identity's certificates folder holds no cluster cookie.
-    #[error(
-        "NODE-CERT-008: no cluster cookie beside the certificate; copy the `cookie` file `node certs init` wrote into the certs folder"
-    )]
-    NoCookie,
-    /// No local endpoint could be opened.
-    #[error("NODE-STATUS-001: cannot open a local endpoint: {0}")]
-    Bind(#[from] BindError),
-    /// The node could not be reached.
-    #[error("NODE-STATUS-001: cannot reach {addr}: {source}")]
-    Connect {
-        /// The node asked.
-        addr: SocketAddr,
-        /// Why.
-        source: ConnectError,
-    },
-    /// The exchange failed or was refused.
-    #[error("NODE-STATUS-001: status request to {addr} failed: {source}")]
-    Stream {
-        /// The node asked.
-        addr: SocketAddr,
-        /// Why.
-        source: StreamError,
-    },
-    /// The identity's certificate carries no role.
-    #[error(
-        "NODE-AUTH-018: the certificate carries no role; issue a new one with `node certs issue --role …`"
-    )]
-    NoRole,
-    /// The node's permission table refused the request.
-    #[error("NODE-STATUS-002: {addr} refused: {why}")]
-    Denied {
-        /// The node asked.
-        addr: SocketAddr,
-        /// Why.
-        why: flotilla_proto::authority::Unauthorized,
-    },
-    /// No head address was given to ask.
-    #[error("NODE-STATUS-003: no head address given")]
-    NoAddress,
-    /// The node's answer was over the frame limit.
-    #[error(
-        "NODE-STATUS-004: {addr}'s answer of {bytes} bytes is over the frame limit of {limit} bytes; ask for less at once"
-    )]
-    TooLarge {
-        /// The node asked.
-        addr: SocketAddr,
-        /// The answer's size.
-        bytes: u64,
-        /// The limit.
-        limit: u32,
-    },
-    /// The node answered with something else than a table.
-    #[error("NODE-STATUS-001: {addr} answered the status request with {reply}")]
-    Unexpected {
-        /// The node asked.
-        addr: SocketAddr,
-        /// What it answered.
-        reply: String,
-    },
-}
 
 /// Asks the node at `addr` for its member table (read in pages when it
 /// is large).
@@ -90,24 +21,7 @@ pub async fn query_status(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
 ) -> Result<Table, StatusError> {
-    match ask(addr, identity, ControlRequest::Status).await? {
-        ControlReply::Members {
-            version,
-            head,
-            members,
-            revoked,
-            ..
-        } => Ok(Table {
-            version,
-            head,
-            members,
-            revoked,
-        }),
-        other => Err(StatusError::Unexpected {
-            addr,
-            reply: format!("{other:?}"),
-        }),
-    }
+    table_of(addr, ask(addr, identity, ControlRequest::Status).await?)
 }
 
 /// Asks the node at `addr` for its supervisors and their children.
@@ -115,13 +29,10 @@ pub async fn query_supervisors(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
 ) -> Result<Vec<SupervisorReport>, StatusError> {
-    match ask(addr, identity, ControlRequest::Supervisors).await? {
-        ControlReply::Supervisors(reports) => Ok(reports),
-        other => Err(StatusError::Unexpected {
-            addr,
-            reply: format!("{other:?}"),
-        }),
-    }
+    supervisors_of(
+        addr,
+        ask(addr, identity, ControlRequest::Supervisors).await?,
+    )
 }
 
 /// Asks the node at `addr` for its object-store counters.
@@ -129,27 +40,15 @@ pub async fn query_objects(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
 ) -> Result<ObjectStats, StatusError> {
-    match ask(addr, identity, ControlRequest::Objects).await? {
-        ControlReply::Objects(stats) => Ok(stats),
-        other => Err(StatusError::Unexpected {
-            addr,
-            reply: format!("{other:?}"),
-        }),
-    }
+    objects_of(addr, ask(addr, identity, ControlRequest::Objects).await?)
 }
 
 /// Asks the node at `addr` for its GPUs and the actors holding them.
 pub async fn query_gpus(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
-) -> Result<Vec<flotilla_proto::control::GpuReport>, StatusError> {
-    match ask(addr, identity, ControlRequest::Gpus).await? {
-        ControlReply::Gpus(gpus) => Ok(gpus),
-        other => Err(StatusError::Unexpected {
-            addr,
-            reply: format!("{other:?}"),
-        }),
-    }
+) -> Result<Vec<GpuReport>, StatusError> {
+    gpus_of(addr, ask(addr, identity, ControlRequest::Gpus).await?)
 }
 
 /// Asks the head at `addr` for its placement groups and every node's
@@ -158,16 +57,7 @@ pub async fn query_placement(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
 ) -> Result<PlacementStatus, StatusError> {
-    let request = ControlRequest::Placement(PlacementRequest::List);
-    match ask(addr, identity, request).await? {
-        ControlReply::Placement(PlacementReply::Groups { groups, nodes }) => {
-            Ok(PlacementStatus { groups, nodes })
-        }
-        other => Err(StatusError::Unexpected {
-            addr,
-            reply: format!("{other:?}"),
-        }),
-    }
+    placement_of(addr, ask(addr, identity, PLACEMENT_LIST).await?)
 }
 
 /// Asks the head at `addr` to drain the member `name`, giving it `within`
@@ -185,10 +75,7 @@ pub async fn query_drain(
     };
     match ask(addr, identity, request).await? {
         ControlReply::Drain(outcome) => Ok(outcome),
-        other => Err(StatusError::Unexpected {
-            addr,
-            reply: format!("{other:?}"),
-        }),
+        other => Err(unexpected(addr, &other)),
     }
 }
 
@@ -198,12 +85,120 @@ pub async fn query_jobs(
     identity: flotilla_transport::Identity,
     request: JobsRequest,
 ) -> Result<JobsReply, StatusError> {
-    match ask(addr, identity, ControlRequest::Jobs(request)).await? {
-        ControlReply::Jobs(reply) => Ok(reply),
-        other => Err(StatusError::Unexpected {
-            addr,
-            reply: format!("{other:?}"),
+    jobs_of(
+        addr,
+        ask(addr, identity, ControlRequest::Jobs(request)).await?,
+    )
+}
+
+/// The same queries through a client's kept connections.
+impl ControlClient {
+    /// The member table of the node at `addr` (see [`query_status`]).
+    pub async fn status(&self, addr: SocketAddr) -> Result<Table, StatusError> {
+        table_of(addr, self.ask(addr, ControlRequest::Status).await?)
+    }
+
+    /// The supervisors of the node at `addr` (see [`query_supervisors`]).
+    pub async fn supervisors(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Vec<SupervisorReport>, StatusError> {
+        supervisors_of(addr, self.ask(addr, ControlRequest::Supervisors).await?)
+    }
+
+    /// The object-store counters of the node at `addr` (see
+    /// [`query_objects`]).
+    pub async fn objects(&self, addr: SocketAddr) -> Result<ObjectStats, StatusError> {
+        objects_of(addr, self.ask(addr, ControlRequest::Objects).await?)
+    }
+
+    /// The GPUs of the node at `addr` (see [`query_gpus`]).
+    pub async fn gpus(&self, addr: SocketAddr) -> Result<Vec<GpuReport>, StatusError> {
+        gpus_of(addr, self.ask(addr, ControlRequest::Gpus).await?)
+    }
+
+    /// The placement groups and reservations the head at `addr` accounts
+    /// (see [`query_placement`]).
+    pub async fn placement(&self, addr: SocketAddr) -> Result<PlacementStatus, StatusError> {
+        placement_of(addr, self.ask(addr, PLACEMENT_LIST).await?)
+    }
+
+    /// A jobs request to the head at `addr` (see [`query_jobs`]).
+    pub async fn jobs(
+        &self,
+        addr: SocketAddr,
+        request: JobsRequest,
+    ) -> Result<JobsReply, StatusError> {
+        jobs_of(addr, self.ask(addr, ControlRequest::Jobs(request)).await?)
+    }
+}
+
+/// Placement's list request.
+const PLACEMENT_LIST: ControlRequest = ControlRequest::Placement(PlacementRequest::List);
+
+/// The answer was not the one asked for.
+fn unexpected(addr: SocketAddr, reply: &ControlReply) -> StatusError {
+    StatusError::Unexpected {
+        addr,
+        reply: format!("{reply:?}"),
+    }
+}
+
+fn table_of(addr: SocketAddr, reply: ControlReply) -> Result<Table, StatusError> {
+    match reply {
+        ControlReply::Members {
+            version,
+            head,
+            members,
+            revoked,
+            ..
+        } => Ok(Table {
+            version,
+            head,
+            members,
+            revoked,
         }),
+        other => Err(unexpected(addr, &other)),
+    }
+}
+
+fn supervisors_of(
+    addr: SocketAddr,
+    reply: ControlReply,
+) -> Result<Vec<SupervisorReport>, StatusError> {
+    match reply {
+        ControlReply::Supervisors(reports) => Ok(reports),
+        other => Err(unexpected(addr, &other)),
+    }
+}
+
+fn objects_of(addr: SocketAddr, reply: ControlReply) -> Result<ObjectStats, StatusError> {
+    match reply {
+        ControlReply::Objects(stats) => Ok(stats),
+        other => Err(unexpected(addr, &other)),
+    }
+}
+
+fn gpus_of(addr: SocketAddr, reply: ControlReply) -> Result<Vec<GpuReport>, StatusError> {
+    match reply {
+        ControlReply::Gpus(gpus) => Ok(gpus),
+        other => Err(unexpected(addr, &other)),
+    }
+}
+
+fn placement_of(addr: SocketAddr, reply: ControlReply) -> Result<PlacementStatus, StatusError> {
+    match reply {
+        ControlReply::Placement(PlacementReply::Groups { groups, nodes }) => {
+            Ok(PlacementStatus { groups, nodes })
+        }
+        other => Err(unexpected(addr, &other)),
+    }
+}
+
+fn jobs_of(addr: SocketAddr, reply: ControlReply) -> Result<JobsReply, StatusError> {
+    match reply {
+        ControlReply::Jobs(reply) => Ok(reply),
+        other => Err(unexpected(addr, &other)),
     }
 }
 
@@ -256,57 +251,15 @@ pub async fn query(
 }
 
 /// Sends `request` on a control stream to the node at `addr`, as a tool
-/// (incarnation 0) speaking for `identity` (under an instance name of
-/// its own for roles that run many processes); its answer, a table in
-/// pages joined back. A refusal by the node's permission table is
-/// [`StatusError::Denied`].
+/// (incarnation 0) speaking for `identity`, on a connection of its own
+/// (see [`ControlClient`]); its answer.
 async fn ask(
     addr: SocketAddr,
     identity: flotilla_transport::Identity,
     request: ControlRequest,
 ) -> Result<ControlReply, StatusError> {
-    let role = identity.role.ok_or(StatusError::NoRole)?;
-    let name = flotilla_proto::role::member_name(&identity.name, role, crate::nonce::nonce());
-    let cookie = identity
-        .cookie
-        .as_deref()
-        .map(flotilla_transport::certs::cookie_digest)
-        .ok_or(StatusError::NoCookie)?;
-    let endpoint =
-        flotilla_transport::Endpoint::client(identity, &flotilla_transport::Tuning::default())?;
-    let stream = |source| StatusError::Stream { addr, source };
-    let result = async {
-        let pc = endpoint
-            .connect(addr, None)
-            .await
-            .map_err(|source| StatusError::Connect { addr, source })?;
-        let hello = Hello::new(Purpose::Control, name, Incarnation::TOOL, cookie);
-        let (mut send, mut recv, _, _) = handshake::dial(&pc.connection, &hello)
-            .await
-            .map_err(stream)?;
-        send_msg(&mut send, &request, DEFAULT_MAX_FRAME)
-            .await
-            .map_err(stream)?;
-        let mut pages = Pages::default();
-        let reply = loop {
-            let page = recv_msg::<ControlReply>(&mut recv, DEFAULT_MAX_FRAME)
-                .await
-                .map_err(stream)?;
-            if let Some(reply) = pages.push(page) {
-                break reply;
-            }
-        };
-        let _ = send.finish();
-        flotilla_transport::Closing::Done.close(&pc.connection);
-        match reply {
-            ControlReply::Denied(why) => Err(StatusError::Denied { addr, why }),
-            ControlReply::TooLarge { bytes, limit } => {
-                Err(StatusError::TooLarge { addr, bytes, limit })
-            }
-            reply => Ok(reply),
-        }
-    }
-    .await;
-    endpoint.wait_idle().await;
-    result
+    let client = ControlClient::new(identity)?;
+    let reply = client.ask(addr, request).await;
+    client.close().await;
+    reply
 }

@@ -262,7 +262,9 @@ impl Entry {
     /// Its driver's log from line `after`, at most [`LOG_BYTES_PER_PAGE`].
     fn log_page(&self, after: u64) -> LogPage {
         let (kept, first) = &self.log;
-        let from = after.max(*first);
+        // Past the end: none, and where the end is.
+        let end = first + kept.len() as u64;
+        let from = after.clamp(*first, end);
         let (mut lines, mut bytes) = (Vec::new(), 0);
         for line in kept.iter().skip((from - first) as usize) {
             if !lines.is_empty() && bytes + line.len() > LOG_BYTES_PER_PAGE {

@@ -53,6 +53,7 @@ use crate::board::{Board, ChildReport, SupervisorReport};
 use crate::clock::now;
 use crate::node::{SpawnError, StopError};
 use crate::table::Table;
+use flotilla_proto::control::EXIT_REASON_SHOWN;
 
 pub use remote_child::{Place, RemoteChild};
 
@@ -292,6 +293,8 @@ pub struct SupervisorState {
     epochs: flotilla_proto::epoch::EpochClock,
     /// The epoch of each child's latest start.
     epoch_of: HashMap<String, Epoch>,
+    /// How each child's last run ended.
+    last_exit: HashMap<String, String>,
 }
 
 impl SupervisorState {
@@ -308,6 +311,7 @@ impl SupervisorState {
                     .running
                     .get(id)
                     .and_then(|r| r.node.as_ref().map(|n| n.name.clone())),
+                last_exit: self.last_exit.get(id).cloned(),
             })
             .collect()
     }
@@ -317,10 +321,23 @@ impl SupervisorState {
         let Some((name, board)) = &self.report else {
             return;
         };
+        let intensity = self.policy.intensity();
+        // The window's restarts on the wall clock, so that a reader can
+        // tell which still count when it reads.
+        let (at, wall) = (now(), crate::clock::clock_millis());
+        let restarts_unix_ms = self
+            .policy
+            .restarts_in_window(at)
+            .into_iter()
+            .map(|t| wall.saturating_sub(at.saturating_duration_since(t).as_millis() as u64))
+            .collect();
         board.post(SupervisorReport {
             name: name.clone(),
             strategy: self.policy.strategy().as_str().to_owned(),
             gave_up,
+            max_restarts: intensity.max_restarts,
+            within_ms: intensity.within.as_millis() as u64,
+            restarts_unix_ms,
             children: self.status(),
         });
     }
@@ -379,7 +396,7 @@ impl SupervisorState {
                     }
                     Err(e) => {
                         tracing::warn!(child = %id, error = %e, "child failed to start");
-                        self.exited(id, Exit::Failure);
+                        self.exited(id, Exit::Failure, &format!("failed to start: {e}"));
                     }
                 }
             }
@@ -397,7 +414,7 @@ impl SupervisorState {
                         if !self.starts[&id].kill(&r) {
                             self.forget(&r.cell.get_id());
                             myself.get_cell().unmonitor(r.cell.clone());
-                            self.exited(id, Exit::Shutdown);
+                            self.exited(id, Exit::Shutdown, "killed after ignoring its stop");
                         }
                     }
                 }
@@ -467,8 +484,10 @@ impl SupervisorState {
         });
     }
 
-    fn exited(&mut self, id: String, exit: Exit) {
-        tracing::info!(child = %id, ?exit, "child exited");
+    fn exited(&mut self, id: String, exit: Exit, why: &str) {
+        tracing::info!(child = %id, ?exit, why, "child exited");
+        let why = flotilla_proto::job_stats::clip(why, EXIT_REASON_SHOWN);
+        self.last_exit.insert(id.clone(), why.to_owned());
         // A child this supervisor asked to stop (a shutdown, a sibling's
         // restart, let go) stopped: its owner hears a shutdown, whatever a
         // remote exit reads as.
@@ -528,6 +547,7 @@ impl Actor for Supervisor {
             relay,
             epochs: flotilla_proto::epoch::EpochClock::new(args.seed),
             epoch_of: HashMap::new(),
+            last_exit: HashMap::new(),
         })
     }
 
@@ -603,7 +623,7 @@ impl Actor for Supervisor {
                         myself.get_cell().unmonitor(r.cell.clone());
                     }
                     tracing::warn!(child = %id, "the node of a supervised child is no longer up");
-                    state.exited(id, exit);
+                    state.exited(id, exit, "its node is no longer up");
                 }
             }
             SupervisorMsg::Status(port) => {
@@ -646,12 +666,12 @@ impl Actor for Supervisor {
         event: SupervisionEvent,
         state: &mut SupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, exit) = match event {
+        let (cell, exit, why) = match event {
             SupervisionEvent::ActorFailed(cell, error) => {
                 if let Some(id) = state.by_cell.get(&cell.get_id()) {
                     tracing::warn!(child = %id, %error, "child failed");
                 }
-                (cell, Exit::Failure)
+                (cell, Exit::Failure, format!("failed: {error}"))
             }
             SupervisionEvent::ActorTerminated(cell, _, reason) => {
                 let remote = state
@@ -666,12 +686,17 @@ impl Actor for Supervisor {
                     None => Exit::Normal,
                     Some(_) => Exit::Shutdown,
                 };
-                (cell, exit)
+                let why = match (reason, exit) {
+                    (Some(reason), _) => format!("stopped: {reason}"),
+                    (None, Exit::Failure) => "ended on its node".to_owned(),
+                    (None, _) => "stopped by itself".to_owned(),
+                };
+                (cell, exit, why)
             }
             _ => return Ok(()),
         };
         if let Some((id, _)) = state.forget(&cell.get_id()) {
-            state.exited(id, exit);
+            state.exited(id, exit, &why);
             state.perform(&myself).await?;
         }
         Ok(())
@@ -826,6 +851,14 @@ mod tests {
         let status = flotilla_call(&sup).await;
         assert_eq!(status.len(), 1);
         let first_epoch = status[0].epoch;
+        // Its last run's end, as the supervisor saw it.
+        let last_exit = status[0].last_exit.clone();
+        assert!(
+            last_exit
+                .as_deref()
+                .is_some_and(|w| w.starts_with("failed: ")),
+            "{last_exit:?}"
+        );
         assert_eq!(
             status,
             [ChildReport {
@@ -833,7 +866,8 @@ mod tests {
                 running: true,
                 restarts: 1,
                 epoch: first_epoch,
-                node: None
+                node: None,
+                last_exit,
             }]
         );
         assert!(first_epoch.micros() > 2, "above the floor (the seed)");

@@ -171,7 +171,7 @@ async function job(id) {
         el("dt", {}, "in flight / window"), el("dd", { "data-field": "in_flight", "data-value": a.in_flight }, `${a.in_flight} / ${a.window}`),
         el("dt", {}, "waiting for credit"), el("dd", {}, `${a.credit_wait_s.toFixed(1)} s`),
         el("dt", {}, "tokens real / padded"), el("dd", { "data-field": "tokens", "data-value": a.tokens.real }, `${a.tokens.real} / ${a.tokens.padded}`),
-        el("dt", {}, "rows skipped / rejected"), el("dd", {}, `${a.rows.skipped} / ${a.rows.rejected}`),
+        el("dt", {}, "rows skipped / refused"), el("dd", { "data-field": "rejected", "data-value": a.rows.rejected }, `${a.rows.skipped} / ${a.rows.rejected}`),
         el("dt", {}, "CPU"), el("dd", { "data-field": "cpu_s", "data-value": a.cpu_s }, `${a.cpu_s.toFixed(1)} s`),
         el("dt", {}, "cost so far"), el("dd", { "data-field": "cost", "data-value": a.cost },
           a.cost === null ? "– (no node has a price)" : `${fixed(a.cost, 4)} (${fixed(a.cost_per_million_tokens, 4)} per million tokens)`),
@@ -187,8 +187,14 @@ async function job(id) {
         num("deadline", a.retries.deadline), num("error", a.retries.error), num("lost", a.retries.lost), num("hedged", a.retries.hedged))]),
       el("h2", {}, "Actors"),
       table(["actor", "node", "batches", "busy"], a.actors.map((x) => el("tr", { "data-actor": x.actor },
-        el("td", {}, x.actor), el("td", {}, x.node), num("batches", x.batches), num("busy", x.busy, `${(100 * x.busy).toFixed(0)} %`)))));
+        el("td", {}, x.actor), el("td", {}, x.node), num("batches", x.batches), num("busy", x.busy, `${(100 * x.busy).toFixed(0)} %`)))),
+      el("h2", {}, "Rows refused (the last lines of errors.jsonl)"),
+      el("pre", { class: "log", "data-errors": a.errors.length }, a.errors.length ? a.errors.join("\n") : "none"));
   }
+  const log = doc.log;
+  out.push(el("h2", {}, "Driver log (last lines)"),
+    el("pre", { class: "log", "data-log": log ? log.lines.length : 0 },
+      log && log.lines.length ? log.lines.join("\n") : "no lines yet"));
   const groups = [j.group, ...(j.work || [])].filter(Boolean);
   out.push(el("h2", {}, "Placement"),
     table(["group", "state", "strategy", "bundles"], groups.map((g) => el("tr", { "data-group": g.id },
@@ -204,8 +210,11 @@ async function supervisors(page) {
     if (n.supervisors_error) out.push(el("p", { class: "error" }, `${n.name}: ${n.supervisors_error}`));
     for (const s of n.supervisors || []) {
       out.push(el("h2", {}, `${n.name} / ${s.name} (${s.strategy})${s.gave_up ? " — gave up" : ""}`),
-        table(["child", "running", "restarts", "node"], s.children.map((c) => el("tr", { "data-child": c.id },
-          el("td", {}, c.id), el("td", {}, c.running ? "yes" : "no"), num("restarts", c.restarts), el("td", {}, c.node || n.name)))));
+        el("p", { "data-supervisor": s.name, "data-field": "restarts_left", "data-value": s.restarts_left },
+          `${s.restarts_left} of ${s.max_restarts} restarts left within ${s.within_s} s`),
+        table(["child", "running", "restarts", "node", "last exit"], s.children.map((c) => el("tr", { "data-child": c.id },
+          el("td", {}, c.id), el("td", {}, c.running ? "yes" : "no"), num("restarts", c.restarts), el("td", {}, c.node || n.name),
+          el("td", {}, c.last_exit || "–")))));
     }
   }
   out.push(pager("#/supervisors", doc.page, doc.page + 1 < doc.pages));

@@ -21,7 +21,7 @@
 //! The page loads nothing from anywhere else (its `Content-Security-Policy`
 //! says so to the browser).
 
-mod json;
+pub mod json;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -34,11 +34,11 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::http::{Request, Response, query_value, read_request};
 
 /// Members (and placement groups) on one page of `/api/cluster`.
-pub(crate) const MEMBERS_PER_PAGE: usize = 50;
+pub const MEMBERS_PER_PAGE: usize = 50;
 /// Members on one page of `/api/supervisors`.
-pub(crate) const SUPERVISED_PER_PAGE: usize = 10;
+pub const SUPERVISED_PER_PAGE: usize = 10;
 /// Jobs on one page of `/api/jobs`.
-pub(crate) const JOBS_PER_PAGE: u32 = 50;
+pub const JOBS_PER_PAGE: u32 = 50;
 /// Requests served at once; more wait to be accepted.
 const AT_ONCE: usize = 16;
 
@@ -76,16 +76,24 @@ pub enum DashboardError {
     },
 }
 
-/// What answers the browser: the heads to ask, as whom.
+/// What answers the browser: the heads to ask, and the control sessions
+/// it asks them (and the members) through, kept open between refreshes.
 struct Dashboard {
     heads: Vec<SocketAddr>,
-    identity: Identity,
+    client: flotilla::ControlClient,
 }
 
 /// `node dashboard`: serves the dashboard on `args.listen` until stopped.
 pub(crate) async fn run(args: crate::DashboardArgs) -> ExitCode {
     let identity = match Identity::load(&args.ask.certs, &args.ask.name) {
         Ok(i) => i,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let client = match flotilla::ControlClient::new(identity) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
@@ -102,7 +110,7 @@ pub(crate) async fn run(args: crate::DashboardArgs) -> ExitCode {
     eprintln!("dashboard on http://{addr}/");
     let dashboard = Arc::new(Dashboard {
         heads: args.ask.head,
-        identity,
+        client,
     });
     tokio::select! {
         () = serve(listener, dashboard) => ExitCode::SUCCESS,
@@ -177,12 +185,10 @@ impl Dashboard {
 
     /// Asks the active head.
     async fn ask(&self, request: JobsRequest) -> Result<JobsReply, String> {
-        flotilla::status::first_answer(&self.heads, |head| {
-            flotilla::query_jobs(head, self.identity.clone(), request.clone())
-        })
-        .await
-        .map(|(_, reply)| reply)
-        .map_err(|e| e.to_string())
+        flotilla::status::first_answer(&self.heads, |head| self.client.jobs(head, request.clone()))
+            .await
+            .map(|(_, reply)| reply)
+            .map_err(|e| e.to_string())
     }
 
     /// Page `page` of the members, as `node status --json` shows them, or
@@ -192,7 +198,7 @@ impl Dashboard {
             supervisors,
             objects: !supervisors,
         };
-        let report = crate::gather::gather_status(&self.heads, &self.identity, asked)
+        let report = crate::gather::gather_status(&self.heads, &self.client, asked)
             .await
             .map_err(|e| e.to_string())?;
         if supervisors {
@@ -218,16 +224,42 @@ impl Dashboard {
         }
     }
 
-    /// One job: its view and its account.
+    /// One job: its view, its account and its driver's log's last lines.
     async fn job(&self, id: &str) -> Result<String, String> {
         let view = match self.ask(JobsRequest::Get(id.into())).await? {
             JobsReply::Job(Some(view)) => view,
             JobsReply::Job(None) => return Err(format!("no job {id}")),
             other => return Err(format!("the head answered {other:?}")),
         };
-        match self.ask(JobsRequest::Account(id.into())).await? {
-            JobsReply::Account(account) => Ok(json::job(&view, account.as_deref())),
-            other => Err(format!("the head answered {other:?}")),
+        let account = match self.ask(JobsRequest::Account(id.into())).await? {
+            JobsReply::Account(account) => account,
+            other => return Err(format!("the head answered {other:?}")),
+        };
+        let log = self.log_tail(id).await;
+        Ok(json::job(&view, account.as_deref(), log.as_ref()))
+    }
+
+    /// The last [`json::LOG_LINES_SHOWN`] lines of job `id`'s driver log
+    /// the head keeps, if it answers: where its log ends, then from there
+    /// back.
+    async fn log_tail(&self, id: &str) -> Option<flotilla::jobs::LogPage> {
+        let logs = |after| JobsRequest::Logs {
+            id: id.into(),
+            after,
+        };
+        let JobsReply::Logs(Some(end)) = self.ask(logs(u64::MAX)).await.ok()? else {
+            return None;
+        };
+        let from = end.next.saturating_sub(json::LOG_LINES_SHOWN);
+        match self.ask(logs(from)).await.ok()? {
+            JobsReply::Logs(Some(mut page)) => {
+                // Lines logged since the first answer wait for the next refresh.
+                let start = page.next - page.lines.len() as u64;
+                page.lines.truncate(json::LOG_LINES_SHOWN as usize);
+                page.next = start + page.lines.len() as u64;
+                Some(page)
+            }
+            _ => None,
         }
     }
 }
