@@ -364,6 +364,10 @@ fn the_dashboard_shows_the_cluster_and_a_running_job_in_a_real_browser() {
             n["incarnation"].as_f64(),
             "{name}\n{dom}"
         );
+        // Heard from within the down threshold (the head: always).
+        let heard = field(&dom, &anchor, "heard_ms_ago").expect("a last heartbeat");
+        assert!(heard < 5000.0, "{name}: {heard} ms\n{dom}");
+        assert!(n["heard_ms_ago"].as_u64().is_some(), "{n}");
         let row = &dom[dom.find(&anchor).unwrap()..];
         let row = &row[..row.find("</tr>").unwrap()];
         assert!(

@@ -84,6 +84,9 @@ pub enum ControlRequest {
     /// The receiving node's GPUs and the actors holding them; served by
     /// any node.
     Gpus,
+    /// How long ago the head last heard from each member; served by the
+    /// head.
+    Heard,
     /// Start an actor of a registered kind on the receiving node, owned by
     /// the member the stream's hello proved; served by any node.
     Spawn(SpawnOrder),
@@ -282,6 +285,16 @@ pub struct SupervisorReport {
     pub children: Vec<ChildReport>,
 }
 
+/// How long ago the head last heard from a member (its join or its
+/// latest heartbeat).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct HeardFrom {
+    /// The member.
+    pub name: MemberName,
+    /// Milliseconds since (0 for the head itself).
+    pub ms_ago: u64,
+}
+
 /// Bytes of a child's last exit reason a report carries.
 pub const EXIT_REASON_SHOWN: usize = 512;
 
@@ -379,6 +392,8 @@ pub enum ControlReply {
     Objects(ObjectStats),
     /// The node's GPUs and their holders, by index.
     Gpus(Vec<GpuReport>),
+    /// How long ago the head last heard from each member.
+    Heard(Vec<HeardFrom>),
     /// The answer to a spawn request.
     Spawned(SpawnReply),
     /// What became of a drain request.

@@ -133,6 +133,7 @@ impl HeadSession {
             | ControlRequest::Jobs(_)
             | ControlRequest::Objects
             | ControlRequest::Gpus
+            | ControlRequest::Heard
             | ControlRequest::Spawn(_) => (None, Noted::Nothing),
             ControlRequest::Join(req) => {
                 let member = MemberRef::new(req.name.clone(), req.incarnation);

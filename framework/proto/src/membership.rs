@@ -554,6 +554,22 @@ impl Membership {
         }
     }
 
+    /// How long before `now` each member was last heard from (its join or
+    /// its latest heartbeat; zero for the table's own node), in name
+    /// order.
+    pub fn heard(&self, now: Instant) -> Vec<(MemberName, std::time::Duration)> {
+        self.members
+            .iter()
+            .map(|(name, e)| {
+                let ago = match e.local {
+                    true => std::time::Duration::ZERO,
+                    false => now.saturating_duration_since(e.last_heard),
+                };
+                (name.clone(), ago)
+            })
+            .collect()
+    }
+
     /// Records a heartbeat from `name` at `now`.
     pub fn heartbeat(
         &mut self,
@@ -1021,6 +1037,8 @@ mod tests {
             assert!(m.poll_down(t0 + secs(s)).is_empty());
         }
         assert_eq!(m.get("n1").unwrap().actors, 3);
+        // Last heard at 30 s; read at 32 s.
+        assert_eq!(m.heard(t0 + secs(32)), [("n1".into(), secs(2))]);
     }
 
     #[test]
@@ -1030,6 +1048,8 @@ mod tests {
         m.add_local(t0, req("head", Incarnation::new(1)));
         assert!(m.poll_down(t0 + secs(3600)).is_empty());
         assert_eq!(m.poll_timeout(), None);
+        // Its own node needs no heartbeat: always just heard.
+        assert_eq!(m.heard(t0 + secs(3600)), [("head".into(), secs(0))]);
     }
 
     #[test]

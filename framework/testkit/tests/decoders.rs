@@ -198,6 +198,7 @@ fn requests() -> Vec<ControlRequest> {
         ControlRequest::Jobs(JobsRequest::Stop("job-1-1".into())),
         ControlRequest::Objects,
         ControlRequest::Gpus,
+        ControlRequest::Heard,
         ControlRequest::Spawn(SpawnOrder {
             kind: "flotilla.echo".into(),
             name: "echo-1".into(),

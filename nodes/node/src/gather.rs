@@ -30,8 +30,14 @@ pub(crate) async fn gather_status(
     } else {
         flotilla::render::Supervisors::new()
     };
-    // The head accounts placement; any other node says so.
+    // The head accounts placement and hears heartbeats; any other node
+    // says so.
     let placement = client.placement(head).await.ok();
+    let heard = client
+        .heard(head)
+        .await
+        .map(|heard| heard.into_iter().map(|h| (h.name, h.ms_ago)).collect())
+        .unwrap_or_default();
     // Only nodes that offer GPUs are asked who holds them.
     let gpus = answers_of(&table, |m| m.resources.gpus > 0, |a| client.gpus(a))
         .await
@@ -53,6 +59,7 @@ pub(crate) async fn gather_status(
         placement,
         objects,
         gpus,
+        heard,
     })
 }
 

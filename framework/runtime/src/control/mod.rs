@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use flotilla_proto::authority::{self, Unauthorized};
 use flotilla_proto::control::{
-    ControlReply, ControlRequest, PlacementReply, fit_to_frame, paginate,
+    ControlReply, ControlRequest, HeardFrom, PlacementReply, fit_to_frame, paginate,
 };
 use flotilla_proto::frame::DEFAULT_MAX_FRAME;
 use flotilla_proto::head::{HeadSession, Noted};
@@ -197,6 +197,19 @@ impl ControlService {
                     Err(why) => denied("status", caller, why),
                 })
             }
+            ControlRequest::Heard => Some(match (authority::may_read(sender), &self.head) {
+                (Err(why), _) => denied("status", caller, why),
+                (Ok(()), Some(h)) => ControlReply::Heard(h.with(|m| {
+                    let heard = m.heard(now()).into_iter();
+                    heard
+                        .map(|(name, ago)| HeardFrom {
+                            name,
+                            ms_ago: ago.as_millis() as u64,
+                        })
+                        .collect()
+                })),
+                (Ok(()), None) => ControlReply::Refused(Refusal::NotHead),
+            }),
             ControlRequest::Stop { name } => Some(self.stop(caller, name).await.ok_or(())?),
             ControlRequest::Spawn(order) => Some(self.spawn(caller, order).await?),
             request @ (ControlRequest::Join(_)

@@ -105,6 +105,9 @@ pub struct StatusReport {
     pub objects: ObjectCounts,
     /// Each node's GPUs and their holders.
     pub gpus: GpuHolders,
+    /// Milliseconds since the head last heard from each member, when it
+    /// answered.
+    pub heard: BTreeMap<MemberName, u64>,
 }
 
 impl StatusReport {
@@ -167,6 +170,7 @@ impl StatusReport {
             bulk_addr: &m.bulk_addr,
             host: &m.host,
             objects: self.objects.get(&m.name).map(ObjectsJson::from),
+            heard_ms_ago: self.heard.get(&m.name).copied(),
             gpus: self.gpus.get(&m.name).map(|list| {
                 list.iter()
                     .map(|g| GpuJson {
@@ -210,6 +214,8 @@ struct NodeJson<'a> {
     incarnation: u64,
     resources: ResourcesJson<'a>,
     actors: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    heard_ms_ago: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     supervisors: Option<Vec<SupervisorJson<'a>>>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 
 use flotilla_proto::control::{
-    ControlReply, ControlRequest, GpuReport, PlacementReply, PlacementRequest, SupervisorReport,
+    ControlReply, ControlRequest, GpuReport, HeardFrom, PlacementReply, PlacementRequest,
+    SupervisorReport,
 };
 use flotilla_proto::jobs::{JobsReply, JobsRequest};
 use flotilla_proto::objects::ObjectStats;
@@ -121,6 +122,14 @@ impl ControlClient {
     /// (see [`query_placement`]).
     pub async fn placement(&self, addr: SocketAddr) -> Result<PlacementStatus, StatusError> {
         placement_of(addr, self.ask(addr, PLACEMENT_LIST).await?)
+    }
+
+    /// How long ago the head at `addr` last heard from each member.
+    pub async fn heard(&self, addr: SocketAddr) -> Result<Vec<HeardFrom>, StatusError> {
+        match self.ask(addr, ControlRequest::Heard).await? {
+            ControlReply::Heard(heard) => Ok(heard),
+            other => Err(unexpected(addr, &other)),
+        }
     }
 
     /// A jobs request to the head at `addr` (see [`query_jobs`]).

@@ -73,6 +73,7 @@ async function cluster(page) {
     el("td", { "data-field": "role" }, n.role),
     num("incarnation", n.incarnation),
     el("td", { class: `state-${n.state}`, "data-field": "state" }, n.state),
+    num("heard_ms_ago", n.heard_ms_ago ?? null, n.heard_ms_ago == null ? "–" : `${(n.heard_ms_ago / 1000).toFixed(1)} s ago`),
     num("actors", n.actors),
     el("td", { "data-field": "capacity" }, amounts(n.capacity)),
     el("td", { "data-field": "reserved" }, amounts(n.reserved)),
@@ -85,7 +86,7 @@ async function cluster(page) {
     el("td", {}, g.bundles.map((b) => `${amounts(b.resources)} @ ${b.node || "unplaced"}`).join("; "))));
   return [
     el("h2", {}, `Members (${doc.members}; head ${doc.head})`),
-    table(["name", "role", "incarnation", "state", "actors", "capacity", "reserved", "available", "object store"], rows),
+    table(["name", "role", "incarnation", "state", "last heartbeat", "actors", "capacity", "reserved", "available", "object store"], rows),
     pager("#/cluster", doc.page, doc.page + 1 < doc.pages),
     el("h2", {}, `Placement groups (${doc.group_count})`),
     table(["id", "strategy", "state", "owner", "bundles"], groups),
