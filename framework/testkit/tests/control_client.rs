@@ -70,3 +70,25 @@ async fn requests_share_a_connection_and_a_restarted_node_is_dialled_again() {
     c1.shutdown().await;
     head.shutdown().await;
 }
+
+/// A request to an address where no node answers, given up after a
+/// second, does not hold up the client's close: `node status` with a
+/// member killed a moment ago returned only when that handshake's idle
+/// drained (about 3 s), and the cluster tests timing failure detection
+/// through it ran late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_does_not_wait_for_a_handshake_with_a_node_that_never_answers() {
+    let certs = scratch_certs("control-client-silent", &["head"]).unwrap();
+    let admin = flotilla_transport::Identity::load(&certs, "admin").unwrap();
+    let client = ControlClient::new(admin).unwrap();
+    let silent = free_addr();
+    let asked = tokio::time::timeout(Duration::from_secs(1), client.objects(silent)).await;
+    assert!(asked.is_err(), "nothing answers at {silent}: {asked:?}");
+    let started = std::time::Instant::now();
+    client.close().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "close took {:?}",
+        started.elapsed()
+    );
+}

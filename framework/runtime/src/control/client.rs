@@ -22,6 +22,9 @@ use flotilla_transport::handshake::{self, recv_msg, send_msg};
 
 use super::query_error::StatusError;
 
+/// How long [`ControlClient::close`] waits for the peers to be told.
+const CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Control sessions of a tool speaking for one identity, to any number of
 /// nodes. Requests to one node share its connection (each on its own
 /// stream, so they may run at once); a connection found closed is opened
@@ -117,7 +120,8 @@ impl ControlClient {
         open
     }
 
-    /// Closes every connection and waits until the peers have been told.
+    /// Closes every connection and waits until the peers have been told
+    /// (a second at most).
     pub async fn close(&self) {
         let open: Vec<quinn::Connection> = self
             .locked()
@@ -127,7 +131,10 @@ impl ControlClient {
         for connection in &open {
             flotilla_transport::Closing::Done.close(connection);
         }
-        self.endpoint.wait_idle().await;
+        // A handshake still under way (with a node that does not answer,
+        // its request given up) ends here rather than at its idle timeout.
+        self.endpoint.close();
+        let _ = tokio::time::timeout(CLOSE_WITHIN, self.endpoint.wait_idle()).await;
     }
 
     fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, quinn::Connection>> {
